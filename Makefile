@@ -1,0 +1,44 @@
+# `make local-run` and `make test` each create or reuse .venv and (re)install the project when
+# pyproject.toml changes; nothing else needs to be set up by hand.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEPS_HASH := $(shell sha256sum pyproject.toml | cut -c1-16)
+STAMP := $(VENV)/.installed-$(DEPS_HASH)
+CONFIG ?=
+REGISTRY ?= ghcr.io/batchscale
+TAG ?= 0.1.0
+
+.PHONY: venv local-run test test-fast bench compile lint clean images
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+venv: $(STAMP)
+
+local-run: venv
+	$(VENV)/bin/batchscale run $(if $(CONFIG),--config $(CONFIG))
+
+test: venv
+	$(VENV)/bin/pytest -q
+
+test-fast: venv
+	$(VENV)/bin/pytest -q -m "not slow"
+
+bench: venv
+	$(PY) -m benchmarks.run
+
+compile: venv
+	BATCHSCALE_IMAGE=$(REGISTRY)/batchscale-cpu:$(TAG) \
+	BATCHSCALE_GPU_IMAGE=$(REGISTRY)/batchscale-cuda:$(TAG) \
+	$(VENV)/bin/batchscale compile $(if $(CONFIG),--config $(CONFIG)) --output pipeline.yaml
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+clean:
+	-$(VENV)/bin/batchscale clean
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache pipeline.yaml

@@ -1,0 +1,68 @@
+"""The environment columns every result row carries (see schemas.ENV_FIELDS)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import batchscale
+
+
+@functools.cache
+def git_commit() -> str:
+    """Commit of the code that produced a row: the image sets BATCHSCALE_GIT_COMMIT, a checkout
+    asks git (the package's own source tree, not the caller's working directory)."""
+    if os.environ.get("BATCHSCALE_GIT_COMMIT"):
+        return os.environ["BATCHSCALE_GIT_COMMIT"]
+    src = Path(batchscale.__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(src), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def device_name(device: str = "cpu") -> str:
+    """A human-readable accelerator or CPU model name."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return "cpu: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu: " + (platform.processor() or platform.machine())
+
+
+def environment(
+    *, run_id: str, config_hash: str, experiment: str, workload: str,
+    device: str = "cpu", world_size: int = 1,
+) -> dict:
+    import torch
+
+    return {
+        "run_id": run_id,
+        "config_hash": config_hash,
+        "experiment": experiment,
+        "workload": workload,
+        "git_commit": git_commit(),
+        "batchscale_version": batchscale.__version__,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "device_name": device_name(device),
+        "threads": torch.get_num_threads(),
+        "world_size": world_size,
+    }

@@ -1,0 +1,170 @@
+"""One pyarrow schema per table. Every result row also carries the run's environment columns.
+
+Units are in the column names. `make_table` is the only way tables are built, so a missing or
+mistyped column fails where it is produced, not three stages later.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from batchscale.errors import BadInput
+
+ENV_FIELDS = [
+    pa.field("run_id", pa.string(), nullable=False),
+    pa.field("config_hash", pa.string(), nullable=False),
+    pa.field("experiment", pa.string(), nullable=False),
+    pa.field("workload", pa.string(), nullable=False),
+    pa.field("git_commit", pa.string(), nullable=False),
+    pa.field("batchscale_version", pa.string(), nullable=False),
+    pa.field("torch_version", pa.string(), nullable=False),
+    pa.field("python_version", pa.string(), nullable=False),
+    pa.field("device_name", pa.string(), nullable=False),
+    pa.field("threads", pa.int32(), nullable=False),
+    pa.field("world_size", pa.int32(), nullable=False),
+]
+
+DATASET = pa.schema(
+    [
+        pa.field("features", pa.list_(pa.float32()), nullable=False),
+        pa.field("label", pa.int64(), nullable=False),
+    ]
+)
+
+MANIFEST = pa.schema(
+    [
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("shard", pa.string(), nullable=False),
+        pa.field("rows", pa.int64(), nullable=False),
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("feature_shape", pa.list_(pa.int64()), nullable=False),
+        pa.field("feature_dtype", pa.string(), nullable=False),
+        pa.field("num_classes", pa.int64(), nullable=False),
+        pa.field("class_histogram", pa.list_(pa.int64()), nullable=False),
+        pa.field("split_seed", pa.int64(), nullable=False),
+    ]
+)
+
+SWEEP = pa.schema(
+    [
+        pa.field("input_mode", pa.string(), nullable=False),
+        pa.field("batch_size", pa.int64(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("precision", pa.string(), nullable=False),
+        pa.field("timed_steps", pa.int64(), nullable=False),
+        pa.field("step_time_median_s", pa.float64()),
+        pa.field("step_time_p10_s", pa.float64()),
+        pa.field("step_time_p90_s", pa.float64()),
+        pa.field("step_time_cv", pa.float64()),
+        pa.field("samples_per_s", pa.float64()),
+        pa.field("peak_memory_bytes", pa.int64()),
+        pa.field("train_flops_per_sample", pa.float64()),
+        pa.field("achieved_flops_per_s", pa.float64()),
+        pa.field("peak_flops_per_s", pa.float64()),
+        pa.field("mfu", pa.float64()),
+        pa.field("error", pa.string()),
+    ]
+)
+
+CURVES = pa.schema(
+    [
+        pa.field("trial_id", pa.string(), nullable=False),
+        pa.field("batch_size", pa.int64(), nullable=False),
+        pa.field("lr_rule", pa.string(), nullable=False),
+        pa.field("seed", pa.int64(), nullable=False),
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("examples_seen", pa.int64(), nullable=False),
+        pa.field("train_time_s", pa.float64(), nullable=False),
+        pa.field("train_loss", pa.float64()),
+        pa.field("val_accuracy", pa.float64()),
+        pa.field("lr", pa.float64(), nullable=False),
+        pa.field("b_simple", pa.float64()),
+    ]
+)
+
+RUNS = pa.schema(
+    [
+        pa.field("trial_id", pa.string(), nullable=False),
+        pa.field("batch_size", pa.int64(), nullable=False),
+        pa.field("lr_rule", pa.string(), nullable=False),
+        pa.field("lr", pa.float64(), nullable=False),
+        pa.field("seed", pa.int64(), nullable=False),
+        pa.field("workers", pa.int64(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("steps_run", pa.int64(), nullable=False),
+        pa.field("steps_to_target", pa.int64()),
+        pa.field("examples_to_target", pa.int64()),
+        pa.field("time_to_target_s", pa.float64()),
+        pa.field("final_val_accuracy", pa.float64()),
+        pa.field("target_val_accuracy", pa.float64(), nullable=False),
+        pa.field("b_simple", pa.float64()),
+        pa.field("train_time_s", pa.float64(), nullable=False),
+    ]
+)
+
+ANALYSIS = pa.schema(
+    [
+        pa.field("lr_rule", pa.string(), nullable=False),
+        pa.field("batch_size", pa.int64(), nullable=False),
+        pa.field("steps_to_target", pa.float64()),
+        pa.field("examples_to_target", pa.float64()),
+        pa.field("step_time_s", pa.float64()),
+        pa.field("time_to_target_s", pa.float64()),
+        pa.field("samples_per_s", pa.float64()),
+        pa.field("regime", pa.string()),
+        pa.field("s_min", pa.float64()),
+        pa.field("e_min", pa.float64()),
+        pa.field("b_crit", pa.float64()),
+        pa.field("b_crit_low", pa.float64()),
+        pa.field("b_crit_high", pa.float64()),
+        pa.field("b_simple", pa.float64()),
+        pa.field("saturation_batch", pa.int64()),
+    ]
+)
+
+RESULT_TABLES = {
+    "sweep": SWEEP,
+    "curves": CURVES,
+    "runs": RUNS,
+    "analysis": ANALYSIS,
+}
+TABLES = {"dataset": DATASET, "manifest": MANIFEST, **RESULT_TABLES}
+
+
+def schema_for(kind: str) -> pa.Schema:
+    """The full schema of a table kind (result tables include the environment columns)."""
+    if kind not in TABLES:
+        raise BadInput(f"unknown table kind {kind!r}; allowed: {', '.join(TABLES)}")
+    base = TABLES[kind]
+    if kind in RESULT_TABLES:
+        return pa.schema(ENV_FIELDS + list(base))
+    return base
+
+
+def make_table(kind: str, rows: list[dict], env: dict | None = None) -> pa.Table:
+    """Build a table of `kind` from row dicts, adding `env` to every row of result tables."""
+    schema = schema_for(kind)
+    if kind in RESULT_TABLES:
+        if env is None:
+            raise ValueError(f"{kind} rows need the environment columns")
+        rows = [{**env, **row} for row in rows]
+    names = set(schema.names)
+    for row in rows:
+        extra = set(row) - names
+        if extra:
+            raise ValueError(f"{kind} row has columns outside the schema: {sorted(extra)}")
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def check_schema(kind: str, table: pa.Table) -> pa.Table:
+    """Refuse a table whose columns or types differ from the schema of `kind`."""
+    schema = schema_for(kind)
+    missing = [n for n in schema.names if n not in table.column_names]
+    if missing:
+        raise BadInput(f"{kind} table is missing columns {missing}; expected {schema.names}")
+    try:
+        return table.select(schema.names).cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
+        raise BadInput(f"{kind} table has wrong column types: {err}") from None

@@ -1,0 +1,37 @@
+"""KFP wrapper of analysis."""
+
+from kfp import dsl
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Output
+
+from batchscale.images import CPU_IMAGE
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def analysis(
+    config_json: str,
+    run_id: str,
+    sweep: Input[Dataset],
+    curves: Input[Dataset],
+    runs: Input[Dataset],
+    analysis_table: Output[Dataset],
+    report: Output[HTML],
+    metrics: Output[Metrics],
+    summary: Output[Markdown],
+):
+    import math
+
+    from batchscale.components.analysis.stage import run_stage
+
+    values = run_stage(
+        config_json,
+        run_id,
+        sweep.path,
+        curves.path,
+        runs.path,
+        analysis_table.path,
+        report.path,
+        summary.path,
+    )
+    for name, value in values.items():
+        if value is not None and math.isfinite(value):
+            metrics.log_metric(name, float(value))

@@ -1,0 +1,13 @@
+"""KFP wrapper of data_prep: config in, a directory of Parquet shards plus manifest out."""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Output
+
+from batchscale.images import CPU_IMAGE
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def data_prep(config_json: str, dataset: Output[Dataset]):
+    from batchscale.components.data_prep.prep import run_stage
+
+    run_stage(config_json, dataset.path)

@@ -1,0 +1,22 @@
+"""KFP wrapper of publish. S3 settings and credentials come from the environment (a Kubernetes
+Secret on a cluster), never from parameters, so they stay out of the compiled YAML."""
+
+from kfp import dsl
+from kfp.dsl import HTML, Artifact, Dataset, Input, Output
+
+from batchscale.images import CPU_IMAGE
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def publish(run_id: str, dataset: Input[Dataset], sweep: Input[Dataset], curves: Input[Dataset],
+            runs: Input[Dataset], analysis_table: Input[Dataset], report: Input[HTML],
+            lake_manifest: Output[Artifact]):
+    import json
+    import os
+
+    from batchscale.components.publish.publish import run_stage
+
+    manifest = run_stage(run_id, os.path.join(dataset.path, "manifest.parquet"), sweep.path,
+                         curves.path, runs.path, analysis_table.path, report.path)
+    with open(lake_manifest.path, "w") as f:
+        json.dump(manifest, f, indent=1)

@@ -1,0 +1,14 @@
+"""KFP wrapper of throughput_sweep: dataset in, sweep table out."""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Output
+
+from batchscale.images import GPU_IMAGE
+
+
+@dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
+def throughput_sweep(config_json: str, run_id: str, dataset: Input[Dataset],
+                     sweep: Output[Dataset]):
+    from batchscale.components.throughput_sweep.sweep import run_stage
+
+    run_stage(config_json, run_id, dataset.path, sweep.path)

@@ -1,0 +1,41 @@
+"""KFP wrappers of validate: one per table group; a failed check fails the step."""
+
+from typing import List
+
+from kfp import dsl
+from kfp.dsl import HTML, Artifact, Dataset, Input, Output
+
+from batchscale.images import CPU_IMAGE
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def validate_dataset(config_json: str, dataset: Input[Dataset], results: Output[Artifact],
+                     page: Output[HTML]):
+    from batchscale.components.validate.stage import validate_dataset as run
+
+    run(config_json, dataset.path, results.path, page.path)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def validate_sweep(config_json: str, sweep: Input[Dataset], results: Output[Artifact],
+                   page: Output[HTML]):
+    from batchscale.components.validate.stage import validate_sweep as run
+
+    run(config_json, sweep.path, results.path, page.path)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def validate_runs(config_json: str, curves: Input[List[Dataset]], runs: Input[List[Dataset]],
+                  merged_curves: Output[Dataset], merged_runs: Output[Dataset],
+                  results: Output[Artifact], page: Output[HTML]):
+    from batchscale.components.validate.stage import validate_runs as run
+
+    run(config_json, [c.path for c in curves], [r.path for r in runs], merged_curves.path,
+        merged_runs.path, results.path, page.path)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def validate_analysis(analysis: Input[Dataset], results: Output[Artifact], page: Output[HTML]):
+    from batchscale.components.validate.stage import validate_analysis as run
+
+    run(analysis.path, results.path, page.path)

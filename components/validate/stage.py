@@ -1,0 +1,91 @@
+"""validate entry points: run the great-expectations suites on a stage's tables, write one JSON
+result and one readable HTML page, and stop the pipeline when any check fails."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import pyarrow as pa
+
+from batchscale.config import config_from_json
+from batchscale.errors import ValidationFailed
+from batchscale.storage import read_table_file, write_table_atomic
+
+
+def check_tables(checks: list[tuple[str, str, pa.Table, dict]], json_path: str,
+                 html_path: str) -> None:
+    """checks: (label, table kind, table, context). Writes the results, then raises on failure."""
+    from batchscale.components.validate.checks import validate_table
+
+    reports = [(label, validate_table(kind, table, context=ctx))
+               for label, kind, table, ctx in checks]
+    Path(json_path).write_text(json.dumps(
+        [{"table": label, **json.loads(r.to_json())} for label, r in reports], indent=1))
+    frames = "\n".join(
+        f"<h2>{html.escape(label)}: {'passed' if r.success else 'FAILED'}</h2>"
+        f'<iframe style="width:100%;height:28em;border:1px solid #ccc" '
+        f'srcdoc="{html.escape(r.to_html(), quote=True)}"></iframe>'
+        for label, r in reports)
+    Path(html_path).write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>batchscale validation</title>"
+        f"</head><body style='font-family:sans-serif'>{frames}</body></html>")
+    failed = [(label, r) for label, r in reports if not r.success]
+    for label, r in reports:
+        print(f"validate {label}: {'passed' if r.success else 'FAILED'} "
+              f"({r.statistics.get('successful_expectations', '?')}/"
+              f"{r.statistics.get('evaluated_expectations', '?')} expectations)")
+    if failed:
+        raise ValidationFailed("\n".join(r.failure_message() for _, r in failed))
+
+
+def validate_dataset(config_json: str, dataset_dir: str, json_path: str, html_path: str) -> None:
+    from batchscale.components.data_prep.loader import read_manifest
+    from batchscale.components.data_prep.prep import sha256_file
+
+    config_from_json(config_json)
+    root = Path(dataset_dir)
+    manifest = read_manifest(root)
+    entries = manifest.to_pylist()
+    checksums = {m["shard"]: sha256_file(root / m["shard"]) for m in entries}
+    checks = [("manifest", "manifest", manifest, {"shard_checksums": checksums})]
+    for m in entries:
+        ctx = {"num_classes": m["num_classes"],
+               "feature_length": int(_prod(m["feature_shape"]))}
+        checks.append((m["shard"], "dataset", read_table_file(root / m["shard"]), ctx))
+    check_tables(checks, json_path, html_path)
+
+
+def validate_sweep(config_json: str, sweep_path: str, json_path: str, html_path: str) -> None:
+    cfg = config_from_json(config_json)
+    table = read_table_file(sweep_path)
+    check_tables([("sweep", "sweep", table, {"batch_sizes": list(cfg.sweep.batch_sizes)})],
+                 json_path, html_path)
+
+
+def validate_runs(config_json: str, curves_paths: list[str], runs_paths: list[str],
+                  merged_curves: str, merged_runs: str, json_path: str, html_path: str) -> None:
+    """Merge the fanned-out convergence tables, check them, and pass the merged tables on."""
+    cfg = config_from_json(config_json)
+    curves = pa.concat_tables([read_table_file(p) for p in curves_paths])
+    runs = pa.concat_tables([read_table_file(p) for p in runs_paths])
+    batches = list(cfg.convergence.batch_sizes)
+    check_tables([
+        ("curves", "curves", curves, {"batch_sizes": batches}),
+        ("runs", "runs", runs, {"batch_sizes": batches, "curves": curves}),
+    ], json_path, html_path)
+    write_table_atomic(merged_curves, curves)
+    write_table_atomic(merged_runs, runs)
+
+
+def validate_analysis(analysis_path: str, json_path: str, html_path: str) -> None:
+    check_tables([("analysis", "analysis", read_table_file(analysis_path), {})],
+                 json_path, html_path)
+
+
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out

@@ -1,0 +1,191 @@
+"""batchscale.storage against a real SeaweedFS on loopback, and the local Parquet helpers."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import time
+from pathlib import Path
+
+import boto3
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from batchscale.errors import BadInput, ObjectExists, StoreError
+from batchscale.storage import (
+    ObjectStore,
+    S3Settings,
+    read_table_file,
+    sha256_b64,
+    write_table_atomic,
+)
+
+
+def _table(n: int = 5) -> pa.Table:
+    return pa.table(
+        {
+            "batch_size": pa.array([2**i for i in range(n)], pa.int64()),
+            "samples_per_s": pa.array([100.0 * i + 0.5 for i in range(n)]),
+            "status": pa.array(["ok"] * (n - 1) + ["oom"]),
+        }
+    )
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_table_round_trip(object_store: ObjectStore) -> None:
+    key = object_store.key("sweep", "part-0.parquet")
+    assert object_store.put_table(key, _table())
+    assert object_store.get_table(key).equals(_table())
+    assert object_store.exists(key)
+    assert not object_store.exists(object_store.key("sweep", "other.parquet"))
+
+
+def test_identical_repeat_write_is_a_no_op(object_store: ObjectStore) -> None:
+    key = object_store.key("t.parquet")
+    assert object_store.put_table(key, _table()) is True
+    assert object_store.put_table(key, _table()) is False
+    assert object_store.list() == [key]
+
+
+def test_different_bytes_are_refused_and_original_kept(object_store: ObjectStore) -> None:
+    key = object_store.key("blob")
+    object_store.put_bytes(key, b"first")
+    with pytest.raises(ObjectExists, match=key):
+        object_store.put_bytes(key, b"second")
+    assert object_store.get_bytes(key) == b"first"
+
+
+def test_stored_checksum_is_our_sha256(object_store: ObjectStore) -> None:
+    key = object_store.key("blob")
+    object_store.put_bytes(key, b"payload")
+    assert object_store.checksum(key) == sha256_b64(b"payload")
+
+
+def test_missing_key_names_the_key(object_store: ObjectStore) -> None:
+    key = object_store.key("nothing-here")
+    with pytest.raises(StoreError, match=f"no object s3://.*/{key}"):
+        object_store.get_bytes(key)
+
+
+def test_corrupt_object_is_bad_input(object_store: ObjectStore) -> None:
+    sink = pa.BufferOutputStream()
+    pq.write_table(_table(), sink)
+    truncated = sink.getvalue().to_pybytes()[:-20]
+    for name, data in [("garbage", b"not parquet at all"), ("truncated", truncated)]:
+        key = object_store.key(name)
+        object_store.put_bytes(key, data)
+        with pytest.raises(BadInput, match=f"{key} is not a valid Parquet file"):
+            object_store.get_table(key)
+
+
+def test_wrong_credentials_are_refused(object_store: ObjectStore) -> None:
+    wrong = dataclasses.replace(object_store.settings, secret_key="not-the-secret-key")
+    store = ObjectStore(wrong, max_attempts=1)
+    with pytest.raises(StoreError, match="refused the credentials") as info:
+        store.check()
+    assert store.endpoint in str(info.value)
+    assert "not-the-secret-key" not in str(info.value)
+    with pytest.raises(StoreError, match="refused the credentials"):
+        store.put_bytes(store.key("x"), b"x")
+
+
+def test_missing_bucket_is_named(object_store: ObjectStore) -> None:
+    settings = dataclasses.replace(object_store.settings, bucket="no-such-bucket")
+    with pytest.raises(StoreError, match="bucket 'no-such-bucket' does not exist"):
+        ObjectStore(settings, max_attempts=1).check()
+
+
+def test_unreachable_endpoint_fails_fast_naming_it() -> None:
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    settings = S3Settings(endpoint, "batchscale", "p", "key-id", "sekrit-value")
+    store = ObjectStore(settings, max_attempts=2, connect_timeout_s=1, read_timeout_s=1)
+    started = time.monotonic()
+    with pytest.raises(StoreError, match=f"cannot reach S3 endpoint {endpoint}") as info:
+        store.put_bytes(store.key("x"), b"x")
+    assert time.monotonic() - started < 10
+    assert "sekrit-value" not in str(info.value)
+
+
+def test_list_follows_pagination(object_store: ObjectStore) -> None:
+    keys = [object_store.key("runs", f"r{i}") for i in range(5)]
+    for key in keys:
+        object_store.put_bytes(key, key.encode())
+    object_store.put_bytes(object_store.key("other"), b"o")
+    settings = object_store.settings
+    raw = boto3.client(
+        "s3",
+        endpoint_url=settings.endpoint_url,
+        aws_access_key_id=settings.access_key,
+        aws_secret_access_key=settings.secret_key,
+        region_name="us-east-1",
+    )
+    first_page = raw.list_objects_v2(Bucket=settings.bucket, Prefix=settings.prefix, MaxKeys=2)
+    assert first_page["IsTruncated"], "the server must page, or this test proves nothing"
+    assert object_store.list("runs", page_size=2) == keys
+    assert len(object_store.list(page_size=2)) == 6
+
+
+def test_hive_dataset_through_pyarrow_filesystem(object_store: ObjectStore) -> None:
+    for run in ("a", "b"):
+        object_store.put_table(object_store.key("lake", f"run={run}", "part-0.parquet"), _table(3))
+    path = f"{object_store.settings.bucket}/{object_store.key('lake')}"
+    dataset = ds.dataset(path, filesystem=object_store.pyarrow_filesystem(), partitioning="hive")
+    table = dataset.to_table()
+    assert table.num_rows == 6
+    assert sorted(set(table.column("run").to_pylist())) == ["a", "b"]
+
+
+def test_secrets_stay_out_of_repr_and_messages() -> None:
+    settings = S3Settings("http://127.0.0.1:1", "bucket", "p", "AKIDSECRETID", "s3cr3t-value")
+    for text in (repr(settings), str(settings), repr(ObjectStore(settings))):
+        assert "s3cr3t-value" not in text
+        assert "AKIDSECRETID" not in text
+
+
+def test_settings_from_env() -> None:
+    env = {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "sekrit-value"}
+    settings = S3Settings.from_env(env)
+    assert (settings.endpoint_url, settings.bucket, settings.prefix) == (
+        None,
+        "batchscale",
+        "batchscale",
+    )
+    for missing in env:
+        partial = {k: v for k, v in env.items() if k != missing}
+        with pytest.raises(StoreError, match=missing) as info:
+            S3Settings.from_env(partial)
+        assert "sekrit-value" not in str(info.value)
+    with pytest.raises(StoreError, match="BATCHSCALE_S3_BUCKET"):
+        S3Settings.from_env({**env, "BATCHSCALE_S3_BUCKET": ""})
+    with pytest.raises(StoreError, match="BATCHSCALE_S3_ENDPOINT"):
+        S3Settings.from_env({**env, "BATCHSCALE_S3_ENDPOINT": "localhost:8333"})
+
+
+def test_key_joins_prefix_and_parts() -> None:
+    store = ObjectStore(S3Settings(None, "bucket", "root/", "id", "secret"))
+    assert store.key("a", "/b/", "c.parquet") == "root/a/b/c.parquet"
+
+
+def test_local_table_written_atomically(tmp_path: Path) -> None:
+    path = tmp_path / "out" / "t.parquet"
+    write_table_atomic(path, _table())
+    write_table_atomic(path, _table(3))
+    assert read_table_file(path).equals(_table(3))
+    assert [p.name for p in path.parent.iterdir()] == ["t.parquet"]
+
+
+def test_corrupt_local_file_is_bad_input(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    write_table_atomic(path, _table())
+    path.write_bytes(path.read_bytes()[:-30])
+    with pytest.raises(BadInput, match=f"{path} is not a valid Parquet file"):
+        read_table_file(path)
+    with pytest.raises(BadInput, match="does not exist"):
+        read_table_file(tmp_path / "missing.parquet")
