@@ -74,8 +74,8 @@ def cmd_store(args) -> int:
 
 # ------------------------------------------------------------------------------ run / compile
 def cmd_run(args) -> int:
-    from batchscale.config import load_config
     from batchscale.components.publish.publish import check_run_id
+    from batchscale.config import load_config
     from batchscale.workloads import get_workload
 
     cfg = load_config(args.config)

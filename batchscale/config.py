@@ -122,6 +122,9 @@ class ConvergenceConfig(_Strict):
     """Step budget per trial; a trial that spends it is `not_reached`."""
     eval_every_steps: PositiveInt = 10
     """Evaluate on the validation split every this many steps (excluded from train time)."""
+    patience_evals: PositiveInt = 50
+    """Stop a trial as `not_reached` when validation accuracy has not improved for this many
+    evaluations (a collapsed network never recovers; its step budget is better spent elsewhere)."""
     divergence_factor: float = Field(10.0, gt=1.0)
     """A loss above this multiple of the first loss (or non-finite) marks the trial diverged."""
     gns_every_steps: PositiveInt = 1

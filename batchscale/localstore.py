@@ -73,10 +73,10 @@ def up(workdir: str | Path | None = None, bucket: str = "batchscale") -> StoreIn
     with _locked(state):
         access_key, secret_key = _credentials(state)
         pid = _our_pid(state)
-        ports = _recorded_ports(state)
+        _, ports = _read_record(state)
         if pid is not None:
             info = _info(state, bucket, pid, ports.get("s3", 0), access_key, secret_key)
-            if ports and _answers(info, timeout_s=5.0) is None:
+            if ports and _answers(_probe_store(info)) is None:
                 _record(state, bucket, ports)
                 return info
             _stop(pid)
@@ -106,10 +106,9 @@ def status(workdir: str | Path | None = None) -> StoreInfo | None:
     """The running store of `workdir`, or None if it is not running."""
     state = state_dir(workdir)
     pid = _our_pid(state)
-    ports = _recorded_ports(state)
+    bucket, ports = _read_record(state)
     if pid is None or not ports:
         return None
-    bucket = json.loads((state / "ports.json").read_text())["bucket"]
     return _info(state, bucket, pid, ports["s3"], *_read_credentials(state))
 
 
@@ -187,11 +186,13 @@ def _record(state: Path, bucket: str, ports: dict[str, int]) -> None:
     _write_text_atomic(state / "ports.json", json.dumps(record, indent=2) + "\n")
 
 
-def _recorded_ports(state: Path) -> dict[str, int]:
+def _read_record(state: Path) -> tuple[str, dict[str, int]]:
+    """The bucket and ports of the last start; ("", {}) before the first one."""
     path = state / "ports.json"
     if not path.exists():
-        return {}
-    return {name: int(port) for name, port in json.loads(path.read_text())["ports"].items()}
+        return "", {}
+    record = json.loads(path.read_text())
+    return record["bucket"], {name: int(port) for name, port in record["ports"].items()}
 
 
 def _our_pid(state: Path) -> int | None:
@@ -325,11 +326,13 @@ def _info(
     )
 
 
-def _answers(info: StoreInfo, timeout_s: float) -> StoreError | None:
+def _probe_store(info: StoreInfo) -> ObjectStore:
+    """A client that fails fast, for polling whether the store is up."""
+    return ObjectStore(info.settings(), max_attempts=1, connect_timeout_s=1.0, read_timeout_s=5.0)
+
+
+def _answers(store: ObjectStore) -> StoreError | None:
     """None if the S3 endpoint accepts our keys and has the bucket (created if missing)."""
-    store = ObjectStore(
-        info.settings(), max_attempts=1, connect_timeout_s=1.0, read_timeout_s=timeout_s
-    )
     try:
         store.check(create_bucket=True)
     except StoreError as exc:
@@ -366,8 +369,9 @@ def _unregistered_volumes(data_dir: Path, master_port: int) -> set[int]:
 def _wait_ready(info: StoreInfo, master_port: int, log: Path) -> None:
     """Wait until S3 answers and every stored volume is readable; else stop weed and say why."""
     deadline = time.monotonic() + START_TIMEOUT_S
+    store = _probe_store(info)
     while True:
-        problem = _answers(info, timeout_s=5.0)
+        problem = _answers(store)
         missing = _unregistered_volumes(info.data_dir, master_port) if problem is None else None
         if problem is None and not missing:
             return

@@ -300,7 +300,9 @@ def _parse_parquet(source: pa.NativeFile | str | Path, name: str) -> pa.Table:
         raise BadInput(f"{name} is not a valid Parquet file: {exc}") from None
 
 
-def write_table_atomic(path: str | Path, table: pa.Table, row_group_size: int | None = None) -> None:
+def write_table_atomic(
+    path: str | Path, table: pa.Table, row_group_size: int | None = None
+) -> None:
     """Write `table` to `path` so that readers see either the old file or the whole new one.
 
     Writes a temporary file in the same directory, fsyncs it, then renames it over `path`; a

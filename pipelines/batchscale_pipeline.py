@@ -9,8 +9,6 @@ the sweep's validation) because overlapping measurements distort each other's ti
 Caching is off everywhere: a cached measurement is not a measurement.
 """
 
-from kfp import dsl
-
 from batchscale.components.analysis.component import analysis
 from batchscale.components.convergence.component import convergence
 from batchscale.components.data_prep.component import data_prep
@@ -22,6 +20,8 @@ from batchscale.components.validate.component import (
     validate_runs,
     validate_sweep,
 )
+from kfp import dsl
+
 from batchscale.config import ExperimentConfig
 
 PIPELINE_NAME = "batchscale"
@@ -60,7 +60,8 @@ def build_pipeline(cfg: ExperimentConfig):
                                       sweep=sweep.outputs["sweep"],
                                       curves=runs_ok.outputs["merged_curves"],
                                       runs=runs_ok.outputs["merged_runs"]))
-        analysis_ok = _no_cache(validate_analysis(analysis=analysed.outputs["analysis_table"]))
+        analysis_ok = _no_cache(validate_analysis(config_json=config_json,
+                                                  analysis=analysed.outputs["analysis_table"]))
         publish_task = _no_cache(publish(run_id=run_id, dataset=dataset,
                                          sweep=sweep.outputs["sweep"],
                                          curves=runs_ok.outputs["merged_curves"],

@@ -2,22 +2,70 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import re
+import sys
 from pathlib import Path
 
 from batchscale.config import ExperimentConfig
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class TaskLogFilter(io.TextIOBase):
+    """kfp.local echoes each task's whole executor input (pages of JSON) and executor chatter.
+    Keep all of it in the run's log file; show the console only the tasks' own lines."""
+
+    def __init__(self, console, log_file):
+        self.console, self.log_file = console, log_file
+        self.buffer = ""
+        self.in_json = False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.log_file.write(_ANSI.sub("", text))
+        self.buffer += text
+        while "\n" in self.buffer:
+            line, self.buffer = self.buffer.split("\n", 1)
+            if self.show(line):
+                self.console.write(line + "\n")
+        return len(text)
+
+    def show(self, line: str) -> bool:
+        if "Got executor_input" in line:
+            self.in_json = True
+            return False
+        if self.in_json:
+            self.in_json = line.rstrip() != "    }"
+            return False
+        return bool(line.strip()) and "[KFP Executor" not in line
+
+    def flush(self) -> None:
+        self.console.flush()
+        self.log_file.flush()
+
 
 def run_local(cfg: ExperimentConfig, run_id: str, state_dir: Path) -> Path:
-    """Run the whole pipeline; returns the local pipeline root holding every task's outputs."""
-    from kfp import local
-
+    """Run the whole pipeline; returns the local pipeline root holding every task's outputs.
+    The full log goes to <state_dir>/runs/<run_id>/pipeline.log."""
     from batchscale.pipelines.batchscale_pipeline import build_pipeline
+    from kfp import local
 
     pipeline_root = state_dir / "pipeline_root"
     pipeline_root.mkdir(parents=True, exist_ok=True)
+    log_path = state_dir / "runs" / run_id / "pipeline.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("BATCHSCALE_WORK_DIR", str(state_dir / "work"))
+    os.environ["PYTHONUNBUFFERED"] = "1"  # task output streams as it happens
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root),
                raise_on_error=True, enable_caching=False)
-    build_pipeline(cfg)(config_json=cfg.to_json(), run_id=run_id)
+    pipeline = build_pipeline(cfg)
+    print(f"full log: {log_path}", file=sys.stderr)
+    with open(log_path, "a") as log_file, \
+            contextlib.redirect_stdout(TaskLogFilter(sys.stdout, log_file)):
+        pipeline(config_json=cfg.to_json(), run_id=run_id)
     return pipeline_root

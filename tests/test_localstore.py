@@ -46,6 +46,17 @@ def _listening_addresses(pid: int) -> set[tuple[str, int]]:
     return found
 
 
+def _non_loopback_address() -> str | None:
+    """This machine's address on its default route, if it has one (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("10.255.255.255", 1))
+        except OSError:
+            return None
+        address = sock.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
 def test_up_is_idempotent(workdir: Path) -> None:
     first = localstore.status(workdir)
     assert first is not None
@@ -66,8 +77,8 @@ def test_every_port_is_bound_to_loopback_only(workdir: Path) -> None:
     s3_port = int(info.endpoint_url.rsplit(":", 1)[1])
     assert ("127.0.0.1", s3_port) in listening
     assert {address for address, _ in listening} == {"127.0.0.1"}
-    outside = socket.gethostbyname(socket.gethostname())
-    if not outside.startswith("127."):
+    outside = _non_loopback_address()
+    if outside is not None:
         with pytest.raises(ConnectionRefusedError), socket.socket() as sock:
             sock.connect((outside, s3_port))
 
@@ -84,7 +95,7 @@ def test_endpoint_requires_the_generated_keys(workdir: Path) -> None:
 def test_env_lines_are_shell_exports(workdir: Path) -> None:
     lines = localstore.env_lines(workdir)
     assert all(line.startswith("export ") for line in lines)
-    script = "\n".join(lines) + '\nenv -0'
+    script = "\n".join(lines) + "\nenv -0"
     out = subprocess.run(["bash", "-c", script], env={}, capture_output=True, check=True).stdout
     exported = dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
     settings = S3Settings.from_env(exported)
@@ -130,3 +141,14 @@ def test_down_stops_only_our_process_and_data_persists(workdir: Path) -> None:
     assert ObjectStore(after.settings(prefix="persist")).get_bytes(store.key("kept")) == (
         b"still here"
     )
+
+
+def test_failed_start_shows_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "weed"
+    fake.write_text("#!/bin/sh\necho 'listen tcp: bind: address already in use' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(localstore, "weed_binary", lambda: str(fake))
+    with pytest.raises(StoreError, match="(?s)weed exited.*address already in use"):
+        localstore.up(tmp_path / "work")
+    assert localstore.status(tmp_path / "work") is None
+    assert not (localstore.state_dir(tmp_path / "work") / "weed.pid").exists()

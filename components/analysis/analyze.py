@@ -32,6 +32,8 @@ MAXIMAL_PARALLELISM_SLOPE = -0.2
 PERFECT_SCALING = "perfect_scaling"
 DIMINISHING_RETURNS = "diminishing_returns"
 MAXIMAL_DATA_PARALLELISM = "maximal_data_parallelism"
+MIN_BYTES_PER_SAMPLE = 1.0
+"""A memory slope under a byte per sample is rounding, not growth."""
 MIN_CRITICAL_FIT_BATCHES = 3
 """Two parameters fit any two points exactly: a third batch size is the first check."""
 BOOTSTRAP_SAMPLES = 200
@@ -90,9 +92,6 @@ class CriticalBatchFit:
     b_crit: float
     r2: float
     reason: str = ""
-
-    def predict(self, batch: float | np.ndarray) -> float | np.ndarray:
-        return self.s_min + self.e_min / np.asarray(batch, dtype=float)
 
 
 @dataclass(frozen=True)
@@ -243,7 +242,7 @@ def fit_memory(
     if np.unique(b).size < 2:
         return MemoryFit(math.nan, math.nan, math.nan, math.nan, "fewer than two measured batches")
     fixed, per_sample, r2 = _weighted_line(b, m, np.ones_like(m))
-    if per_sample <= 0:
+    if per_sample < MIN_BYTES_PER_SAMPLE:
         return MemoryFit(fixed, per_sample, r2, math.nan, "peak memory does not grow with batch")
     if budget_bytes is None or not math.isfinite(budget_bytes):
         return MemoryFit(fixed, per_sample, r2, math.nan, "no memory budget given")
@@ -287,7 +286,7 @@ def _trial_steps(runs: pd.DataFrame) -> np.ndarray:
     """Steps to target per trial, +inf for trials that did not reach it.
 
     Diverged and not_reached trials are infeasible (Shallue et al. 2018), not errors: +inf
-    makes them lose every minimum and, when they are the majority, every median.
+    makes them lose every minimum and, when they are half the seeds or more, every median.
     """
     steps = _column(runs, "steps_to_target")
     ok = _is(runs, "status", REACHED) & np.isfinite(steps) & (steps > 0)
@@ -336,7 +335,8 @@ def steps_to_result(
     steps = _trial_steps(runs)
     lrs = _column(runs, "lr")
     records = []
-    for key, index in runs.groupby(keys, sort=True).indices.items():
+    for group, index in runs.groupby(keys, sort=True).indices.items():
+        key = group if isinstance(group, tuple) else (group,)
         s, lr = _reduce_steps(steps[index], lrs[index], reduce)
         s, lr = (s, lr) if math.isfinite(s) else (math.nan, math.nan)
         batch = int(key[-1])
@@ -390,9 +390,9 @@ def fit_critical_batch(batch: Iterable, steps: Iterable) -> CriticalBatchFit:
 
 
 def _b_crit_or_limit(b: np.ndarray, s: np.ndarray) -> float:
-    """B_crit for the bootstrap: +inf / 0 where the fit says it lies above / below the range.
+    """B_crit for the bootstrap: 0 / +inf where the refit says it lies below / above the range.
 
-    Dropping those refits instead would bias the interval towards the middle of the range.
+    Dropping those refits instead would pull the interval towards the middle of the range.
     """
     b, s = _positive_pairs(b, s)
     if np.unique(b).size < MIN_CRITICAL_FIT_BATCHES:
@@ -401,6 +401,17 @@ def _b_crit_or_limit(b: np.ndarray, s: np.ndarray) -> float:
     if e_min <= 0:
         return 0.0
     return e_min / s_min if s_min > 0 else math.inf
+
+
+def _bounded(low: float, high: float, estimates: np.ndarray, batches: np.ndarray):
+    """Replace the limits 0 / +inf by the furthest finite value: the table holds positive
+    finite numbers, and `_interval_note` says the interval runs past the measured range."""
+    finite = estimates[np.isfinite(estimates) & (estimates > 0)]
+    if low == 0:
+        low = float(min(batches.min(), finite.min(initial=math.inf)))
+    if high == math.inf:
+        high = float(max(batches.max(), finite.max(initial=0.0)))
+    return low, high
 
 
 def _seed_groups(runs: pd.DataFrame) -> list[tuple[float, np.ndarray, np.ndarray, list]]:
@@ -424,10 +435,10 @@ def bootstrap_critical_batch(
     """(low, high) `confidence` interval of B_crit for one LR rule, resampling seeds.
 
     Each resample draws, per batch size, as many seeds as were run, with replacement (all LR
-    values of a drawn seed come along), recomputes S(B) and refits. The percentiles use the
-    empirical distribution (no interpolation) so +inf, from refits whose B_crit lies above the
-    range, stays an honest "unbounded". NaN when no batch has two seeds (nothing to resample)
-    or when most refits fail.
+    values of a drawn seed come along), recomputes S(B) and refits. Percentiles of the
+    empirical distribution, without interpolation; refits whose B_crit lies beyond the range
+    count as its limits (see `_b_crit_or_limit`, `_bounded`). NaN when no batch has two seeds
+    (nothing to resample) or when most refits fail.
     """
     runs = ensure_columns(runs, schemas.RUNS)
     groups = _seed_groups(runs[_is(runs, "lr_rule", rule)])
@@ -448,8 +459,9 @@ def bootstrap_critical_batch(
     if len(estimates) < MIN_BOOTSTRAP_SUCCESS * n:
         return math.nan, math.nan
     tail = 100.0 * (1.0 - confidence) / 2.0
-    low, high = np.percentile(estimates, [tail, 100.0 - tail], method="inverted_cdf")
-    return float(low), float(high)
+    values = np.array(estimates)
+    low, high = np.percentile(values, [tail, 100.0 - tail], method="inverted_cdf")
+    return _bounded(float(low), float(high), values, batches)
 
 
 # --------------------------------------------------------------------------- regimes, time
@@ -485,7 +497,7 @@ def regimes(batch: Iterable, steps: Iterable) -> pd.DataFrame:
     return pd.DataFrame({"batch_size": b, "slope": slope, "regime": labels})
 
 
-def time_to_target(steps: float | np.ndarray, step_time: float | np.ndarray):
+def time_to_target(steps: float | np.ndarray, step_time: float | np.ndarray) -> np.ndarray:
     """T(B) = S(B)·t(B): steps to the target times seconds per step (evaluation excluded)."""
     return np.asarray(steps, dtype=float) * np.asarray(step_time, dtype=float)
 
@@ -706,13 +718,34 @@ def _memory_summary(sweep: pd.DataFrame) -> dict:
     }
 
 
-def _interval_reason(runs: pd.DataFrame, rule: str, low: float) -> str:
-    if not math.isnan(low):
-        return ""
-    seeds = runs[_is(runs, "lr_rule", rule)].groupby("batch_size")["seed"].nunique()
-    if seeds.empty or seeds.max() < 2:
-        return "one seed per batch size: nothing to resample"
-    return "most bootstrap refits failed"
+def _optimal_batch_cap(sweep: pd.DataFrame, table: pd.DataFrame, fitting: float) -> float:
+    """The largest batch B* may take: the largest that fits, else the largest one measured.
+
+    Without an OOM the models are extrapolations past the largest batch run; a B* beyond it
+    (for example when step time barely grows with B) is not a measured answer.
+    """
+    if math.isfinite(fitting):
+        return fitting
+    measured = np.concatenate([_column(sweep, "batch_size"), _column(table, "batch_size")])
+    measured = measured[np.isfinite(measured)]
+    return float(measured.max()) if measured.size else math.nan
+
+
+def _interval_note(runs: pd.DataFrame, rule: str, interval: tuple[float, float]) -> str:
+    """Why the B_crit interval is missing, or that it reaches an end of the measured range."""
+    low, high = interval
+    rule_runs = runs[_is(runs, "lr_rule", rule)]
+    if math.isnan(low):
+        seeds = rule_runs.groupby("batch_size")["seed"].nunique()
+        if seeds.empty or seeds.max() < 2:
+            return "one seed per batch size: nothing to resample"
+        return "most bootstrap refits failed"
+    batches = _column(rule_runs, "batch_size")
+    if high >= np.nanmax(batches):
+        return "the interval reaches past the largest batch measured: its top is uncertain"
+    if low <= np.nanmin(batches):
+        return "the interval reaches below the smallest batch measured: its bottom is uncertain"
+    return ""
 
 
 def _critical_summary(
@@ -721,14 +754,14 @@ def _critical_summary(
     cells: pd.DataFrame,
     samples: int,
     step_fit: StepTimeFit,
-    b_max: float,
+    b_cap: float,
 ) -> dict:
     fit = fit_critical_batch(cells["batch_size"], cells["steps_to_target"])
     low, high = math.nan, math.nan
-    interval_reason = fit.reason
+    interval_note = fit.reason
     if not fit.reason:
         low, high = bootstrap_critical_batch(runs, rule, n=samples)
-        interval_reason = _interval_reason(runs, rule, low)
+        interval_note = _interval_note(runs, rule, (low, high))
     return {
         "s_min": fit.s_min,
         "e_min": fit.e_min,
@@ -737,8 +770,8 @@ def _critical_summary(
         "b_crit_high": high,
         "r2": fit.r2,
         "reason": fit.reason,
-        "interval_reason": interval_reason,
-        "optimal_batch": optimal_batch(step_fit.alpha_s, step_fit.beta_s, fit.b_crit, b_max),
+        "interval_note": interval_note,
+        "optimal_batch": optimal_batch(step_fit.alpha_s, step_fit.beta_s, fit.b_crit, b_cap),
     }
 
 
@@ -875,10 +908,11 @@ def analyze(
         step_time_r2=step_fit.r2,
         step_time_reason=step_fit.reason,
     )
-    b_max = summary["largest_fitting_batch"]
+    cap = _optimal_batch_cap(sweep, table, summary["largest_fitting_batch"])
+    summary["optimal_batch_cap"] = cap
     critical, regime_of, ranges = {}, {}, {}
     for rule, cells in table.groupby("lr_rule", sort=True):
-        critical[rule] = _critical_summary(runs, rule, cells, bootstrap_samples, step_fit, b_max)
+        critical[rule] = _critical_summary(runs, rule, cells, bootstrap_samples, step_fit, cap)
         labels = regimes(cells["batch_size"], cells["steps_to_target"])
         regime_of.update(
             {(rule, b): r for b, r in zip(labels["batch_size"], labels["regime"], strict=True)}
@@ -974,19 +1008,20 @@ def _memory_text(summary: dict) -> str:
     return text
 
 
-def _critical_text(fit: dict, ranges: list[dict]) -> str:
+def _critical_text(fit: dict, ranges: list[dict], cap: float) -> str:
     if fit["reason"]:
         return f"B_crit not estimated: {fit['reason']}."
     text = (
         f"S_min ≈ {_num(fit['s_min'])} steps and E_min ≈ {_num(fit['e_min'])} examples, so"
         f" B_crit = E_min/S_min ≈ {_num(fit['b_crit'])}"
     )
-    if fit["interval_reason"]:
-        text += f" (no interval: {fit['interval_reason']})."
+    if math.isnan(fit["b_crit_low"]):
+        text += f" (no interval: {fit['interval_note']})."
     else:
+        note = f"; {fit['interval_note']}" if fit["interval_note"] else ""
         text += (
             f" ({BOOTSTRAP_CONFIDENCE:.0%} interval {_num(fit['b_crit_low'])}–"
-            f"{_num(fit['b_crit_high'])})."
+            f"{_num(fit['b_crit_high'])}{note})."
         )
     text += " Past B_crit each doubling of the batch saves less than a quarter of the steps."
     if ranges:
@@ -996,8 +1031,11 @@ def _critical_text(fit: dict, ranges: list[dict]) -> str:
             for r in ranges
         ]
         text += f" Regimes: {', '.join(parts)}."
-    if math.isfinite(fit["optimal_batch"]):
-        text += f" With t(B), time to target is lowest near B* ≈ {_num(fit['optimal_batch'])}."
+    b_star = fit["optimal_batch"]
+    if math.isfinite(b_star) and b_star >= cap:
+        text += f" With t(B), time to target keeps falling up to batch {_num(cap)} (B* capped)."
+    elif math.isfinite(b_star):
+        text += f" With t(B), time to target is lowest near B* ≈ {_num(b_star)}."
     return text
 
 
@@ -1033,7 +1071,7 @@ def render_markdown(summary: dict) -> str:
         f"- **Memory.** {_memory_text(summary)}",
     ]
     for rule, fit in summary["critical_batch"].items():
-        text = _critical_text(fit, summary["regimes"].get(rule, []))
+        text = _critical_text(fit, summary["regimes"].get(rule, []), summary["optimal_batch_cap"])
         lines.append(f"- **Steps to target ({rule} LR rule).** {text}")
     if not summary["critical_batch"]:
         lines.append("- **Steps to target.** Not measured: no convergence trials.")

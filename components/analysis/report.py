@@ -13,11 +13,15 @@ import io
 import math
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from batchscale import schemas
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 from .analyze import (
     TIMING_MODES,
@@ -155,13 +159,13 @@ def _new_axes(xlabel: str, ylabel: str, *, x_base: float | None = 2, log_y: bool
     return fig, ax
 
 
-def _png_data_uri(fig) -> str:
+def _png_data_uri(fig: Figure) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", metadata={"Software": None})
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _figure(draw: Callable[[], object | None], caption: str, missing: str) -> str:
+def _figure(draw: Callable[[], Figure | None], caption: str, missing: str) -> str:
     """`<figure>` with the drawn plot, or a note saying why there is none."""
     fig = draw()
     if fig is None:
@@ -182,7 +186,7 @@ def _oom_batches(sweep: pd.DataFrame) -> list[float]:
     return sorted(pd.to_numeric(rows["batch_size"], errors="coerce").dropna().unique())
 
 
-def _plot_throughput(sweep: pd.DataFrame, summary: dict):
+def _plot_throughput(sweep: pd.DataFrame, summary: dict) -> Figure | None:
     curves = {mode: throughput_curve(sweep, mode) for mode in TIMING_MODES}
     curves = {mode: curve for mode, curve in curves.items() if not curve.empty}
     if not curves:
@@ -203,7 +207,7 @@ def _plot_throughput(sweep: pd.DataFrame, summary: dict):
     return fig
 
 
-def _plot_step_time(sweep: pd.DataFrame, summary: dict):
+def _plot_step_time(sweep: pd.DataFrame, summary: dict) -> Figure | None:
     mode = summary["timing_input_mode"]
     if mode is None:
         return None
@@ -237,7 +241,7 @@ def _plot_step_time(sweep: pd.DataFrame, summary: dict):
     return fig
 
 
-def _plot_memory(sweep: pd.DataFrame, summary: dict):
+def _plot_memory(sweep: pd.DataFrame, summary: dict) -> Figure | None:
     curve = throughput_curve(sweep, summary["timing_input_mode"] or TIMING_MODES[0])
     curve = curve[np.isfinite(curve["peak_memory_bytes"])]
     if curve.empty:
@@ -267,7 +271,7 @@ def _rule_cells(table: pd.DataFrame):
             yield i, rule, cells.sort_values("batch_size")
 
 
-def _plot_steps(table: pd.DataFrame, summary: dict):
+def _plot_steps(table: pd.DataFrame, summary: dict) -> Figure | None:
     drawn = list(_rule_cells(table))
     if not drawn:
         return None
@@ -300,7 +304,7 @@ def _plot_steps(table: pd.DataFrame, summary: dict):
     return fig
 
 
-def _plot_time_to_target(table: pd.DataFrame, summary: dict):
+def _plot_time_to_target(table: pd.DataFrame, summary: dict) -> Figure | None:
     drawn = [
         (i, rule, cells[np.isfinite(cells["time_to_target_s"].astype(float))])
         for i, rule, cells in _rule_cells(table)
@@ -326,7 +330,7 @@ def _plot_time_to_target(table: pd.DataFrame, summary: dict):
     return fig
 
 
-def _plot_tradeoff(table: pd.DataFrame, summary: dict):
+def _plot_tradeoff(table: pd.DataFrame, summary: dict) -> Figure | None:
     drawn = list(_rule_cells(table))
     if not drawn:
         return None
@@ -360,7 +364,7 @@ def _plot_tradeoff(table: pd.DataFrame, summary: dict):
     return fig
 
 
-def _plot_b_simple(curves: pd.DataFrame, summary: dict):
+def _plot_b_simple(curves: pd.DataFrame, summary: dict) -> Figure | None:
     from matplotlib import colormaps
     from matplotlib.colors import LogNorm
 
@@ -401,7 +405,7 @@ def _plot_b_simple(curves: pd.DataFrame, summary: dict):
     return fig
 
 
-def _plot_dp_efficiency(runs: pd.DataFrame):
+def _plot_dp_efficiency(runs: pd.DataFrame) -> Figure | None:
     table = data_parallel_efficiency(runs)
     if table["workers"].nunique() < 2:
         return None

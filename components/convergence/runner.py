@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+from batchscale.components.convergence import train
 
 from batchscale.config import ExperimentConfig
 from batchscale.errors import BatchscaleError
 from batchscale.storage import read_table_file
-from batchscale.components.convergence import train
 
 ENTRY_POINT = Path(train.__file__)
 # torchrun restarts the whole group this many times after a worker dies; trials resume from
@@ -45,6 +45,7 @@ def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, 
         "workers": workers, "momentum": c.momentum, "warmup_steps": c.warmup_steps,
         "target_val_accuracy": c.target_val_accuracy, "max_steps": c.max_steps,
         "eval_every_steps": c.eval_every_steps, "divergence_factor": c.divergence_factor,
+        "patience_evals": c.patience_evals,
         "gns_every_steps": c.gns_every_steps,
         "checkpoint_every_steps": c.checkpoint_every_steps, "trials": trials,
     }

@@ -24,13 +24,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from batchscale.components.data_prep.loader import load_split
 
 from batchscale.envinfo import environment
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.schemas import make_table
 from batchscale.storage import write_table_atomic
 from batchscale.workloads import get_workload
-from batchscale.components.data_prep.loader import load_split
 
 GNS_EMA_BETA = 0.99
 
@@ -79,7 +79,8 @@ def barrier(d: Dist) -> None:
 def scaled_lr(rule: str, base_lr: float, batch_size: int, reference_batch: int) -> float:
     """Peak LR of a rule: constant, linear (Goyal et al. 2017), or square-root scaling."""
     ratio = batch_size / reference_batch
-    return {"constant": base_lr, "linear": base_lr * ratio, "sqrt": base_lr * math.sqrt(ratio)}[rule]
+    scale = {"constant": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[rule]
+    return base_lr * scale
 
 
 def lr_at(step: int, peak_lr: float, warmup_steps: int) -> float:
@@ -155,6 +156,8 @@ class TrialState:
     first_loss: float | None = None
     loss_sum: float = 0.0
     loss_count: int = 0
+    best_accuracy: float = -1.0
+    evals_since_best: int = 0
     curve: list[dict] = field(default_factory=list)
     noise: NoiseScale = field(default_factory=NoiseScale)
 
@@ -189,6 +192,7 @@ class Trial:
             payload = {
                 "trial": self.t, "world_size": self.d.world_size, "step": s.step,
                 "train_time_s": s.train_time_s, "first_loss": s.first_loss, "curve": s.curve,
+                "best": [s.best_accuracy, s.evals_since_best],
                 "noise": [s.noise.g2_ema, s.noise.trace_ema, s.noise.updates],
                 "model": self._bare_model().state_dict(), "opt": self.opt.state_dict(),
             }
@@ -213,6 +217,7 @@ class Trial:
         s.step, s.train_time_s, s.first_loss = payload["step"], payload["train_time_s"], \
             payload["first_loss"]
         s.curve = list(payload["curve"])
+        s.best_accuracy, s.evals_since_best = payload["best"]
         s.noise = NoiseScale(*payload["noise"])
         self.log(f"resumed from step {s.step}")
 
@@ -312,7 +317,9 @@ class Trial:
             return "diverged", acc
         if acc >= self.spec["target_val_accuracy"]:
             return "reached", acc
-        if s.step >= self.spec["max_steps"]:
+        s.best_accuracy, s.evals_since_best = (acc, 0) if acc > s.best_accuracy else (
+            s.best_accuracy, s.evals_since_best + 1)
+        if s.step >= self.spec["max_steps"] or s.evals_since_best >= self.spec["patience_evals"]:
             return "not_reached", acc
         return None, acc
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from batchscale.components.data_prep.prep import MANIFEST_FILE
 
 from batchscale.errors import BadInput
 from batchscale.storage import read_table_file
-from batchscale.components.data_prep.prep import MANIFEST_FILE
 
 
 def read_manifest(data_dir: str | Path) -> pa.Table:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from batchscale.components.data_prep.datasets import RawDataset, load_dataset
 
 from batchscale.config import DataPrepConfig
 from batchscale.schemas import make_table
 from batchscale.storage import write_table_atomic
-from batchscale.components.data_prep.datasets import RawDataset, load_dataset
 
 MANIFEST_FILE = "manifest.parquet"
 SPLITS = ("train", "val")
@@ -44,10 +44,10 @@ def sha256_file(path: Path) -> str:
 def write_shards(raw: RawDataset, cfg: DataPrepConfig, out_dir: Path) -> list[dict]:
     rows = []
     for split, idx in split_indices(len(raw.labels), cfg.val_fraction, cfg.split_seed).items():
-        hist = np.bincount(raw.labels[idx], minlength=raw.num_classes).tolist()
         for shard_no, start in enumerate(range(0, len(idx), cfg.rows_per_shard)):
             part = idx[start:start + cfg.rows_per_shard]
             name = f"{split}-{shard_no:05d}.parquet"
+            hist = np.bincount(raw.labels[part], minlength=raw.num_classes).tolist()
             write_table_atomic(out_dir / name, to_arrow(raw.features[part], raw.labels[part]),
                                row_group_size=cfg.rows_per_shard)
             rows.append({

@@ -183,9 +183,7 @@ def run_trial(trial: Trial, real_data=None) -> tuple[StepTimes, float, int | Non
     times = time_steps(step, device=trial.device, warmup_steps=trial.cfg.warmup_steps,
                        min_steps=trial.cfg.min_timed_steps, max_steps=trial.cfg.max_timed_steps,
                        target_cv=trial.cfg.target_cv, time_budget_s=trial.cfg.time_budget_s)
-    peak = memory.peak_bytes()
-    del model, opt, batches
-    return times, flops, peak
+    return times, flops, memory.peak_bytes()  # model and optimizer are freed on return
 
 
 def trial_row(trial: Trial, times: StepTimes | None, flops: float | None, peak: int | None,
@@ -244,6 +242,7 @@ def _progress_line(done: int, total: int, row: dict) -> str:
 def run_stage(config_json: str, run_id: str, dataset_dir: str | None, out_path: str) -> list[dict]:
     """Pipeline/CLI entry: sweep the configured workload, real input from `dataset_dir`."""
     from batchscale.components.data_prep.loader import load_split
+
     from batchscale.config import config_from_json
     from batchscale.envinfo import environment
     from batchscale.workloads import get_workload

@@ -35,7 +35,8 @@ def validate_runs(config_json: str, curves: Input[List[Dataset]], runs: Input[Li
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def validate_analysis(analysis: Input[Dataset], results: Output[Artifact], page: Output[HTML]):
+def validate_analysis(config_json: str, analysis: Input[Dataset], results: Output[Artifact],
+                      page: Output[HTML]):
     from batchscale.components.validate.stage import validate_analysis as run
 
-    run(analysis.path, results.path, page.path)
+    run(config_json, analysis.path, results.path, page.path)

@@ -79,9 +79,12 @@ def validate_runs(config_json: str, curves_paths: list[str], runs_paths: list[st
     write_table_atomic(merged_runs, runs)
 
 
-def validate_analysis(analysis_path: str, json_path: str, html_path: str) -> None:
-    check_tables([("analysis", "analysis", read_table_file(analysis_path), {})],
-                 json_path, html_path)
+def validate_analysis(config_json: str, analysis_path: str, json_path: str,
+                      html_path: str) -> None:
+    cfg = config_from_json(config_json)
+    batches = sorted(set(cfg.convergence.batch_sizes) | set(cfg.sweep.batch_sizes))
+    check_tables([("analysis", "analysis", read_table_file(analysis_path),
+                   {"batch_sizes": batches})], json_path, html_path)
 
 
 def _prod(values) -> int:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -221,6 +224,12 @@ def test_extreme_imbalance_is_refused():
             "expect_smallest_class_to_be_at_least_share_of_uniform", "class 1: 1 rows")
 
 
+def test_a_table_too_small_to_judge_balance_passes():
+    rows = [{"features": [0.0] * 4, "label": i % 2} for i in range(6)]  # classes 2, 3 absent
+    report = checks.validate_table("dataset", table("dataset", rows), context={"num_classes": 4})
+    assert report.success, report.failure_message()
+
+
 # ---------------------------------------------------------------- manifest
 
 
@@ -235,6 +244,14 @@ def test_unlisted_shard_file_is_refused():
     sums = {**SHA, "train-2": "1" * 64}
     refused("manifest", table("manifest"), "expect_shard_checksums_to_match_manifest",
             "train-2: manifest not listed", ctx={"shard_checksums": sums})
+
+
+def test_imbalanced_split_histogram_is_refused():
+    rows = manifest_rows()
+    rows[2].update(rows=60, class_histogram=[20, 1, 20, 19])
+    refused("manifest", table("manifest", rows),
+            "expect_smallest_class_to_be_at_least_share_of_uniform(class_histogram[split=val])",
+            "class 1: 1 rows", ctx={})
 
 
 def test_duplicate_shard_is_refused():
@@ -366,6 +383,13 @@ def test_require_valid_writes_reports_on_success(tmp_path):
     assert report.success
     assert json.loads(json_path.read_text())["statistics"]["unsuccessful_expectations"] == 0
     assert "passed" in html_path.read_text()
+
+
+def test_importing_checks_does_not_import_great_expectations():
+    code = ("import sys, components.validate.checks; "
+            "assert 'great_expectations' not in sys.modules")
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
 
 
 # ---------------------------------------------------------------- suites

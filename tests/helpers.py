@@ -1,0 +1,46 @@
+"""Helpers shared by the tests: run the real CLI, point it at the test store."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from batchscale.storage import ObjectStore
+
+BATCHSCALE = [sys.executable, "-m", "batchscale.cli"]
+
+
+def run_cli(args: list[str], cwd: Path, env: dict | None = None,
+            timeout_s: float = 600) -> subprocess.CompletedProcess:
+    """Run the real `batchscale` command in `cwd` (no S3 variables unless `env` gives them)."""
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("BATCHSCALE_S3_", "AWS_"))}
+    return subprocess.run(BATCHSCALE + args, cwd=cwd, env={**base, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def store_env(store: ObjectStore) -> dict:
+    s = store.settings
+    return {"BATCHSCALE_S3_ENDPOINT": s.endpoint_url, "BATCHSCALE_S3_BUCKET": s.bucket,
+            "BATCHSCALE_S3_PREFIX": s.prefix, "AWS_ACCESS_KEY_ID": s.access_key,
+            "AWS_SECRET_ACCESS_KEY": s.secret_key}
+
+
+TINY_CONFIG = """
+name: tiny
+workload: digits-mlp
+sweep:
+  batch_sizes: [4, 64]
+  time_budget_s: 0.2
+  min_timed_steps: 5
+convergence:
+  batch_sizes: [16, 64, 256]
+  lr_rules: [sqrt]
+  seeds: [0]
+  target_val_accuracy: 0.9
+  max_steps: 400
+analysis:
+  bootstrap_samples: 20
+"""
+
+
