@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from batchscale.errors import BadInput
 
@@ -116,6 +124,12 @@ class ConvergenceConfig(_Strict):
     """Seeds of the model initialization and data order; one trial each."""
     workers: PositiveInt = 1
     """Data-parallel processes per trial (torchrun --nproc-per-node)."""
+    scaling_workers: list[PositiveInt] = []
+    """Extra worker counts for data-parallel scaling runs, each at every batch size of
+    `scaling_batch_sizes` (their trials also appear in the runs table with their worker count)."""
+    scaling_batch_sizes: list[PositiveInt] = []
+    """Global batch sizes of the data-parallel scaling runs; each must be one of `batch_sizes`
+    and divisible by every worker count."""
     target_val_accuracy: float = Field(0.95, gt=0.0, le=1.0)
     """Validation accuracy that counts as reaching the target."""
     max_steps: PositiveInt = 3000
@@ -140,6 +154,28 @@ class ConvergenceConfig(_Strict):
     @classmethod
     def _distinct(cls, values: list[int]) -> list[int]:
         return _sorted_unique(values)
+
+
+    @model_validator(mode="after")
+    def _scaling_runs_fit(self) -> ConvergenceConfig:
+        for b in self.scaling_batch_sizes:
+            if b not in self.batch_sizes:
+                raise ValueError(f"scaling_batch_sizes: {b} is not one of batch_sizes")
+            for w in self.scaling_workers:
+                if b % w:
+                    raise ValueError(f"scaling_batch_sizes: {b} is not divisible by {w} workers")
+        if bool(self.scaling_workers) != bool(self.scaling_batch_sizes):
+            raise ValueError("scaling_workers and scaling_batch_sizes must be given together")
+        return self
+
+    def fan_out(self) -> list[dict]:
+        """(batch size, workers) of every convergence task: the sweep over batch sizes with
+        `workers`, then the scaling runs."""
+        cells = [{"batch_size": b, "workers": self.workers} for b in self.batch_sizes]
+        cells += [{"batch_size": b, "workers": w}
+                  for w in self.scaling_workers for b in self.scaling_batch_sizes
+                  if w != self.workers]
+        return cells
 
 
 class AnalysisConfig(_Strict):

@@ -36,8 +36,7 @@ def _no_cache(task: dsl.PipelineTask) -> dsl.PipelineTask:
 def build_pipeline(cfg: ExperimentConfig):
     """A pipeline function for `cfg`: the batch-size fan-out is fixed at build time, the config
     itself is the `config_json` parameter (its default is `cfg`)."""
-    batch_sizes = list(cfg.convergence.batch_sizes)
-    workers = cfg.convergence.workers
+    cells = cfg.convergence.fan_out()
 
     @dsl.pipeline(name=PIPELINE_NAME, description="Why a bigger batch does not train faster: "
                   "throughput, memory and critical batch size, with a recommendation.")
@@ -49,9 +48,9 @@ def build_pipeline(cfg: ExperimentConfig):
                                            dataset=dataset).after(data_ok))
         sweep_ok = _no_cache(validate_sweep(config_json=config_json,
                                             sweep=sweep.outputs["sweep"]))
-        with dsl.ParallelFor(batch_sizes, parallelism=1) as batch_size:
+        with dsl.ParallelFor(cells, parallelism=1) as cell:
             conv = _no_cache(convergence(config_json=config_json, run_id=run_id,
-                                         batch_size=batch_size, workers=workers,
+                                         batch_size=cell.batch_size, workers=cell.workers,
                                          dataset=dataset).after(sweep_ok))
         runs_ok = _no_cache(validate_runs(config_json=config_json,
                                           curves=dsl.Collected(conv.outputs["curves"]),

@@ -39,6 +39,8 @@ convergence:
   seeds: [0]
   target_val_accuracy: 0.9
   max_steps: 400
+  scaling_workers: [2]
+  scaling_batch_sizes: [64]
 analysis:
   bootstrap_samples: 20
 """

@@ -112,3 +112,15 @@ def test_lake_reads_with_pyarrow_dataset_and_hive_partitions(published):
         assert table.num_rows > 0
         assert set(table.column("run_id").to_pylist()) == {run_id}
         assert set(table.column("date").to_pylist()) == {"2026-11-29"}
+
+
+def test_scaling_run_uses_two_workers(published):
+    store, run_id, _, _, cfg = published
+    runs = _table(store, "runs", run_id)
+    two = [r for r in runs if r["workers"] == 2]
+    assert {r["batch_size"] for r in two} == set(cfg.convergence.scaling_batch_sizes)
+    assert all(r["world_size"] == 2 for r in two)
+    one = {r["batch_size"]: r for r in runs if r["workers"] == 1}
+    for r in two:
+        # Same global batch, same data order: the 2-worker run takes about the same steps.
+        assert abs(r["steps_to_target"] - one[r["batch_size"]]["steps_to_target"]) <= 20
