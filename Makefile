@@ -29,7 +29,7 @@ test-fast: venv
 	$(VENV)/bin/pytest -q -m "not slow"
 
 bench: venv
-	$(PY) -m benchmarks.run
+	$(PY) -m benchmarks.run $(BENCH)
 
 compile: venv
 	BATCHSCALE_IMAGE=$(REGISTRY)/batchscale-cpu:$(TAG) \
