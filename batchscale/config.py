@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -17,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictInt,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -28,6 +30,7 @@ DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "default.yaml"
 
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 BatchSizes = Annotated[list[PositiveInt], Field(min_length=1)]
+_BATCH_SIZES = TypeAdapter(BatchSizes)
 
 
 def known_datasets() -> tuple[str, ...]:
@@ -56,13 +59,28 @@ class DataPrepConfig(_Strict):
     val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     """Share of rows held out for validation (deterministic split from `split_seed`)."""
     split_seed: StrictInt = 0
-    """Seed of the train/validation split."""
+    """Seed of the train/validation split (and of the teacher-student task and `max_rows`)."""
     rows_per_shard: PositiveInt = 4096
-    """Rows per Parquet shard (one row group each)."""
+    """Rows per Parquet shard; row groups inside hold about 32 MiB of features."""
     synthetic_train_rows: PositiveInt = 20000
-    """Training rows generated for synthetic datasets."""
+    """Training rows generated for synthetic datasets (validation rows are added on top so
+    that `val_fraction` holds)."""
     synthetic_noise: float = Field(0.1, ge=0.0, le=1.0)
     """Label noise of synthetic datasets: the probability that a label is replaced at random."""
+    source_uri: str | None = None
+    """Where the files of cifar10, mnist, fashion-mnist or parquet are: a local directory (for
+    parquet also one file) or s3://bucket/prefix, read with the store's credentials
+    (BATCHSCALE_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY). torchvision layout:
+    cifar-10-batches-py/, MNIST/raw/, FashionMNIST/raw/ (idx files raw or .gz)."""
+    feature_column: str = "features"
+    """parquet: the column of examples, a list of numbers or encoded image bytes (PNG/JPEG)."""
+    label_column: str = "label"
+    """parquet: the integer class column, values 0..classes-1."""
+    feature_shape: list[PositiveInt] | None = None
+    """parquet with numeric lists: the shape of one example, e.g. [1, 28, 28]; default flat."""
+    max_rows: PositiveInt | None = None
+    """Keep at most this many rows, a random subset drawn with `split_seed` before the split;
+    null keeps every row."""
 
     @field_validator("name")
     @classmethod
@@ -72,12 +90,46 @@ class DataPrepConfig(_Strict):
             raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(allowed)}")
         return name
 
+    @model_validator(mode="after")
+    def _source_matches_dataset(self) -> DataPrepConfig:
+        from batchscale.components.data_prep.datasets import SOURCE_DATASETS
+
+        needs_source = self.name in SOURCE_DATASETS
+        if needs_source and not self.source_uri:
+            raise ValueError(f"source_uri: dataset {self.name!r} is read from files; set "
+                             "source_uri to a local directory or s3://bucket/prefix")
+        if not needs_source and self.source_uri:
+            raise ValueError(f"source_uri: dataset {self.name!r} is built in and reads no "
+                             f"files; source_uri applies to {', '.join(SOURCE_DATASETS)}")
+        return self
+
 
 class SweepConfig(_Strict):
     """Throughput sweep: samples/s per batch size."""
 
-    batch_sizes: BatchSizes = [1, 4, 16, 64, 256, 1024]
-    """Batch sizes to time (per device)."""
+    batch_sizes: BatchSizes | Literal["auto"] = [1, 4, 16, 64, 256, 1024]
+    """Batch sizes to time (per device), or "auto": double from 1 until a batch does not fit in
+    memory (or `max_batch_size` is reached), then bisect for the largest batch that fits."""
+    max_batch_size: PositiveInt = 65536
+    """Upper bound of the "auto" search, samples per step."""
+    search_tolerance: float = Field(0.05, gt=0.0, lt=1.0)
+    """The "auto" search stops bisecting once the gap between the largest fitting and the
+    smallest failing batch is at most this share of the former."""
+    memory_limit_bytes: PositiveInt | None = None
+    """Memory budget of a trial. CPU: a trial process whose resident memory exceeds
+    (1 - memory_safety_margin) of it is stopped and recorded as oom (default: the memory
+    available when the sweep starts). CUDA: the allocator is capped at that share of it (default:
+    the device's total memory)."""
+    memory_safety_margin: float = Field(0.1, ge=0.0, lt=1.0)
+    """Share of the memory budget kept free, so a batch found to fit does not run out of memory
+    later (fragmentation, a slightly larger input)."""
+    image_size_px: PositiveInt = 224
+    """Side of the square input images of torchvision workloads, pixels (vit_b_16: a multiple
+    of 16)."""
+    channels_last: bool = False
+    """Convert the model and image inputs to the channels_last memory format."""
+    torch_compile: bool = False
+    """Wrap the model in torch.compile (compilation happens in the warm-up steps, untimed)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device to measure on; auto picks CUDA when present."""
     precision: Literal["fp32", "bf16"] = "fp32"
@@ -96,10 +148,16 @@ class SweepConfig(_Strict):
     time_budget_s: float = Field(3.0, gt=0.0)
     """Timing budget per batch size and input mode, seconds."""
 
-    @field_validator("batch_sizes")
+    @field_validator("batch_sizes", mode="plain")
     @classmethod
-    def _distinct(cls, values: list[int]) -> list[int]:
-        return _sorted_unique(values)
+    def _auto_or_distinct(cls, values: object) -> list[int] | str:
+        """Plain mode keeps error locations like `sweep.batch_sizes.1` (a union would add its
+        member's name to them)."""
+        if values == "auto":
+            return values
+        if isinstance(values, str):
+            raise ValueError('expected a list of positive integers or "auto"')
+        return _sorted_unique(_BATCH_SIZES.validate_python(values))
 
 
 class ConvergenceConfig(_Strict):
@@ -107,11 +165,17 @@ class ConvergenceConfig(_Strict):
 
     batch_sizes: BatchSizes = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
     """Global batch sizes (micro-batch x accumulation x workers)."""
-    lr_rules: Annotated[list[Literal["constant", "linear", "sqrt"]], Field(min_length=1)] = [
-        "linear",
-        "sqrt",
-    ]
-    """Learning-rate scaling rules from the reference batch size."""
+    lr_rules: Annotated[
+        list[Literal["constant", "linear", "sqrt", "grid"]], Field(min_length=1)
+    ] = ["linear", "sqrt"]
+    """Learning-rate rules: constant, linear or sqrt scaling from the reference batch size, or
+    grid (every LR of `lr_grid` at every batch size; S(B) is the per-batch minimum, Shallue et
+    al. 2018)."""
+    lr_grid: list[Annotated[float, Field(gt=0.0)]] = []
+    """Learning rates the `grid` rule tries at every batch size (required with `grid`)."""
+    accumulation_steps: PositiveInt = 1
+    """Micro-batches accumulated per optimizer step: global batch = micro-batch x
+    accumulation_steps x workers (each batch size must divide evenly)."""
     base_lr: float = Field(0.05, gt=0.0)
     """Learning rate at `reference_batch_size` (SGD with momentum)."""
     reference_batch_size: PositiveInt = 32
@@ -145,8 +209,18 @@ class ConvergenceConfig(_Strict):
     """Update the gradient-noise-scale estimate every this many steps."""
     checkpoint_every_steps: PositiveInt = 200
     """Write an atomic checkpoint every this many steps (resume after a restart)."""
+    checkpoint_uri: str | None = None
+    """Where trial checkpoints go: a local directory or s3://bucket/prefix (keys from the
+    environment); unset: next to the trial results."""
+    max_restarts: StrictInt = Field(2, ge=0)
+    """Times torchrun restarts the whole group after a worker dies (trials resume from their
+    last checkpoint)."""
     launcher: Literal["torchrun", "kubeflow"] = "torchrun"
     """torchrun locally; a Kubeflow Trainer TrainJob on Kubernetes."""
+    trainjob_runtime: str = "torch-distributed"
+    """launcher kubeflow: the (Cluster)TrainingRuntime the TrainJob runs on."""
+    trainjob_namespace: str | None = None
+    """launcher kubeflow: namespace of the TrainJob; unset: the pipeline pod's own namespace."""
     timeout_s: float = Field(1800.0, gt=0.0)
     """Wall-clock limit of one batch size's trials."""
 
@@ -166,6 +240,14 @@ class ConvergenceConfig(_Strict):
                     raise ValueError(f"scaling_batch_sizes: {b} is not divisible by {w} workers")
         if bool(self.scaling_workers) != bool(self.scaling_batch_sizes):
             raise ValueError("scaling_workers and scaling_batch_sizes must be given together")
+        if "grid" in self.lr_rules and not self.lr_grid:
+            raise ValueError("lr_grid: the grid rule needs at least one learning rate")
+        cells = [(b, self.workers) for b in self.batch_sizes] + [
+            (b, w) for w in self.scaling_workers for b in self.scaling_batch_sizes]
+        for b, w in cells:
+            if b % (w * self.accumulation_steps):
+                raise ValueError(f"batch_sizes: {b} is not divisible by {w} workers x "
+                                 f"{self.accumulation_steps} accumulation_steps")
         return self
 
     def fan_out(self) -> list[dict]:
@@ -196,6 +278,84 @@ class PublishConfig(_Strict):
     """Fail the publish step when a throughput regression is flagged."""
 
 
+S3_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+
+
+class TolerationConfig(_Strict):
+    """One Kubernetes toleration of a node taint."""
+
+    key: str = ""
+    """Taint key; empty (with operator Exists) tolerates every taint."""
+    operator: Literal["Equal", "Exists"] = "Equal"
+    """Equal matches `value`; Exists matches any value of `key`."""
+    value: str = ""
+    """Taint value (operator Equal only)."""
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+    """Taint effect tolerated; empty tolerates every effect."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TolerationConfig:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("value must be empty when operator is Exists")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("an empty key needs operator Exists")
+        return self
+
+
+class KubernetesConfig(_Strict):
+    """Cluster settings of the compiled pipeline (compile, submit, schedule); kfp.local ignores
+    them."""
+
+    gpu_resource: str = "nvidia.com/gpu"
+    """Extended resource the GPU stages request (throughput_sweep; convergence with the
+    torchrun launcher; a kubeflow-launched convergence asks for GPUs in its TrainJob instead)."""
+    gpus_per_worker: StrictInt = Field(1, ge=0)
+    """GPUs per process: the sweep requests this many, a torchrun convergence task this many per
+    worker of the largest worker count; 0 requests none and runs those stages on CPU."""
+    gpu_node_selector: dict[str, str] = {}
+    """Node labels the GPU stages must match, e.g.
+    {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}."""
+    gpu_tolerations: list[TolerationConfig] = []
+    """Taints of the GPU node pool that the GPU stages tolerate."""
+    node_selector: dict[str, str] = {}
+    """Node labels every stage must match."""
+    tolerations: list[TolerationConfig] = []
+    """Taints every stage tolerates."""
+    stage_timeout_s: PositiveInt = 7200
+    """Pod deadline (activeDeadlineSeconds, image pull included) of every stage but convergence."""
+    convergence_timeout_margin_s: PositiveInt = 900
+    """A convergence pod's deadline is `convergence.timeout_s` plus this, so the stage's own
+    timeout fires first and reports which trial ran over."""
+    s3_endpoint_url: str = "http://seaweedfs.kubeflow:8333"
+    """S3 endpoint of the results lake (default: the KFP deployment's SeaweedFS)."""
+    s3_bucket: str = Field("mlpipeline", min_length=3)
+    """Bucket of the results lake."""
+    s3_prefix: str = "batchscale"
+    """Key prefix of the results lake inside the bucket."""
+    s3_secret_name: str = "mlpipeline-minio-artifact"
+    """Kubernetes Secret, in the run's namespace, holding the S3 credentials."""
+    s3_secret_env: dict[str, str] = {"accesskey": "AWS_ACCESS_KEY_ID",
+                                     "secretkey": "AWS_SECRET_ACCESS_KEY"}
+    """Key of `s3_secret_name` -> environment variable it fills (both AWS variables)."""
+    service_account: str = ""
+    """Kubernetes service account of the run's pods (with the kubeflow launcher it needs the
+    RBAC in manifests/rbac-trainjob.yaml); empty: the KFP default, pipeline-runner."""
+
+    @field_validator("s3_endpoint_url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"must start with http:// or https://, got {url!r}")
+        return url
+
+    @field_validator("s3_secret_env")
+    @classmethod
+    def _both_credentials(cls, mapping: dict[str, str]) -> dict[str, str]:
+        if sorted(mapping.values()) != sorted(S3_CREDENTIAL_ENV):
+            raise ValueError(f"must map one Secret key to each of {', '.join(S3_CREDENTIAL_ENV)}")
+        return mapping
+
+
 class ExperimentConfig(_Strict):
     """A whole batchscale experiment: one pipeline run."""
 
@@ -208,6 +368,7 @@ class ExperimentConfig(_Strict):
     convergence: ConvergenceConfig = ConvergenceConfig()
     analysis: AnalysisConfig = AnalysisConfig()
     publish: PublishConfig = PublishConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
 
     @field_validator("workload")
     @classmethod
@@ -229,15 +390,27 @@ class ExperimentConfig(_Strict):
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
 
+_UNION_TAG = re.compile(r"[a-z_-]+\[.*\]")  # pydantic's union-branch labels, e.g. literal['auto']
+
+
 def _describe(err: ValidationError, source: str) -> str:
-    lines = [f"invalid config {source}:"]
+    """One line per bad field, `section.field: problem (got value)`. Union branches (a batch
+    list or 'auto') are folded into their field, the most specific error winning."""
+    entries: dict[str, list[str]] = {}
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        loc = [str(p) for p in e["loc"] if not _UNION_TAG.fullmatch(str(p))]
+        field = ".".join(loc) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
+        # Model-level checks say "field: problem"; report them as section.field like the rest.
+        named = re.match(r"^([a-z_]+): (.*)", msg, re.S)
+        if named and e["loc"]:
+            field, msg = f"{field}.{named[1]}", named[2]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
-        lines.append(f"  {field}: {msg} (got {e.get('input')!r})")
-    return "\n".join(lines)
+        entries.setdefault(field, []).append(f"{msg} (got {e.get('input')!r})")
+    fields = [f for f in entries if not any(o.startswith(f + ".") for o in entries)]
+    return "\n".join([f"invalid config {source}:"]
+                     + [f"  {f}: {' or '.join(entries[f])}" for f in fields])
 
 
 def parse_config(data: object, source: str = "<dict>") -> ExperimentConfig:

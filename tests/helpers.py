@@ -10,12 +10,17 @@ from batchscale.storage import ObjectStore
 BATCHSCALE = [sys.executable, "-m", "batchscale.cli"]
 
 
+def cli_env(extra: dict | None = None) -> dict:
+    """This process's environment without S3 settings, plus `extra`."""
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("BATCHSCALE_S3_", "AWS_"))}
+    return {**base, **(extra or {})}
+
+
 def run_cli(args: list[str], cwd: Path, env: dict | None = None,
             timeout_s: float = 600) -> subprocess.CompletedProcess:
     """Run the real `batchscale` command in `cwd` (no S3 variables unless `env` gives them)."""
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("BATCHSCALE_S3_", "AWS_"))}
-    return subprocess.run(BATCHSCALE + args, cwd=cwd, env={**base, **(env or {})},
+    return subprocess.run(BATCHSCALE + args, cwd=cwd, env=cli_env(env),
                           capture_output=True, text=True, timeout=timeout_s)
 
 
