@@ -36,6 +36,18 @@ compile: venv
 	BATCHSCALE_GPU_IMAGE=$(REGISTRY)/batchscale-cuda:$(TAG) \
 	$(VENV)/bin/batchscale compile $(if $(CONFIG),--config $(CONFIG)) --output pipeline.yaml
 
+# Builds both images from this checkout (context: the repository root) and pushes them to
+# $(REGISTRY) with $(TAG); `make compile` with the same REGISTRY and TAG points the YAML at them.
+DOCKER ?= docker
+GIT_COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+images:
+	$(DOCKER) build -f images/Dockerfile.cpu --build-arg BATCHSCALE_GIT_COMMIT=$(GIT_COMMIT) \
+		-t $(REGISTRY)/batchscale-cpu:$(TAG) .
+	$(DOCKER) build -f images/Dockerfile.cuda --build-arg BATCHSCALE_GIT_COMMIT=$(GIT_COMMIT) \
+		-t $(REGISTRY)/batchscale-cuda:$(TAG) .
+	$(DOCKER) push $(REGISTRY)/batchscale-cpu:$(TAG)
+	$(DOCKER) push $(REGISTRY)/batchscale-cuda:$(TAG)
+
 lint: venv
 	$(VENV)/bin/ruff check .
 

@@ -79,6 +79,9 @@ def cmd_run(args) -> int:
     from batchscale.workloads import get_workload
 
     cfg = load_config(args.config)
+    if args.fail_on_regression:
+        cfg = cfg.model_copy(update={
+            "publish": cfg.publish.model_copy(update={"fail_on_regression": True})})
     get_workload(cfg.workload)  # a user factory that cannot be imported fails here, not later
     run_id = check_run_id(args.run_id or new_run_id())
     store = connect_store()
@@ -89,6 +92,8 @@ def cmd_run(args) -> int:
     try:
         run_local(cfg, run_id, STATE_DIR.resolve())
     except RuntimeError as err:
+        if cfg.publish.fail_on_regression:
+            _raise_if_regressed(store, run_id)
         reason = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
         raise BatchscaleError(f"pipeline run {run_id} failed: {reason} Tables already measured "
                               f"are kept under {STATE_DIR / 'work' / run_id}; rerun with "
@@ -99,12 +104,111 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _raise_if_regressed(store, run_id: str) -> None:
+    """A pipeline that failed only at the regression gate: print the published run and raise
+    RegressionFound (exit 4) naming the cells, instead of a generic failure."""
+    from batchscale.components.publish.publish import published_regressions, regression_message
+    from batchscale.components.publish.regression import RegressionFound
+    from batchscale.summary import print_run_summary
+
+    flagged = published_regressions(store, run_id)
+    if flagged:
+        print_run_summary(store, run_id, STATE_DIR / "runs" / run_id)
+        raise RegressionFound(regression_message(flagged))
+
+
+def cmd_history(args) -> int:
+    from batchscale.history import (
+        critical_lines,
+        default_plot_path,
+        load_history,
+        plot_history,
+        throughput_lines,
+    )
+
+    if args.last is not None and args.last < 1:
+        raise BadInput(f"--last: must be a positive number of runs, got {args.last}")
+    history = load_history(connect_store(), args.workload, args.device, args.precision,
+                           args.last)
+    plot = plot_history(history, Path(args.plot) if args.plot else
+                        default_plot_path(args.workload))
+    print("\n".join([*throughput_lines(history), "", *critical_lines(history), "",
+                     f"plot: {plot}"]))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from batchscale.components.publish.publish import check_run_id
+    from batchscale.summary import rebuild_report
+
+    run_id = check_run_id(args.run_id)
+    print("\n".join(rebuild_report(connect_store(), run_id, Path(args.out))))
+    return 0
+
+
 def cmd_compile(args) -> int:
     from batchscale.config import load_config
+    from batchscale.images import CPU_IMAGE, GPU_IMAGE
     from batchscale.pipelines.batchscale_pipeline import compile_pipeline
 
     cfg = load_config(args.config)
-    print(f"wrote {compile_pipeline(cfg, args.output)}")
+    print(f"wrote {compile_pipeline(cfg, args.output)} (images {CPU_IMAGE}, {GPU_IMAGE})")
+    return 0
+
+
+# ------------------------------------------------------------------- Kubeflow Pipelines
+def _kfp_client(args):
+    from batchscale.kfp_client import connect, resolve_auth
+
+    auth = resolve_auth(args.token_env, args.token_file)
+    print(f"KFP {args.host} ({auth.describe()})", file=sys.stderr)
+    return connect(args.host, auth, args.namespace)
+
+
+def cmd_submit(args) -> int:
+    from batchscale.config import load_config
+    from batchscale.kfp_client import kfp_errors, submit_run
+
+    cfg = load_config(args.config)
+    run_name = args.run_name or f"{cfg.name} {new_run_id()}"
+    with kfp_errors(args.host):
+        run = submit_run(_kfp_client(args), cfg, args.experiment, run_name, args.namespace)
+    k8s = cfg.kubernetes
+    print(f"started run {run.run_id} ({run_name}) in experiment {args.experiment}")
+    print(f"results: s3://{k8s.s3_bucket}/{k8s.s3_prefix}/<table>/date=<day>/"
+          f"run_id={run.run_id}/ at {k8s.s3_endpoint_url}")
+    return 0
+
+
+def cmd_schedule(args) -> int:
+    from batchscale.config import load_config
+    from batchscale.kfp_client import check_cron, create_schedule, kfp_errors
+
+    cfg = load_config(args.config)
+    cron = check_cron(args.cron)
+    name = args.name or f"batchscale {cfg.name}"
+    with kfp_errors(args.host):
+        job = create_schedule(_kfp_client(args), cfg, args.experiment, name, cron,
+                              args.namespace)
+    print(f"created recurring run {job.recurring_run_id} ({name}): cron '{cron}', one run at a "
+          "time, no catch-up, caching off, a throughput regression fails the run")
+    return 0
+
+
+def cmd_schedules(args) -> int:
+    from batchscale.kfp_client import change_schedule, kfp_errors, list_schedules, schedule_line
+
+    if args.action != "list" and not args.recurring_run_id:
+        raise BadInput(f"schedules {args.action}: give the recurring run id "
+                       "(see `batchscale schedules list`)")
+    with kfp_errors(args.host):
+        client = _kfp_client(args)
+        if args.action == "list":
+            lines = [schedule_line(job) for job in list_schedules(client, args.namespace)]
+            print("\n".join(lines) if lines else "no recurring runs")
+            return 0
+        change_schedule(client, args.action, args.recurring_run_id)
+    print(f"{args.action}: {args.recurring_run_id}")
     return 0
 
 
@@ -121,15 +225,20 @@ def _config_with(args, section: str, **overrides):
 
 
 def cmd_sweep(args) -> int:
-    from batchscale.components.throughput_sweep.sweep import run_stage
+    from batchscale.components.throughput_sweep.sweep import parse_memory_size, run_stage
 
-    batch_sizes = None if args.batch_sizes is None else parse_batch_sizes(args.batch_sizes)
+    batch_sizes = args.batch_sizes
+    if batch_sizes is not None and batch_sizes.strip() != "auto":
+        batch_sizes = parse_batch_sizes(batch_sizes)
+    memory_limit = None if args.memory_limit is None else parse_memory_size(args.memory_limit)
     cfg = _config_with(args, "sweep", batch_sizes=batch_sizes, device=args.device,
-                       precision=args.precision,
+                       precision=args.precision, channels_last=args.channels_last,
+                       torch_compile=args.compile, memory_limit_bytes=memory_limit,
+                       image_size_px=args.image_size, max_batch_size=args.max_batch_size,
+                       time_budget_s=args.time_budget,
                        input_modes=["synthetic"] if not args.dataset_dir else None)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    run_stage(cfg.to_json(), args.run_id or new_run_id(), args.dataset_dir, args.out)
-    print(f"wrote {args.out}")
+    rows = run_stage(cfg.to_json(), args.run_id or new_run_id(), args.dataset_dir, args.out)
+    print(f"wrote {len(rows)} rows to {args.out}")
     return 0
 
 
@@ -140,16 +249,28 @@ def cmd_converge(args) -> int:
 
     batch_sizes = None if args.batch_sizes is None else parse_batch_sizes(args.batch_sizes)
     cfg = _config_with(args, "convergence", batch_sizes=batch_sizes, workers=args.workers,
-                       lr_rules=[args.lr_rule] if args.lr_rule else None)
+                       lr_rules=[args.lr_rule] if args.lr_rule else None, lr_grid=args.lr_grid,
+                       accumulation_steps=args.accumulation_steps,
+                       checkpoint_uri=args.checkpoint_uri, max_restarts=args.max_restarts,
+                       # the pipeline's extra worker counts; here --workers sets the one count
+                       scaling_workers=[], scaling_batch_sizes=[])
     out = Path(args.out)
     data_dir = args.dataset_dir or out / "data"
     if not args.dataset_dir:
         prepare(cfg.dataset, data_dir)
+    run_id = args.run_id or new_run_id()
+    print(f"batchscale converge {run_id} (rerun with --run-id {run_id} to resume)",
+          file=sys.stderr)
     curves, runs = run_convergence(cfg, list(cfg.convergence.batch_sizes), data_dir=str(data_dir),
-                                   out_dir=str(out / "work"), run_id=args.run_id or new_run_id())
+                                   out_dir=str(out / "work" / run_id), run_id=run_id)
     write_table_atomic(out / "curves.parquet", curves)
     write_table_atomic(out / "runs.parquet", runs)
     print(f"wrote {out / 'curves.parquet'} and {out / 'runs.parquet'}")
+    if "reached" not in runs.column("status").to_pylist():
+        raise BatchscaleError(
+            f"no trial reached target_val_accuracy {cfg.convergence.target_val_accuracy} within "
+            f"max_steps {cfg.convergence.max_steps} (statuses and curves are in the tables "
+            "above): lower the target, raise max_steps, or check the learning rates")
     return 0
 
 
@@ -179,9 +300,10 @@ def cmd_workloads(args) -> int:
 
 
 def cmd_datasets(args) -> int:
-    from batchscale.components.data_prep.datasets import DATASET_NAMES
+    from batchscale.components.data_prep.datasets import DATASETS
 
-    print("\n".join(DATASET_NAMES))
+    width = max(map(len, DATASETS))
+    print("\n".join(f"{name:{width}s}  {about}" for name, about in DATASETS.items()))
     return 0
 
 
@@ -216,12 +338,58 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the whole pipeline locally (kfp.local)")
     run.add_argument("--config", help="experiment YAML (default: the embedded digits config)")
     run.add_argument("--run-id", help="reuse a run id to resume an interrupted run")
+    run.add_argument("--fail-on-regression", action="store_true",
+                     help="fail (exit 4) when throughput regressed against the lake's history, "
+                     "after the run is published (sets publish.fail_on_regression)")
     run.set_defaults(func=cmd_run)
+
+    hist = sub.add_parser("history", help="throughput and B_crit of a workload over time, "
+                          "from the results lake (table and plot)")
+    hist.add_argument("--workload", required=True, help="workload name as in the config")
+    hist.add_argument("--device", help="only runs whose device name contains this (any case)")
+    hist.add_argument("--precision", choices=["fp32", "bf16"])
+    hist.add_argument("--last", type=int, help="only the most recent N runs")
+    hist.add_argument("--plot", help="PNG to write (default: history-<workload>.png)")
+    hist.set_defaults(func=cmd_history)
+
+    rep = sub.add_parser("report", help="rebuild a run's HTML report from the results lake")
+    rep.add_argument("--run-id", required=True)
+    rep.add_argument("--out", default="report.html", help="HTML file to write")
+    rep.set_defaults(func=cmd_report)
 
     comp = sub.add_parser("compile", help="write the pipeline's IR YAML for a KFP cluster")
     comp.add_argument("--config")
     comp.add_argument("--output", default="pipeline.yaml")
     comp.set_defaults(func=cmd_compile)
+
+    kfp_conn = argparse.ArgumentParser(add_help=False)
+    kfp_conn.add_argument("--host", required=True,
+                          help="KFP API endpoint, e.g. http://localhost:8080 (port-forward) or "
+                          "http://ml-pipeline.kubeflow:8888 (in cluster)")
+    kfp_conn.add_argument("--namespace", help="KFP multi-user profile namespace")
+    kfp_conn.add_argument("--token-env", help="environment variable holding a bearer token "
+                          "(default: KF_PIPELINES_TOKEN when set)")
+    kfp_conn.add_argument("--token-file", help="file holding a token, re-read on each request "
+                          "(default in a pod: its service-account token)")
+    submit = sub.add_parser("submit", parents=[kfp_conn],
+                            help="compile and start one run on a KFP cluster")
+    submit.add_argument("--config")
+    submit.add_argument("--experiment", default="batchscale")
+    submit.add_argument("--run-name")
+    submit.set_defaults(func=cmd_submit)
+    sched = sub.add_parser("schedule", parents=[kfp_conn],
+                           help="create a recurring benchmark run on a KFP cluster")
+    sched.add_argument("--config")
+    sched.add_argument("--cron", required=True,
+                       help="6-field KFP cron, seconds first: '0 0 2 * * *' = 02:00 daily")
+    sched.add_argument("--experiment", default="batchscale")
+    sched.add_argument("--name", help="recurring run name (default: batchscale <config name>)")
+    sched.set_defaults(func=cmd_schedule)
+    scheds = sub.add_parser("schedules", parents=[kfp_conn],
+                            help="list, pause, resume or delete recurring runs")
+    scheds.add_argument("action", choices=["list", "pause", "resume", "delete"])
+    scheds.add_argument("recurring_run_id", nargs="?")
+    scheds.set_defaults(func=cmd_schedules)
 
     store = sub.add_parser("store", help="manage the local SeaweedFS object store")
     store.add_argument("action", choices=["up", "down", "status", "env"])
@@ -230,9 +398,20 @@ def build_parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="throughput sweep of one workload, outside the pipeline")
     sw.add_argument("--config")
     sw.add_argument("--workload")
-    sw.add_argument("--batch-sizes", help="comma-separated, e.g. 1,2,4,8")
+    sw.add_argument("--batch-sizes", help="comma-separated, e.g. 1,2,4,8; or 'auto': double "
+                    "then bisect for the largest batch that fits")
     sw.add_argument("--device", choices=["auto", "cpu", "cuda"])
     sw.add_argument("--precision", choices=["fp32", "bf16"])
+    sw.add_argument("--channels-last", action="store_true", default=None,
+                    help="channels_last memory format for the model and image inputs")
+    sw.add_argument("--compile", action="store_true", default=None,
+                    help="torch.compile the model (compiled during the untimed warm-up)")
+    sw.add_argument("--memory-limit", help="memory budget of a trial, e.g. 2GiB or bytes "
+                    "(default: available memory on CPU, the device's memory on CUDA)")
+    sw.add_argument("--image-size", type=int, help="image side in pixels for torchvision "
+                    "workloads (default 224)")
+    sw.add_argument("--max-batch-size", type=int, help="upper bound of --batch-sizes auto")
+    sw.add_argument("--time-budget", type=float, help="timing budget per trial, seconds")
     sw.add_argument("--dataset-dir", help="prepared dataset: also time real input batches")
     sw.add_argument("--run-id")
     sw.add_argument("--out", required=True, help="output Parquet file")
@@ -243,8 +422,17 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--config")
     cv.add_argument("--workload")
     cv.add_argument("--batch-sizes")
-    cv.add_argument("--lr-rule", choices=["constant", "linear", "sqrt"])
+    cv.add_argument("--lr-rule", choices=["constant", "linear", "sqrt", "grid"])
+    cv.add_argument("--lr-grid", type=float, nargs="+", metavar="LR",
+                    help="learning rates of the grid rule, e.g. --lr-grid 0.02 0.05 0.1")
     cv.add_argument("--workers", type=int)
+    cv.add_argument("--accumulation-steps", type=int,
+                    help="micro-batches per optimizer step (global batch = micro x this x "
+                    "workers)")
+    cv.add_argument("--checkpoint-uri", help="checkpoint location: a directory or "
+                    "s3://bucket/prefix (default: under --out)")
+    cv.add_argument("--max-restarts", type=int,
+                    help="torchrun group restarts after a worker dies (default 2)")
     cv.add_argument("--dataset-dir", help="prepared dataset (default: prepare the config's)")
     cv.add_argument("--run-id")
     cv.add_argument("--out", required=True, help="output directory")

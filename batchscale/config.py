@@ -20,6 +20,7 @@ from pydantic import (
     StrictInt,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -67,7 +68,7 @@ class DataPrepConfig(_Strict):
     that `val_fraction` holds)."""
     synthetic_noise: float = Field(0.1, ge=0.0, le=1.0)
     """Label noise of synthetic datasets: the probability that a label is replaced at random."""
-    source_uri: str | None = None
+    source_uri: str | None = Field(None, validate_default=True)
     """Where the files of cifar10, mnist, fashion-mnist or parquet are: a local directory (for
     parquet also one file) or s3://bucket/prefix, read with the store's credentials
     (BATCHSCALE_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY). torchvision layout:
@@ -90,18 +91,20 @@ class DataPrepConfig(_Strict):
             raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(allowed)}")
         return name
 
-    @model_validator(mode="after")
-    def _source_matches_dataset(self) -> DataPrepConfig:
+    @field_validator("source_uri")
+    @classmethod
+    def _source_matches_dataset(cls, uri: str | None, info: ValidationInfo) -> str | None:
         from batchscale.components.data_prep.datasets import SOURCE_DATASETS
 
-        needs_source = self.name in SOURCE_DATASETS
-        if needs_source and not self.source_uri:
-            raise ValueError(f"source_uri: dataset {self.name!r} is read from files; set "
-                             "source_uri to a local directory or s3://bucket/prefix")
-        if not needs_source and self.source_uri:
-            raise ValueError(f"source_uri: dataset {self.name!r} is built in and reads no "
-                             f"files; source_uri applies to {', '.join(SOURCE_DATASETS)}")
-        return self
+        name = info.data.get("name")  # absent when the name itself was refused
+        needs_source = name in SOURCE_DATASETS
+        if needs_source and not uri:
+            raise ValueError(f"dataset {name!r} is read from files; set source_uri to a local "
+                             "directory or s3://bucket/prefix")
+        if name is not None and not needs_source and uri:
+            raise ValueError(f"dataset {name!r} is built in and reads no files; source_uri "
+                             f"applies to {', '.join(SOURCE_DATASETS)}")
+        return uri
 
 
 class SweepConfig(_Strict):
@@ -141,8 +144,9 @@ class SweepConfig(_Strict):
     """Steps run before timing starts (allocator, caches, autotuning)."""
     min_timed_steps: PositiveInt = 20
     """Timed steps taken at least."""
-    max_timed_steps: PositiveInt = 400
-    """Timed steps taken at most."""
+    max_timed_steps: PositiveInt = 2000
+    """Timed steps taken at most (with sub-millisecond steps, the timing window's length: long
+    enough that a burst of load from other processes cannot move the median)."""
     target_cv: float = Field(0.05, gt=0.0)
     """Stop timing once the step-time coefficient of variation falls below this."""
     time_budget_s: float = Field(3.0, gt=0.0)
@@ -205,8 +209,11 @@ class ConvergenceConfig(_Strict):
     evaluations (a collapsed network never recovers; its step budget is better spent elsewhere)."""
     divergence_factor: float = Field(10.0, gt=1.0)
     """A loss above this multiple of the first loss (or non-finite) marks the trial diverged."""
-    gns_every_steps: PositiveInt = 1
-    """Update the gradient-noise-scale estimate every this many steps."""
+    gns_every_steps: PositiveInt = 10
+    """Update the gradient-noise-scale estimate every this many steps. A measured step costs
+    more (on one process it splits the batch in two; under DDP it all-reduces by hand): every
+    step cost ~30 % of samples/s on the digits MLP, every 10th ~5-9 %
+    (benchmarks/bench_convergence.py)."""
     checkpoint_every_steps: PositiveInt = 200
     """Write an atomic checkpoint every this many steps (resume after a restart)."""
     checkpoint_uri: str | None = None
@@ -229,7 +236,6 @@ class ConvergenceConfig(_Strict):
     def _distinct(cls, values: list[int]) -> list[int]:
         return _sorted_unique(values)
 
-
     @model_validator(mode="after")
     def _scaling_runs_fit(self) -> ConvergenceConfig:
         for b in self.scaling_batch_sizes:
@@ -239,7 +245,7 @@ class ConvergenceConfig(_Strict):
                 if b % w:
                     raise ValueError(f"scaling_batch_sizes: {b} is not divisible by {w} workers")
         if bool(self.scaling_workers) != bool(self.scaling_batch_sizes):
-            raise ValueError("scaling_workers and scaling_batch_sizes must be given together")
+            raise ValueError("scaling_workers: must be given together with scaling_batch_sizes")
         if "grid" in self.lr_rules and not self.lr_grid:
             raise ValueError("lr_grid: the grid rule needs at least one learning rate")
         cells = [(b, self.workers) for b in self.batch_sizes] + [
@@ -273,9 +279,11 @@ class PublishConfig(_Strict):
     """Results lake and regression check."""
 
     history_runs: PositiveInt = 10
-    """Trailing runs compared against for regressions."""
+    """Trailing runs compared against for regressions: per (workload, device, precision, input
+    mode, batch), the median and MAD of the last this-many complete runs in the lake."""
     fail_on_regression: bool = False
-    """Fail the publish step when a throughput regression is flagged."""
+    """Fail the run (the regression-gate step, after publish; exit 4 locally) when a throughput
+    regression is flagged; the run's tables are published either way."""
 
 
 S3_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")

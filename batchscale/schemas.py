@@ -65,6 +65,12 @@ SWEEP = pa.schema(
         pa.field("peak_flops_per_s", pa.float64()),
         pa.field("mfu", pa.float64()),
         pa.field("error", pa.string()),
+        pa.field("memory_source", pa.string()),
+        pa.field("memory_cap_bytes", pa.int64()),
+        pa.field("channels_last", pa.bool_()),
+        pa.field("compiled", pa.bool_()),
+        pa.field("image_size_px", pa.int64()),
+        pa.field("search_phase", pa.string()),
     ]
 )
 

@@ -1,8 +1,10 @@
 """The one timing helper. Every samples/s figure in batchscale comes from `time_steps`.
 
 Rules (DESIGN §5): warm-up steps are excluded; the device is synchronized at the edges of every
-timed window so queued GPU work is charged to the step that issued it; per-step times are kept;
-timing repeats until the coefficient of variation is below a target or the budget is spent.
+timed window (never inside one, so the host may queue work ahead as a real training loop does);
+per-step times are kept; timing repeats until the coefficient of variation is below a target or
+the budget is spent. On CUDA, steps are delimited by CUDA events recorded on the stream, so a
+step's time is the device's time between its edges, free of host launch jitter.
 """
 
 from __future__ import annotations
@@ -11,20 +13,29 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 
 WARMUP_STEPS = 5
 MIN_TIMED_STEPS = 20
-MAX_TIMED_STEPS = 400
+MAX_TIMED_STEPS = 2000
 TARGET_CV = 0.05
 TIME_BUDGET_S = 3.0
+# A CV below target is only trusted over at least this much timed work (or the whole budget, if
+# smaller): a few dozen sub-millisecond steps can fall in a quiet moment between bursts of load
+# from other processes, or before caches and clocks settle.
+MIN_TIMED_S = 0.2
 # CV is judged over the latest window of this many steps, so one slow early step
 # (a page fault, a late allocation) does not keep the loop running to the budget.
 CV_WINDOW_STEPS = 20
+# A synchronized window lasts about this long: long enough that the sync at its edges costs
+# nothing measurable, short enough that the CV and budget checks between windows stay timely.
+SYNC_WINDOW_S = 0.05
+MAX_WINDOW_STEPS = 1000
 
 
 @dataclass(frozen=True)
 class StepTimes:
-    """Per-step wall-clock seconds of the timed steps, with the usual summaries."""
+    """Per-step seconds of the timed steps, with the usual summaries."""
 
     seconds: tuple[float, ...]
 
@@ -33,6 +44,7 @@ class StepTimes:
         return statistics.median(self.seconds)
 
     def quantile_s(self, q: float) -> float:
+        """Linear-interpolated quantile (q in [0, 1]) of the step times."""
         ordered = sorted(self.seconds)
         pos = q * (len(ordered) - 1)
         lo = int(pos)
@@ -45,6 +57,7 @@ class StepTimes:
 
 
 def coefficient_of_variation(values) -> float:
+    """Sample standard deviation over mean; NaN for fewer than two values."""
     values = list(values)
     if len(values) < 2:
         return float("nan")
@@ -52,46 +65,58 @@ def coefficient_of_variation(values) -> float:
     return statistics.stdev(values) / mean if mean > 0 else float("nan")
 
 
-class _WallClock:
-    """Host clock; `sync` is called at window edges (a no-op on CPU, cuda.synchronize on GPU)."""
+class _HostClock:
+    """CPU work is synchronous: the host clock read between steps delimits them exactly."""
 
-    def __init__(self, sync: Callable[[], None]):
-        self.sync = sync
+    def sync(self) -> None:
+        """Nothing is queued on a CPU device."""
 
-    def time_one(self, step: Callable[[], object]) -> float:
-        self.sync()
-        start = time.perf_counter()
-        step()
-        self.sync()
-        return time.perf_counter() - start
+    def time_window(self, step: Callable[[], object], n: int) -> list[float]:
+        edges = [time.perf_counter()]
+        for _ in range(n):
+            step()
+            edges.append(time.perf_counter())
+        return [b - a for a, b in pairwise(edges)]
 
 
-class _CudaEvents:
-    """CUDA events measure GPU time of the step without host launch jitter."""
+class _CudaClock:
+    """CUDA events between steps; one synchronize at the window's end."""
 
-    def __init__(self, device):
+    def __init__(self, device: str):
         import torch
 
         self.torch = torch
         self.device = device
 
-    def time_one(self, step: Callable[[], object]) -> float:
-        torch = self.torch
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(self.device)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1000.0
+    def sync(self) -> None:
+        self.torch.cuda.synchronize(self.device)
+
+    def time_window(self, step: Callable[[], object], n: int) -> list[float]:
+        cuda = self.torch.cuda
+        events = [cuda.Event(enable_timing=True) for _ in range(n + 1)]
+        self.sync()
+        events[0].record()
+        for event in events[1:]:
+            step()
+            event.record()
+        events[-1].synchronize()
+        return [a.elapsed_time(b) / 1000.0 for a, b in pairwise(events)]
 
 
-def clock_for(device: str):
+def clock_for(device: str) -> _HostClock | _CudaClock:
     """The right clock for a torch device string ('cpu', 'cuda', 'cuda:0')."""
-    if device.startswith("cuda"):
-        return _CudaEvents(device)
-    return _WallClock(lambda: None)
+    return _CudaClock(device) if device.startswith("cuda") else _HostClock()
+
+
+def _next_window(done: list[float], min_steps: int, max_steps: int) -> int:
+    """Steps in the next window: about SYNC_WINDOW_S of work, at least one step, never past
+    `max_steps`, and ending exactly at `min_steps` (where the first stop check happens)."""
+    if not done:
+        return 1
+    typical = statistics.median(done[-CV_WINDOW_STEPS:])
+    wanted = int(SYNC_WINDOW_S / typical) if typical > 0 else MAX_WINDOW_STEPS
+    limit = min(min_steps, max_steps) if len(done) < min_steps else max_steps
+    return max(1, min(wanted, MAX_WINDOW_STEPS, limit - len(done)))
 
 
 def time_steps(
@@ -103,25 +128,31 @@ def time_steps(
     max_steps: int = MAX_TIMED_STEPS,
     target_cv: float = TARGET_CV,
     time_budget_s: float = TIME_BUDGET_S,
-    on_step: Callable[[int], None] | None = None,
+    min_time_s: float = MIN_TIMED_S,
+    on_window: Callable[[int], None] | None = None,
 ) -> StepTimes:
-    """Run `step` warmup_steps times untimed, then time it one call at a time until at least
-    `min_steps` were timed and either the CV of the last window is below `target_cv`, or
-    `max_steps` or `time_budget_s` is reached."""
+    """Run `step` warmup_steps times untimed, then time it in synchronized windows until at
+    least `min_steps` were timed and either the CV of the latest CV_WINDOW_STEPS (or
+    `min_steps`, if more) is at most `target_cv` after at least `min_time_s` (capped by the
+    budget), or `max_steps` or `time_budget_s` is reached. `on_window(steps_timed)` is called
+    between windows (outside the timed region)."""
     clock = clock_for(device)
     for _ in range(warmup_steps):
-        clock.time_one(step)
+        step()
+    clock.sync()
     seconds: list[float] = []
     started = time.perf_counter()
     while len(seconds) < max_steps:
-        seconds.append(clock.time_one(step))
-        if on_step:
-            on_step(len(seconds))
+        seconds += clock.time_window(step, _next_window(seconds, min_steps, max_steps))
+        if on_window:
+            on_window(len(seconds))
         if len(seconds) < min_steps:
             continue
-        window = seconds[-max(CV_WINDOW_STEPS, min_steps):]
-        if coefficient_of_variation(window) <= target_cv:
+        elapsed = time.perf_counter() - started
+        if elapsed >= time_budget_s:
             break
-        if time.perf_counter() - started >= time_budget_s:
+        recent = seconds[-max(CV_WINDOW_STEPS, min_steps):]
+        if elapsed >= min(min_time_s, time_budget_s) and coefficient_of_variation(
+                recent) <= target_cv:
             break
     return StepTimes(tuple(seconds))

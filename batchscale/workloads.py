@@ -18,6 +18,8 @@ DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_resnet50_fpn")
 WORKLOAD_NAMES = ("digits-mlp", "digits-cnn", *CLASSIFIERS, *DETECTORS)
 FACTORY_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 DEFAULT_IMAGE_SIZE = 224
+# ViT-B/16 cuts the image into 16x16 patches: the side must be a multiple of this.
+VIT_PATCH_PX = 16
 # Synthetic detection targets: boxes per image, chosen to resemble a sparse real scene.
 DETECTION_BOXES_PER_IMAGE = 3
 
@@ -32,6 +34,12 @@ class Workload:
     num_classes: int
     build: Callable[[], object] = field(repr=False)
     description: str = ""
+    uses_torchvision: bool = False
+
+    @property
+    def is_image(self) -> bool:
+        """Inputs are (C, H, W) images: channels_last applies to them."""
+        return len(self.input_shape) == 3
 
     def synthetic_batch(self, batch_size: int, device: str, seed: int = 0):
         """A batch already on the device: pure compute, no input pipeline."""
@@ -108,6 +116,13 @@ def _user_factory(spec: str) -> Callable[[], object]:
     return factory
 
 
+def _check_vit_size(image_size: int) -> None:
+    if image_size % VIT_PATCH_PX:
+        nearest = max(VIT_PATCH_PX, image_size // VIT_PATCH_PX * VIT_PATCH_PX)
+        raise BadInput(f"image size {image_size}: vit_b_16 needs a multiple of {VIT_PATCH_PX} "
+                       f"pixels (e.g. {nearest})")
+
+
 def get_workload(
     name: str, *, image_size: int = DEFAULT_IMAGE_SIZE, num_classes: int | None = None,
     input_shape: tuple[int, ...] | None = None,
@@ -123,14 +138,17 @@ def get_workload(
     if name in CLASSIFIERS:
         classes = num_classes or 1000
         if name == "vit_b_16":
+            _check_vit_size(image_size)
             build = _torchvision(name, num_classes=classes, image_size=image_size)
         else:
             build = _torchvision(name, num_classes=classes)
-        return Workload(name, "classification", image, classes, build, f"torchvision {name}")
+        return Workload(name, "classification", image, classes, build, f"torchvision {name}",
+                        uses_torchvision=True)
     if name in DETECTORS:
         classes = num_classes or 91
         build = _torchvision(name, num_classes=classes, weights_backbone=None)
-        return Workload(name, "detection", image, classes, build, f"torchvision {name}")
+        return Workload(name, "detection", image, classes, build,
+                        f"torchvision {name}, synthetic boxes", uses_torchvision=True)
     if FACTORY_PATTERN.match(name):
         factory = _user_factory(name)
         return Workload(

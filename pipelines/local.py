@@ -52,8 +52,9 @@ class TaskLogFilter(io.TextIOBase):
 def run_local(cfg: ExperimentConfig, run_id: str, state_dir: Path) -> Path:
     """Run the whole pipeline; returns the local pipeline root holding every task's outputs.
     The full log goes to <state_dir>/runs/<run_id>/pipeline.log."""
-    from batchscale.pipelines.batchscale_pipeline import build_pipeline
     from kfp import local
+
+    from batchscale.pipelines.batchscale_pipeline import build_pipeline
 
     pipeline_root = state_dir / "pipeline_root"
     pipeline_root.mkdir(parents=True, exist_ok=True)

@@ -6,11 +6,11 @@ import struct
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import run_cli
 
 from batchscale.components.data_prep.loader import read_manifest
 from batchscale.errors import BadInput
 from batchscale.storage import read_table_file
+from helpers import run_cli
 
 
 def _good_bytes(tmp_path) -> bytes:

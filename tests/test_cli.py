@@ -3,6 +3,7 @@
 import socket
 
 import pytest
+
 from helpers import run_cli
 
 

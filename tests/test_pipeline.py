@@ -9,13 +9,14 @@ import uuid
 
 import pyarrow.dataset as ds
 import pytest
-from batchscale.components.publish.publish import LAKE_TABLES, run_manifest_key
-from helpers import run_cli, store_env
 
+from batchscale.components.publish.publish import LAKE_TABLES, run_manifest_key
 from batchscale.config import load_config
 from batchscale.storage import sha256_b64
+from helpers import run_cli, store_env
 
 pytestmark = pytest.mark.slow
+PLANTED_SECRET = "planted-secret-7f3a9c1e5b"
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +29,9 @@ def published(tmp_path_factory, seaweed):
 
     (workdir / "tiny.yaml").write_text(TINY_CONFIG)
     run_id = "20261129T000000Z-e2etest"
+    env = {**store_env(store), "KF_PIPELINES_TOKEN": PLANTED_SECRET}
     result = run_cli(["run", "--config", "tiny.yaml", "--run-id", run_id], cwd=workdir,
-                     env=store_env(store), timeout_s=900)
+                     env=env, timeout_s=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return store, run_id, workdir, result, load_config(workdir / "tiny.yaml")
 
@@ -124,3 +126,19 @@ def test_scaling_run_uses_two_workers(published):
     for r in two:
         # Same global batch, same data order: the 2-worker run takes about the same steps.
         assert abs(r["steps_to_target"] - one[r["batch_size"]]["steps_to_target"]) <= 20
+
+
+def test_no_secret_in_any_output(published):
+    """Plant a recognizable secret in the environment, then search every output: logs, task
+    artifacts, local report, and every published object (tables, report, manifest)."""
+    store, run_id, workdir, result, _ = published
+    secrets = [PLANTED_SECRET.encode(), store.settings.secret_key.encode()]
+    assert all(s not in (result.stdout + result.stderr).encode() for s in secrets)
+    files = [p for p in (workdir / ".batchscale").rglob("*") if p.is_file()]
+    assert any(p.name == "pipeline.log" for p in files)
+    for path in files:
+        data = path.read_bytes()
+        assert all(s not in data for s in secrets), path
+    for key in store.list():
+        data = store.get_bytes(key)
+        assert all(s not in data for s in secrets), key

@@ -16,8 +16,8 @@ from batchscale.errors import BadInput
 SECTIONS = ("dataset", "sweep", "convergence", "analysis", "publish")
 junk = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
                  st.floats(allow_nan=True), st.text(max_size=8),
-                 st.lists(st.integers(-5, 5), max_size=3), st.dictionaries(st.text(max_size=4),
-                                                                          st.integers(), max_size=2))
+                 st.lists(st.integers(-5, 5), max_size=3),
+                 st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
 batch_lists = st.lists(st.integers(1, 4096), min_size=1, max_size=8, unique=True)
 
 

@@ -403,15 +403,12 @@ def _b_crit_or_limit(b: np.ndarray, s: np.ndarray) -> float:
     return e_min / s_min if s_min > 0 else math.inf
 
 
-def _bounded(low: float, high: float, estimates: np.ndarray, batches: np.ndarray):
-    """Replace the limits 0 / +inf by the furthest finite value: the table holds positive
-    finite numbers, and `_interval_note` says the interval runs past the measured range."""
-    finite = estimates[np.isfinite(estimates) & (estimates > 0)]
-    if low == 0:
-        low = float(min(batches.min(), finite.min(initial=math.inf)))
-    if high == math.inf:
-        high = float(max(batches.max(), finite.max(initial=0.0)))
-    return low, high
+def _bounded(low: float, high: float, batches: np.ndarray) -> tuple[float, float]:
+    """Clip the interval to the measured batch range: a refit's B_crit outside it (0, +inf, or
+    a near-zero S_min giving millions) is an extrapolation the data cannot support, so the
+    interval ends at the smallest / largest batch and `_interval_note` says it runs past."""
+    smallest, largest = float(batches.min()), float(batches.max())
+    return min(max(low, smallest), largest), min(max(high, smallest), largest)
 
 
 def _seed_groups(runs: pd.DataFrame) -> list[tuple[float, np.ndarray, np.ndarray, list]]:
@@ -436,8 +433,8 @@ def bootstrap_critical_batch(
 
     Each resample draws, per batch size, as many seeds as were run, with replacement (all LR
     values of a drawn seed come along), recomputes S(B) and refits. Percentiles of the
-    empirical distribution, without interpolation; refits whose B_crit lies beyond the range
-    count as its limits (see `_b_crit_or_limit`, `_bounded`). NaN when no batch has two seeds
+    empirical distribution, without interpolation, clipped to the measured batch range (see
+    `_b_crit_or_limit`, `_bounded`). NaN when no batch has two seeds
     (nothing to resample) or when most refits fail.
     """
     runs = ensure_columns(runs, schemas.RUNS)
@@ -461,7 +458,7 @@ def bootstrap_critical_batch(
     tail = 100.0 * (1.0 - confidence) / 2.0
     values = np.array(estimates)
     low, high = np.percentile(values, [tail, 100.0 - tail], method="inverted_cdf")
-    return _bounded(float(low), float(high), values, batches)
+    return _bounded(float(low), float(high), batches)
 
 
 # --------------------------------------------------------------------------- regimes, time
@@ -759,6 +756,7 @@ def _critical_summary(
     fit = fit_critical_batch(cells["batch_size"], cells["steps_to_target"])
     low, high = math.nan, math.nan
     interval_note = fit.reason
+    batches = _column(runs[_is(runs, "lr_rule", rule)], "batch_size")
     if not fit.reason:
         low, high = bootstrap_critical_batch(runs, rule, n=samples)
         interval_note = _interval_note(runs, rule, (low, high))
@@ -771,6 +769,7 @@ def _critical_summary(
         "r2": fit.r2,
         "reason": fit.reason,
         "interval_note": interval_note,
+        "batch_range": [float(np.nanmin(batches)), float(np.nanmax(batches))],
         "optimal_batch": optimal_batch(step_fit.alpha_s, step_fit.beta_s, fit.b_crit, b_cap),
     }
 
@@ -1018,11 +1017,7 @@ def _critical_text(fit: dict, ranges: list[dict], cap: float) -> str:
     if math.isnan(fit["b_crit_low"]):
         text += f" (no interval: {fit['interval_note']})."
     else:
-        note = f"; {fit['interval_note']}" if fit["interval_note"] else ""
-        text += (
-            f" ({BOOTSTRAP_CONFIDENCE:.0%} interval {_num(fit['b_crit_low'])}–"
-            f"{_num(fit['b_crit_high'])}{note})."
-        )
+        text += f" ({BOOTSTRAP_CONFIDENCE:.0%} interval {_interval_text(fit)})."
     text += " Past B_crit each doubling of the batch saves less than a quarter of the steps."
     if ranges:
         parts = [
@@ -1037,6 +1032,21 @@ def _critical_text(fit: dict, ranges: list[dict], cap: float) -> str:
     elif math.isfinite(b_star):
         text += f" With t(B), time to target is lowest near B* ≈ {_num(b_star)}."
     return text
+
+
+def _interval_text(fit: dict) -> str:
+    """The bootstrap interval in words; an end clipped to the measured range reads as open."""
+    low, high = fit["b_crit_low"], fit["b_crit_high"]
+    smallest, largest = fit["batch_range"]
+    if low >= largest:
+        return f"entirely above {_num(largest)}, the largest batch measured"
+    if low <= smallest and high >= largest:
+        return f"spanning the whole measured range {_num(smallest)}–{_num(largest)}"
+    if high >= largest:
+        return f"{_num(low)} to above {_num(largest)}, the largest batch measured"
+    if low <= smallest:
+        return f"below {_num(smallest)}, the smallest batch measured, to {_num(high)}"
+    return f"{_num(low)}–{_num(high)}"
 
 
 def _b_simple_text(summary: dict) -> str:
@@ -1063,7 +1073,17 @@ def _recommendation_lines(summary: dict) -> list[str]:
 
 
 def render_markdown(summary: dict) -> str:
-    """The short answer to "why doesn't my training get faster?", from `analyze`'s summary."""
+    """The short answer to "why doesn't my training get faster?" and the recommendation."""
+    return narrative_markdown(summary) + recommendation_markdown(summary)
+
+
+def recommendation_markdown(summary: dict) -> str:
+    """The recommendation block alone (the HTML report shows it in its own styled box)."""
+    return "\n".join(["", "## Recommendation", "", *_recommendation_lines(summary)]) + "\n"
+
+
+def narrative_markdown(summary: dict) -> str:
+    """The answer to "why doesn't my training get faster?", without the recommendation."""
     lines = [
         "## Why doesn't training get faster with a bigger batch?",
         "",
@@ -1080,5 +1100,4 @@ def render_markdown(summary: dict) -> str:
         lines.append(
             f"- **Fastest to target:** {_num(summary['min_time_to_target_s'])} s of training."
         )
-    lines += ["", "## Recommendation", "", *_recommendation_lines(summary)]
     return "\n".join(lines) + "\n"

@@ -28,6 +28,7 @@ from .analyze import (
     AnalysisResult,
     data_parallel_efficiency,
     ensure_columns,
+    narrative_markdown,
     throughput_curve,
 )
 
@@ -39,6 +40,10 @@ BYTES_PER_MIB = 2**20
 NOT_MEASURED = "not measured in this run"
 MINOR_LOG_LABELS = (2, 5)
 """Minor ticks of a decade that carry a label on log axes."""
+REGRESSIONS_SLOT = "<!-- regressions -->"
+"""Where publish puts the "Regressions" section: the check needs the lake's history, which
+the analysis step does not read, so the section is added to the rendered page afterwards."""
+REGRESSIONS_TITLE = "Regressions"
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem auto;
@@ -528,7 +533,11 @@ def render_html(
         [
             f"<h1>{_escape(title)}</h1>",
             _section("Recommendation", _recommendation_html(summary)),
-            _section("Why doesn't training get faster?", markdown_to_html(result.markdown)),
+            _section(
+                "Why doesn't training get faster?",
+                markdown_to_html(narrative_markdown(summary)),
+            ),
+            REGRESSIONS_SLOT,
             _section("Throughput and memory", "\n".join(throughput)),
             _section("Convergence", "\n".join(convergence)),
             _section("Data-parallel efficiency", parallel),
@@ -540,3 +549,13 @@ def render_html(
         f"<title>{_escape(title)}</title>\n<style>{CSS}</style>\n</head>\n"
         f"<body>\n{body}\n</body>\n</html>\n"
     )
+
+
+def add_regressions(page: str, markdown: str) -> str:
+    """`page` with a "Regressions" section rendered from `markdown` (its `## ` title line
+    dropped), in the slot `render_html` leaves, or at the end of a page without one."""
+    body = "\n".join(line for line in markdown.splitlines() if not line.startswith("## "))
+    section = _section(REGRESSIONS_TITLE, markdown_to_html(body))
+    if REGRESSIONS_SLOT in page:
+        return page.replace(REGRESSIONS_SLOT, section, 1)
+    return page.replace("</body>", f"{section}\n</body>", 1)

@@ -180,6 +180,23 @@ def test_bootstrap_of_perfect_scaling_stays_finite_above_the_range():
     assert high >= 64
 
 
+def test_bootstrap_interval_never_leaves_the_measured_range():
+    """Near-perfect scaling: many refits give S_min ≈ 0 and B_crit in the millions; the
+    interval stops at the largest batch and the text says it is open-ended."""
+    rng = np.random.default_rng(5)
+    rows = [
+        run_row(b, "linear", 0.1, seed, round((0.5 + 6400 / b) * (1 + rng.uniform(-0.1, 0.1))))
+        for b in (4, 8, 16, 32, 64)
+        for seed in range(4)
+    ]
+    runs = pd.DataFrame(rows)
+    low, high = bootstrap_critical_batch(runs, "linear", n=100)
+    assert 4 <= low <= high <= 64
+    result = analyze(None, runs, None, bootstrap_samples=100)
+    assert all(row["b_crit_high"] <= 64 for row in result.rows)
+    assert "above 64, the largest batch measured" in result.markdown
+
+
 def test_bootstrap_with_one_seed_is_nan():
     low, high = bootstrap_critical_batch(make_runs(seeds=(0,)), "linear", n=20)
     assert math.isnan(low) and math.isnan(high)

@@ -8,7 +8,13 @@ import re
 import pandas as pd
 
 from .analyze import analyze
-from .report import NOT_MEASURED, markdown_to_html, render_html
+from .report import (
+    NOT_MEASURED,
+    REGRESSIONS_SLOT,
+    add_regressions,
+    markdown_to_html,
+    render_html,
+)
 from .test_analyze import make_curves, make_runs, make_sweep, run_row
 
 IMAGE = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
@@ -75,3 +81,19 @@ def test_markdown_to_html_subset():
         "<h3>Title &lt;x&gt;</h3>\n<ul>\n<li><strong>Bold</strong> &amp; item</li>\n"
         "<li>second</li>\n</ul>\n<p>plain *text*</p>"
     )
+
+
+def test_recommendation_appears_once_and_regressions_fill_their_slot():
+    runs = make_runs()
+    page = report(make_sweep(), runs, make_curves(runs))
+    assert page.count("<strong>Batch size:") == 1
+    assert page.count("<h2>Recommendation</h2>") == 1
+    markdown = "## Regressions\n\n**1 of 2 judged cells regressed**:\n\n- batch 64: −20 %\n"
+    with_section = add_regressions(page, markdown)
+    assert REGRESSIONS_SLOT not in with_section
+    assert with_section.index("<h2>Regressions</h2>") < with_section.index("Throughput and")
+    assert "<li>batch 64: −20 %</li>" in with_section
+    assert "<h3>Regressions</h3>" not in with_section  # the title line is the section's h2
+    older = page.replace(REGRESSIONS_SLOT, "")
+    assert add_regressions(older, markdown).endswith("</section>\n</body>\n</html>\n")
+    assert_self_contained(with_section)

@@ -1,60 +1,96 @@
 """convergence core: build the trial spec for some batch sizes and run it with torchrun.
 
 Locally the trials of one call run in one `torchrun --standalone` process group, one trial after
-another (measurements never overlap). On Kubernetes the same spec and entry point run as a
-Kubeflow Trainer TrainJob (see trainjob.py).
+another (measurements never overlap). With `launcher: kubeflow` the same spec and entry point
+run as a Kubeflow Trainer TrainJob (see trainjob.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pyarrow as pa
-from batchscale.components.convergence import train
 
+from batchscale.components.convergence import checkpoint, train
+from batchscale.components.convergence.location import Location, bytes_table, open_location
 from batchscale.config import ExperimentConfig
-from batchscale.errors import BatchscaleError
-from batchscale.storage import read_table_file
+from batchscale.errors import BadInput, BatchscaleError
 
 ENTRY_POINT = Path(train.__file__)
-# torchrun restarts the whole group this many times after a worker dies; trials resume from
-# their last checkpoint.
-MAX_RESTARTS = 2
+ENTRY_MODULE = "batchscale.components.convergence.train"
 
 
-def trial_id(batch_size: int, rule: str, seed: int, workers: int) -> str:
-    return f"b{batch_size}-{rule}-s{seed}-w{workers}"
+def trial_id(batch_size: int, rule: str, seed: int, workers: int, lr: float | None = None) -> str:
+    """Readable and unique within a spec; grid trials also carry their learning rate."""
+    rule_part = f"{rule}-lr{lr:g}" if rule == "grid" else rule
+    return f"b{batch_size}-{rule_part}-s{seed}-w{workers}"
+
+
+def trial_lrs(cfg: ExperimentConfig, rule: str, batch_size: int) -> list[float]:
+    """The learning rates a rule tries at one batch size: one scaled LR, or the whole grid."""
+    c = cfg.convergence
+    if rule == "grid":
+        return list(c.lr_grid)
+    return [train.scaled_lr(rule, c.base_lr, batch_size, c.reference_batch_size)]
+
+
+def build_trials(cfg: ExperimentConfig, batch_sizes: list[int], workers: int) -> list[dict]:
+    c = cfg.convergence
+    return [
+        {"trial_id": trial_id(b, rule, seed, workers, lr), "batch_size": b, "lr_rule": rule,
+         "lr": lr, "seed": seed}
+        for b in batch_sizes for rule in c.lr_rules for lr in trial_lrs(cfg, rule, b)
+        for seed in c.seeds
+    ]
 
 
 def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, out_dir: str,
-               run_id: str, workers: int | None = None) -> dict:
+               run_id: str, workers: int | None = None,
+               checkpoint_dir: str | None = None) -> dict:
+    """Everything the training script needs; paths may be local or s3:// URIs. Checkpoints go
+    to `checkpoint_dir`, else `<checkpoint_uri>/<run_id>` of the config, else next to the
+    results."""
     c = cfg.convergence
     workers = workers or c.workers
-    trials = [
-        {"trial_id": trial_id(b, rule, seed, workers), "batch_size": b, "lr_rule": rule,
-         "lr": train.scaled_lr(rule, c.base_lr, b, c.reference_batch_size), "seed": seed}
-        for b in batch_sizes for rule in c.lr_rules for seed in c.seeds
-    ]
+    if checkpoint_dir is None:
+        checkpoint_dir = (f"{c.checkpoint_uri.rstrip('/')}/{run_id}" if c.checkpoint_uri
+                          else f"{out_dir.rstrip('/')}/checkpoints")
     return {
         "run_id": run_id, "config_hash": cfg.config_hash, "experiment": cfg.name,
         "workload": cfg.workload, "data_dir": str(data_dir), "out_dir": str(out_dir),
-        "workers": workers, "momentum": c.momentum, "warmup_steps": c.warmup_steps,
-        "target_val_accuracy": c.target_val_accuracy, "max_steps": c.max_steps,
-        "eval_every_steps": c.eval_every_steps, "divergence_factor": c.divergence_factor,
-        "patience_evals": c.patience_evals,
+        "checkpoint_dir": str(checkpoint_dir), "workers": workers,
+        "accumulation_steps": c.accumulation_steps, "momentum": c.momentum,
+        "warmup_steps": c.warmup_steps, "target_val_accuracy": c.target_val_accuracy,
+        "max_steps": c.max_steps, "eval_every_steps": c.eval_every_steps,
+        "divergence_factor": c.divergence_factor, "patience_evals": c.patience_evals,
         "gns_every_steps": c.gns_every_steps,
-        "checkpoint_every_steps": c.checkpoint_every_steps, "trials": trials,
+        "checkpoint_every_steps": c.checkpoint_every_steps,
+        "trials": build_trials(cfg, batch_sizes, workers),
     }
 
 
-def torchrun_command(spec_path: Path, workers: int, max_restarts: int = MAX_RESTARTS) -> list[str]:
+def check_checkpoints(spec: dict) -> None:
+    """Fail before any process starts when a stored checkpoint belongs to other settings (a
+    changed config, another worker count): torchrun would otherwise restart the group on the
+    same error until its restarts run out."""
+    location = open_location(spec["checkpoint_dir"])
+    for trial in spec["trials"]:
+        name = checkpoint.latest(location, trial["trial_id"])
+        if name is not None:
+            payload = checkpoint.load(location, name)
+            checkpoint.check_identity(payload, checkpoint.trial_identity(spec, trial),
+                                      f"{location.uri}/{name}")
+
+
+def torchrun_command(spec_path: str, workers: int, max_restarts: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={workers}", f"--max-restarts={max_restarts}",
-            str(ENTRY_POINT), "--spec", str(spec_path)]
+            str(ENTRY_POINT), "--spec", spec_path]
 
 
 def torchrun_env(workers: int) -> dict:
@@ -66,38 +102,59 @@ def torchrun_env(workers: int) -> dict:
     return env
 
 
-def launch_local(spec: dict, timeout_s: float) -> None:
+def launch_local(spec: dict, timeout_s: float, max_restarts: int) -> None:
     out_dir = Path(spec["out_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_path = out_dir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=1))
-    cmd = torchrun_command(spec_path, spec["workers"])
+    cmd = torchrun_command(str(spec_path), spec["workers"], max_restarts)
+    # Own process group: a timeout (or Ctrl-C) takes the agent and its workers down together,
+    # instead of leaving workers orphaned in a collective.
+    proc = subprocess.Popen(cmd, env=torchrun_env(spec["workers"]), start_new_session=True)
     try:
-        proc = subprocess.run(cmd, env=torchrun_env(spec["workers"]), timeout=timeout_s)
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise BatchscaleError(f"convergence trials timed out after {timeout_s:.0f} s; finished "
                               f"trials are kept in {out_dir / 'trials'}") from None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     if proc.returncode != 0:
-        raise BatchscaleError(f"torchrun exited with status {proc.returncode}; finished trials "
-                              f"are kept in {out_dir / 'trials'}")
+        raise BatchscaleError(f"torchrun exited with status {proc.returncode} (its log is "
+                              f"above); finished trials are kept in {out_dir / 'trials'}")
 
 
-def collect(spec: dict) -> tuple[pa.Table, pa.Table]:
+def collect(spec: dict, out: Location | None = None) -> tuple[pa.Table, pa.Table]:
     """(curves, runs) of every trial in the spec, read from the trial files."""
-    out_dir = Path(spec["out_dir"])
+    out = out or open_location(spec["out_dir"])
     curves, runs = [], []
     for t in spec["trials"]:
-        curves_path, run_path = train.trial_files(out_dir, t["trial_id"])
-        curves.append(read_table_file(curves_path))
-        runs.append(read_table_file(run_path))
+        curves_name, run_name = train.trial_files(t["trial_id"])
+        if not out.exists(run_name):
+            raise BatchscaleError(f"trial {t['trial_id']} left no results in {out.uri}")
+        curves.append(bytes_table(out.get_bytes(curves_name)))
+        runs.append(bytes_table(out.get_bytes(run_name)))
     return pa.concat_tables(curves), pa.concat_tables(runs)
 
 
 def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str,
                     out_dir: str, run_id: str, workers: int | None = None):
+    """Train every trial of `batch_sizes` to the target; (curves, runs) tables. torchrun here,
+    or a TrainJob on the cluster with `launcher: kubeflow` (`out_dir` is then unused: the
+    TrainJob's pods write to the object store)."""
+    c = cfg.convergence
+    if workers is not None and workers < 1:
+        raise BadInput(f"workers: must be at least 1, got {workers}")
+    if c.launcher == "kubeflow":
+        from batchscale.components.convergence.trainjob import run_on_kubeflow
+
+        return run_on_kubeflow(cfg, batch_sizes, data_dir=data_dir, run_id=run_id,
+                               workers=workers or c.workers)
     spec = build_spec(cfg, batch_sizes, data_dir=data_dir, out_dir=out_dir, run_id=run_id,
                       workers=workers)
-    launch_local(spec, cfg.convergence.timeout_s)
+    check_checkpoints(spec)
+    launch_local(spec, c.timeout_s, c.max_restarts)
     return collect(spec)
 
 
@@ -110,7 +167,8 @@ def work_dir(run_id: str, batch_size: int, workers: int) -> Path:
 
 def run_stage(config_json: str, run_id: str, batch_size: int, workers: int, dataset_dir: str,
               curves_path: str, runs_path: str) -> None:
-    """Pipeline entry: train every (LR rule, seed) at one batch size; write the two tables."""
+    """Pipeline entry: train every (LR rule, LR, seed) at one batch size; write the two
+    tables."""
     from batchscale.config import config_from_json
     from batchscale.storage import write_table_atomic
 

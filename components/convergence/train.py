@@ -8,31 +8,50 @@ a validation-accuracy target and rank 0 writes `trials/<trial_id>.{curves,run}.p
 Trials whose result files exist are skipped, and each trial checkpoints atomically every N
 steps, so a restarted group (torchrun --max-restarts) resumes where it stopped and reaches the
 target at exactly the same step as an uninterrupted run (data order is a function of the step).
+The spec, the dataset, the results and the checkpoints may each be a local path or an
+`s3://bucket/prefix` (a TrainJob's pods share nothing but the object store).
+
+Global batch = micro-batch x accumulation_steps x workers; the world size is fixed for a run
+(a group that comes back with another size fails instead of silently changing the batch).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from batchscale.components.data_prep.loader import load_split
 
+from batchscale.components.convergence import checkpoint
+from batchscale.components.convergence.location import (
+    LocalLocation,
+    Location,
+    open_location,
+    table_bytes,
+)
+from batchscale.components.data_prep.loader import load_split
 from batchscale.envinfo import environment
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.schemas import make_table
-from batchscale.storage import write_table_atomic
 from batchscale.workloads import get_workload
 
 GNS_EMA_BETA = 0.99
+EVAL_CHUNK_ROWS = 4096
+# Fault-injection drill (tests, game days): the rank named by FAULT_KILL_RANK_ENV (default 0)
+# SIGKILLs itself after the step named by FAULT_KILL_AT_STEP_ENV, on the group's first attempt
+# only, so `torchrun --max-restarts` has something real to recover from.
+FAULT_KILL_AT_STEP_ENV = "BATCHSCALE_FAULT_KILL_AT_STEP"
+FAULT_KILL_RANK_ENV = "BATCHSCALE_FAULT_KILL_RANK"
 
 
 # ---------------------------------------------------------------------------------- plumbing
@@ -60,8 +79,18 @@ def init_distributed(expected_world_size: int) -> Dist:
     if use_cuda:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        dist.init_process_group("nccl" if use_cuda else "gloo", store=attempt_store(),
+                                rank=rank, world_size=world)
     return Dist(rank, world, device)
+
+
+def attempt_store() -> dist.Store:
+    """torchrun's rendezvous store, under a prefix per restart attempt. The store outlives a
+    restarted group; without the prefix a new rank can read the dead group's addresses and
+    fail to connect (gloo: "connectFullMesh failed ... Connection refused")."""
+    store, _, _ = next(dist.rendezvous("env://"))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"batchscale/attempt-{attempt}/", store)
 
 
 def all_reduce(value: torch.Tensor, d: Dist, op=None) -> torch.Tensor:
@@ -77,10 +106,14 @@ def barrier(d: Dist) -> None:
 
 # ------------------------------------------------------------------------------ the schedule
 def scaled_lr(rule: str, base_lr: float, batch_size: int, reference_batch: int) -> float:
-    """Peak LR of a rule: constant, linear (Goyal et al. 2017), or square-root scaling."""
+    """Peak LR of a rule: constant, linear (Goyal et al. 2017), or square-root scaling. The
+    `grid` rule has no single LR: its trials take theirs from the config's `lr_grid`."""
     ratio = batch_size / reference_batch
-    scale = {"constant": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[rule]
-    return base_lr * scale
+    scales = {"constant": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}
+    if rule not in scales:
+        raise BadInput(f"lr_rule: no scaling rule {rule!r}; allowed: {', '.join(scales)} "
+                       "(or grid, whose LRs come from lr_grid)")
+    return base_lr * scales[rule]
 
 
 def lr_at(step: int, peak_lr: float, warmup_steps: int) -> float:
@@ -144,8 +177,27 @@ class NoiseScale:
         return trace / g2 if g2 > 0 else None
 
 
-def _grad_sq_norm(params) -> float:
-    return float(sum(p.grad.detach().float().pow(2).sum() for p in params if p.grad is not None))
+def _grad_list(params) -> list[torch.Tensor]:
+    return [p.grad for p in params if p.grad is not None]
+
+
+def _sq_norm(tensors: list[torch.Tensor]) -> float:
+    """Sum of squared entries over a list of tensors, in a few fused kernels (the noise scale
+    is measured every step by default, so its cost shows in samples/s)."""
+    return float(torch.stack(torch._foreach_norm(tensors)).float().square().sum())
+
+
+def maybe_inject_fault(step: int, rank: int) -> None:
+    """The fault-injection drill (see FAULT_KILL_AT_STEP_ENV): SIGKILL, no cleanup, like an OOM
+    kill or a lost node."""
+    at = os.environ.get(FAULT_KILL_AT_STEP_ENV)
+    if at is None or int(at) != step:
+        return
+    if rank == int(os.environ.get(FAULT_KILL_RANK_ENV, "0")) and \
+            os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        print(f"fault drill: rank {rank} kills itself after step {step}", file=sys.stderr,
+              flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ------------------------------------------------------------------------------ one trial
@@ -163,8 +215,9 @@ class TrialState:
 
 
 class Trial:
-    def __init__(self, spec: dict, trial: dict, data, d: Dist):
-        self.spec, self.t, self.d = spec, trial, d
+    def __init__(self, spec: dict, trial: dict, data, d: Dist, checkpoints: Location):
+        self.spec, self.t, self.d, self.checkpoints = spec, trial, d, checkpoints
+        self.identity = checkpoint.trial_identity(spec, trial)
         self.workload = get_workload(spec["workload"])
         (self.x, self.y), (self.vx, self.vy) = data
         torch.manual_seed(trial["seed"])
@@ -176,50 +229,55 @@ class Trial:
         self.opt = torch.optim.SGD(self.params, lr=trial["lr"], momentum=spec["momentum"])
         self.order = DataOrder(len(self.y), trial["seed"])
         self.state = TrialState()
-        b = trial["batch_size"]
-        if b % d.world_size:
-            raise BadInput(f"batch size {b} is not divisible by {d.world_size} workers")
+        self.finished: dict | None = None
+        b, accumulation = trial["batch_size"], spec["accumulation_steps"]
+        if b % (d.world_size * accumulation):
+            raise BadInput(f"batch size {b} is not divisible by {d.world_size} workers x "
+                           f"{accumulation} accumulation steps")
         self.local_batch = b // d.world_size
+        self.accumulation = accumulation
 
     # -- checkpoints --------------------------------------------------------------------------
-    @property
-    def ckpt_path(self) -> Path:
-        return Path(self.spec["out_dir"]) / "checkpoints" / f"{self.t['trial_id']}.pt"
+    def _payload(self) -> dict:
+        s = self.state
+        return {
+            "identity": self.identity, "step": s.step, "train_time_s": s.train_time_s,
+            "first_loss": s.first_loss, "curve": s.curve,
+            "best": [s.best_accuracy, s.evals_since_best],
+            "noise": [s.noise.g2_ema, s.noise.trace_ema, s.noise.updates],
+            "model": self._bare_model().state_dict(), "opt": self.opt.state_dict(),
+            "rng": torch.get_rng_state(),
+        }
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self, summary: dict | None = None) -> None:
+        """Rank 0 writes the step's checkpoint (or the final one, with the summary); all ranks
+        wait, so no rank runs ahead of the newest durable state."""
         if self.d.is_main:
-            s = self.state
-            payload = {
-                "trial": self.t, "world_size": self.d.world_size, "step": s.step,
-                "train_time_s": s.train_time_s, "first_loss": s.first_loss, "curve": s.curve,
-                "best": [s.best_accuracy, s.evals_since_best],
-                "noise": [s.noise.g2_ema, s.noise.trace_ema, s.noise.updates],
-                "model": self._bare_model().state_dict(), "opt": self.opt.state_dict(),
-            }
-            self.ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.ckpt_path.with_suffix(".tmp")
-            torch.save(payload, tmp)
-            os.replace(tmp, self.ckpt_path)  # readers see the old or the new file, never half
+            tid = self.t["trial_id"]
+            name = (checkpoint.final_name(tid) if summary
+                    else checkpoint.step_name(tid, self.state.step))
+            payload = {**self._payload(), "summary": summary} if summary else self._payload()
+            checkpoint.save(self.checkpoints, name, payload)
+            checkpoint.drop_older(self.checkpoints, tid, keep=name)
         barrier(self.d)
 
     def maybe_resume(self) -> None:
-        if not self.ckpt_path.exists():
+        name = checkpoint.latest(self.checkpoints, self.t["trial_id"])
+        if name is None:
             return
-        payload = torch.load(self.ckpt_path, map_location=self.d.device, weights_only=True)
-        if payload["trial"] != self.t or payload["world_size"] != self.d.world_size:
-            raise BadInput(
-                f"checkpoint {self.ckpt_path} does not match this trial's config "
-                f"(stored {payload['trial']} with {payload['world_size']} workers); "
-                "remove it or use a new output directory")
+        payload = checkpoint.load(self.checkpoints, name, self.d.device)
+        checkpoint.check_identity(payload, self.identity, f"{self.checkpoints.uri}/{name}")
         self._bare_model().load_state_dict(payload["model"])
         self.opt.load_state_dict(payload["opt"])
+        torch.set_rng_state(payload["rng"])
         s = self.state
-        s.step, s.train_time_s, s.first_loss = payload["step"], payload["train_time_s"], \
-            payload["first_loss"]
+        s.step, s.train_time_s, s.first_loss = (payload["step"], payload["train_time_s"],
+                                                payload["first_loss"])
         s.curve = list(payload["curve"])
         s.best_accuracy, s.evals_since_best = payload["best"]
         s.noise = NoiseScale(*payload["noise"])
-        self.log(f"resumed from step {s.step}")
+        self.finished = payload.get("summary")
+        self.log(f"resumed from {name} (step {s.step})")
 
     def _bare_model(self):
         return getattr(self.model, "module", self.model)
@@ -233,65 +291,69 @@ class Trial:
         idx = self.order.batch(step, self.t["batch_size"])
         return idx[self.d.rank * self.local_batch:(self.d.rank + 1) * self.local_batch]
 
+    def _sync_context(self, last_micro: bool, manual_reduce: bool):
+        """DDP all-reduces on the last micro-batch only (gradient accumulation), and never when
+        the noise measurement needs the local gradient first."""
+        if self.d.world_size > 1 and (manual_reduce or not last_micro):
+            return self.model.no_sync()
+        return contextlib.nullcontext()
+
     def train_step(self, step: int) -> float:
+        """One optimizer step over the global batch; returns this rank's mean loss."""
         idx = self.local_indices(step)
         x, y = self.x[idx].to(self.d.device), self.y[idx].to(self.d.device)
         for group in self.opt.param_groups:
             group["lr"] = lr_at(step, self.t["lr"], self.spec["warmup_steps"])
         self.opt.zero_grad(set_to_none=True)
-        measure_noise = step % self.spec["gns_every_steps"] == 0
-        if measure_noise and self.d.world_size > 1:
-            loss = self._ddp_step_with_noise(x, y)
-        elif measure_noise and len(y) >= 2:
-            loss = self._split_step_with_noise(x, y)
-        else:
-            loss = F.cross_entropy(self.model(x), y)
-            loss.backward()
+        measure = step % self.spec["gns_every_steps"] == 0
+        ddp_noise = measure and self.d.world_size > 1
+        # On one process the noise needs >= 2 micro-batches (the small batch); split if needed.
+        local_noise = measure and self.d.world_size == 1 and len(y) >= 2
+        parts = max(self.accumulation, 2) if local_noise else self.accumulation
+        micro_sq, before, loss_value = [], None, 0.0
+        xs, ys = ((x,), (y,)) if parts == 1 else (x.tensor_split(parts), y.tensor_split(parts))
+        for i, (xb, yb) in enumerate(zip(xs, ys, strict=True)):
+            weight = len(yb) / len(y)
+            with self._sync_context(i == parts - 1, ddp_noise):
+                loss = F.cross_entropy(self.model(xb), yb)
+                (loss if parts == 1 else loss * weight).backward()
+            loss_value += float(loss.detach()) * weight
+            if local_noise:  # this micro-batch's mean gradient: (g_now - g_before) / weight
+                grads = _grad_list(self.params)
+                delta = grads if before is None else torch._foreach_sub(grads, before)
+                micro_sq.append(_sq_norm(delta) / weight**2)
+                before = [g.clone() for g in grads] if i < parts - 1 else None
+        if ddp_noise:
+            self._reduce_with_noise()
+        elif local_noise:
+            self.state.noise.update(sum(micro_sq) / parts, _sq_norm(_grad_list(self.params)),
+                                    len(y) / parts, len(y))
         self.opt.step()
-        return float(loss)
+        return loss_value
 
-    def _split_step_with_noise(self, x, y) -> torch.Tensor:
-        """One process: two half-batch backward passes accumulate the full-batch gradient;
-        their separate norms give |G_small|^2 at B/2 and the sum gives |G_big|^2 at B."""
-        half = len(y) // 2
-        losses = []
-        snapshot = None
-        for part in (slice(0, half), slice(half, len(y))):
-            weight = (part.stop - part.start) / len(y)
-            loss = F.cross_entropy(self.model(x[part]), y[part])
-            (loss * weight).backward()
-            losses.append(loss.detach() * weight)
-            if snapshot is None:
-                snapshot = [p.grad.detach().clone() for p in self.params]
-        first_sq = sum(float((g / 0.5).pow(2).sum()) for g in snapshot)
-        second_sq = sum(float(((p.grad - g) / 0.5).pow(2).sum())
-                        for p, g in zip(self.params, snapshot, strict=True))
-        big_sq = _grad_sq_norm(self.params)
-        self.state.noise.update((first_sq + second_sq) / 2, big_sq, len(y) / 2, len(y))
-        return sum(losses)
-
-    def _ddp_step_with_noise(self, x, y) -> torch.Tensor:
+    def _reduce_with_noise(self) -> None:
         """DDP: each rank's local gradient (before all-reduce) is the small batch B/W; the
-        all-reduced mean is the big batch B."""
-        with self.model.no_sync():
-            loss = F.cross_entropy(self.model(x), y)
-            loss.backward()
-        local_sq = torch.tensor([_grad_sq_norm(self.params)])
-        all_reduce(local_sq, self.d)
-        for p in self.params:
-            all_reduce(p.grad, self.d)
-            p.grad /= self.d.world_size
-        big_sq = _grad_sq_norm(self.params)
-        self.state.noise.update(float(local_sq) / self.d.world_size, big_sq,
-                                self.local_batch, self.t["batch_size"])
-        return loss
+        all-reduced mean is the big batch B. One all-reduce carries the gradients and the
+        local squared norm together."""
+        grads = _grad_list(self.params)
+        local_sq = torch.tensor([_sq_norm(grads)], dtype=grads[0].dtype, device=grads[0].device)
+        flat = torch.cat([g.reshape(-1) for g in grads] + [local_sq])
+        all_reduce(flat, self.d)
+        flat /= self.d.world_size
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+        self.state.noise.update(float(flat[-1]), _sq_norm(grads), self.local_batch,
+                                self.t["batch_size"])
 
     @torch.no_grad()
     def evaluate(self) -> float:
         model = self._bare_model()
         model.eval()
         correct = 0
-        for xb, yb in zip(self.vx.split(4096), self.vy.split(4096), strict=True):
+        for xb, yb in zip(self.vx.split(EVAL_CHUNK_ROWS), self.vy.split(EVAL_CHUNK_ROWS),
+                          strict=True):
             correct += int((model(xb.to(self.d.device)).argmax(1) == yb.to(self.d.device)).sum())
         model.train()
         return correct / len(self.vy)
@@ -325,6 +387,8 @@ class Trial:
 
     def run(self) -> dict:
         self.maybe_resume()
+        if self.finished is not None:
+            return self.finished
         s = self.state
         sync = torch.cuda.synchronize if self.d.device.startswith("cuda") else (lambda: None)
         status, acc = None, None
@@ -337,6 +401,7 @@ class Trial:
             sync()
             s.train_time_s += time.perf_counter() - start
             s.step += 1
+            maybe_inject_fault(s.step, self.d.rank)
             if s.first_loss is None:
                 s.first_loss = loss
             s.loss_sum += loss
@@ -349,7 +414,9 @@ class Trial:
                 if status is None and s.step % self.spec["checkpoint_every_steps"] == 0:
                     self.save_checkpoint()
         self.log(f"{status} at step {s.step} (val acc {acc:.3f}, {s.train_time_s:.2f} s)")
-        return self.summary(status, acc)
+        summary = self.summary(status, acc)
+        self.save_checkpoint(summary)
+        return summary
 
     def summary(self, status: str, acc: float) -> dict:
         s, t = self.state, self.t
@@ -367,46 +434,75 @@ class Trial:
 
 
 # ----------------------------------------------------------------------------------- driver
-def trial_files(out_dir: Path, trial_id: str) -> tuple[Path, Path]:
-    base = out_dir / "trials"
-    return base / f"{trial_id}.curves.parquet", base / f"{trial_id}.run.parquet"
+def trial_files(trial_id: str) -> tuple[str, str]:
+    """Names of a trial's (curves, run) tables under the output location."""
+    return f"trials/{trial_id}.curves.parquet", f"trials/{trial_id}.run.parquet"
+
+
+def load_data(data_uri: str, input_shape: tuple[int, ...]):
+    """(train, val) tensors; an S3 dataset is copied to a temporary directory first (every rank
+    holds the full, small split and slices each global batch by rank, so the global batch is
+    identical for any worker count)."""
+    source = open_location(data_uri)
+    with contextlib.ExitStack() as stack:
+        data_dir = data_uri
+        if not isinstance(source, LocalLocation):
+            data_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="batchscale-data-"))
+            for name in source.names(""):
+                target = os.path.join(data_dir, name)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with open(target, "wb") as fh:
+                    fh.write(source.get_bytes(name))
+        return (load_split(data_dir, "train", input_shape=input_shape),
+                load_split(data_dir, "val", input_shape=input_shape))
+
+
+def write_trial_results(out: Location, trial: dict, runner: Trial, summary: dict,
+                        env: dict) -> None:
+    """Rank 0 writes the trial's curve and run rows; the run table, written last, marks the
+    trial done. Both derive from the final checkpoint, so a rewrite after a restart produces
+    the same bytes (S3 keys are create-only)."""
+    ident = {k: trial[k] for k in ("trial_id", "batch_size", "lr_rule", "seed")}
+    rows = [{**ident, **row} for row in runner.state.curve]
+    curves_name, run_name = trial_files(trial["trial_id"])
+    out.put_bytes(curves_name, table_bytes(make_table("curves", rows, env)))
+    out.put_bytes(run_name, table_bytes(make_table("runs", [summary], env)))
 
 
 def run_spec(spec: dict) -> None:
     d = init_distributed(spec["workers"])
-    out_dir = Path(spec["out_dir"])
-    (out_dir / "trials").mkdir(parents=True, exist_ok=True)
+    out = open_location(spec["out_dir"])
+    checkpoints = open_location(spec["checkpoint_dir"])
     workload = get_workload(spec["workload"])
-    # Every rank holds the full (small) split and slices each global batch by rank, so the
-    # global batch is identical for any worker count.
-    data = (load_split(spec["data_dir"], "train", input_shape=workload.input_shape),
-            load_split(spec["data_dir"], "val", input_shape=workload.input_shape))
+    data = load_data(spec["data_dir"], workload.input_shape)
     env = environment(run_id=spec["run_id"], config_hash=spec["config_hash"],
                       experiment=spec["experiment"], workload=spec["workload"],
                       device=d.device, world_size=d.world_size)
     for trial in spec["trials"]:
-        curves_path, run_path = trial_files(out_dir, trial["trial_id"])
-        if run_path.exists():
+        if out.exists(trial_files(trial["trial_id"])[1]):
             continue
-        runner = Trial(spec, trial, data, d)
+        runner = Trial(spec, trial, data, d, checkpoints)
         summary = runner.run()
         if d.is_main:
-            ident = {k: trial[k] for k in ("trial_id", "batch_size", "lr_rule", "seed")}
-            rows = [{**ident, **row} for row in runner.state.curve]
-            write_table_atomic(curves_path, make_table("curves", rows, env))
-            write_table_atomic(run_path, make_table("runs", [summary], env))
-            runner.ckpt_path.unlink(missing_ok=True)
+            write_trial_results(out, trial, runner, summary, env)
         barrier(d)
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
+def read_spec(uri: str) -> dict:
+    """The spec JSON from a local path or an S3 URI."""
+    parent, _, name = uri.rstrip("/").rpartition("/")
+    return json.loads(open_location(parent or ".").get_bytes(name))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="trial spec JSON written by the launcher")
+    parser.add_argument("--spec", required=True,
+                        help="trial spec JSON written by the launcher (path or s3:// URI)")
     args = parser.parse_args(argv)
     try:
-        run_spec(json.loads(Path(args.spec).read_text()))
+        run_spec(read_spec(args.spec))
     except BatchscaleError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

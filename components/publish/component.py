@@ -1,22 +1,32 @@
-"""KFP wrapper of publish. S3 settings and credentials come from the environment (a Kubernetes
-Secret on a cluster), never from parameters, so they stay out of the compiled YAML."""
+"""KFP wrappers of publish and of the regression gate after it. S3 settings and credentials come
+from the environment (a Kubernetes Secret on a cluster), never from parameters, so they stay
+out of the compiled YAML."""
 
 from kfp import dsl
-from kfp.dsl import HTML, Artifact, Dataset, Input, Output
+from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Output
 
 from batchscale.images import CPU_IMAGE
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def publish(run_id: str, dataset: Input[Dataset], sweep: Input[Dataset], curves: Input[Dataset],
-            runs: Input[Dataset], analysis_table: Input[Dataset], report: Input[HTML],
-            lake_manifest: Output[Artifact]):
+def publish(config_json: str, run_id: str, dataset: Input[Dataset], sweep: Input[Dataset],
+            curves: Input[Dataset], runs: Input[Dataset], analysis_table: Input[Dataset],
+            report: Input[HTML], lake_manifest: Output[Artifact], regressions: Output[Dataset],
+            regressions_summary: Output[Markdown]):
     import json
     import os
 
     from batchscale.components.publish.publish import run_stage
 
-    manifest = run_stage(run_id, os.path.join(dataset.path, "manifest.parquet"), sweep.path,
-                         curves.path, runs.path, analysis_table.path, report.path)
+    manifest = run_stage(config_json, run_id, os.path.join(dataset.path, "manifest.parquet"),
+                         sweep.path, curves.path, runs.path, analysis_table.path, report.path,
+                         regressions.path, regressions_summary.path)
     with open(lake_manifest.path, "w") as f:
         json.dump(manifest, f, indent=1)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def regression_gate(config_json: str, regressions: Input[Dataset]):
+    from batchscale.components.publish.publish import gate_stage
+
+    gate_stage(config_json, regressions.path)

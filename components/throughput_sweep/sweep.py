@@ -1,258 +1,349 @@
 """throughput_sweep core: samples/s, step-time spread, peak memory and MFU per batch size.
 
-One trial = one (input mode, batch size): build a fresh model and optimizer, time training
-steps with batchscale.timing, record a row. Trials run in ascending batch order, one at a time
-(measurements never overlap), and the table is rewritten after every trial so an interrupted
-sweep keeps what it measured.
+One trial = one (input mode, batch size), measured in its own process (isolation.py, trial.py).
+Trials run one at a time (measurements never overlap), in ascending batch order or as the
+largest-batch search (search.py) asks, and the table is rewritten atomically after every trial
+so a sweep interrupted with Ctrl-C keeps every row it measured.
 """
 
 from __future__ import annotations
 
-import ctypes
-import gc
+import functools
+import math
+import re
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchscale.components.throughput_sweep.isolation import run_isolated
+from batchscale.components.throughput_sweep.search import (
+    DOES_NOT_FIT,
+    FAILED,
+    FITS,
+    SearchResult,
+    search_largest_batch,
+)
+from batchscale.components.throughput_sweep.trial import (
+    STATUS_OK,
+    STATUS_OOM,
+    TrialResult,
+    TrialSpec,
+)
 from batchscale.config import SweepConfig
+from batchscale.errors import BadInput
 from batchscale.schemas import make_table
 from batchscale.storage import write_table_atomic
-from batchscale.timing import StepTimes, time_steps
-from batchscale.workloads import Workload
+from batchscale.workloads import Workload, get_workload
 
-# Square fp32 matmul size used to measure a CPU's attainable peak FLOP/s on the spot.
+# Square fp32 matmul used to measure a CPU's attainable peak FLOP/s on the spot.
 PEAK_MATMUL_SIZE = 2048
+PEAK_MATMUL_WARMUP = 2
 PEAK_MATMUL_REPEATS = 5
-# Declared dense peak FLOP/s of known accelerators, by (name fragment, precision).
+# Declared dense (no sparsity) peak FLOP/s of known accelerators by (name fragment, precision);
+# fp32 is the non-tensor-core rate torch uses by default. Longer fragments are matched first.
 DECLARED_PEAK_FLOPS = {
+    ("H200 NVL", "bf16"): 835e12, ("H200 NVL", "fp32"): 60e12,
     ("H200", "bf16"): 989e12, ("H200", "fp32"): 67e12,
     ("H100", "bf16"): 989e12, ("H100", "fp32"): 67e12,
     ("A100", "bf16"): 312e12, ("A100", "fp32"): 19.5e12,
+    ("L40S", "bf16"): 362e12, ("L40S", "fp32"): 91.6e12,
+    ("A10G", "bf16"): 70e12, ("A10G", "fp32"): 31.2e12,
     ("L4", "bf16"): 121e12, ("L4", "fp32"): 30.3e12,
     ("T4", "bf16"): 65e12, ("T4", "fp32"): 8.1e12,
 }
+PHASE_GRID = "grid"
+MEMINFO = Path("/proc/meminfo")
+CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
+MEMORY_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+MEMORY_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------ inputs
+def parse_memory_size(text: str) -> int:
+    """Bytes from '2147483648', '2GiB', '512MiB', '1.5GB' (--memory-limit)."""
+    match = MEMORY_SIZE.match(text)
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in MEMORY_UNITS or float(match.group(1)) <= 0:
+        raise BadInput(f"--memory-limit: {text!r} is not a positive size; give bytes or a number "
+                       "with KiB, MiB, GiB, TiB, KB, MB, GB or TB (e.g. 2GiB)")
+    return int(float(match.group(1)) * MEMORY_UNITS[unit])
 
 
 def resolve_device(device: str) -> str:
+    """'auto' → cuda when present, else cpu; 'cuda' without a GPU is bad input."""
     import torch
-
-    from batchscale.errors import BadInput
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise BadInput("device 'cuda' requested but no CUDA device is available; "
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise BadInput(f"device {device!r} requested but no CUDA device is available; "
                        "allowed here: auto, cpu")
     return device
 
 
+def check_real_input(workload: Workload, dataset_dir: str) -> str | None:
+    """Why real batches from `dataset_dir` cannot feed `workload`, or None when they can."""
+    from batchscale.components.data_prep.loader import read_manifest
+
+    manifest = read_manifest(dataset_dir).to_pylist()
+    shape = tuple(manifest[0]["feature_shape"]) if manifest else ()
+    if math.prod(shape) != math.prod(workload.input_shape) or workload.kind != "classification":
+        return (f"dataset examples have shape {shape}; {workload.name} takes "
+                f"{workload.input_shape} ({workload.kind})")
+    return None
+
+
+# ------------------------------------------------------------------------------ device facts
+@functools.cache
 def peak_flops_per_s(device: str, precision: str) -> tuple[float, str]:
-    """(peak FLOP/s, how it was obtained): declared for known GPUs, measured on CPU."""
+    """(peak FLOP/s, how it was obtained): declared for known GPUs, else measured with a large
+    matmul (fp32) through the one timing helper."""
     import torch
+
+    from batchscale.timing import time_steps
 
     if device.startswith("cuda"):
         name = torch.cuda.get_device_name(device)
-        for (fragment, prec), peak in DECLARED_PEAK_FLOPS.items():
+        for (fragment, prec), peak in sorted(DECLARED_PEAK_FLOPS.items(),
+                                             key=lambda kv: -len(kv[0][0])):
             if fragment in name and prec == precision:
                 return peak, f"declared {fragment} {prec}"
     a = torch.randn(PEAK_MATMUL_SIZE, PEAK_MATMUL_SIZE, device=device)
     b = torch.randn(PEAK_MATMUL_SIZE, PEAK_MATMUL_SIZE, device=device)
-    times = time_steps(lambda: a @ b, device=device, warmup_steps=2,
+    times = time_steps(lambda: a @ b, device=device, warmup_steps=PEAK_MATMUL_WARMUP,
                        min_steps=PEAK_MATMUL_REPEATS, max_steps=PEAK_MATMUL_REPEATS)
     return 2 * PEAK_MATMUL_SIZE**3 / min(times.seconds), "measured fp32 matmul"
 
 
-def train_flops_per_sample(workload: Workload, model, batch, batch_size: int) -> float:
-    """Forward + backward FLOPs of one step, counted by torch's FlopCounterMode."""
-    from torch.utils.flop_counter import FlopCounterMode
+def available_memory_bytes() -> int | None:
+    """Memory this machine (or container) can still give: MemAvailable, or the cgroup's limit
+    when that is lower."""
+    available = None
+    try:
+        for line in MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+        limit = CGROUP_MEMORY_MAX.read_text().strip()
+        if limit.isdigit() and (available is None or int(limit) < available):
+            available = int(limit)
+    except OSError:
+        pass
+    return available
 
-    counter = FlopCounterMode(display=False)
-    with counter:
-        workload.loss(model, batch).backward()
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / batch_size
 
-
-class PeakMemory:
-    """Peak memory of one trial: CUDA allocator stats on GPU; on CPU the process's peak RSS,
-    reset through /proc/self/clear_refs (Linux) so each trial gets its own high-water mark."""
-
-    def __init__(self, device: str):
-        self.device = device
-
-    def reset(self) -> None:
-        release_memory(self.device)
-        if self.device.startswith("cuda"):
+def memory_cap_bytes(device: str, cfg: SweepConfig) -> int | None:
+    """The budget (memory_limit_bytes, else the device's memory) less the safety margin."""
+    budget = cfg.memory_limit_bytes
+    if budget is None:
+        if device.startswith("cuda"):
             import torch
 
-            torch.cuda.reset_peak_memory_stats(self.device)
-            return
-        try:
-            Path("/proc/self/clear_refs").write_text("5")
-        except OSError:
-            pass
-
-    def peak_bytes(self) -> int | None:
-        if self.device.startswith("cuda"):
-            import torch
-
-            return int(torch.cuda.max_memory_allocated(self.device))
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return None
+            budget = torch.cuda.get_device_properties(device).total_memory
+        else:
+            budget = available_memory_bytes()
+    return None if budget is None else int(budget * (1.0 - cfg.memory_safety_margin))
 
 
-def release_memory(device: str) -> None:
-    """Drop what a finished (or OOM-ed) trial held so it cannot poison the next one."""
-    gc.collect()
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.empty_cache()
-    elif sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except OSError:
-            pass
-
-
-def is_oom(err: BaseException) -> bool:
-    import torch
-
-    if isinstance(err, torch.OutOfMemoryError | MemoryError):
-        return True
-    text = str(err)
-    return "out of memory" in text or "can't allocate memory" in text
-
-
+# ------------------------------------------------------------------------------ rows
 @dataclass
-class Trial:
-    workload: Workload
-    input_mode: str
-    batch_size: int
-    device: str
+class _Sweep:
+    """One sweep's fixed context and the rows measured so far."""
+
     cfg: SweepConfig
+    workload: Workload
+    device: str
+    env: dict
+    out_path: Path
+    dataset_dir: str | None
+    log: Callable[[str], None]
+    threads: int
+    cap_bytes: int | None
+    peak_flops: float
+    expected_trials: int | None
+    modes: list[str]
+    rows: list[dict] = field(default_factory=list)
+
+    def trial(self, input_mode: str, batch_size: int, phase: str) -> dict:
+        """Measure one trial in its own process, record its row, rewrite the table."""
+        spec = TrialSpec(self.workload.name, input_mode, batch_size, self.device, self.cfg,
+                         self.threads, self.cap_bytes, self.dataset_dir, sys.stderr.isatty())
+        preload = ("torchvision",) if self.workload.uses_torchvision else ()
+        row = self.row(spec, run_isolated(spec, preload), phase)
+        self.rows.append(row)
+        write_table_atomic(self.out_path, make_table("sweep", self.rows, self.env))
+        self.log(_progress_line(len(self.rows), self.expected_trials, row))
+        return row
+
+    def probe(self, batch_size: int, phase: str) -> str:
+        """A trial seen by the largest-batch search."""
+        status = self.trial(self.modes[0], batch_size, phase)["status"]
+        return FITS if status == STATUS_OK else DOES_NOT_FIT if status == STATUS_OOM else FAILED
+
+    def row(self, spec: TrialSpec, result: TrialResult, phase: str) -> dict:
+        row = {
+            "input_mode": spec.input_mode, "batch_size": spec.batch_size,
+            "status": result.status, "precision": self.cfg.precision, "timed_steps": 0,
+            "peak_memory_bytes": result.peak_memory_bytes,
+            "train_flops_per_sample": result.flops_per_sample,
+            "peak_flops_per_s": self.peak_flops, "error": result.error,
+            "memory_source": result.memory_source, "memory_cap_bytes": self.cap_bytes,
+            "channels_last": self.cfg.channels_last, "compiled": self.cfg.torch_compile,
+            "image_size_px": self.workload.input_shape[-1] if self.workload.is_image else None,
+            "search_phase": phase,
+        }
+        times = result.times
+        if times is not None:
+            samples_per_s = spec.batch_size / times.median_s
+            achieved = result.flops_per_sample * samples_per_s if result.flops_per_sample else None
+            row.update({
+                "timed_steps": len(times.seconds), "step_time_median_s": times.median_s,
+                "step_time_p10_s": times.quantile_s(0.1),
+                "step_time_p90_s": times.quantile_s(0.9), "step_time_cv": times.cv,
+                "samples_per_s": samples_per_s, "achieved_flops_per_s": achieved,
+                "mfu": achieved / self.peak_flops if achieved and self.peak_flops else None,
+            })
+        return row
 
 
-def _batches(trial: Trial, real_data):
-    """A step's input: a fixed on-device tensor batch, or the next slice of the real dataset
-    copied to the device each step (the input pipeline is then part of the step)."""
-    if trial.input_mode == "synthetic":
-        batch = trial.workload.synthetic_batch(trial.batch_size, trial.device)
-        while True:
-            yield batch
-    import torch
-
-    x_all, y_all = real_data
-    gen = torch.Generator().manual_seed(0)
-    while True:
-        for idx in torch.randperm(len(y_all), generator=gen).split(trial.batch_size):
-            if len(idx) == trial.batch_size:
-                yield (x_all[idx].to(trial.device, non_blocking=True),
-                       y_all[idx].to(trial.device, non_blocking=True))
-
-
-def run_trial(trial: Trial, real_data=None) -> tuple[StepTimes, float, int | None]:
-    """Time one trial; returns (step times, train FLOPs per sample, peak bytes)."""
-    import torch
-
-    torch.manual_seed(0)
-    memory = PeakMemory(trial.device)
-    memory.reset()
-    model = trial.workload.build().to(trial.device)
-    model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    batches = _batches(trial, real_data)
-    autocast = torch.autocast(device_type=trial.device.split(":")[0], dtype=torch.bfloat16,
-                              enabled=trial.cfg.precision == "bf16")
-
-    def step():
-        batch = next(batches)
-        with autocast:
-            loss = trial.workload.loss(model, batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    with autocast:
-        flops = train_flops_per_sample(trial.workload, model, next(batches), trial.batch_size)
-    times = time_steps(step, device=trial.device, warmup_steps=trial.cfg.warmup_steps,
-                       min_steps=trial.cfg.min_timed_steps, max_steps=trial.cfg.max_timed_steps,
-                       target_cv=trial.cfg.target_cv, time_budget_s=trial.cfg.time_budget_s)
-    return times, flops, memory.peak_bytes()  # model and optimizer are freed on return
-
-
-def trial_row(trial: Trial, times: StepTimes | None, flops: float | None, peak: int | None,
-              peak_flops: float, status: str = "ok", error: str | None = None) -> dict:
-    row = {"input_mode": trial.input_mode, "batch_size": trial.batch_size, "status": status,
-           "precision": trial.cfg.precision, "timed_steps": 0, "peak_memory_bytes": peak,
-           "train_flops_per_sample": flops, "peak_flops_per_s": peak_flops, "error": error}
-    if times is not None:
-        samples_per_s = trial.batch_size / times.median_s
-        achieved = flops * samples_per_s if flops else None
-        row.update({
-            "timed_steps": len(times.seconds), "step_time_median_s": times.median_s,
-            "step_time_p10_s": times.quantile_s(0.1), "step_time_p90_s": times.quantile_s(0.9),
-            "step_time_cv": times.cv, "samples_per_s": samples_per_s,
-            "achieved_flops_per_s": achieved,
-            "mfu": achieved / peak_flops if achieved and peak_flops else None,
-        })
-    return row
-
-
-def sweep(workload: Workload, cfg: SweepConfig, env: dict, out_path: str | Path,
-          real_data=None, log=print) -> list[dict]:
-    """Measure every (input mode, batch size); rewrite `out_path` after each trial."""
-    device = resolve_device(cfg.device)
-    peak, peak_source = peak_flops_per_s(device, cfg.precision)
-    log(f"sweep {workload.name} on {device} ({cfg.precision}); peak {peak / 1e9:.1f} GFLOP/s "
-        f"({peak_source})")
-    rows: list[dict] = []
-    modes = [m for m in cfg.input_modes if m == "synthetic" or real_data is not None]
-    for mode in modes:
-        for batch_size in cfg.batch_sizes:
-            trial = Trial(workload, mode, batch_size, device, cfg)
-            try:
-                times, flops, peak_bytes = run_trial(trial, real_data)
-                row = trial_row(trial, times, flops, peak_bytes, peak)
-            except Exception as err:  # an OOM or a model failure is a row, not a crash
-                status = "oom" if is_oom(err) else "error"
-                row = trial_row(trial, None, None, None, peak, status, f"{type(err).__name__}: "
-                                f"{str(err)[:300]}")
-            finally:
-                release_memory(device)
-            rows.append(row)
-            write_table_atomic(out_path, make_table("sweep", rows, env))
-            log(_progress_line(len(rows), len(modes) * len(cfg.batch_sizes), row))
-    return rows
-
-
-def _progress_line(done: int, total: int, row: dict) -> str:
-    head = f"[{done}/{total}] {row['input_mode']:9s} batch {row['batch_size']:6d}"
-    if row["status"] != "ok":
+def _progress_line(done: int, total: int | None, row: dict) -> str:
+    head = (f"[{done}/{total if total else '?'}] {row['input_mode']:9s} batch "
+            f"{row['batch_size']:6d}")
+    if row["status"] != STATUS_OK:
         return f"{head}  {row['status']}: {row['error']}"
-    return (f"{head}  {row['samples_per_s']:10.0f} samples/s  median step "
-            f"{row['step_time_median_s'] * 1e3:8.3f} ms  cv {row['step_time_cv']:.3f}")
+    memory = row["peak_memory_bytes"]
+    return (f"{head}  {row['samples_per_s']:10.1f} samples/s  median step "
+            f"{row['step_time_median_s'] * 1e3:9.3f} ms  cv {row['step_time_cv']:.3f}  "
+            f"peak {memory / 2**20 if memory else float('nan'):8.1f} MiB")
+
+
+# ------------------------------------------------------------------------------ the sweep
+def input_modes(cfg: SweepConfig, workload: Workload, dataset_dir: str | None,
+                log: Callable[[str], None]) -> list[str]:
+    """The configured modes that can run: real needs a dataset whose examples fit the model."""
+    modes = []
+    for mode in cfg.input_modes:
+        if mode == "real":
+            reason = "no dataset given" if not dataset_dir else check_real_input(workload,
+                                                                                dataset_dir)
+            if reason:
+                log(f"real input not timed: {reason}")
+                continue
+        modes.append(mode)
+    if not modes:
+        raise BadInput(f"sweep.input_modes {cfg.input_modes}: none can run here (real input "
+                       "needs a prepared dataset matching the workload)")
+    return modes
+
+
+def sweep(cfg: SweepConfig, workload_name: str, env: dict, out_path: str | Path, *,
+          dataset_dir: str | None = None, log: Callable[[str], None] = _stderr) -> list[dict]:
+    """Measure every (input mode, batch size), or search for the largest batch when
+    cfg.batch_sizes is "auto"; rewrite `out_path` after each trial. Bad input (unknown
+    workload, unavailable device, unusable dataset) is refused before anything is written."""
+    import torch
+
+    workload = get_workload(workload_name, image_size=cfg.image_size_px)
+    device = resolve_device(cfg.device)
+    modes = input_modes(cfg, workload, dataset_dir, log)
+    peak, peak_source = peak_flops_per_s(device, cfg.precision)
+    cap = memory_cap_bytes(device, cfg)
+    grid = cfg.batch_sizes != "auto"
+    run = _Sweep(cfg, workload, device, env, Path(out_path), dataset_dir, log,
+                 torch.get_num_threads(), cap, peak,
+                 len(modes) * len(cfg.batch_sizes) if grid else None, modes)
+    log(f"sweep {workload.name} on {device} ({cfg.precision}, {run.threads} threads); peak "
+        f"{peak / 1e9:.1f} GFLOP/s ({peak_source}); memory cap "
+        f"{'none' if cap is None else f'{cap / 2**30:.2f} GiB'}")
+    if grid:
+        for mode in modes:
+            for batch_size in cfg.batch_sizes:
+                run.trial(mode, batch_size, PHASE_GRID)
+        return run.rows
+    result = search_largest_batch(run.probe, max_batch=cfg.max_batch_size,
+                                  tolerance=cfg.search_tolerance)
+    log(search_line(result))
+    fitting = sorted(r["batch_size"] for r in run.rows if r["status"] == STATUS_OK)
+    for mode in modes[1:]:
+        for batch_size in fitting:
+            run.trial(mode, batch_size, PHASE_GRID)
+    return run.rows
+
+
+def search_line(result: SearchResult) -> str:
+    return (f"largest batch that fits: {result.largest_fitting} (smallest failing: "
+            f"{result.smallest_failing}); {result.trials} trials of at most "
+            f"{result.trial_budget}; stopped: {result.stopped_by}")
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Saturation batch, best throughput, measured and predicted largest batch under the rows'
+    memory cap (the analysis stage's own fits, so the sweep and the report agree)."""
+    import pandas as pd
+
+    from batchscale.components.analysis.analyze import (
+        SATURATION_TOLERANCE,
+        fit_memory,
+        largest_fitting_batch,
+        saturation_batch,
+        throughput_curve,
+        timing_mode,
+    )
+
+    table = pd.DataFrame(rows)
+    mode = timing_mode(table)
+    if mode is None:
+        return {"timed": False}
+    curve = throughput_curve(table, mode)
+    best = curve.loc[curve["samples_per_s"].idxmax()]
+    fit = fit_memory(curve["batch_size"], curve["peak_memory_bytes"],
+                     table["memory_cap_bytes"].max())
+    measured, measured_reason = largest_fitting_batch(table)
+    return {
+        "timed": True, "input_mode": mode,
+        "saturation_batch": saturation_batch(table, SATURATION_TOLERANCE, mode),
+        "saturation_tolerance": SATURATION_TOLERANCE,
+        "best_samples_per_s": float(best["samples_per_s"]),
+        "best_batch": int(best["batch_size"]), "best_mfu": float(best["mfu"]),
+        "largest_fitting_batch": measured, "largest_fitting_reason": measured_reason,
+        "memory_fixed_bytes": fit.fixed_bytes, "memory_per_sample_bytes": fit.per_sample_bytes,
+        "memory_fit_r2": fit.r2, "predicted_largest_batch": fit.b_max,
+        "predicted_reason": fit.reason,
+    }
+
+
+def summary_lines(summary: dict) -> list[str]:
+    if not summary["timed"]:
+        return ["no batch size was timed successfully"]
+    return [
+        f"best: {summary['best_samples_per_s']:.1f} samples/s at batch {summary['best_batch']} "
+        f"(MFU {summary['best_mfu']:.2%}); the device saturates at batch ≈ "
+        f"{summary['saturation_batch']} (smallest batch within "
+        f"{summary['saturation_tolerance']:.0%} of the best, {summary['input_mode']} input)",
+        f"memory: peak ≈ {summary['memory_fixed_bytes'] / 2**20:.1f} MiB + "
+        f"{summary['memory_per_sample_bytes'] / 2**10:.1f} KiB × batch "
+        f"(r² {summary['memory_fit_r2']:.3f}); predicted largest batch under the cap: "
+        f"{summary['predicted_largest_batch']:.0f} {summary['predicted_reason']}".rstrip(),
+        f"largest batch measured to fit: {summary['largest_fitting_batch']:.0f} "
+        f"({summary['largest_fitting_reason']})".replace("inf ", "no wall found "),
+    ]
 
 
 def run_stage(config_json: str, run_id: str, dataset_dir: str | None, out_path: str) -> list[dict]:
     """Pipeline/CLI entry: sweep the configured workload, real input from `dataset_dir`."""
-    from batchscale.components.data_prep.loader import load_split
-
     from batchscale.config import config_from_json
     from batchscale.envinfo import environment
-    from batchscale.workloads import get_workload
 
     cfg = config_from_json(config_json)
-    workload = get_workload(cfg.workload)
     device = resolve_device(cfg.sweep.device)
-    real = None
-    if dataset_dir and "real" in cfg.sweep.input_modes:
-        real = load_split(dataset_dir, "train", input_shape=workload.input_shape)
     env = environment(run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name,
                       workload=cfg.workload, device=device)
-    return sweep(workload, cfg.sweep, env, out_path, real_data=real)
+    rows = sweep(cfg.sweep, cfg.workload, env, out_path, dataset_dir=dataset_dir)
+    for line in summary_lines(summarize(rows)):
+        _stderr(line)
+    return rows

@@ -37,7 +37,7 @@ def check_tables(checks: list[tuple[str, str, pa.Table, dict]], json_path: str,
               f"({r.statistics.get('successful_expectations', '?')}/"
               f"{r.statistics.get('evaluated_expectations', '?')} expectations)")
     if failed:
-        raise ValidationFailed("\n".join(r.failure_message() for _, r in failed))
+        raise ValidationFailed("\n".join(f"[{label}] {r.failure_message()}" for label, r in failed))
 
 
 def validate_dataset(config_json: str, dataset_dir: str, json_path: str, html_path: str) -> None:
@@ -60,8 +60,9 @@ def validate_dataset(config_json: str, dataset_dir: str, json_path: str, html_pa
 def validate_sweep(config_json: str, sweep_path: str, json_path: str, html_path: str) -> None:
     cfg = config_from_json(config_json)
     table = read_table_file(sweep_path)
-    check_tables([("sweep", "sweep", table, {"batch_sizes": list(cfg.sweep.batch_sizes)})],
-                 json_path, html_path)
+    # With `batch_sizes: auto` the search picks the batches: there is no list to check against.
+    ctx = {} if cfg.sweep.batch_sizes == "auto" else {"batch_sizes": list(cfg.sweep.batch_sizes)}
+    check_tables([("sweep", "sweep", table, ctx)], json_path, html_path)
 
 
 def validate_runs(config_json: str, curves_paths: list[str], runs_paths: list[str],
@@ -82,9 +83,11 @@ def validate_runs(config_json: str, curves_paths: list[str], runs_paths: list[st
 def validate_analysis(config_json: str, analysis_path: str, json_path: str,
                       html_path: str) -> None:
     cfg = config_from_json(config_json)
-    batches = sorted(set(cfg.convergence.batch_sizes) | set(cfg.sweep.batch_sizes))
-    check_tables([("analysis", "analysis", read_table_file(analysis_path),
-                   {"batch_sizes": batches})], json_path, html_path)
+    ctx = {}
+    if cfg.sweep.batch_sizes != "auto":
+        ctx["batch_sizes"] = sorted(set(cfg.convergence.batch_sizes) | set(cfg.sweep.batch_sizes))
+    check_tables([("analysis", "analysis", read_table_file(analysis_path), ctx)],
+                 json_path, html_path)
 
 
 def _prod(values) -> int:

@@ -1,0 +1,199 @@
+"""Convergence core: LR rules and the grid, data order, the noise scale, accumulation, trial
+statuses (in-process, one rank), and the `batchscale converge` command with its bad inputs
+(the real CLI, which starts real torchrun groups)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from batchscale.components.convergence import checkpoint, runner, train
+from batchscale.components.convergence.location import LocalLocation
+from batchscale.components.data_prep.prep import prepare
+from batchscale.config import parse_config
+from batchscale.errors import BadInput
+from helpers import run_cli
+
+FAST = {"target_val_accuracy": 0.9, "max_steps": 300, "eval_every_steps": 5,
+        "checkpoint_every_steps": 10, "seeds": [0]}
+
+
+@pytest.fixture(scope="module")
+def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("digits")
+    prepare(parse_config({}).dataset, out)
+    return out
+
+
+def config(**convergence):
+    return parse_config({"convergence": {**FAST, **convergence}})
+
+
+def run_in_process(tmp_path: Path, digits_dir: Path, batch_size: int = 64, **convergence):
+    """One trial on one rank inside the test process (no torchrun): the loop itself."""
+    cfg = config(batch_sizes=[batch_size], **convergence)
+    spec = runner.build_spec(cfg, [batch_size], data_dir=str(digits_dir),
+                             out_dir=str(tmp_path), run_id="t")
+    data = train.load_data(spec["data_dir"], (64,))
+    trial = train.Trial(spec, spec["trials"][0], data, train.Dist(0, 1, "cpu"),
+                        LocalLocation(tmp_path / "ckpt"))
+    return trial, trial.run()
+
+
+# ----------------------------------------------------------------------------- LR rules
+def test_lr_rules_scale_from_the_reference_batch():
+    assert train.scaled_lr("constant", 0.1, 128, 32) == pytest.approx(0.1)
+    assert train.scaled_lr("linear", 0.1, 128, 32) == pytest.approx(0.4)
+    assert train.scaled_lr("sqrt", 0.1, 128, 32) == pytest.approx(0.2)
+
+
+def test_unknown_lr_rule_is_refused_with_the_allowed_ones():
+    with pytest.raises(BadInput, match="allowed: constant, linear, sqrt"):
+        train.scaled_lr("cubic", 0.1, 64, 32)
+    with pytest.raises(BadInput, match=r"convergence\.lr_rules\.0"):
+        config(lr_rules=["cubic"])
+
+
+def test_warmup_ramps_linearly_to_the_peak():
+    assert [train.lr_at(s, 1.0, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+def test_grid_rule_tries_every_lr_at_every_batch_size():
+    cfg = config(batch_sizes=[16, 64], lr_rules=["grid", "linear"], lr_grid=[0.02, 0.1])
+    trials = runner.build_trials(cfg, [16, 64], workers=1)
+    grid = [(t["batch_size"], t["lr"]) for t in trials if t["lr_rule"] == "grid"]
+    assert grid == [(16, 0.02), (16, 0.1), (64, 0.02), (64, 0.1)]
+    assert len({t["trial_id"] for t in trials}) == len(trials) == 6
+    assert "b16-grid-lr0.02-s0-w1" in {t["trial_id"] for t in trials}
+
+
+def test_grid_rule_without_lr_grid_names_the_field():
+    with pytest.raises(BadInput, match="lr_grid: the grid rule needs at least one"):
+        config(lr_rules=["grid"])
+
+
+def test_batch_must_split_into_workers_and_micro_batches():
+    with pytest.raises(BadInput, match="48 is not divisible by 1 workers x 32 accumulation"):
+        config(batch_sizes=[48, 64], accumulation_steps=32)
+
+
+def test_workers_below_one_are_refused():
+    with pytest.raises(BadInput, match=r"convergence\.workers"):
+        config(workers=0)
+    with pytest.raises(BadInput, match="workers: must be at least 1"):
+        runner.run_convergence(config(), [64], data_dir="unused", out_dir="unused",
+                               run_id="t", workers=0)
+
+
+# ---------------------------------------------------------------------- data order, noise
+def test_data_order_is_a_function_of_seed_and_step_across_epochs():
+    order, again = train.DataOrder(10, seed=3), train.DataOrder(10, seed=3)
+    batches = [order.batch(step, 4) for step in range(5)]  # 20 rows: two whole epochs
+    assert torch.equal(torch.cat(batches[:2] + [batches[2][:2]]).sort().values, torch.arange(10))
+    assert torch.equal(again.batch(3, 4), batches[3])  # fresh object, same step: same rows
+
+
+def test_noise_scale_recovers_a_known_gradient_noise():
+    """|G_B|^2 = |G|^2 + tr(S)/B exactly: B_simple = tr(S)/|G|^2 = 8 / 2 = 4."""
+    noise = train.NoiseScale()
+    g2, trace = 2.0, 8.0
+    for _ in range(50):
+        noise.update(g2 + trace / 16, g2 + trace / 64, 16, 64)
+    assert noise.b_simple == pytest.approx(trace / g2)
+
+
+# --------------------------------------------------------------------- trials in-process
+def test_trial_reaches_the_target_and_records_its_curve(tmp_path, digits_dir):
+    trial, summary = run_in_process(tmp_path, digits_dir)
+    assert summary["status"] == "reached"
+    assert summary["steps_to_target"] == trial.state.curve[-1]["step"]
+    assert summary["examples_to_target"] == 64 * summary["steps_to_target"]
+    assert trial.state.curve[-1]["val_accuracy"] >= 0.9
+    assert summary["b_simple"] is not None and summary["b_simple"] > 0
+    assert [r["step"] for r in trial.state.curve][:3] == [0, 5, 10]
+
+
+def test_accumulation_gives_the_same_updates_as_one_big_batch(tmp_path, digits_dir):
+    _, whole = run_in_process(tmp_path / "a1", digits_dir, gns_every_steps=1000)
+    micro, split = run_in_process(tmp_path / "a4", digits_dir, gns_every_steps=1000,
+                                  accumulation_steps=4)
+    assert split["steps_to_target"] == whole["steps_to_target"]
+    assert micro.local_batch == 64 and micro.accumulation == 4
+
+
+def test_a_huge_learning_rate_is_a_diverged_result_not_a_crash(tmp_path, digits_dir):
+    _, summary = run_in_process(tmp_path, digits_dir, lr_rules=["constant"], base_lr=50.0)
+    assert summary["status"] == "diverged"
+    assert summary["steps_to_target"] is None
+
+
+def test_a_spent_step_budget_is_not_reached(tmp_path, digits_dir):
+    _, summary = run_in_process(tmp_path, digits_dir, max_steps=10, target_val_accuracy=1.0)
+    assert (summary["status"], summary["steps_run"]) == ("not_reached", 10)
+
+
+def test_checkpoint_of_other_settings_names_the_differences(tmp_path, digits_dir):
+    cfg = config(batch_sizes=[64])
+    spec = runner.build_spec(cfg, [64], data_dir=str(digits_dir), out_dir=str(tmp_path),
+                             run_id="t")
+    trial = spec["trials"][0]
+    loc = LocalLocation(tmp_path / "checkpoints")
+    checkpoint.save(loc, checkpoint.step_name(trial["trial_id"], 10),
+                    {"identity": checkpoint.trial_identity(spec, trial)})
+    runner.check_checkpoints(spec)  # same settings: accepted
+    changed = {**spec, "momentum": 0.5, "trials": [{**trial, "lr": 1.0}]}
+    with pytest.raises(BadInput, match=r"momentum: checkpoint has 0\.9, this run has 0\.5.*"
+                                       r"lr: checkpoint has"):
+        runner.check_checkpoints(changed)
+
+
+# ---------------------------------------------------------------------------- the CLI
+def fast_config(tmp_path: Path, **extra) -> str:
+    """A YAML config with the quick trial settings (one seed, target 0.9)."""
+    lines = ["convergence:"] + [f"  {k}: {v}" for k, v in {**FAST, **extra}.items()]
+    path = tmp_path / "fast.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_converge_cli_runs_the_grid_on_two_workers(tmp_path, digits_dir):
+    result = run_cli(["converge", "--config", fast_config(tmp_path), "--batch-sizes", "64",
+                      "--lr-rule", "grid", "--lr-grid",
+                      "0.05", "0.2", "--workers", "2", "--dataset-dir", str(digits_dir),
+                      "--out", str(tmp_path / "out"), "--run-id", "grid"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    runs = pq.read_table(tmp_path / "out" / "runs.parquet").to_pylist()
+    assert sorted(r["lr"] for r in runs) == [0.05, 0.2]
+    assert {(r["lr_rule"], r["workers"], r["world_size"]) for r in runs} == {("grid", 2, 2)}
+    curves = pq.read_table(tmp_path / "out" / "curves.parquet").to_pylist()
+    assert {c["world_size"] for c in curves} == {2}
+    assert all(c["examples_seen"] == 64 * c["step"] for c in curves)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lr-rule", "cubic"], "invalid choice: 'cubic'"),
+    (["--workers", "0"], "convergence.workers: Input should be greater than 0"),
+    (["--lr-rule", "grid"], "lr_grid: the grid rule needs at least one learning rate"),
+])
+def test_converge_cli_refuses_bad_input_and_writes_nothing(tmp_path, args, message):
+    result = run_cli(["converge", "--batch-sizes", "64", "--out", str(tmp_path / "out"),
+                      *args], cwd=tmp_path)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_unreachable_target_exits_non_zero_and_keeps_the_tables(tmp_path, digits_dir):
+    cfg = fast_config(tmp_path, target_val_accuracy=1.0, max_steps=20, lr_rules="[sqrt]")
+    result = run_cli(["converge", "--config", cfg, "--batch-sizes", "64",
+                      "--dataset-dir", str(digits_dir), "--out", str(tmp_path / "out")],
+                     cwd=tmp_path)
+    assert result.returncode == 1
+    assert "no trial reached target_val_accuracy 1.0 within max_steps 20" in result.stderr
+    runs = pq.read_table(tmp_path / "out" / "runs.parquet").to_pylist()
+    assert [r["status"] for r in runs] == ["not_reached"]
+    assert math.isclose(runs[0]["target_val_accuracy"], 1.0)

@@ -1,0 +1,123 @@
+"""History and report rebuilt from the lake (real SeaweedFS, the real CLI), and the lake read
+with pyarrow.dataset and with DuckDB (its built-in Parquet reader on a local copy of the lake:
+DuckDB's S3 support is the httpfs extension, which it downloads on first use)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+from test_publish import WORKLOAD, publish_synthetic_run
+
+from batchscale.components.publish.lake import PARTITIONING, lake_path
+from batchscale.history import load_history
+from helpers import run_cli, store_env
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+RUN_IDS = [f"20260601T00000{i}Z-hist{i}" for i in range(4)]
+RATES = [{4: 1000.0, 64: 9000.0}, {4: 1010.0, 64: 9100.0}, {4: 990.0, 64: 8900.0},
+         {4: 1005.0, 64: 6000.0}]
+B_CRITS = [60.0, 64.0, 70.0, 66.0]
+
+
+@pytest.fixture
+def lake(object_store, monkeypatch, tmp_path):
+    """Four runs of the workload on one device, the last one slower at batch 64, plus one run
+    on another device."""
+    for run_id, rates, b_crit in zip(RUN_IDS, RATES, B_CRITS, strict=True):
+        publish_synthetic_run(object_store, monkeypatch, tmp_path, run_id, rates,
+                              b_crit=b_crit, history_runs=3)
+    publish_synthetic_run(object_store, monkeypatch, tmp_path, "20260601T000009Z-gpu",
+                          {4: 50_000.0}, device="NVIDIA H200")
+    return object_store
+
+
+def test_history_lists_runs_in_publication_order_with_throughput_and_b_crit(lake):
+    history = load_history(lake, WORKLOAD, device="test cpu")
+    at_64 = history.throughput[history.throughput["batch_size"] == 64]
+    assert at_64["run_id"].tolist() == RUN_IDS
+    assert at_64["samples_per_s"].tolist() == [r[64] for r in RATES]
+    assert history.critical["run_id"].tolist() == RUN_IDS
+    assert history.critical["b_crit"].tolist() == B_CRITS
+    assert set(history.throughput["date"]) == {"2026-06-01"}
+    everything = load_history(lake, WORKLOAD)
+    assert set(everything.throughput["device_name"]) == {"cpu: Test CPU", "NVIDIA H200"}
+    recent = load_history(lake, WORKLOAD, device="cpu", last=2)
+    assert recent.critical["run_id"].tolist() == RUN_IDS[2:]
+
+
+def test_history_cli_prints_tables_and_writes_a_png(lake, tmp_path):
+    result = run_cli(["history", "--workload", WORKLOAD, "--device", "test",
+                      "--plot", "h.png"], cwd=tmp_path, env=store_env(lake))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "samples/s — cpu: Test CPU, fp32, synthetic input" in out
+    assert "B=4" in out and "B=64" in out and "9,100" in out and "6,000" in out
+    assert all(run_id in out for run_id in RUN_IDS) and "H200" not in out
+    assert "B_crit (90 % bootstrap interval)" in out and "[53, 82]" in out  # 0.8, 1.25 × 66
+    assert (tmp_path / "h.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_history_cli_names_the_workloads_it_has_when_asked_for_another(lake, tmp_path):
+    result = run_cli(["history", "--workload", "resnet-none"], cwd=tmp_path,
+                     env=store_env(lake))
+    assert result.returncode == 1
+    assert "no published throughput for workload 'resnet-none'" in result.stderr
+    assert f"workloads there: {WORKLOAD}" in result.stderr
+    bad = run_cli(["history", "--workload", WORKLOAD, "--last", "0"], cwd=tmp_path,
+                  env=store_env(lake))
+    assert bad.returncode == 2 and "--last" in bad.stderr
+
+
+def test_report_cli_rebuilds_the_report_from_the_lake(lake, tmp_path):
+    run_id = RUN_IDS[-1]
+    result = run_cli(["report", "--run-id", run_id, "--out", "rebuilt.html"], cwd=tmp_path,
+                     env=store_env(lake))
+    assert result.returncode == 0, result.stderr
+    page = (tmp_path / "rebuilt.html").read_text()
+    assert f"batchscale: lake-test ({run_id})" in page
+    assert page.count("<img ") >= 3  # throughput, step time, memory, steps, ...
+    assert "<h2>Regressions</h2>" in page and "batch 64" in page
+    assert page.count("<strong>Batch size:") == 1
+    assert f"batchscale run {run_id}" in result.stdout
+    assert "regressions: 1 of 2 judged cells" in result.stdout
+    assert "rebuilt from the lake" in result.stdout
+    missing = run_cli(["report", "--run-id", "20990101T000000Z-none"], cwd=tmp_path,
+                      env=store_env(lake))
+    assert missing.returncode == 2 and "no object" in missing.stderr
+
+
+def test_lake_reads_with_pyarrow_dataset(lake):
+    dataset = ds.dataset(lake_path(lake, "sweep"), filesystem=lake.pyarrow_filesystem(),
+                         format="parquet", partitioning=PARTITIONING)
+    table = dataset.to_table(filter=(ds.field("batch_size") == 64),
+                             columns=["date", "run_id", "samples_per_s"])
+    assert sorted(table.column("run_id").to_pylist()) == RUN_IDS
+
+
+def copy_lake(store, folder: Path) -> Path:
+    """The store's objects as local files under the same keys."""
+    for key in store.list():
+        path = folder / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(store.get_bytes(key))
+    return folder / store.key()
+
+
+def test_lake_reads_with_duckdb_on_a_local_copy(lake, tmp_path):
+    duckdb = pytest.importorskip("duckdb")
+    root = copy_lake(lake, tmp_path / "copy")
+    query = f"""
+        SELECT s.run_id, s.date, s.batch_size, s.samples_per_s, a.b_crit
+        FROM read_parquet('{root}/sweep/*/*/*.parquet', hive_partitioning = true) s
+        JOIN (SELECT DISTINCT run_id, b_crit
+              FROM read_parquet('{root}/analysis/*/*/*.parquet', hive_partitioning = true)) a
+          USING (run_id)
+        WHERE s.workload = '{WORKLOAD}' AND s.device_name LIKE 'cpu:%' AND s.batch_size = 64
+        ORDER BY s.run_id"""
+    rows = duckdb.sql(query).fetchall()
+    assert [r[0] for r in rows] == RUN_IDS
+    assert [r[3] for r in rows] == [r[64] for r in RATES]
+    assert [r[4] for r in rows] == B_CRITS
+    assert str(rows[0][1]) == "2026-06-01"

@@ -1,0 +1,279 @@
+"""`batchscale submit`, `schedule` and `schedules` against a stand-in for the KFP API.
+
+No KFP server can run on our machines, so `StandInKfpApi` stands in for it: a small HTTP server
+on 127.0.0.1 that records every request and answers the few v2beta1 REST calls batchscale makes
+the way KFP's API server does. The real CLI (a subprocess, with the real kfp.Client) talks to it;
+the tests assert method, path, body and the Authorization header of what it sent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from batchscale.errors import BadInput
+from batchscale.kfp_client import resolve_auth
+from helpers import TINY_CONFIG, run_cli
+
+API = "/apis/v2beta1"
+CRON = "0 0 2 * * *"
+TOKEN = "stand-in-bearer-token-4242"
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: dict | None
+
+
+class StandInKfpApi:
+    """Stand-in for the KFP v2beta1 REST API (no KFP server here): records requests, keeps
+    experiments and recurring runs in memory, answers like the API server."""
+
+    def __init__(self, required_token: str | None = None) -> None:
+        self.required_token = required_token
+        self.requests: list[Request] = []
+        self.experiments: dict[str, dict] = {}
+        self.recurring_runs: dict[str, dict] = {}
+        handler = type("Handler", (_Handler,), {"api": self})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def sent(self, method: str, path: str) -> list[Request]:
+        return [r for r in self.requests if r.method == method and r.path == path]
+
+    def answer(self, req: Request) -> tuple[int, dict]:
+        if self.required_token and req.headers.get("authorization") != \
+                f"Bearer {self.required_token}":
+            return 401, {"code": 16, "message": "Unauthenticated: invalid bearer token"}
+        routes = {
+            ("GET", f"{API}/healthz"): lambda: {"multi_user": False},
+            ("GET", f"{API}/experiments"): lambda: self._list_experiments(req),
+            ("POST", f"{API}/experiments"): lambda: self._create_experiment(req.body),
+            ("POST", f"{API}/runs"): lambda: {**req.body, "run_id": str(uuid.uuid4()),
+                                               "state": "PENDING"},
+            ("POST", f"{API}/recurringruns"): lambda: self._create_recurring(req.body),
+            ("GET", f"{API}/recurringruns"): lambda: {  # camelCase here, as KFP sends it
+                "recurringRuns": list(self.recurring_runs.values()),
+                "total_size": len(self.recurring_runs)},
+        }
+        if (req.method, req.path) in routes:
+            return 200, routes[(req.method, req.path)]()
+        match = re.fullmatch(rf"{API}/recurringruns/([\w-]+)(:enable|:disable)?", req.path)
+        if match and match[1] in self.recurring_runs:
+            if req.method == "DELETE" and not match[2]:
+                del self.recurring_runs[match[1]]
+                return 200, {}
+            if req.method == "POST" and match[2]:
+                self.recurring_runs[match[1]]["mode"] = match[2][1:].upper()
+                return 200, {}
+        return 404, {"code": 5, "message": f"{req.method} {req.path}: not found"}
+
+    def _list_experiments(self, req: Request) -> dict:
+        predicate = json.loads(req.query["filter"][0])["predicates"][0]
+        found = [e for e in self.experiments.values()
+                 if e["display_name"] == predicate["stringValue"]]
+        return {"experiments": found, "total_size": len(found)} if found else {}
+
+    def _create_experiment(self, body: dict) -> dict:
+        experiment = {**body, "experiment_id": str(uuid.uuid4())}
+        self.experiments[experiment["experiment_id"]] = experiment
+        return experiment
+
+    def _create_recurring(self, body: dict) -> dict:
+        job = {**body, "recurring_run_id": str(uuid.uuid4()), "status": "ENABLED"}
+        self.recurring_runs[job["recurring_run_id"]] = job
+        return job
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: StandInKfpApi
+
+    def _handle(self) -> None:
+        url = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        headers = {k.lower(): v for k, v in self.headers.items()}  # HTTP names are case-blind
+        req = Request(self.command, url.path, parse_qs(url.query), headers, body)
+        self.api.requests.append(req)
+        status, answer = self.api.answer(req)
+        payload = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = do_DELETE = _handle
+
+    def log_message(self, *args) -> None:  # keep pytest output clean
+        pass
+
+
+@pytest.fixture
+def kfp_api() -> Iterator[StandInKfpApi]:
+    api = StandInKfpApi()
+    api.thread.start()
+    yield api
+    api.server.shutdown()
+    api.server.server_close()
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "tiny.yaml").write_text(TINY_CONFIG)
+    (tmp_path / "home").mkdir()
+    return tmp_path
+
+
+def kfp_cli(args: list[str], workdir: Path, env: dict | None = None):
+    """The real CLI with HOME in the test directory (kfp.Client reads ~/.config/kfp)."""
+    base = {"HOME": str(workdir / "home"), "KF_PIPELINES_TOKEN": ""}
+    return run_cli(args, cwd=workdir, env={**base, **(env or {})}, timeout_s=120)
+
+
+def _parameters(body: dict) -> dict:
+    return json.loads(body["runtime_config"]["parameters"]["config_json"])
+
+
+def _tasks(body: dict) -> list[dict]:
+    spec = body["pipeline_spec"]["pipeline_spec"]
+    dags = [spec["root"], *spec["components"].values()]
+    return [t for d in dags for t in d.get("dag", {}).get("tasks", {}).values()]
+
+
+def test_submit_creates_experiment_and_run_with_bearer_token(kfp_api, workdir):
+    result = kfp_cli(["submit", "--host", kfp_api.url, "--config", "tiny.yaml",
+                      "--experiment", "bench", "--run-name", "nightly-1"], workdir,
+                     env={"KF_PIPELINES_TOKEN": TOKEN})
+    assert result.returncode == 0, result.stderr
+    (exp_req,) = kfp_api.sent("POST", f"{API}/experiments")
+    assert exp_req.body["display_name"] == "bench"
+    (run_req,) = kfp_api.sent("POST", f"{API}/runs")
+    body = run_req.body
+    assert body["experiment_id"] == next(iter(kfp_api.experiments))
+    assert body["display_name"] == "nightly-1"
+    assert _parameters(body)["name"] == "tiny"
+    assert body["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "batchscale"
+    assert "kubernetes" in body["pipeline_spec"]["platform_spec"]["platforms"]
+    assert not any(t.get("cachingOptions", {}).get("enableCache") for t in _tasks(body))
+    assert all(r.headers.get("authorization") == f"Bearer {TOKEN}" for r in kfp_api.requests)
+    assert TOKEN not in json.dumps([r.body for r in kfp_api.requests]) + result.stdout
+    assert "run_id=" in result.stdout and "s3://mlpipeline/batchscale/" in result.stdout
+
+
+def test_schedule_creates_one_at_a_time_recurring_run_that_fails_on_regression(
+        kfp_api, workdir):
+    token_file = workdir / "sa-token"
+    token_file.write_text("projected-sa-token-1\n")
+    result = kfp_cli(["schedule", "--host", kfp_api.url, "--config", "tiny.yaml",
+                      "--cron", CRON, "--token-file", str(token_file)], workdir)
+    assert result.returncode == 0, result.stderr
+    (req,) = kfp_api.sent("POST", f"{API}/recurringruns")
+    body = req.body
+    assert body["trigger"] == {"cron_schedule": {"cron": CRON}}
+    assert int(body["max_concurrency"]) == 1
+    assert body["no_catchup"] is True
+    assert body["mode"] == "ENABLE"
+    assert body["display_name"] == "batchscale tiny"
+    assert body["experiment_id"] in kfp_api.experiments
+    assert _parameters(body)["publish"]["fail_on_regression"] is True
+    assert not any(t.get("cachingOptions", {}).get("enableCache") for t in _tasks(body))
+    assert all(r.headers.get("authorization") == "Bearer projected-sa-token-1"
+               for r in kfp_api.requests)
+
+
+def test_schedules_list_pause_resume_delete(kfp_api, workdir):
+    created = kfp_cli(["schedule", "--host", kfp_api.url, "--config", "tiny.yaml",
+                       "--cron", CRON, "--namespace", "team-a"], workdir)
+    assert created.returncode == 0, created.stderr
+    (exp_req,) = kfp_api.sent("POST", f"{API}/experiments")
+    assert exp_req.body["namespace"] == "team-a"
+    (job_id,) = kfp_api.recurring_runs
+
+    listed = kfp_cli(["schedules", "list", "--host", kfp_api.url, "--namespace", "team-a"],
+                     workdir)
+    assert listed.returncode == 0, listed.stderr
+    assert job_id in listed.stdout and CRON in listed.stdout
+    assert kfp_api.sent("GET", f"{API}/recurringruns")[0].query["namespace"] == ["team-a"]
+
+    for action, method, suffix, mode in (("pause", "POST", ":disable", "DISABLE"),
+                                         ("resume", "POST", ":enable", "ENABLE")):
+        changed = kfp_cli(["schedules", action, job_id, "--host", kfp_api.url], workdir)
+        assert changed.returncode == 0, changed.stderr
+        assert kfp_api.sent(method, f"{API}/recurringruns/{job_id}{suffix}")
+        assert kfp_api.recurring_runs[job_id]["mode"] == mode
+    deleted = kfp_cli(["schedules", "delete", job_id, "--host", kfp_api.url], workdir)
+    assert deleted.returncode == 0, deleted.stderr
+    assert kfp_api.sent("DELETE", f"{API}/recurringruns/{job_id}")
+    assert not kfp_api.recurring_runs
+    assert not any("authorization" in r.headers for r in kfp_api.requests)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["schedule", "--cron", "0 2 * * *"], "--cron: '0 2 * * *' has 5 fields"),
+    (["submit", "--token-env", "NO_SUCH_TOKEN_VAR"], "NO_SUCH_TOKEN_VAR is not set"),
+    (["schedules", "pause"], "give the recurring run id"),
+])
+def test_bad_input_exits_2_before_any_request(kfp_api, workdir, args, needle):
+    result = kfp_cli([*args, "--host", kfp_api.url, *(["--config", "tiny.yaml"]
+                                                      if args[0] != "schedules" else [])],
+                     workdir)
+    assert result.returncode == 2, result.stderr
+    assert needle in result.stderr
+    assert not kfp_api.requests
+
+
+def test_rejected_token_gives_kfps_reason_without_traceback_or_token(workdir):
+    api = StandInKfpApi(required_token=TOKEN)
+    api.thread.start()
+    try:
+        result = kfp_cli(["submit", "--host", api.url, "--config", "tiny.yaml"], workdir,
+                         env={"KF_PIPELINES_TOKEN": "wrong-token-1313"})
+    finally:
+        api.server.shutdown()
+        api.server.server_close()
+    assert result.returncode == 1
+    assert f"KFP API at {api.url} answered 401" in result.stderr
+    assert "Unauthenticated: invalid bearer token" in result.stderr
+    assert "Traceback" not in result.stderr and "wrong-token-1313" not in result.stderr
+    assert not api.sent("POST", f"{API}/runs")
+
+
+def test_unreachable_host_is_named(workdir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    result = kfp_cli(["schedules", "list", "--host", closed], workdir)
+    assert result.returncode == 1
+    assert f"cannot reach the KFP API at {closed}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_auth_order_explicit_file_then_token_env_then_in_cluster_token(tmp_path):
+    sa_token = tmp_path / "serviceaccount-token"
+    sa_token.write_text("sa")
+    in_cluster = (tmp_path / "missing", sa_token)
+    env = {"KF_PIPELINES_TOKEN": "from-env", "MY_TOKEN": "mine"}
+    assert resolve_auth(token_file=sa_token, environ=env).token_file == sa_token
+    assert resolve_auth(environ=env, in_cluster_paths=in_cluster).token == "from-env"
+    assert resolve_auth("MY_TOKEN", environ=env).token == "mine"
+    assert resolve_auth(environ={}, in_cluster_paths=in_cluster).token_file == sa_token
+    assert resolve_auth(environ={}, in_cluster_paths=()).source == "none"
+    assert "from-env" not in resolve_auth(environ=env).describe()
+    with pytest.raises(BadInput, match="--token-file"):
+        resolve_auth(token_file=tmp_path / "missing")

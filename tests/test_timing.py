@@ -1,0 +1,118 @@
+"""The one timing helper: warm-up excluded, per-step times kept, the stop rules honoured."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from batchscale.timing import (
+    StepTimes,
+    clock_for,
+    coefficient_of_variation,
+    time_steps,
+)
+
+STEP_SLEEP_S = 0.002
+
+
+class CountingStep:
+    """A real step that sleeps a fixed time and counts its calls."""
+
+    def __init__(self, sleep_s: float = 0.0):
+        self.calls = 0
+        self.sleep_s = sleep_s
+
+    def __call__(self) -> None:
+        self.calls += 1
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+
+
+def test_warmup_steps_run_but_are_not_timed():
+    step = CountingStep()
+    times = time_steps(step, warmup_steps=3, min_steps=7, max_steps=7)
+    assert step.calls == 10
+    assert len(times.seconds) == 7
+
+
+def test_each_step_time_covers_the_step():
+    times = time_steps(CountingStep(STEP_SLEEP_S), warmup_steps=1, min_steps=5, max_steps=5)
+    assert all(s >= STEP_SLEEP_S for s in times.seconds)
+    assert times.median_s >= STEP_SLEEP_S
+
+
+def test_stops_at_min_steps_once_the_cv_target_is_met():
+    """A target no spread can miss: the first check, exactly at min_steps, stops the loop."""
+    step = CountingStep()
+    times = time_steps(step, warmup_steps=0, min_steps=12, max_steps=1000, target_cv=1e9,
+                       min_time_s=0.0)
+    assert len(times.seconds) == 12
+
+
+def test_a_met_cv_target_still_needs_the_minimum_time():
+    """Sub-millisecond steps that meet the CV target keep being timed for min_time_s."""
+    started = time.perf_counter()
+    times = time_steps(CountingStep(), warmup_steps=0, min_steps=5, max_steps=10**7,
+                       target_cv=1e9, min_time_s=0.05)
+    assert len(times.seconds) > 5
+    assert time.perf_counter() - started >= 0.05
+
+
+def test_time_budget_ends_an_unreachable_cv_target():
+    step = CountingStep(STEP_SLEEP_S)
+    times = time_steps(step, warmup_steps=0, min_steps=5, max_steps=100_000, target_cv=1e-12,
+                       time_budget_s=0.05)
+    assert 5 <= len(times.seconds) < 100_000
+    assert sum(times.seconds) >= 0.05
+
+
+def test_max_steps_caps_the_timed_steps():
+    times = time_steps(CountingStep(), warmup_steps=0, min_steps=3, max_steps=40, target_cv=1e-12,
+                       time_budget_s=1e6)
+    assert len(times.seconds) == 40
+
+
+def test_on_window_reports_progress_between_windows():
+    seen: list[int] = []
+    times = time_steps(CountingStep(), warmup_steps=0, min_steps=30, max_steps=30,
+                       on_window=seen.append)
+    assert seen == sorted(seen) and seen[-1] == len(times.seconds) == 30
+
+
+def test_summaries_of_known_step_times():
+    times = StepTimes((1.0, 2.0, 3.0, 4.0, 5.0))
+    assert times.median_s == 3.0
+    assert times.quantile_s(0.1) == pytest.approx(1.4)
+    assert times.quantile_s(0.9) == pytest.approx(4.6)
+    assert times.cv == pytest.approx(coefficient_of_variation([1, 2, 3, 4, 5]))
+    assert times.cv == pytest.approx(1.5811388 / 3.0)
+    assert coefficient_of_variation([2.0]) != coefficient_of_variation([2.0])  # NaN
+
+
+def test_cpu_clock_needs_no_device():
+    clock = clock_for("cpu")
+    clock.sync()
+    assert len(clock.time_window(CountingStep(), 4)) == 4
+
+
+@pytest.mark.gpu
+def test_cuda_events_time_device_work():
+    """A known amount of GPU work (torch.cuda._sleep spins for a number of cycles): the CUDA
+    event time of one step matches the host clock around a synchronized run of the same work."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cycles = 50_000_000
+
+    def step():
+        torch.cuda._sleep(cycles)
+
+    times = time_steps(step, device="cuda", warmup_steps=2, min_steps=5, max_steps=5)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    host_per_step = (time.perf_counter() - start) / 5
+    assert times.median_s == pytest.approx(host_per_step, rel=0.2)
