@@ -429,8 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--accumulation-steps", type=int,
                     help="micro-batches per optimizer step (global batch = micro x this x "
                     "workers)")
-    cv.add_argument("--checkpoint-uri", help="checkpoint location: a directory or "
-                    "s3://bucket/prefix (default: under --out)")
+    cv.add_argument("--checkpoint-uri", help="checkpoint location: s3://bucket/prefix or a "
+                    "relative directory inside the trial's work directory (default: "
+                    "checkpoints)")
     cv.add_argument("--max-restarts", type=int,
                     help="torchrun group restarts after a worker dies (default 2)")
     cv.add_argument("--dataset-dir", help="prepared dataset (default: prepare the config's)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Literal
 
 import yaml
@@ -217,8 +217,9 @@ class ConvergenceConfig(_Strict):
     checkpoint_every_steps: PositiveInt = 200
     """Write an atomic checkpoint every this many steps (resume after a restart)."""
     checkpoint_uri: str | None = None
-    """Where trial checkpoints go: a local directory or s3://bucket/prefix (keys from the
-    environment); unset: next to the trial results."""
+    """Where trial checkpoints go: s3://bucket/prefix (keys from the environment), or a relative
+    directory inside the trial's work directory (absolute paths and '..' are refused, so a
+    config cannot write outside its run); unset: next to the trial results."""
     max_restarts: StrictInt = Field(2, ge=0)
     """Times torchrun restarts the whole group after a worker dies (trials resume from their
     last checkpoint)."""
@@ -235,6 +236,17 @@ class ConvergenceConfig(_Strict):
     @classmethod
     def _distinct(cls, values: list[int]) -> list[int]:
         return _sorted_unique(values)
+
+    @field_validator("checkpoint_uri")
+    @classmethod
+    def _inside_the_run(cls, uri: str | None) -> str | None:
+        if uri is None or uri.startswith("s3://"):
+            return uri
+        path = PurePosixPath(uri)
+        if path.is_absolute() or ".." in path.parts or not path.parts:
+            raise ValueError(f"{uri!r} would leave the run directory; use a relative directory "
+                             "without '..', or s3://bucket/prefix")
+        return uri
 
     @model_validator(mode="after")
     def _scaling_runs_fit(self) -> ConvergenceConfig:

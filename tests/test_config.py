@@ -38,6 +38,8 @@ def test_default_config_loads_and_meets_the_embedded_default_floor():
         ({"workload": "gpt5"}, "workload", "allowed: digits-mlp"),
         ({"sweep": {"device": "tpu"}}, "sweep.device", "auto"),
         ({"sweep": {"unknown_knob": 3}}, "sweep.unknown_knob", "unknown key"),
+        ({"convergence": {"checkpoint_uri": "/etc"}}, "convergence.checkpoint_uri", "leave"),
+        ({"convergence": {"checkpoint_uri": "a/../../b"}}, "convergence.checkpoint_uri", "leave"),
     ],
 )
 def test_bad_config_names_the_field(patch, field, needle):

@@ -356,8 +356,8 @@ def test_failed_trainjob_fails_the_step_with_its_reason(cluster, digits_dir, cap
 
 
 def test_local_checkpoint_path_is_refused_with_kubeflow(cluster, digits_dir):
-    cfg = parse_config({"convergence": {**SETTINGS, "checkpoint_uri": "/tmp/ckpt"}})
-    with pytest.raises(BadInput, match="checkpoint_uri: '/tmp/ckpt' is a local path"):
+    cfg = parse_config({"convergence": {**SETTINGS, "checkpoint_uri": "ckpt"}})
+    with pytest.raises(BadInput, match="checkpoint_uri: 'ckpt' is a local path"):
         runner.run_convergence(cfg, [64], data_dir=str(digits_dir), out_dir="unused",
                                run_id="k8s-bad", workers=1)
     assert cluster.requests == []

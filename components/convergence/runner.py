@@ -53,13 +53,15 @@ def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, 
                run_id: str, workers: int | None = None,
                checkpoint_dir: str | None = None) -> dict:
     """Everything the training script needs; paths may be local or s3:// URIs. Checkpoints go
-    to `checkpoint_dir`, else `<checkpoint_uri>/<run_id>` of the config, else next to the
-    results."""
+    to `checkpoint_dir`, else `<checkpoint_uri>/<run_id>` for an s3:// URI, else a directory
+    inside `out_dir` (the config's relative `checkpoint_uri`, default `checkpoints`)."""
     c = cfg.convergence
     workers = workers or c.workers
     if checkpoint_dir is None:
-        checkpoint_dir = (f"{c.checkpoint_uri.rstrip('/')}/{run_id}" if c.checkpoint_uri
-                          else f"{out_dir.rstrip('/')}/checkpoints")
+        if c.checkpoint_uri and c.checkpoint_uri.startswith("s3://"):
+            checkpoint_dir = f"{c.checkpoint_uri.rstrip('/')}/{run_id}"
+        else:  # a relative directory: always inside this trial's work directory
+            checkpoint_dir = f"{out_dir.rstrip('/')}/{c.checkpoint_uri or 'checkpoints'}"
     return {
         "run_id": run_id, "config_hash": cfg.config_hash, "experiment": cfg.name,
         "workload": cfg.workload, "data_dir": str(data_dir), "out_dir": str(out_dir),
