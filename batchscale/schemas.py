@@ -130,6 +130,27 @@ ANALYSIS = pa.schema(
     ]
 )
 
+REGRESSIONS = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("workload", pa.string(), nullable=False),
+        pa.field("device_name", pa.string(), nullable=False),
+        pa.field("precision", pa.string(), nullable=False),
+        pa.field("input_mode", pa.string(), nullable=False),
+        pa.field("batch_size", pa.int64(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("samples_per_s", pa.float64()),
+        pa.field("history_runs", pa.int64(), nullable=False),
+        pa.field("history_median", pa.float64()),
+        pa.field("history_mad", pa.float64()),
+        pa.field("allowed_drop", pa.float64()),
+        pa.field("change", pa.float64()),
+        pa.field("verdict", pa.string(), nullable=False),
+    ]
+)
+"""One row per cell of this run's sweep; `change` is current / median − 1, `allowed_drop` the
+noise threshold in samples/s."""
+
 RESULT_TABLES = {
     "sweep": SWEEP,
     "curves": CURVES,

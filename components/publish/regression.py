@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from batchscale.errors import BatchscaleError
+from batchscale.schemas import REGRESSIONS
 from batchscale.storage import ObjectStore
 
 from .lake import read_lake_table
@@ -44,28 +45,6 @@ NO_REGRESSION = "ok"
 INSUFFICIENT_HISTORY = "insufficient_history"
 CELL_KEYS = ("workload", "device_name", "precision", "input_mode", "batch_size")
 HISTORY_COLUMNS = ["run_id", "status", "samples_per_s", *CELL_KEYS]
-
-REGRESSIONS = pa.schema(
-    [
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("workload", pa.string(), nullable=False),
-        pa.field("device_name", pa.string(), nullable=False),
-        pa.field("precision", pa.string(), nullable=False),
-        pa.field("input_mode", pa.string(), nullable=False),
-        pa.field("batch_size", pa.int64(), nullable=False),
-        pa.field("status", pa.string(), nullable=False),
-        pa.field("samples_per_s", pa.float64()),
-        pa.field("history_runs", pa.int64(), nullable=False),
-        pa.field("history_median", pa.float64()),
-        pa.field("history_mad", pa.float64()),
-        pa.field("allowed_drop", pa.float64()),
-        pa.field("change", pa.float64()),
-        pa.field("verdict", pa.string(), nullable=False),
-    ]
-)
-"""One row per cell of this run's sweep; `change` is current / median − 1, `allowed_drop` the
-noise threshold in samples/s."""
-
 
 class RegressionFound(BatchscaleError):
     """A scheduled benchmark got slower (publish.fail_on_regression)."""
