@@ -7,6 +7,7 @@ import io
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 
 from batchscale.config import ExperimentConfig
@@ -65,6 +66,8 @@ def run_local(cfg: ExperimentConfig, run_id: str, state_dir: Path) -> Path:
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root),
                raise_on_error=True, enable_caching=False)
     pipeline = build_pipeline(cfg)
+    # kfp.local warns on every task that our (cluster) base images are not used here: expected.
+    warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
     print(f"full log: {log_path}", file=sys.stderr)
     with open(log_path, "a") as log_file, \
             contextlib.redirect_stdout(TaskLogFilter(sys.stdout, log_file)):
