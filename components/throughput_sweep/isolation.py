@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 
 from batchscale.components.throughput_sweep.trial import (
     STATUS_ERROR,
+    STATUS_OK,
     STATUS_OOM,
     TrialResult,
     TrialSpec,
@@ -87,10 +88,22 @@ def _await(proc, receiver: Connection, spec: TrialSpec) -> TrialResult:
             proc.join()
             return _died(proc.exitcode)
     try:
-        return receiver.recv()
+        result = receiver.recv()
     except EOFError:
         proc.join()
         return _died(proc.exitcode)
+    return _within_cap(result, watch)
+
+
+def _within_cap(result: TrialResult, cap: int | None) -> TrialResult:
+    """The watchdog samples every WATCH_INTERVAL_S, so a short spike can slip between samples;
+    the trial's own high-water mark is exact. A peak over the cap does not fit: it is an oom."""
+    peak = result.peak_memory_bytes
+    if cap is None or result.status != STATUS_OK or peak is None or peak <= cap:
+        return result
+    return TrialResult(STATUS_OOM, peak_memory_bytes=peak, memory_source=result.memory_source,
+                       error=f"peak resident memory {peak} bytes exceeded the cap of {cap} "
+                             "bytes (memory_limit_bytes less the safety margin)")
 
 
 def _died(exitcode: int | None) -> TrialResult:
