@@ -26,16 +26,3 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[localstore.Sto
 def object_store(seaweed: localstore.StoreInfo) -> ObjectStore:
     """An ObjectStore on the session's SeaweedFS, under a prefix no other test uses."""
     return ObjectStore(seaweed.settings(prefix=f"test-{uuid.uuid4().hex[:12]}"), max_attempts=2)
-
-
-# --- the CLI and the pipeline ------------------------------------------------------------------
-from pathlib import Path  # noqa: E402
-
-from helpers import TINY_CONFIG  # noqa: E402
-
-
-@pytest.fixture
-def tiny_config(tmp_path: Path) -> Path:
-    path = tmp_path / "tiny.yaml"
-    path.write_text(TINY_CONFIG)
-    return path

@@ -1,5 +1,6 @@
 """Helpers shared by the tests: run the real CLI, point it at the test store."""
 
+import json
 import os
 import subprocess
 import sys
@@ -51,3 +52,13 @@ analysis:
 """
 
 
+
+
+def send_json(handler, status: int, obj) -> None:
+    """Answer an http.server request with JSON (the local stand-in API servers use this)."""
+    payload = json.dumps(obj).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)

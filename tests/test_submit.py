@@ -23,7 +23,7 @@ import pytest
 
 from batchscale.errors import BadInput
 from batchscale.kfp_client import resolve_auth
-from helpers import TINY_CONFIG, run_cli
+from helpers import TINY_CONFIG, run_cli, send_json
 
 API = "/apis/v2beta1"
 CRON = "0 0 2 * * *"
@@ -111,12 +111,7 @@ class _Handler(BaseHTTPRequestHandler):
         req = Request(self.command, url.path, parse_qs(url.query), headers, body)
         self.api.requests.append(req)
         status, answer = self.api.answer(req)
-        payload = json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        send_json(self, status, answer)
 
     do_GET = do_POST = do_DELETE = _handle
 

@@ -33,6 +33,7 @@ from batchscale.components.convergence import runner, trainjob
 from batchscale.components.data_prep.prep import prepare
 from batchscale.config import parse_config
 from batchscale.errors import BadInput, BatchscaleError
+from helpers import send_json
 
 TRAINER_API = "/apis/trainer.kubeflow.org/v1alpha1"
 NAMESPACE = "team-a"
@@ -113,12 +114,7 @@ class StandInKubernetesApi:
 
     @staticmethod
     def reply(handler, status: int, obj: dict) -> None:
-        data = json.dumps(obj).encode()
-        handler.send_response(status)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(data)))
-        handler.end_headers()
-        handler.wfile.write(data)
+        send_json(handler, status, obj)
 
     def not_found(self, handler, what: str) -> None:
         self.reply(handler, 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
 
 import pyarrow as pa
@@ -52,7 +53,7 @@ def validate_dataset(config_json: str, dataset_dir: str, json_path: str, html_pa
     checks = [("manifest", "manifest", manifest, {"shard_checksums": checksums})]
     for m in entries:
         ctx = {"num_classes": m["num_classes"],
-               "feature_length": int(_prod(m["feature_shape"]))}
+               "feature_length": math.prod(m["feature_shape"])}
         checks.append((m["shard"], "dataset", read_table_file(root / m["shard"]), ctx))
     check_tables(checks, json_path, html_path)
 
@@ -88,10 +89,3 @@ def validate_analysis(config_json: str, analysis_path: str, json_path: str,
         ctx["batch_sizes"] = sorted(set(cfg.convergence.batch_sizes) | set(cfg.sweep.batch_sizes))
     check_tables([("analysis", "analysis", read_table_file(analysis_path), ctx)],
                  json_path, html_path)
-
-
-def _prod(values) -> int:
-    out = 1
-    for v in values:
-        out *= int(v)
-    return out
