@@ -50,6 +50,7 @@ images:
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	-$(VENV)/bin/batchscale clean

@@ -1,5 +1,8 @@
-"""The `batchscale` command line. Heavy imports (torch, kfp, great_expectations) happen inside
-the commands that need them, so `batchscale --help` and `store` stay fast."""
+"""The `batchscale` command line: its commands and their parser, one concern (hence a little over
+~400 lines: one short function per command plus the parser that documents each). The flags
+that set config fields are generated from the config models (batchscale/cliflags.py). Heavy
+imports (torch, kfp, great_expectations) happen inside the commands that need them, so
+`batchscale --help` and `store` stay fast."""
 
 from __future__ import annotations
 
@@ -12,24 +15,20 @@ import shutil
 import sys
 from pathlib import Path
 
+from batchscale.cliflags import add_config_flags, config_from_args
+from batchscale.config import (
+    DEFAULT_CONFIG_PATH,
+    load_config,
+    reference_markdown,
+)
 from batchscale.errors import BadInput, BatchscaleError
+from batchscale.schemas import RunStatus
 
 STATE_DIR = Path(".batchscale")
 
 
 def new_run_id() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(3)
-
-
-def parse_batch_sizes(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise BadInput(f"--batch-sizes: {text!r} is not a comma-separated list of positive "
-                       "integers (e.g. 1,2,4,8)") from None
-    if not values or any(v <= 0 for v in values):
-        raise BadInput(f"--batch-sizes: {text!r} must list at least one positive integer")
-    return values
 
 
 # ------------------------------------------------------------------------------ the store
@@ -74,14 +73,10 @@ def cmd_store(args) -> int:
 
 # ------------------------------------------------------------------------------ run / compile
 def cmd_run(args) -> int:
-    from batchscale.components.publish.publish import check_run_id
-    from batchscale.config import load_config
+    from batchscale.lake.publish import check_run_id
     from batchscale.workloads import get_workload
 
-    cfg = load_config(args.config)
-    if args.fail_on_regression:
-        cfg = cfg.model_copy(update={
-            "publish": cfg.publish.model_copy(update={"fail_on_regression": True})})
+    cfg = config_from_args(args)
     get_workload(cfg.workload)  # a user factory that cannot be imported fails here, not later
     run_id = check_run_id(args.run_id or new_run_id())
     store = connect_store()
@@ -98,7 +93,7 @@ def cmd_run(args) -> int:
         raise BatchscaleError(f"pipeline run {run_id} failed: {reason} Tables already measured "
                               f"are kept under {STATE_DIR / 'work' / run_id}; rerun with "
                               f"--run-id {run_id} to resume.") from None
-    from batchscale.summary import print_run_summary
+    from batchscale.lake.summary import print_run_summary
 
     print_run_summary(store, run_id, STATE_DIR / "runs" / run_id)
     return 0
@@ -107,9 +102,9 @@ def cmd_run(args) -> int:
 def _raise_if_regressed(store, run_id: str) -> None:
     """A pipeline that failed only at the regression gate: print the published run and raise
     RegressionFound (exit 4) naming the cells, instead of a generic failure."""
-    from batchscale.components.publish.publish import published_regressions, regression_message
-    from batchscale.components.publish.regression import RegressionFound
-    from batchscale.summary import print_run_summary
+    from batchscale.lake.publish import published_regressions, regression_message
+    from batchscale.lake.regression import RegressionFound
+    from batchscale.lake.summary import print_run_summary
 
     flagged = published_regressions(store, run_id)
     if flagged:
@@ -118,7 +113,7 @@ def _raise_if_regressed(store, run_id: str) -> None:
 
 
 def cmd_history(args) -> int:
-    from batchscale.history import (
+    from batchscale.lake.history import (
         critical_lines,
         default_plot_path,
         load_history,
@@ -138,8 +133,8 @@ def cmd_history(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from batchscale.components.publish.publish import check_run_id
-    from batchscale.summary import rebuild_report
+    from batchscale.lake.publish import check_run_id
+    from batchscale.lake.summary import rebuild_report
 
     run_id = check_run_id(args.run_id)
     print("\n".join(rebuild_report(connect_store(), run_id, Path(args.out))))
@@ -147,7 +142,6 @@ def cmd_report(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from batchscale.config import load_config
     from batchscale.images import CPU_IMAGE, GPU_IMAGE
     from batchscale.pipelines.batchscale_pipeline import compile_pipeline
 
@@ -166,7 +160,6 @@ def _kfp_client(args):
 
 
 def cmd_submit(args) -> int:
-    from batchscale.config import load_config
     from batchscale.kfp_client import kfp_errors, submit_run
 
     cfg = load_config(args.config)
@@ -181,7 +174,6 @@ def cmd_submit(args) -> int:
 
 
 def cmd_schedule(args) -> int:
-    from batchscale.config import load_config
     from batchscale.kfp_client import check_cron, create_schedule, kfp_errors
 
     cfg = load_config(args.config)
@@ -213,47 +205,25 @@ def cmd_schedules(args) -> int:
 
 
 # ------------------------------------------------------------------------- single stages
-def _config_with(args, section: str, **overrides):
-    from batchscale.config import load_config, parse_config
-
-    cfg = load_config(args.config)
-    data = cfg.model_dump(mode="json")
-    if getattr(args, "workload", None):
-        data["workload"] = args.workload
-    data[section].update({k: v for k, v in overrides.items() if v is not None})
-    return parse_config(data, "command line")
-
-
 def cmd_sweep(args) -> int:
-    from batchscale.components.throughput_sweep.sweep import parse_memory_size, run_stage
+    from batchscale.sweep.sweep import run_stage
 
-    batch_sizes = args.batch_sizes
-    if batch_sizes is not None and batch_sizes.strip() != "auto":
-        batch_sizes = parse_batch_sizes(batch_sizes)
-    memory_limit = None if args.memory_limit is None else parse_memory_size(args.memory_limit)
-    cfg = _config_with(args, "sweep", batch_sizes=batch_sizes, device=args.device,
-                       precision=args.precision, channels_last=args.channels_last,
-                       torch_compile=args.compile, memory_limit_bytes=memory_limit,
-                       image_size_px=args.image_size, max_batch_size=args.max_batch_size,
-                       time_budget_s=args.time_budget,
-                       input_modes=["synthetic"] if not args.dataset_dir else None)
+    # Without a prepared dataset there are no real batches to time.
+    cfg = config_from_args(args, {} if args.dataset_dir else
+                           {"sweep": {"input_modes": ["synthetic"]}})
     rows = run_stage(cfg.to_json(), args.run_id or new_run_id(), args.dataset_dir, args.out)
     print(f"wrote {len(rows)} rows to {args.out}")
     return 0
 
 
 def cmd_converge(args) -> int:
-    from batchscale.components.convergence.runner import run_convergence
-    from batchscale.components.data_prep.prep import prepare
+    from batchscale.convergence.runner import run_convergence
+    from batchscale.data.prep import prepare
     from batchscale.storage import write_table_atomic
 
-    batch_sizes = None if args.batch_sizes is None else parse_batch_sizes(args.batch_sizes)
-    cfg = _config_with(args, "convergence", batch_sizes=batch_sizes, workers=args.workers,
-                       lr_rules=[args.lr_rule] if args.lr_rule else None, lr_grid=args.lr_grid,
-                       accumulation_steps=args.accumulation_steps,
-                       checkpoint_uri=args.checkpoint_uri, max_restarts=args.max_restarts,
-                       # the pipeline's extra worker counts; here --workers sets the one count
-                       scaling_workers=[], scaling_batch_sizes=[])
+    # No scaling runs (the pipeline's extra worker counts): here --workers sets the one count.
+    cfg = config_from_args(args, {"convergence": {"scaling_workers": [],
+                                                  "scaling_batch_sizes": []}})
     out = Path(args.out)
     data_dir = args.dataset_dir or out / "data"
     if not args.dataset_dir:
@@ -266,7 +236,7 @@ def cmd_converge(args) -> int:
     write_table_atomic(out / "curves.parquet", curves)
     write_table_atomic(out / "runs.parquet", runs)
     print(f"wrote {out / 'curves.parquet'} and {out / 'runs.parquet'}")
-    if "reached" not in runs.column("status").to_pylist():
+    if RunStatus.REACHED not in runs.column("status").to_pylist():
         raise BatchscaleError(
             f"no trial reached target_val_accuracy {cfg.convergence.target_val_accuracy} within "
             f"max_steps {cfg.convergence.max_steps} (statuses and curves are in the tables "
@@ -275,7 +245,7 @@ def cmd_converge(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from batchscale.components.validate.checks import validate_table
+    from batchscale.checks import validate_table
     from batchscale.errors import ValidationFailed
     from batchscale.storage import read_table_file
 
@@ -300,7 +270,7 @@ def cmd_workloads(args) -> int:
 
 
 def cmd_datasets(args) -> int:
-    from batchscale.components.data_prep.datasets import DATASETS
+    from batchscale.catalog import DATASETS
 
     width = max(map(len, DATASETS))
     print("\n".join(f"{name:{width}s}  {about}" for name, about in DATASETS.items()))
@@ -308,7 +278,6 @@ def cmd_datasets(args) -> int:
 
 
 def cmd_config(args) -> int:
-    from batchscale.config import DEFAULT_CONFIG_PATH, reference_markdown
 
     if args.action == "show":
         print(DEFAULT_CONFIG_PATH.read_text(), end="")
@@ -329,37 +298,42 @@ def cmd_clean(args) -> int:
 
 
 # ------------------------------------------------------------------------------ the parser
+CONFIG_HELP = "experiment YAML (default: the embedded digits config, `batchscale config show`)"
+CONFIG_FLAGS_NOTE = ("Flags named after a config field (--time-budget-s for sweep.time_budget_s) "
+                     "replace that field's value in --config; see the README's Config reference.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="batchscale", description="Why doesn't training get faster "
                                 "with a bigger batch? Measure throughput, memory and critical "
                                 "batch size, and get a recommendation.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run the whole pipeline locally (kfp.local)")
-    run.add_argument("--config", help="experiment YAML (default: the embedded digits config)")
+    run = sub.add_parser("run", help="run the whole pipeline locally (kfp.local)",
+                         description=CONFIG_FLAGS_NOTE)
+    run.add_argument("--config", help=CONFIG_HELP)
     run.add_argument("--run-id", help="reuse a run id to resume an interrupted run")
-    run.add_argument("--fail-on-regression", action="store_true",
-                     help="fail (exit 4) when throughput regressed against the lake's history, "
-                     "after the run is published (sets publish.fail_on_regression)")
+    add_config_flags(run, "publish", ["fail_on_regression"])
     run.set_defaults(func=cmd_run)
 
     hist = sub.add_parser("history", help="throughput and B_crit of a workload over time, "
                           "from the results lake (table and plot)")
     hist.add_argument("--workload", required=True, help="workload name as in the config")
     hist.add_argument("--device", help="only runs whose device name contains this (any case)")
-    hist.add_argument("--precision", choices=["fp32", "bf16"])
+    hist.add_argument("--precision", choices=["fp32", "bf16"],
+                      help="only runs at this precision")
     hist.add_argument("--last", type=int, help="only the most recent N runs")
     hist.add_argument("--plot", help="PNG to write (default: history-<workload>.png)")
     hist.set_defaults(func=cmd_history)
 
     rep = sub.add_parser("report", help="rebuild a run's HTML report from the results lake")
-    rep.add_argument("--run-id", required=True)
+    rep.add_argument("--run-id", required=True, help="the run whose report to rebuild")
     rep.add_argument("--out", default="report.html", help="HTML file to write")
     rep.set_defaults(func=cmd_report)
 
     comp = sub.add_parser("compile", help="write the pipeline's IR YAML for a KFP cluster")
-    comp.add_argument("--config")
-    comp.add_argument("--output", default="pipeline.yaml")
+    comp.add_argument("--config", help=CONFIG_HELP)
+    comp.add_argument("--output", default="pipeline.yaml", help="IR YAML file to write")
     comp.set_defaults(func=cmd_compile)
 
     kfp_conn = argparse.ArgumentParser(add_help=False)
@@ -373,83 +347,70 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default in a pod: its service-account token)")
     submit = sub.add_parser("submit", parents=[kfp_conn],
                             help="compile and start one run on a KFP cluster")
-    submit.add_argument("--config")
-    submit.add_argument("--experiment", default="batchscale")
-    submit.add_argument("--run-name")
+    submit.add_argument("--config", help=CONFIG_HELP)
+    submit.add_argument("--experiment", default="batchscale", help="KFP experiment to run in")
+    submit.add_argument("--run-name", help="KFP run name (default: <config name> <run id>)")
     submit.set_defaults(func=cmd_submit)
     sched = sub.add_parser("schedule", parents=[kfp_conn],
                            help="create a recurring benchmark run on a KFP cluster")
-    sched.add_argument("--config")
+    sched.add_argument("--config", help=CONFIG_HELP)
     sched.add_argument("--cron", required=True,
                        help="6-field KFP cron, seconds first: '0 0 2 * * *' = 02:00 daily")
-    sched.add_argument("--experiment", default="batchscale")
+    sched.add_argument("--experiment", default="batchscale",
+                       help="KFP experiment the runs go in")
     sched.add_argument("--name", help="recurring run name (default: batchscale <config name>)")
     sched.set_defaults(func=cmd_schedule)
     scheds = sub.add_parser("schedules", parents=[kfp_conn],
                             help="list, pause, resume or delete recurring runs")
-    scheds.add_argument("action", choices=["list", "pause", "resume", "delete"])
-    scheds.add_argument("recurring_run_id", nargs="?")
+    scheds.add_argument("action", choices=["list", "pause", "resume", "delete"],
+                        help="what to do")
+    scheds.add_argument("recurring_run_id", nargs="?",
+                        help="the recurring run to change (not for list)")
     scheds.set_defaults(func=cmd_schedules)
 
     store = sub.add_parser("store", help="manage the local SeaweedFS object store")
-    store.add_argument("action", choices=["up", "down", "status", "env"])
+    store.add_argument("action", choices=["up", "down", "status", "env"],
+                       help="start (idempotent), stop (only the process it started), show, or "
+                       "print `export` lines")
     store.set_defaults(func=cmd_store)
 
-    sw = sub.add_parser("sweep", help="throughput sweep of one workload, outside the pipeline")
-    sw.add_argument("--config")
-    sw.add_argument("--workload")
-    sw.add_argument("--batch-sizes", help="comma-separated, e.g. 1,2,4,8; or 'auto': double "
-                    "then bisect for the largest batch that fits")
-    sw.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    sw.add_argument("--precision", choices=["fp32", "bf16"])
-    sw.add_argument("--channels-last", action="store_true", default=None,
-                    help="channels_last memory format for the model and image inputs")
-    sw.add_argument("--compile", action="store_true", default=None,
-                    help="torch.compile the model (compiled during the untimed warm-up)")
-    sw.add_argument("--memory-limit", help="memory budget of a trial, e.g. 2GiB or bytes "
-                    "(default: available memory on CPU, the device's memory on CUDA)")
-    sw.add_argument("--image-size", type=int, help="image side in pixels for torchvision "
-                    "workloads (default 224)")
-    sw.add_argument("--max-batch-size", type=int, help="upper bound of --batch-sizes auto")
-    sw.add_argument("--time-budget", type=float, help="timing budget per trial, seconds")
+    sw = sub.add_parser("sweep", help="throughput sweep of one workload, outside the pipeline",
+                        description=CONFIG_FLAGS_NOTE)
+    sw.add_argument("--config", help=CONFIG_HELP)
+    add_config_flags(sw, None, ["workload"])
+    add_config_flags(sw, "sweep", ["batch_sizes", "device", "precision", "channels_last",
+                                   "torch_compile", "memory_limit_bytes", "image_size_px",
+                                   "max_batch_size", "time_budget_s"])
     sw.add_argument("--dataset-dir", help="prepared dataset: also time real input batches")
-    sw.add_argument("--run-id")
+    sw.add_argument("--run-id", help="run id recorded in every row (default: a new one)")
     sw.add_argument("--out", required=True, help="output Parquet file")
     sw.set_defaults(func=cmd_sweep)
 
     cv = sub.add_parser("converge", help="train to the target per batch size, outside the "
-                        "pipeline")
-    cv.add_argument("--config")
-    cv.add_argument("--workload")
-    cv.add_argument("--batch-sizes")
-    cv.add_argument("--lr-rule", choices=["constant", "linear", "sqrt", "grid"])
-    cv.add_argument("--lr-grid", type=float, nargs="+", metavar="LR",
-                    help="learning rates of the grid rule, e.g. --lr-grid 0.02 0.05 0.1")
-    cv.add_argument("--workers", type=int)
-    cv.add_argument("--accumulation-steps", type=int,
-                    help="micro-batches per optimizer step (global batch = micro x this x "
-                    "workers)")
-    cv.add_argument("--checkpoint-uri", help="checkpoint location: s3://bucket/prefix or a "
-                    "relative directory inside the trial's work directory (default: "
-                    "checkpoints)")
-    cv.add_argument("--max-restarts", type=int,
-                    help="torchrun group restarts after a worker dies (default 2)")
+                        "pipeline", description=CONFIG_FLAGS_NOTE)
+    cv.add_argument("--config", help=CONFIG_HELP)
+    add_config_flags(cv, None, ["workload"])
+    add_config_flags(cv, "convergence", ["batch_sizes", "lr_rules", "lr_grid", "workers",
+                                         "accumulation_steps", "checkpoint_uri",
+                                         "max_restarts"])
     cv.add_argument("--dataset-dir", help="prepared dataset (default: prepare the config's)")
-    cv.add_argument("--run-id")
+    cv.add_argument("--run-id", help="reuse a run id to resume from its checkpoints")
     cv.add_argument("--out", required=True, help="output directory")
     cv.set_defaults(func=cmd_converge)
 
     val = sub.add_parser("validate", help="run a table's great-expectations suite")
     val.add_argument("--table", required=True,
-                     choices=["dataset", "manifest", "sweep", "curves", "runs", "analysis"])
+                     choices=["dataset", "manifest", "sweep", "curves", "runs", "analysis"],
+                     help="which table's suite")
     val.add_argument("--html", help="also write the readable result page here")
-    val.add_argument("file")
+    val.add_argument("file", help="the table's Parquet file")
     val.set_defaults(func=cmd_validate)
 
     sub.add_parser("workloads", help="list the named workloads").set_defaults(func=cmd_workloads)
     sub.add_parser("datasets", help="list the named datasets").set_defaults(func=cmd_datasets)
     cfg = sub.add_parser("config", help="print the default config or the config reference")
-    cfg.add_argument("action", choices=["show", "reference"])
+    cfg.add_argument("action", choices=["show", "reference"],
+                     help="show: the embedded default YAML; reference: every key, Markdown")
     cfg.set_defaults(func=cmd_config)
     sub.add_parser("clean", help="stop the local store, drop local pipeline outputs") \
         .set_defaults(func=cmd_clean)

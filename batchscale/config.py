@@ -1,7 +1,11 @@
 """The experiment config: one pydantic model per pipeline stage, loaded from YAML.
 
 Every field is documented and carries its unit in the name. Unknown keys, wrong types and
-out-of-range values are refused with a message naming the field (exit status 2).
+out-of-range values are refused with a message naming the field (exit status 2). Every default
+is defined here once; the rest of the code reads it from the models.
+
+One concern, hence over ~400 lines: most of the module is the models' field docstrings, which
+are also the generated config reference and the CLI's help texts.
 """
 
 from __future__ import annotations
@@ -15,31 +19,45 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    ByteSize,
     ConfigDict,
     Field,
     StrictInt,
     TypeAdapter,
     ValidationError,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
     field_validator,
     model_validator,
 )
 
+from batchscale.catalog import DATASET_NAMES, SOURCE_DATASETS
 from batchscale.errors import BadInput
+from batchscale.workloads import DEFAULT_IMAGE_SIZE, WORKLOAD_NAMES, is_known_workload_name
 
 DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "default.yaml"
 
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 BatchSizes = Annotated[list[PositiveInt], Field(min_length=1)]
 _BATCH_SIZES = TypeAdapter(BatchSizes)
+MEMORY_SIZE_FORMS = ("a positive number of bytes, or a size with a unit such as 512MB or 2GiB "
+                     "(KB, MB, GB, TB: powers of 1000; KiB, MiB, GiB, TiB: powers of 1024)")
 
 
-def known_datasets() -> tuple[str, ...]:
-    from batchscale.components.data_prep.datasets import DATASET_NAMES
+def _memory_size(value: object, handler: ValidatorFunctionWrapHandler) -> int:
+    """pydantic's ByteSize, kept strict: no bools or floats (a fraction of a byte is a typo),
+    more than 0 bytes, stored as a plain int."""
+    try:
+        size = None if isinstance(value, bool | float) else handler(value)
+    except ValidationError:
+        size = None
+    if size is None or size <= 0:
+        raise ValueError(f"expected {MEMORY_SIZE_FORMS}")
+    return int(size)
 
-    return DATASET_NAMES
 
-
+MemorySize = Annotated[ByteSize, WrapValidator(_memory_size)]
 
 
 class _Strict(BaseModel):
@@ -86,7 +104,7 @@ class DataPrepConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _known_dataset(cls, name: str) -> str:
-        allowed = known_datasets()
+        allowed = DATASET_NAMES
         if name not in allowed:
             raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(allowed)}")
         return name
@@ -94,8 +112,6 @@ class DataPrepConfig(_Strict):
     @field_validator("source_uri")
     @classmethod
     def _source_matches_dataset(cls, uri: str | None, info: ValidationInfo) -> str | None:
-        from batchscale.components.data_prep.datasets import SOURCE_DATASETS
-
         name = info.data.get("name")  # absent when the name itself was refused
         needs_source = name in SOURCE_DATASETS
         if needs_source and not uri:
@@ -118,15 +134,16 @@ class SweepConfig(_Strict):
     search_tolerance: float = Field(0.05, gt=0.0, lt=1.0)
     """The "auto" search stops bisecting once the gap between the largest fitting and the
     smallest failing batch is at most this share of the former."""
-    memory_limit_bytes: PositiveInt | None = None
-    """Memory budget of a trial. CPU: a trial process whose resident memory exceeds
-    (1 - memory_safety_margin) of it is stopped and recorded as oom (default: the memory
-    available when the sweep starts). CUDA: the allocator is capped at that share of it (default:
-    the device's total memory)."""
+    memory_limit_bytes: MemorySize | None = None
+    """Memory budget of a trial: bytes, or a size with a unit such as 512MB or 2GiB (KB, MB, GB:
+    powers of 1000; KiB, MiB, GiB: powers of 1024), stored as bytes. CPU: a trial process whose
+    resident memory exceeds (1 - memory_safety_margin) of it is stopped and recorded as oom
+    (default: the memory available when the sweep starts). CUDA: the allocator is capped at that
+    share of it (default: the device's total memory)."""
     memory_safety_margin: float = Field(0.1, ge=0.0, lt=1.0)
     """Share of the memory budget kept free, so a batch found to fit does not run out of memory
     later (fragmentation, a slightly larger input)."""
-    image_size_px: PositiveInt = 224
+    image_size_px: PositiveInt = DEFAULT_IMAGE_SIZE
     """Side of the square input images of torchvision workloads, pixels (vit_b_16: a multiple
     of 16)."""
     channels_last: bool = False
@@ -393,8 +410,6 @@ class ExperimentConfig(_Strict):
     @field_validator("workload")
     @classmethod
     def _known_workload(cls, name: str) -> str:
-        from batchscale.workloads import WORKLOAD_NAMES, is_known_workload_name
-
         if not is_known_workload_name(name):
             raise ValueError(
                 f"unknown workload {name!r}; allowed: {', '.join(WORKLOAD_NAMES)} "
@@ -461,18 +476,33 @@ def config_from_json(text: str) -> ExperimentConfig:
     return parse_config(json.loads(text), "<pipeline parameter>")
 
 
+def with_overrides(cfg: ExperimentConfig, overrides: dict, source: str) -> ExperimentConfig:
+    """`cfg` with some values replaced, validated as a config file is (errors name the field).
+    `overrides` maps a top-level key to its value, or a section to {field: value}."""
+    if not overrides:
+        return cfg
+    data = cfg.model_dump(mode="json")
+    sections = section_models()
+    for key, value in overrides.items():
+        data[key] = {**data[key], **value} if key in sections else value
+    return parse_config(data, source)
+
+
+def section_models() -> dict[str, type[BaseModel]]:
+    """The config's sections by key: {"dataset": DataPrepConfig, "sweep": SweepConfig, ...}."""
+    return {name: field.annotation for name, field in ExperimentConfig.model_fields.items()
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)}
+
+
 def reference_markdown() -> str:
     """The config reference (README "Config reference"), generated from the models' docs."""
-    sections = [("(top level)", ExperimentConfig)] + [
-        (name, field.annotation) for name, field in ExperimentConfig.model_fields.items()
-        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
-    ]
+    sections = section_models()
     lines = []
-    for title, model in sections:
+    for title, model in [("(top level)", ExperimentConfig), *sections.items()]:
         lines += [f"### `{title}` — {model.__doc__.strip().splitlines()[0]}", "",
                   "| key | default | meaning |", "|---|---|---|"]
         for name, field in model.model_fields.items():
-            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            if title == "(top level)" and name in sections:
                 continue
             desc = " ".join((field.description or "").split())
             lines.append(f"| `{name}` | `{json.dumps(field.default)}` | {desc} |")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchscale.errors import StoreError
-from batchscale.storage import ObjectStore, S3Settings
+from batchscale.storage import ObjectStore, S3Settings, write_bytes_atomic
 
 HOST = "127.0.0.1"
 GRPC_OFFSET = 10000
@@ -168,16 +168,8 @@ def _read_credentials(state: Path) -> tuple[str, str]:
 
 
 def _write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Create the file with its final mode from the start, then rename it into place."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """The file is created with its final mode (the credentials are never world-readable)."""
+    write_bytes_atomic(path, text.encode(), mode=mode)
 
 
 def _record(state: Path, bucket: str, ports: dict[str, int]) -> None:

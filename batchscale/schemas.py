@@ -6,9 +6,28 @@ mistyped column fails where it is produced, not three stages later.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import pyarrow as pa
 
 from batchscale.errors import BadInput
+
+
+class TrialStatus(StrEnum):
+    """`status` of a sweep row: did the batch fit and run?"""
+
+    OK = "ok"
+    OOM = "oom"
+    ERROR = "error"
+
+
+class RunStatus(StrEnum):
+    """`status` of a convergence trial (runs table)."""
+
+    REACHED = "reached"
+    NOT_REACHED = "not_reached"
+    DIVERGED = "diverged"
+
 
 ENV_FIELDS = [
     pa.field("run_id", pa.string(), nullable=False),

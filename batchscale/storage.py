@@ -1,7 +1,10 @@
-"""Parquet tables and bytes in S3 (SeaweedFS, MinIO, AWS), plus atomic local Parquet files.
+"""Parquet tables and bytes in S3 (SeaweedFS, MinIO, AWS), plus the one atomic local writer.
 
 Every object write is create-only and checksummed: results are never silently overwritten, a
 retried write that already landed counts as success, and the store rejects corrupted uploads.
+Every local write goes through `atomic_file` (temporary file, fsync, rename, directory fsync).
+Parquet is read with `ParquetFile(...).read()`, never `pq.read_table(io.BytesIO(...))`, which
+made the process abort at interpreter exit (apache/arrow#34314).
 boto3 is imported lazily so that CLI commands which never touch S3 do not pay for it.
 """
 
@@ -15,7 +18,7 @@ import secrets
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -86,7 +89,7 @@ def sha256_b64(data: bytes) -> str:
 
 
 class ObjectStore:
-    """Create-only, checksummed reads and writes of bytes and Parquet tables under one prefix."""
+    """Objects under one prefix: create-only, checksummed writes; reads of bytes and Parquet."""
 
     def __init__(
         self,
@@ -176,16 +179,6 @@ class ObjectStore:
             f"{self._uri(key)} already exists with different contents; "
             "stored results are never overwritten (write under a new key)"
         )
-
-    def put_table(self, key: str, table: pa.Table) -> bool:
-        """Store `table` as one Parquet object (see put_bytes for the create-only rules).
-
-        The file is built in memory and uploaded in one request, so a failure can never leave a
-        partial object behind (pyarrow's S3 writer can: apache/arrow#40502).
-        """
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink)
-        return self.put_bytes(key, sink.getvalue().to_pybytes())
 
     def get_bytes(self, key: str) -> bytes:
         """The object's bytes; StoreError naming the key if there is none."""
@@ -300,21 +293,23 @@ def _parse_parquet(source: pa.NativeFile | str | Path, name: str) -> pa.Table:
         raise BadInput(f"{name} is not a valid Parquet file: {exc}") from None
 
 
-def write_table_atomic(
-    path: str | Path, table: pa.Table, row_group_size: int | None = None
-) -> None:
-    """Write `table` to `path` so that readers see either the old file or the whole new one.
+@contextlib.contextmanager
+def atomic_file(path: str | Path, mode: int = 0o666) -> Iterator[BinaryIO]:
+    """An open binary file that replaces `path` only once the block completes.
 
-    Writes a temporary file in the same directory, fsyncs it, then renames it over `path`; a
-    crash or a killed step never leaves a truncated Parquet file under the final name.
+    Writes go to a temporary file in the same directory, created with its final `mode` (less
+    the umask); on success it is fsynced and renamed over `path`, and the directory is synced
+    so the rename survives a crash. Readers see the old file or the whole new one, never a
+    truncated one; a failure inside the block removes the temporary file and keeps the old one.
+    Every local result, checkpoint and state file of the project is written through this.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as fh:
-            pq.write_table(table, fh, row_group_size=row_group_size)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -322,6 +317,28 @@ def write_table_atomic(
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def write_bytes_atomic(path: str | Path, data: bytes, mode: int = 0o666) -> None:
+    """Write `data` to `path` atomically (see atomic_file)."""
+    with atomic_file(path, mode) as fh:
+        fh.write(data)
+
+
+def write_table_atomic(
+    path: str | Path, table: pa.Table, row_group_size: int | None = None
+) -> None:
+    """Write `table` as a Parquet file at `path` atomically (see atomic_file)."""
+    with atomic_file(path) as fh:
+        pq.write_table(table, fh, row_group_size=row_group_size)
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """`table` as the bytes of one Parquet file, for a single create-only upload (pyarrow's
+    own S3 writer can publish partial objects: apache/arrow#40502)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
 
 
 def _fsync_dir(directory: Path) -> None:

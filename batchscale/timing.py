@@ -1,6 +1,6 @@
 """The one timing helper. Every samples/s figure in batchscale comes from `time_steps`.
 
-Rules (DESIGN §5): warm-up steps are excluded; the device is synchronized at the edges of every
+Rules: warm-up steps are excluded; the device is synchronized at the edges of every
 timed window (never inside one, so the host may queue work ahead as a real training loop does);
 per-step times are kept; timing repeats until the coefficient of variation is below a target or
 the budget is spent. On CUDA, steps are delimited by CUDA events recorded on the stream, so a
@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 
-WARMUP_STEPS = 5
-MIN_TIMED_STEPS = 20
-MAX_TIMED_STEPS = 2000
-TARGET_CV = 0.05
-TIME_BUDGET_S = 3.0
+from batchscale.config import SweepConfig
+
+# The stop rules' defaults are the sweep's, defined once in its config model; callers timing
+# something else (a peak-FLOP/s matmul, the benchmarks) pass their own values.
+SWEEP_DEFAULTS = SweepConfig()
 # A CV below target is only trusted over at least this much timed work (or the whole budget, if
 # smaller): a few dozen sub-millisecond steps can fall in a quiet moment between bursts of load
 # from other processes, or before caches and clocks settle.
@@ -123,11 +123,11 @@ def time_steps(
     step: Callable[[], object],
     *,
     device: str = "cpu",
-    warmup_steps: int = WARMUP_STEPS,
-    min_steps: int = MIN_TIMED_STEPS,
-    max_steps: int = MAX_TIMED_STEPS,
-    target_cv: float = TARGET_CV,
-    time_budget_s: float = TIME_BUDGET_S,
+    warmup_steps: int = SWEEP_DEFAULTS.warmup_steps,
+    min_steps: int = SWEEP_DEFAULTS.min_timed_steps,
+    max_steps: int = SWEEP_DEFAULTS.max_timed_steps,
+    target_cv: float = SWEEP_DEFAULTS.target_cv,
+    time_budget_s: float = SWEEP_DEFAULTS.time_budget_s,
     min_time_s: float = MIN_TIMED_S,
     on_window: Callable[[int], None] | None = None,
 ) -> StepTimes:

@@ -5,7 +5,7 @@
    data-parallel efficiency throughput(2) / (2 x throughput(1)). Every rank runs one thread, so
    the figures show communication and scheduling, not a thread-count change. The step time of
    a group is the maximum over ranks of each rank's median.
-2. The training script (components/convergence/train.py, a Trial on one process) vs a bare
+2. The training script (batchscale/convergence/train.py, a Trial on one process) vs a bare
    SGD loop on the same model, data and batch: samples/s of each, evaluation excluded, with the
    gradient-noise measurement every step, every 10th (the default) and off. Target: >= 0.95x.
 
@@ -110,9 +110,9 @@ def ddp_figures() -> dict:
 
 # ---------------------------------------------------------------- script vs a bare loop
 def _digits(tmp: Path):
-    from batchscale.components.convergence.train import load_data
-    from batchscale.components.data_prep.prep import prepare
     from batchscale.config import parse_config
+    from batchscale.convergence.train import load_data
+    from batchscale.data.prep import prepare
     from batchscale.workloads import get_workload
 
     prepare(parse_config({}).dataset, tmp)
@@ -121,9 +121,10 @@ def _digits(tmp: Path):
 
 def script_samples_per_s(data, tmp: Path, gns_every_steps: int) -> float:
     """A Trial of the training script on one process; its own train time excludes evaluation."""
-    from batchscale.components.convergence import runner, train
-    from batchscale.components.convergence.location import LocalLocation
     from batchscale.config import parse_config
+    from batchscale.convergence import runner, train
+    from batchscale.convergence.distributed import Dist
+    from batchscale.location import LocalLocation
 
     cfg = parse_config({"convergence": {
         "batch_sizes": [BATCH_PER_WORKER], "lr_rules": ["constant"], "seeds": [0],
@@ -131,7 +132,7 @@ def script_samples_per_s(data, tmp: Path, gns_every_steps: int) -> float:
         "checkpoint_every_steps": TRAIN_STEPS, "gns_every_steps": gns_every_steps}})
     spec = runner.build_spec(cfg, [BATCH_PER_WORKER], data_dir="unused", out_dir=str(tmp),
                              run_id="bench")
-    trial = train.Trial(spec, spec["trials"][0], data, train.Dist(0, 1, "cpu"),
+    trial = train.Trial(spec, spec.trials[0], data, Dist(0, 1, "cpu"),
                         LocalLocation(tmp / f"ckpt-{time.monotonic_ns()}"))
     summary = trial.run()
     return summary["steps_run"] * BATCH_PER_WORKER / summary["train_time_s"]

@@ -25,7 +25,7 @@ LEARNING_RATE = 0.05
 
 def cold_load_samples_per_s(data_dir: Path) -> tuple[float, float]:
     """(rows/s, step-time CV) of `load_split` of the train split, Parquet to tensors."""
-    from batchscale.components.data_prep.loader import load_split
+    from batchscale.shards import load_split
 
     rows = len(load_split(data_dir, "train")[1])
     times = time_steps(lambda: load_split(data_dir, "train"), time_budget_s=TIME_BUDGET_S)
@@ -37,7 +37,7 @@ def delivery_samples_per_s(data_dir: Path, batch_size: int) -> tuple[float, floa
     split, one timed step per batch as in the trainer."""
     import torch
 
-    from batchscale.components.data_prep.loader import load_split
+    from batchscale.shards import load_split
 
     x, y = load_split(data_dir, "train")
     order = torch.randperm(len(y))
@@ -73,8 +73,8 @@ def train_samples_per_s(batch_size: int) -> float:
 
 
 def run() -> dict:
-    from batchscale.components.data_prep.prep import prepare
     from batchscale.config import DataPrepConfig
+    from batchscale.data.prep import prepare
 
     train = {b: train_samples_per_s(b) for b in TRAIN_BATCH_SIZES}
     best_batch = max(train, key=train.get)

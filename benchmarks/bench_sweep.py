@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from batchscale.components.analysis.analyze import fit_step_time
-from batchscale.components.throughput_sweep.isolation import run_isolated
-from batchscale.components.throughput_sweep.search import trial_budget
-from batchscale.components.throughput_sweep.sweep import summarize, summary_lines, sweep
-from batchscale.components.throughput_sweep.trial import SGD_LR, SGD_MOMENTUM, TrialSpec
 from batchscale.config import SweepConfig
 from batchscale.envinfo import environment
+from batchscale.fits import fit_step_time
+from batchscale.sweep.isolation import run_isolated
+from batchscale.sweep.search import trial_budget
+from batchscale.sweep.sweep import summarize, summary_lines, sweep
+from batchscale.sweep.trial import SGD_LR, SGD_MOMENTUM, TrialSpec
 from batchscale.timing import coefficient_of_variation
 from batchscale.workloads import get_workload
 

@@ -39,7 +39,7 @@ echo "python: $PY ($("$PY" -c 'import torch; print(torch.__version__, torch.cuda
 for module in pydantic:pydantic yaml:pyyaml pyarrow:pyarrow pandas:pandas numpy:numpy tqdm:tqdm; do
     "$PY" -c "import ${module%%:*}" 2>/dev/null || "$PY" -m pip install --quiet "${module##*:}"
 done
-SWEEP_MODULE=batchscale.components.throughput_sweep.sweep
+SWEEP_MODULE=batchscale.sweep.sweep
 "$PY" -c "import $SWEEP_MODULE" 2>/dev/null \
     || "$PY" -m pip install --quiet --no-deps --no-build-isolation -e . \
     || "$PY" -m pip install --quiet --no-deps -e .

@@ -93,12 +93,14 @@ def gpu_count(stage: str, cfg: ExperimentConfig) -> int:
     """GPUs a stage's pod requests. A torchrun convergence task runs all its workers in its pod,
     so it needs one device set per worker of the largest worker count; a kubeflow-launched one
     only waits for its TrainJob, and a GPU held by the waiting pod could starve the job."""
+    if stage not in GPU_STAGES:
+        return 0
     per_worker = cfg.kubernetes.gpus_per_worker
-    if stage == "throughput-sweep":
+    if stage != "convergence":
         return per_worker
-    if stage == "convergence" and cfg.convergence.launcher == "torchrun":
-        return per_worker * max(cell["workers"] for cell in cfg.convergence.fan_out())
-    return 0
+    if cfg.convergence.launcher != "torchrun":
+        return 0
+    return per_worker * max(cell["workers"] for cell in cfg.convergence.fan_out())
 
 
 def deadline_s(stage: str, cfg: ExperimentConfig) -> int:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
 
@@ -26,3 +29,37 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[localstore.Sto
 def object_store(seaweed: localstore.StoreInfo) -> ObjectStore:
     """An ObjectStore on the session's SeaweedFS, under a prefix no other test uses."""
     return ObjectStore(seaweed.settings(prefix=f"test-{uuid.uuid4().hex[:12]}"), max_attempts=2)
+
+
+# --- HTTP stand-ins: pytest-httpserver for the KFP and Kubernetes APIs (none runs here) -------
+
+
+@pytest.fixture(scope="session")
+def httpserver_listen_address() -> tuple[str, int]:
+    """pytest-httpserver on IPv4 loopback, any free port: clients never try "localhost" on ::1."""
+    return ("127.0.0.1", 0)
+
+
+# --- a real browser: Debian's chromium, installed where missing -------------------------------
+
+APT_INSTALL_CHROMIUM = [["apt-get", "update"],
+                        ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The path of Debian's `chromium`, installed with apt-get first where it is missing (the test
+    machines and CI run as root with Debian's package registry reachable)."""
+    if found := shutil.which("chromium"):
+        return found
+    for command in APT_INSTALL_CHROMIUM:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=1200,
+                                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        if result.returncode != 0:
+            pytest.fail(f"chromium is missing and `{' '.join(command)}` failed with exit code "
+                        f"{result.returncode}; install Debian's `chromium` package (as root: "
+                        "apt-get install chromium) and run again.\n"
+                        f"{result.stderr[-2000:]}", pytrace=False)
+    if found := shutil.which("chromium"):
+        return found
+    pytest.fail("apt-get installed chromium but no `chromium` is on PATH", pytrace=False)

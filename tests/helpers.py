@@ -1,10 +1,13 @@
-"""Helpers shared by the tests: run the real CLI, point it at the test store."""
+"""Helpers shared by the tests: run the real CLI, point it at the test store, answer JSON from
+a stand-in API server."""
 
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from werkzeug import Response
 
 from batchscale.storage import ObjectStore
 
@@ -52,13 +55,6 @@ analysis:
 """
 
 
-
-
-def send_json(handler, status: int, obj) -> None:
-    """Answer an http.server request with JSON (the local stand-in API servers use this)."""
-    payload = json.dumps(obj).encode()
-    handler.send_response(status)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(payload)))
-    handler.end_headers()
-    handler.wfile.write(payload)
+def json_response(obj, status: int = 200) -> Response:
+    """A JSON answer from a stand-in API server (a pytest-httpserver handler returns it)."""
+    return Response(json.dumps(obj), status, content_type="application/json")

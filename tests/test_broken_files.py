@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchscale.components.data_prep.loader import read_manifest
 from batchscale.errors import BadInput
+from batchscale.shards import read_manifest
 from batchscale.storage import read_table_file
 from helpers import run_cli
 

@@ -9,6 +9,7 @@ from batchscale.config import (
     load_config,
     parse_config,
     reference_markdown,
+    with_overrides,
 )
 from batchscale.errors import BadInput
 
@@ -83,3 +84,40 @@ def test_reference_documents_every_field():
         for name, field in model.model_fields.items():
             assert f"`{name}`" in text
             assert field.description, f"{section}.{name} has no docstring"
+
+
+@pytest.mark.parametrize(("size", "expected"), [
+    ("2GiB", 2 * 2**30), ("512MiB", 512 * 2**20), ("1.5GB", 1_500_000_000), ("4096", 4096),
+    (4096, 4096), ("512 MB", 512_000_000), (None, None),
+])
+def test_memory_sizes_parse_to_an_int_of_bytes(size, expected):
+    value = parse_config({"sweep": {"memory_limit_bytes": size}}).sweep.memory_limit_bytes
+    assert value == expected and type(value) is type(expected)
+
+
+@pytest.mark.parametrize("size", ["2XB", "", "-1GiB", "0", "GiB", 0, -5, True, 1.5, 2.0])
+def test_bad_memory_sizes_name_the_field_and_the_allowed_forms(size):
+    with pytest.raises(BadInput) as err:
+        parse_config({"sweep": {"memory_limit_bytes": size}}, "test.yaml")
+    assert "sweep.memory_limit_bytes: expected a positive number of bytes" in str(err.value)
+    assert "512MB or 2GiB" in str(err.value)
+
+
+def test_memory_size_hashes_as_its_bytes():
+    as_text = parse_config({"sweep": {"memory_limit_bytes": "2GiB"}})
+    as_int = parse_config({"sweep": {"memory_limit_bytes": 2 * 2**30}})
+    assert as_text.config_hash == as_int.config_hash
+    assert '"memory_limit_bytes": 2147483648' in as_text.to_json()
+
+
+def test_overrides_are_validated_like_a_file():
+    cfg = load_config()
+    assert with_overrides(cfg, {}, "flags") is cfg
+    changed = with_overrides(cfg, {"workload": "digits-cnn",
+                                   "sweep": {"batch_sizes": [8, 2], "time_budget_s": 0.5}}, "flags")
+    assert changed.workload == "digits-cnn" and changed.sweep.batch_sizes == [2, 8]
+    assert changed.sweep.time_budget_s == 0.5
+    assert changed.sweep.precision == cfg.sweep.precision and changed.dataset == cfg.dataset
+    with pytest.raises(BadInput, match=r"invalid config flags:\n  sweep.time_budget_s: .*0"):
+        with_overrides(cfg, {"sweep": {"time_budget_s": 0}}, "flags")
+

@@ -1,9 +1,10 @@
 """Convergence core: LR rules and the grid, data order, the noise scale, accumulation, trial
-statuses (in-process, one rank), and the `batchscale converge` command with its bad inputs
-(the real CLI, which starts real torchrun groups)."""
+statuses (in-process, one rank), the spec file and checkpoints, and the `batchscale converge`
+command with its bad inputs (the real CLI, which starts real torchrun groups)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -11,11 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from batchscale.components.convergence import checkpoint, runner, train
-from batchscale.components.convergence.location import LocalLocation
-from batchscale.components.data_prep.prep import prepare
 from batchscale.config import parse_config
+from batchscale.convergence import checkpoint, runner, train
+from batchscale.convergence.distributed import Dist
+from batchscale.convergence.noise import NoiseScale
+from batchscale.convergence.schedule import DataOrder, lr_at, scaled_lr
+from batchscale.data.prep import prepare
 from batchscale.errors import BadInput
+from batchscale.location import LocalLocation
 from helpers import run_cli
 
 FAST = {"target_val_accuracy": 0.9, "max_steps": 300, "eval_every_steps": 5,
@@ -38,37 +42,37 @@ def run_in_process(tmp_path: Path, digits_dir: Path, batch_size: int = 64, **con
     cfg = config(batch_sizes=[batch_size], **convergence)
     spec = runner.build_spec(cfg, [batch_size], data_dir=str(digits_dir),
                              out_dir=str(tmp_path), run_id="t")
-    data = train.load_data(spec["data_dir"], (64,))
-    trial = train.Trial(spec, spec["trials"][0], data, train.Dist(0, 1, "cpu"),
+    data = train.load_data(spec.data_dir, (64,))
+    trial = train.Trial(spec, spec.trials[0], data, Dist(0, 1, "cpu"),
                         LocalLocation(tmp_path / "ckpt"))
     return trial, trial.run()
 
 
 # ----------------------------------------------------------------------------- LR rules
 def test_lr_rules_scale_from_the_reference_batch():
-    assert train.scaled_lr("constant", 0.1, 128, 32) == pytest.approx(0.1)
-    assert train.scaled_lr("linear", 0.1, 128, 32) == pytest.approx(0.4)
-    assert train.scaled_lr("sqrt", 0.1, 128, 32) == pytest.approx(0.2)
+    assert scaled_lr("constant", 0.1, 128, 32) == pytest.approx(0.1)
+    assert scaled_lr("linear", 0.1, 128, 32) == pytest.approx(0.4)
+    assert scaled_lr("sqrt", 0.1, 128, 32) == pytest.approx(0.2)
 
 
 def test_unknown_lr_rule_is_refused_with_the_allowed_ones():
     with pytest.raises(BadInput, match="allowed: constant, linear, sqrt"):
-        train.scaled_lr("cubic", 0.1, 64, 32)
+        scaled_lr("cubic", 0.1, 64, 32)
     with pytest.raises(BadInput, match=r"convergence\.lr_rules\.0"):
         config(lr_rules=["cubic"])
 
 
 def test_warmup_ramps_linearly_to_the_peak():
-    assert [train.lr_at(s, 1.0, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert [lr_at(s, 1.0, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
 
 
 def test_grid_rule_tries_every_lr_at_every_batch_size():
     cfg = config(batch_sizes=[16, 64], lr_rules=["grid", "linear"], lr_grid=[0.02, 0.1])
     trials = runner.build_trials(cfg, [16, 64], workers=1)
-    grid = [(t["batch_size"], t["lr"]) for t in trials if t["lr_rule"] == "grid"]
+    grid = [(t.batch_size, t.lr) for t in trials if t.lr_rule == "grid"]
     assert grid == [(16, 0.02), (16, 0.1), (64, 0.02), (64, 0.1)]
-    assert len({t["trial_id"] for t in trials}) == len(trials) == 6
-    assert "b16-grid-lr0.02-s0-w1" in {t["trial_id"] for t in trials}
+    assert len({t.trial_id for t in trials}) == len(trials) == 6
+    assert "b16-grid-lr0.02-s0-w1" in {t.trial_id for t in trials}
 
 
 def test_grid_rule_without_lr_grid_names_the_field():
@@ -91,7 +95,7 @@ def test_workers_below_one_are_refused():
 
 # ---------------------------------------------------------------------- data order, noise
 def test_data_order_is_a_function_of_seed_and_step_across_epochs():
-    order, again = train.DataOrder(10, seed=3), train.DataOrder(10, seed=3)
+    order, again = DataOrder(10, seed=3), DataOrder(10, seed=3)
     batches = [order.batch(step, 4) for step in range(5)]  # 20 rows: two whole epochs
     assert torch.equal(torch.cat(batches[:2] + [batches[2][:2]]).sort().values, torch.arange(10))
     assert torch.equal(again.batch(3, 4), batches[3])  # fresh object, same step: same rows
@@ -99,7 +103,7 @@ def test_data_order_is_a_function_of_seed_and_step_across_epochs():
 
 def test_noise_scale_recovers_a_known_gradient_noise():
     """|G_B|^2 = |G|^2 + tr(S)/B exactly: B_simple = tr(S)/|G|^2 = 8 / 2 = 4."""
-    noise = train.NoiseScale()
+    noise = NoiseScale()
     g2, trace = 2.0, 8.0
     for _ in range(50):
         noise.update(g2 + trace / 16, g2 + trace / 64, 16, 64)
@@ -136,19 +140,78 @@ def test_a_spent_step_budget_is_not_reached(tmp_path, digits_dir):
     assert (summary["status"], summary["steps_run"]) == ("not_reached", 10)
 
 
+def test_a_finished_trial_resumes_from_its_final_checkpoint(tmp_path, digits_dir):
+    """A group killed after final.pt but before the result tables trains nothing again."""
+    first, summary = run_in_process(tmp_path, digits_dir)
+    again, resumed = run_in_process(tmp_path, digits_dir)
+    assert resumed == summary
+    assert again.state == first.state
+
+
 def test_checkpoint_of_other_settings_names_the_differences(tmp_path, digits_dir):
-    cfg = config(batch_sizes=[64])
-    spec = runner.build_spec(cfg, [64], data_dir=str(digits_dir), out_dir=str(tmp_path),
-                             run_id="t")
-    trial = spec["trials"][0]
-    loc = LocalLocation(tmp_path / "checkpoints")
-    checkpoint.save(loc, checkpoint.step_name(trial["trial_id"], 10),
-                    {"identity": checkpoint.trial_identity(spec, trial)})
+    trial, _ = run_in_process(tmp_path, digits_dir, max_steps=10, target_val_accuracy=1.0)
+    spec = trial.spec.model_copy(update={"checkpoint_dir": str(tmp_path / "ckpt")})
     runner.check_checkpoints(spec)  # same settings: accepted
-    changed = {**spec, "momentum": 0.5, "trials": [{**trial, "lr": 1.0}]}
+    changed = spec.model_copy(update={
+        "training": spec.training.model_copy(update={"momentum": 0.5}),
+        "trials": [spec.trials[0].model_copy(update={"lr": 1.0})]})
     with pytest.raises(BadInput, match=r"momentum: checkpoint has 0\.9, this run has 0\.5.*"
                                        r"lr: checkpoint has"):
         runner.check_checkpoints(changed)
+
+
+def test_checkpoint_state_is_stored_by_field_name(tmp_path, digits_dir):
+    trial, _ = run_in_process(tmp_path, digits_dir, max_steps=10, target_val_accuracy=1.0)
+    loc = LocalLocation(tmp_path / "ckpt")
+    name = checkpoint.latest(loc, trial.t.trial_id)
+    saved = checkpoint.load(loc, name, trial.identity)
+    assert saved.trial_state == trial.state.to_dict()
+    assert saved.trial_state["noise"]["updates"] == trial.state.noise.updates
+    assert set(saved.trial_state) == {"step", "train_time_s", "first_loss", "loss_sum",
+                                      "loss_count", "best_accuracy", "evals_since_best",
+                                      "curve", "noise"}
+    assert train.TrialState.from_dict(saved.trial_state) == trial.state
+
+
+def test_old_or_damaged_checkpoints_are_refused_by_name(tmp_path):
+    loc = LocalLocation(tmp_path)
+    torch.save({"identity": {}, "step": 30, "best": [0.5, 2]}, tmp_path / "old.pt")
+    with pytest.raises(BadInput, match=r"old\.pt has format 1, this version resumes format 2 "
+                                       "only; use a new output directory"):
+        checkpoint.load(loc, "old.pt", {})
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "old.pt").read_bytes()[:100])
+    with pytest.raises(BadInput, match=r"cut\.pt cannot be read: it is damaged or was written"):
+        checkpoint.load(loc, "cut.pt", {})
+
+
+# -------------------------------------------------------------------------- the spec file
+def test_spec_round_trips_through_json(tmp_path, digits_dir):
+    spec = runner.build_spec(config(batch_sizes=[16, 64]), [16, 64], data_dir=str(digits_dir),
+                             out_dir=str(tmp_path), run_id="t")
+    (tmp_path / "spec.json").write_bytes(spec.to_json())
+    assert train.read_spec(str(tmp_path / "spec.json")) == spec
+    assert spec.identity(spec.trials[1]) == {
+        **spec.training.model_dump(), "trial_id": "b16-sqrt-s0-w1", "batch_size": 16,
+        "lr_rule": "sqrt", "lr": spec.trials[1].lr, "seed": 0}
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d["training"].update(momentum="0.9"),
+     r"training\.momentum: Input should be a valid number"),
+    (lambda d: d["trials"][0].pop("seed"), r"trials\.0\.seed: Field required"),
+    (lambda d: d.update(workers=2), r"workers: Extra inputs are not permitted"),
+    (lambda d: d["training"].update(workers=0), r"training\.workers: Input should be greater"),
+])
+def test_malformed_spec_is_refused_naming_the_field(tmp_path, digits_dir, edit, message):
+    spec = runner.build_spec(config(batch_sizes=[64]), [64], data_dir=str(digits_dir),
+                             out_dir=str(tmp_path), run_id="t")
+    data = spec.model_dump()
+    edit(data)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(BadInput, match=f"spec {path} is not a valid convergence spec .*{message}"):
+        train.read_spec(str(path))
+    assert train.main(["--spec", str(path)]) == 2
 
 
 # ---------------------------------------------------------------------------- the CLI

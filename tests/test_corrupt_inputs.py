@@ -1,7 +1,7 @@
 """Corrupted inputs, each tried through the real code path: the pipeline's validate stage on a
 prepared dataset directory, or `batchscale validate --table KIND FILE`. Each is refused with a
 message naming the table (or file), the expectation and the offending values; a clean dataset
-passes. (The suites' logic itself is tested on in-memory tables in components/validate.)"""
+passes. (The suites' logic itself is tested on in-memory tables in tests/test_checks.py.)"""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchscale.components.data_prep.prep import MANIFEST_FILE, prepare, sha256_file
-from batchscale.components.validate.checks import validate_table
-from batchscale.components.validate.stage import validate_dataset
+from batchscale.checks import validate_table
+from batchscale.checks.stage import validate_dataset
 from batchscale.config import DataPrepConfig, ExperimentConfig
+from batchscale.data.prep import MANIFEST_FILE, prepare, sha256_file
 from batchscale.errors import BadInput, ValidationFailed
-from batchscale.schemas import make_table
+from batchscale.schemas import TrialStatus, make_table
 from batchscale.storage import write_table_atomic
 from helpers import run_cli
 
@@ -133,9 +133,9 @@ def test_shard_checksum_does_not_match_manifest(data_dir, tmp_path, capsys):
 # -------------------------------------------------------------------------------- sweep
 def sweep_row(batch: int, samples_per_s: float) -> dict:
     step_s = batch / samples_per_s if samples_per_s > 0 else 0.01
-    return {"input_mode": "synthetic", "batch_size": batch, "status": "ok", "precision": "fp32",
-            "timed_steps": 20, "step_time_median_s": step_s, "step_time_p10_s": step_s * 0.9,
-            "step_time_p90_s": step_s * 1.1, "step_time_cv": 0.05,
+    return {"input_mode": "synthetic", "batch_size": batch, "status": TrialStatus.OK,
+            "precision": "fp32", "timed_steps": 20, "step_time_median_s": step_s,
+            "step_time_p10_s": step_s * 0.9, "step_time_p90_s": step_s * 1.1, "step_time_cv": 0.05,
             "samples_per_s": samples_per_s, "peak_memory_bytes": 1000 * batch,
             "train_flops_per_sample": 1e6, "achieved_flops_per_s": 1e9,
             "peak_flops_per_s": 1e10, "mfu": 0.1}

@@ -14,22 +14,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchscale.components.data_prep.datasets import (
+from batchscale.config import DataPrepConfig
+from batchscale.data.datasets import (
     DATASET_NAMES,
     TEACHER_CLASSES,
     TeacherStudent,
     load_dataset,
 )
-from batchscale.components.data_prep.prep import (
+from batchscale.data.prep import (
     MANIFEST_FILE,
     ROW_GROUP_TARGET_BYTES,
     prepare,
     row_group_rows,
     sha256_file,
 )
-from batchscale.config import DataPrepConfig
 from batchscale.errors import BadInput
-from batchscale.storage import ObjectStore
+from batchscale.storage import ObjectStore, parquet_bytes
 from helpers import run_cli, store_env
 
 CIFAR_ROWS_PER_BATCH = 6
@@ -317,16 +317,18 @@ def test_user_image_bytes_are_decoded(tmp_path, mode):
 def test_hugging_face_image_struct_from_s3(tmp_path, object_store: ObjectStore, monkeypatch):
     pixels = np.random.default_rng(2).integers(0, 256, (10, 4, 4), dtype=np.uint8)
     images = pa.array([{"bytes": png(p), "path": f"{i}.png"} for i, p in enumerate(pixels)])
-    object_store.put_table(object_store.key("hf", "train.parquet"),
-                           pa.table({"image": images, "label": np.arange(10) % 2}))
+    object_store.put_bytes(object_store.key("hf", "train.parquet"),
+                           parquet_bytes(pa.table({"image": images, "label": np.arange(10) % 2})))
     for key, value in store_env(object_store).items():
         monkeypatch.setenv(key, value)
     uri = f"s3://{object_store.settings.bucket}/{object_store.key('hf')}"
-    manifest, out = prep(tmp_path, name="parquet", source_uri=uri, feature_column="image")
-    assert sum(manifest.column("rows").to_pylist()) == 10
-    features, got = all_rows(out)
-    assert np.array_equal(sorted_rows(features, got),
-                          sorted_rows(pixels[:, None] / np.float32(255.0), np.arange(10) % 2))
+    for i, source_uri in enumerate((uri, f"{uri}/train.parquet")):  # a prefix, one object
+        manifest, out = prep(tmp_path / str(i), name="parquet", source_uri=source_uri,
+                             feature_column="image")
+        assert sum(manifest.column("rows").to_pylist()) == 10
+        features, got = all_rows(out)
+        assert np.array_equal(sorted_rows(features, got),
+                              sorted_rows(pixels[:, None] / np.float32(255.0), np.arange(10) % 2))
 
 
 GOOD = {"features": [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]], "label": [0, 1, 1]}

@@ -6,15 +6,15 @@ the step of an uninterrupted run. A changed world size or config fails fast inst
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from batchscale.components.convergence import runner, train
-from batchscale.components.data_prep.prep import prepare
 from batchscale.config import parse_config
+from batchscale.convergence import runner, train
+from batchscale.convergence.spec import ConvergenceSpec
+from batchscale.data.prep import prepare
 from batchscale.errors import BadInput, BatchscaleError
 from helpers import run_cli
 
@@ -37,7 +37,13 @@ def make_spec(out: Path, digits_dir: Path, workers: int, checkpoint_dir: str | N
                              run_id="ft", workers=workers, checkpoint_dir=checkpoint_dir)
 
 
-def run_group(spec: dict, max_restarts: int, monkeypatch, kill_rank: int | None = None):
+def with_workers(spec: ConvergenceSpec, workers: int) -> ConvergenceSpec:
+    """The same spec for another worker count (trial ids unchanged, as after a resize)."""
+    return spec.model_copy(update={
+        "training": spec.training.model_copy(update={"workers": workers})})
+
+
+def run_group(spec: ConvergenceSpec, max_restarts: int, monkeypatch, kill_rank: int | None = None):
     """The launcher's own torchrun call; with `kill_rank`, that rank dies at KILL_AT_STEP."""
     if kill_rank is not None:
         monkeypatch.setenv(train.FAULT_KILL_AT_STEP_ENV, str(KILL_AT_STEP))
@@ -88,7 +94,7 @@ def test_resume_from_s3_checkpoints_in_seaweedfs(tmp_path, digits_dir, monkeypat
 def test_a_group_of_another_size_fails_fast(tmp_path, digits_dir):
     spec = make_spec(tmp_path, digits_dir, 2)
     spec_path = tmp_path / "spec.json"
-    spec_path.write_text(json.dumps(spec))
+    spec_path.write_bytes(spec.to_json())
     cmd = runner.torchrun_command(str(spec_path), workers=1, max_restarts=0)
     result = subprocess.run(cmd, env=runner.torchrun_env(1), capture_output=True, text=True,
                             timeout=RUN_TIMEOUT_S)
@@ -103,13 +109,13 @@ def test_checkpoint_of_another_worker_count_is_refused(tmp_path, digits_dir, mon
         run_group(spec, 0, monkeypatch, kill_rank=0)  # no restarts: the checkpoint stays
     ckpt = tmp_path / "checkpoints" / "b64-sqrt-s0-w2" / "step-00000030.pt"
     assert ckpt.is_file()
-    one_worker = {**spec, "workers": 1}
+    one_worker = with_workers(spec, 1)
     with pytest.raises(BadInput, match=r"workers: checkpoint has 2, this run has 1\); a change "
                                        "of worker count would change the global batch"):
         runner.check_checkpoints(one_worker)
     # The training script refuses it too (for launchers that skip the check, e.g. a TrainJob).
     spec_path = tmp_path / "one.json"
-    spec_path.write_text(json.dumps(one_worker))
+    spec_path.write_bytes(one_worker.to_json())
     result = subprocess.run(runner.torchrun_command(str(spec_path), 1, 0),
                             env=runner.torchrun_env(1), capture_output=True, text=True,
                             timeout=RUN_TIMEOUT_S)

@@ -10,8 +10,8 @@ import pyarrow.dataset as ds
 import pytest
 from test_publish import WORKLOAD, publish_synthetic_run
 
-from batchscale.components.publish.lake import PARTITIONING, lake_path
-from batchscale.history import load_history
+from batchscale.lake.history import load_history
+from batchscale.lake.lake import PARTITIONING, lake_path
 from helpers import run_cli, store_env
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

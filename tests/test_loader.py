@@ -1,5 +1,5 @@
-"""The loader: prepared shards to tensors, sharded by rank, from a directory or a real S3 store,
-and refusing shards that no longer match their manifest."""
+"""The loader: prepared shards to tensors, from a directory or a real S3 store, and refusing
+shards that no longer match their manifest."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from batchscale.components.data_prep.datasets import digits
-from batchscale.components.data_prep.loader import load_split
-from batchscale.components.data_prep.prep import MANIFEST_FILE, prepare, split_indices
 from batchscale.config import DataPrepConfig
+from batchscale.data.datasets import digits
+from batchscale.data.prep import MANIFEST_FILE, prepare, split_indices
 from batchscale.errors import BadInput
+from batchscale.location import S3Location
+from batchscale.shards import load_split
 from batchscale.storage import ObjectStore
 from helpers import store_env
 
@@ -58,32 +59,25 @@ def test_input_shape_reshapes_without_copying_rows(digits_dir):
         load_split(digits_dir, "val", input_shape=(3, 8, 8))
 
 
-def test_ranks_split_the_shards_between_them(sharded_dir):
-    full_x, full_y = load_split(sharded_dir, "train")
-    parts = [load_split(sharded_dir, "train", rank=r, world_size=2) for r in range(2)]
-    assert [len(p[1]) for p in parts] == [2200, 2000]  # shards 0, 2, 4 and 1, 3
-    joined = torch.cat([parts[0][0][:1000], parts[1][0][:1000], parts[0][0][1000:2000],
-                        parts[1][0][1000:], parts[0][0][2000:]])
-    assert torch.equal(joined, full_x)
-    assert sorted(torch.cat([p[1] for p in parts]).tolist()) == sorted(full_y.tolist())
-
-
-def test_fewer_shards_than_ranks_gives_every_rank_the_split(digits_dir):
-    x0, _ = load_split(digits_dir, "val", rank=0, world_size=4)
-    x3, _ = load_split(digits_dir, "val", rank=3, world_size=4)
-    assert torch.equal(x0, x3)
-    with pytest.raises(BadInput, match=r"rank 4 is outside 0..3"):
-        load_split(digits_dir, "val", rank=4, world_size=4)
+def test_a_split_of_several_shards_is_read_whole_in_manifest_order(sharded_dir):
+    x, y = load_split(sharded_dir, "train")
+    shards = [pq.read_table(sharded_dir / f"train-{i:05d}.parquet") for i in range(5)]
+    assert [t.num_rows for t in shards] == [1000, 1000, 1000, 1000, 200]
+    expected_y = np.concatenate([t.column("label").to_numpy() for t in shards])
+    expected_x = np.concatenate([np.stack(t.column("features").to_numpy(zero_copy_only=False))
+                                 for t in shards])
+    assert torch.equal(y, torch.from_numpy(expected_y))
+    assert torch.equal(x, torch.from_numpy(expected_x))
 
 
 def test_reads_from_s3_by_store_and_by_uri(digits_dir, object_store: ObjectStore, monkeypatch):
     upload(object_store, digits_dir, "prepared")
     local = load_split(digits_dir, "train")
-    by_store = load_split("prepared", "train", store=object_store)
+    by_store = load_split(S3Location(object_store, "prepared"), "train")
     for key, value in store_env(object_store).items():
         monkeypatch.setenv(key, value)
     uri = f"s3://{object_store.settings.bucket}/{object_store.key('prepared')}"
-    by_uri = load_split(uri, "train", rank=0, world_size=2)
+    by_uri = load_split(uri, "train")
     for x, y in (by_store, by_uri):
         assert torch.equal(x, local[0]) and torch.equal(y, local[1])
 
@@ -99,7 +93,7 @@ def test_changed_shard_on_s3_is_refused(digits_dir, tmp_path, object_store: Obje
     upload(object_store, copy, "tampered")
     with pytest.raises(BadInput, match=r"tampered/val-00000.parquet: sha256 [0-9a-f]{64} does "
                                        r"not match the manifest's"):
-        load_split("tampered", "val", store=object_store)
+        load_split(S3Location(object_store, "tampered"), "val")
 
 
 def test_missing_manifest_split_and_shard_are_named(digits_dir, tmp_path):

@@ -10,8 +10,8 @@ import uuid
 import pyarrow.dataset as ds
 import pytest
 
-from batchscale.components.publish.publish import LAKE_TABLES, run_manifest_key
 from batchscale.config import load_config
+from batchscale.lake.publish import LAKE_TABLES, run_manifest_key
 from batchscale.storage import sha256_b64
 from helpers import run_cli, store_env
 

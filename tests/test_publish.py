@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from batchscale.components.publish.publish import (
+from batchscale.config import ExperimentConfig, PublishConfig
+from batchscale.errors import BadInput, ObjectExists
+from batchscale.lake.publish import (
     LAKE_TABLES,
     check_run_id,
     publish_run,
@@ -19,8 +21,6 @@ from batchscale.components.publish.publish import (
     run_stage,
     table_key,
 )
-from batchscale.config import ExperimentConfig, PublishConfig
-from batchscale.errors import BadInput, ObjectExists
 from batchscale.schemas import make_table
 from batchscale.storage import ObjectStore, write_table_atomic
 from helpers import store_env

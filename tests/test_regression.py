@@ -14,8 +14,8 @@ from test_publish import (
     sweep_row,
 )
 
-from batchscale.components.publish.publish import gate_stage, table_key
-from batchscale.components.publish.regression import (
+from batchscale.lake.publish import gate_stage, table_key
+from batchscale.lake.regression import (
     INSUFFICIENT_HISTORY,
     MIN_HISTORY_RUNS,
     NO_REGRESSION,
@@ -26,6 +26,7 @@ from batchscale.components.publish.regression import (
     regressed_cells,
 )
 from batchscale.schemas import make_table
+from batchscale.storage import parquet_bytes
 
 MEAN_RATE = 10_000.0
 NOISE_SHARE = 0.02
@@ -156,7 +157,8 @@ def test_history_ignores_incomplete_runs_and_other_workloads(
                           {4: MEAN_RATE}, workload="mnist-mlp")
     partial = "20260501T000005Z-partial"  # tables uploaded, manifest never written
     table = make_table("sweep", [sweep_row(4, 1.0)], env_columns(partial))
-    object_store.put_table(table_key(object_store, "sweep", "2026-05-01", partial), table)
+    object_store.put_bytes(table_key(object_store, "sweep", "2026-05-01", partial),
+                           parquet_bytes(table))
     history = read_history(object_store, "20260502T000000Z-now", [WORKLOAD])
     assert history["run_id"].tolist() == ["20260501T000000Z-ok", "20260501T000001Z-ok"]
     assert read_history(object_store, "x", ["no-such-workload"]) is None

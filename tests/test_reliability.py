@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 from batchscale import localstore
-from batchscale.components.publish.publish import publish_run, run_manifest_key
 from batchscale.errors import StoreError
+from batchscale.lake.publish import publish_run, run_manifest_key
 from batchscale.storage import ObjectStore, read_table_file, sha256_b64, write_table_atomic
 from helpers import BATCHSCALE, TINY_CONFIG, cli_env, run_cli, store_env
 

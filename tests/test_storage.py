@@ -1,8 +1,10 @@
-"""batchscale.storage against a real SeaweedFS on loopback, and the local Parquet helpers."""
+"""batchscale.storage against a real SeaweedFS on loopback, the local atomic writer, and
+batchscale.location (one Location type for a directory and an S3 prefix)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import time
 from pathlib import Path
@@ -14,13 +16,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchscale.errors import BadInput, ObjectExists, StoreError
+from batchscale.location import LocalLocation, S3Location, copy_files, open_file, open_location
 from batchscale.storage import (
     ObjectStore,
     S3Settings,
+    atomic_file,
+    parquet_bytes,
     read_table_file,
     sha256_b64,
+    write_bytes_atomic,
     write_table_atomic,
 )
+from helpers import store_env
 
 
 def _table(n: int = 5) -> pa.Table:
@@ -41,7 +48,7 @@ def _closed_port() -> int:
 
 def test_table_round_trip(object_store: ObjectStore) -> None:
     key = object_store.key("sweep", "part-0.parquet")
-    assert object_store.put_table(key, _table())
+    assert object_store.put_bytes(key, parquet_bytes(_table()))
     assert object_store.get_table(key).equals(_table())
     assert object_store.exists(key)
     assert not object_store.exists(object_store.key("sweep", "other.parquet"))
@@ -49,8 +56,8 @@ def test_table_round_trip(object_store: ObjectStore) -> None:
 
 def test_identical_repeat_write_is_a_no_op(object_store: ObjectStore) -> None:
     key = object_store.key("t.parquet")
-    assert object_store.put_table(key, _table()) is True
-    assert object_store.put_table(key, _table()) is False
+    assert object_store.put_bytes(key, parquet_bytes(_table())) is True
+    assert object_store.put_bytes(key, parquet_bytes(_table())) is False
     assert object_store.list() == [key]
 
 
@@ -134,7 +141,8 @@ def test_list_follows_pagination(object_store: ObjectStore) -> None:
 
 def test_hive_dataset_through_pyarrow_filesystem(object_store: ObjectStore) -> None:
     for run in ("a", "b"):
-        object_store.put_table(object_store.key("lake", f"run={run}", "part-0.parquet"), _table(3))
+        key = object_store.key("lake", f"run={run}", "part-0.parquet")
+        object_store.put_bytes(key, parquet_bytes(_table(3)))
     path = f"{object_store.settings.bucket}/{object_store.key('lake')}"
     dataset = ds.dataset(path, filesystem=object_store.pyarrow_filesystem(), partitioning="hive")
     table = dataset.to_table()
@@ -189,3 +197,75 @@ def test_corrupt_local_file_is_bad_input(tmp_path: Path) -> None:
         read_table_file(path)
     with pytest.raises(BadInput, match="does not exist"):
         read_table_file(tmp_path / "missing.parquet")
+
+
+def test_atomic_bytes_get_their_mode_and_a_failed_write_keeps_the_old_file(
+        tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "secret.json"
+    write_bytes_atomic(path, b"old", mode=0o600)
+    assert path.read_bytes() == b"old"
+    assert path.stat().st_mode & 0o777 == 0o600 & ~_umask()
+    with pytest.raises(RuntimeError, match="writer died"), atomic_file(path) as fh:
+        fh.write(b"half of the new")
+        raise RuntimeError("writer died")
+    assert path.read_bytes() == b"old"
+    assert [p.name for p in path.parent.iterdir()] == ["secret.json"]
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+# ------------------------------------------------------------------------------ locations
+def _exercise(location, tmp_path: Path) -> None:
+    """The same calls give the same answers on a directory and on an S3 prefix."""
+    location.put_bytes("a/x.bin", b"x")
+    location.put_table("b.parquet", _table())
+    location.put_bytes("a/x.bin", b"x")  # the same bytes again: accepted on both
+    assert location.exists("a/x.bin") and not location.exists("a/y.bin")
+    assert location.get_bytes("a/x.bin") == b"x"
+    assert location.get_table("b.parquet").equals(_table())
+    assert location.names() == ["a/x.bin", "b.parquet"]
+    assert location.names("a") == ["a/x.bin"]
+    assert location.child("a").names() == ["x.bin"]
+    assert location.where("a/x.bin") == f"{location.uri}/a/x.bin"
+    copy_dir = location.local_dir("a", tmp_path / "cache")
+    assert (copy_dir / "a" / "x.bin").read_bytes() == b"x"
+    with pytest.raises((BadInput, StoreError), match="b.bin"):
+        location.get_bytes("b.bin")
+    with pytest.raises(BadInput, match="a/x.bin is not a valid Parquet file"):
+        location.get_table("a/x.bin")
+
+
+def test_local_location(tmp_path: Path) -> None:
+    _exercise(open_location(tmp_path / "root"), tmp_path)
+    assert open_location(tmp_path / "root").local_dir("a", tmp_path / "c") == tmp_path / "root"
+
+
+def test_s3_location_by_uri(object_store: ObjectStore, monkeypatch, tmp_path: Path) -> None:
+    for key, value in store_env(object_store).items():
+        monkeypatch.setenv(key, value)
+    uri = f"s3://{object_store.settings.bucket}/{object_store.key('loc')}"
+    location = open_location(uri)
+    assert isinstance(location, S3Location) and location.uri == uri
+    _exercise(location, tmp_path)
+    with pytest.raises(ObjectExists):
+        location.put_bytes("a/x.bin", b"other")  # create-only
+    folder, name = open_file(f"{uri}/a/x.bin")
+    assert (folder.uri, name) == (f"{uri}/a", "x.bin")
+    copied = copy_files(location, LocalLocation(tmp_path / "copy"))
+    assert copied == ["a/x.bin", "b.parquet"]
+    assert (tmp_path / "copy" / "b.parquet").read_bytes() == location.get_bytes("b.parquet")
+    with pytest.raises(BadInput, match="holds no objects"):
+        location.local_dir("empty", tmp_path / "cache")
+
+
+@pytest.mark.parametrize(("uri", "message"), [
+    ("s3:///prefix", "must look like s3://bucket/prefix"),
+    ("gs://bucket/prefix", "unsupported location"),
+])
+def test_bad_location_uris_are_refused(uri: str, message: str) -> None:
+    with pytest.raises(BadInput, match=message):
+        open_location(uri)

@@ -1,9 +1,10 @@
 """`batchscale submit`, `schedule` and `schedules` against a stand-in for the KFP API.
 
-No KFP server can run on our machines, so `StandInKfpApi` stands in for it: a small HTTP server
-on 127.0.0.1 that records every request and answers the few v2beta1 REST calls batchscale makes
-the way KFP's API server does. The real CLI (a subprocess, with the real kfp.Client) talks to it;
-the tests assert method, path, body and the Authorization header of what it sent.
+No KFP server can run on our machines, so `StandInKfpApi` stands in for it: pytest-httpserver on
+127.0.0.1, answering the few v2beta1 REST calls batchscale makes the way KFP's API server does and
+logging every request. The real CLI (a subprocess, with the real kfp.Client) talks to it; the
+tests assert method, path, body and the Authorization header of what it sent. A request the
+stand-in does not know fails the test (`httpserver.check()` after each test).
 """
 
 from __future__ import annotations
@@ -11,121 +12,95 @@ from __future__ import annotations
 import json
 import re
 import socket
-import threading
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from pytest_httpserver import HTTPServer
+from werkzeug import Request, Response
 
 from batchscale.errors import BadInput
 from batchscale.kfp_client import resolve_auth
-from helpers import TINY_CONFIG, run_cli, send_json
+from helpers import TINY_CONFIG, json_response, run_cli
 
 API = "/apis/v2beta1"
 CRON = "0 0 2 * * *"
 TOKEN = "stand-in-bearer-token-4242"
 
 
-@dataclass
-class Request:
-    method: str
-    path: str
-    query: dict[str, list[str]]
-    headers: dict[str, str]
-    body: dict | None
-
-
 class StandInKfpApi:
-    """Stand-in for the KFP v2beta1 REST API (no KFP server here): records requests, keeps
-    experiments and recurring runs in memory, answers like the API server."""
+    """Stand-in for the KFP v2beta1 REST API (no KFP server can run here): keeps experiments and
+    recurring runs in memory and answers like the API server; `requests` is what it received."""
 
-    def __init__(self, required_token: str | None = None) -> None:
-        self.required_token = required_token
-        self.requests: list[Request] = []
+    def __init__(self, server: HTTPServer, required_token: str | None = None) -> None:
+        self.server, self.required_token = server, required_token
+        self.url = server.url_for("").rstrip("/")
         self.experiments: dict[str, dict] = {}
         self.recurring_runs: dict[str, dict] = {}
-        handler = type("Handler", (_Handler,), {"api": self})
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        routes = [
+            ("GET", f"{API}/healthz", lambda req: {"multi_user": False}),
+            ("GET", f"{API}/experiments", self._list_experiments),
+            ("POST", f"{API}/experiments", self._create_experiment),
+            ("POST", f"{API}/runs", lambda req: {**req.json, "run_id": str(uuid.uuid4()),
+                                                 "state": "PENDING"}),
+            ("POST", f"{API}/recurringruns", self._create_recurring),
+            ("GET", f"{API}/recurringruns", lambda req: {  # camelCase here, as KFP sends it
+                "recurringRuns": list(self.recurring_runs.values()),
+                "total_size": len(self.recurring_runs)}),
+            ("POST", re.compile(rf"{API}/recurringruns/[\w-]+:(enable|disable)$"), self._set_mode),
+            ("DELETE", re.compile(rf"{API}/recurringruns/[\w-]+$"), self._delete_recurring),
+        ]
+        for method, path, answer in routes:
+            server.expect_request(path, method=method).respond_with_handler(self._checked(answer))
+
+    @property
+    def requests(self) -> list[Request]:
+        return [request for request, _ in self.server.log]
 
     def sent(self, method: str, path: str) -> list[Request]:
         return [r for r in self.requests if r.method == method and r.path == path]
 
-    def answer(self, req: Request) -> tuple[int, dict]:
-        if self.required_token and req.headers.get("authorization") != \
-                f"Bearer {self.required_token}":
-            return 401, {"code": 16, "message": "Unauthenticated: invalid bearer token"}
-        routes = {
-            ("GET", f"{API}/healthz"): lambda: {"multi_user": False},
-            ("GET", f"{API}/experiments"): lambda: self._list_experiments(req),
-            ("POST", f"{API}/experiments"): lambda: self._create_experiment(req.body),
-            ("POST", f"{API}/runs"): lambda: {**req.body, "run_id": str(uuid.uuid4()),
-                                               "state": "PENDING"},
-            ("POST", f"{API}/recurringruns"): lambda: self._create_recurring(req.body),
-            ("GET", f"{API}/recurringruns"): lambda: {  # camelCase here, as KFP sends it
-                "recurringRuns": list(self.recurring_runs.values()),
-                "total_size": len(self.recurring_runs)},
-        }
-        if (req.method, req.path) in routes:
-            return 200, routes[(req.method, req.path)]()
-        match = re.fullmatch(rf"{API}/recurringruns/([\w-]+)(:enable|:disable)?", req.path)
-        if match and match[1] in self.recurring_runs:
-            if req.method == "DELETE" and not match[2]:
-                del self.recurring_runs[match[1]]
-                return 200, {}
-            if req.method == "POST" and match[2]:
-                self.recurring_runs[match[1]]["mode"] = match[2][1:].upper()
-                return 200, {}
-        return 404, {"code": 5, "message": f"{req.method} {req.path}: not found"}
+    def _checked(self, answer: Callable[[Request], dict]) -> Callable[[Request], Response]:
+        """`answer` behind the bearer-token check the API server makes when one is required."""
+        def respond(req: Request) -> Response:
+            if self.required_token and req.headers.get("Authorization") != \
+                    f"Bearer {self.required_token}":
+                return json_response({"code": 16, "message":
+                                      "Unauthenticated: invalid bearer token"}, 401)
+            return json_response(answer(req))
+        return respond
 
     def _list_experiments(self, req: Request) -> dict:
-        predicate = json.loads(req.query["filter"][0])["predicates"][0]
+        predicate = json.loads(req.args["filter"])["predicates"][0]
         found = [e for e in self.experiments.values()
                  if e["display_name"] == predicate["stringValue"]]
         return {"experiments": found, "total_size": len(found)} if found else {}
 
-    def _create_experiment(self, body: dict) -> dict:
-        experiment = {**body, "experiment_id": str(uuid.uuid4())}
+    def _create_experiment(self, req: Request) -> dict:
+        experiment = {**req.json, "experiment_id": str(uuid.uuid4())}
         self.experiments[experiment["experiment_id"]] = experiment
         return experiment
 
-    def _create_recurring(self, body: dict) -> dict:
-        job = {**body, "recurring_run_id": str(uuid.uuid4()), "status": "ENABLED"}
+    def _create_recurring(self, req: Request) -> dict:
+        job = {**req.json, "recurring_run_id": str(uuid.uuid4()), "status": "ENABLED"}
         self.recurring_runs[job["recurring_run_id"]] = job
         return job
 
+    def _set_mode(self, req: Request) -> dict:
+        job_id, action = req.path.rsplit("/", 1)[1].split(":")
+        self.recurring_runs[job_id]["mode"] = action.upper()
+        return {}
 
-class _Handler(BaseHTTPRequestHandler):
-    api: StandInKfpApi
-
-    def _handle(self) -> None:
-        url = urlsplit(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length)) if length else None
-        headers = {k.lower(): v for k, v in self.headers.items()}  # HTTP names are case-blind
-        req = Request(self.command, url.path, parse_qs(url.query), headers, body)
-        self.api.requests.append(req)
-        status, answer = self.api.answer(req)
-        send_json(self, status, answer)
-
-    do_GET = do_POST = do_DELETE = _handle
-
-    def log_message(self, *args) -> None:  # keep pytest output clean
-        pass
+    def _delete_recurring(self, req: Request) -> dict:
+        del self.recurring_runs[req.path.rsplit("/", 1)[1]]
+        return {}
 
 
 @pytest.fixture
-def kfp_api() -> Iterator[StandInKfpApi]:
-    api = StandInKfpApi()
-    api.thread.start()
-    yield api
-    api.server.shutdown()
-    api.server.server_close()
+def kfp_api(httpserver: HTTPServer) -> Iterator[StandInKfpApi]:
+    yield StandInKfpApi(httpserver)
+    httpserver.check()  # no request the stand-in did not expect, no error in its handlers
 
 
 @pytest.fixture
@@ -157,9 +132,9 @@ def test_submit_creates_experiment_and_run_with_bearer_token(kfp_api, workdir):
                      env={"KF_PIPELINES_TOKEN": TOKEN})
     assert result.returncode == 0, result.stderr
     (exp_req,) = kfp_api.sent("POST", f"{API}/experiments")
-    assert exp_req.body["display_name"] == "bench"
+    assert exp_req.json["display_name"] == "bench"
     (run_req,) = kfp_api.sent("POST", f"{API}/runs")
-    body = run_req.body
+    body = run_req.json
     assert body["experiment_id"] == next(iter(kfp_api.experiments))
     assert body["display_name"] == "nightly-1"
     assert _parameters(body)["name"] == "tiny"
@@ -167,7 +142,8 @@ def test_submit_creates_experiment_and_run_with_bearer_token(kfp_api, workdir):
     assert "kubernetes" in body["pipeline_spec"]["platform_spec"]["platforms"]
     assert not any(t.get("cachingOptions", {}).get("enableCache") for t in _tasks(body))
     assert all(r.headers.get("authorization") == f"Bearer {TOKEN}" for r in kfp_api.requests)
-    assert TOKEN not in json.dumps([r.body for r in kfp_api.requests]) + result.stdout
+    assert TOKEN not in "".join(r.get_data(as_text=True) for r in kfp_api.requests) \
+        + result.stdout
     assert "run_id=" in result.stdout and "s3://mlpipeline/batchscale/" in result.stdout
 
 
@@ -179,7 +155,7 @@ def test_schedule_creates_one_at_a_time_recurring_run_that_fails_on_regression(
                       "--cron", CRON, "--token-file", str(token_file)], workdir)
     assert result.returncode == 0, result.stderr
     (req,) = kfp_api.sent("POST", f"{API}/recurringruns")
-    body = req.body
+    body = req.json
     assert body["trigger"] == {"cron_schedule": {"cron": CRON}}
     assert int(body["max_concurrency"]) == 1
     assert body["no_catchup"] is True
@@ -197,14 +173,14 @@ def test_schedules_list_pause_resume_delete(kfp_api, workdir):
                        "--cron", CRON, "--namespace", "team-a"], workdir)
     assert created.returncode == 0, created.stderr
     (exp_req,) = kfp_api.sent("POST", f"{API}/experiments")
-    assert exp_req.body["namespace"] == "team-a"
+    assert exp_req.json["namespace"] == "team-a"
     (job_id,) = kfp_api.recurring_runs
 
     listed = kfp_cli(["schedules", "list", "--host", kfp_api.url, "--namespace", "team-a"],
                      workdir)
     assert listed.returncode == 0, listed.stderr
     assert job_id in listed.stdout and CRON in listed.stdout
-    assert kfp_api.sent("GET", f"{API}/recurringruns")[0].query["namespace"] == ["team-a"]
+    assert kfp_api.sent("GET", f"{API}/recurringruns")[0].args.getlist("namespace") == ["team-a"]
 
     for action, method, suffix, mode in (("pause", "POST", ":disable", "DISABLE"),
                                          ("resume", "POST", ":enable", "ENABLE")):
@@ -233,20 +209,16 @@ def test_bad_input_exits_2_before_any_request(kfp_api, workdir, args, needle):
     assert not kfp_api.requests
 
 
-def test_rejected_token_gives_kfps_reason_without_traceback_or_token(workdir):
-    api = StandInKfpApi(required_token=TOKEN)
-    api.thread.start()
-    try:
-        result = kfp_cli(["submit", "--host", api.url, "--config", "tiny.yaml"], workdir,
-                         env={"KF_PIPELINES_TOKEN": "wrong-token-1313"})
-    finally:
-        api.server.shutdown()
-        api.server.server_close()
+def test_rejected_token_gives_kfps_reason_without_traceback_or_token(httpserver, workdir):
+    api = StandInKfpApi(httpserver, required_token=TOKEN)
+    result = kfp_cli(["submit", "--host", api.url, "--config", "tiny.yaml"], workdir,
+                     env={"KF_PIPELINES_TOKEN": "wrong-token-1313"})
     assert result.returncode == 1
     assert f"KFP API at {api.url} answered 401" in result.stderr
     assert "Unauthenticated: invalid bearer token" in result.stderr
     assert "Traceback" not in result.stderr and "wrong-token-1313" not in result.stderr
     assert not api.sent("POST", f"{API}/runs")
+    httpserver.check()
 
 
 def test_unreachable_host_is_named(workdir):

@@ -13,25 +13,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from batchscale.components.throughput_sweep.isolation import run_isolated
-from batchscale.components.throughput_sweep.search import (
+from batchscale.config import DataPrepConfig, SweepConfig
+from batchscale.schemas import check_schema
+from batchscale.storage import read_table_file
+from batchscale.sweep.isolation import run_isolated
+from batchscale.sweep.search import (
     DOES_NOT_FIT,
     FAILED,
     FITS,
     search_largest_batch,
     trial_budget,
 )
-from batchscale.components.throughput_sweep.sweep import (
+from batchscale.sweep.sweep import (
     check_real_input,
-    parse_memory_size,
     summarize,
     sweep,
 )
-from batchscale.components.throughput_sweep.trial import TrialSpec, is_oom
-from batchscale.config import DataPrepConfig, SweepConfig
-from batchscale.errors import BadInput
-from batchscale.schemas import check_schema
-from batchscale.storage import read_table_file
+from batchscale.sweep.trial import TrialSpec, is_oom
 from batchscale.workloads import get_workload
 from helpers import BATCHSCALE
 
@@ -95,19 +93,6 @@ def test_search_reports_when_the_smallest_batch_does_not_fit():
 
 
 # ---------------------------------------------------------------- small pieces
-@pytest.mark.parametrize(("text", "expected"), [
-    ("2GiB", 2 * 2**30), ("512MiB", 512 * 2**20), ("1.5GB", 1_500_000_000), ("4096", 4096),
-])
-def test_memory_sizes_parse(text, expected):
-    assert parse_memory_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["2XB", "", "-1GiB", "0", "GiB"])
-def test_bad_memory_sizes_are_refused(text):
-    with pytest.raises(BadInput, match="--memory-limit"):
-        parse_memory_size(text)
-
-
 def test_out_of_memory_errors_are_recognized():
     assert is_oom(torch.OutOfMemoryError("CUDA out of memory"))
     assert is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to ..."))
@@ -182,7 +167,7 @@ def test_auto_search_finds_the_wall_records_oom_and_recovers(tmp_path):
 
 
 def test_real_and_synthetic_input_both_in_the_table(tmp_path):
-    from batchscale.components.data_prep.prep import prepare
+    from batchscale.data.prep import prepare
 
     data = tmp_path / "data"
     prepare(DataPrepConfig(), data)
@@ -242,7 +227,7 @@ def test_ctrl_c_keeps_the_rows_already_measured(tmp_path):
     batches = ",".join(str(2**k) for k in range(12))
     env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
     proc = subprocess.Popen(BATCHSCALE + ["sweep", "--workload", "digits-mlp", "--batch-sizes",
-                                          batches, "--time-budget", "0.5", "--out", str(out)],
+                                          batches, "--time-budget-s", "0.5", "--out", str(out)],
                             cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not out.exists() and time.monotonic() < deadline and proc.poll() is None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 
 import pytest
 
+from batchscale.config import SweepConfig
 from batchscale.timing import (
     StepTimes,
     clock_for,
@@ -78,6 +80,17 @@ def test_on_window_reports_progress_between_windows():
     times = time_steps(CountingStep(), warmup_steps=0, min_steps=30, max_steps=30,
                        on_window=seen.append)
     assert seen == sorted(seen) and seen[-1] == len(times.seconds) == 30
+
+
+def test_defaults_are_the_sweep_configs():
+    """Each stop rule's default is defined once, in SweepConfig; time_steps reads it there."""
+    params = inspect.signature(time_steps).parameters
+    defaults = SweepConfig()
+    assert params["warmup_steps"].default == defaults.warmup_steps
+    assert params["min_steps"].default == defaults.min_timed_steps
+    assert params["max_steps"].default == defaults.max_timed_steps
+    assert params["target_cv"].default == defaults.target_cv
+    assert params["time_budget_s"].default == defaults.time_budget_s
 
 
 def test_summaries_of_known_step_times():

@@ -1,14 +1,15 @@
 """`launcher: kubeflow`: the convergence component submits a Kubeflow Trainer TrainJob through the
 real `kubeflow` SDK (TrainerClient) and the real `kubernetes` client.
 
-No Kubernetes API exists on our machines, so `StandInKubernetesApi` — a small HTTP server in
-this file, clearly a stand-in — plays the API server and the Trainer/JobSet controllers for the
-trainer.kubeflow.org/v1alpha1 `trainjobs` resource: it records every request, serves the
-`torch-distributed` ClusterTrainingRuntime, and "schedules" a created TrainJob by running its
-trainer command as one local process per node, with the container's env (Secret references
-resolved from the stand-in's secrets) plus the PET_* variables Trainer injects. Everything else
-is real: the SDK's requests, torchrun, the training script, the SeaweedFS object store the
-pods exchange the dataset, spec, checkpoints and results through.
+No Kubernetes API exists on our machines, so `StandInKubernetesApi` — routes on
+pytest-httpserver in this file, clearly a stand-in — plays the API server and the Trainer/JobSet
+controllers for the trainer.kubeflow.org/v1alpha1 `trainjobs` resource: the server logs every
+request, the stand-in serves the `torch-distributed` ClusterTrainingRuntime and "schedules" a
+created TrainJob by running its trainer command as one local process per node, with the
+container's env (Secret references resolved from the stand-in's secrets) plus the PET_*
+variables Trainer injects. Everything else is real: the SDK's requests, torchrun, the training
+script, the SeaweedFS object store the pods exchange the dataset, spec, checkpoints and results
+through.
 """
 
 from __future__ import annotations
@@ -20,20 +21,19 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from pytest_httpserver import HTTPServer
+from werkzeug import Request, Response
 
-from batchscale.components.convergence import runner, trainjob
-from batchscale.components.data_prep.prep import prepare
 from batchscale.config import parse_config
+from batchscale.convergence import runner, trainjob
+from batchscale.data.prep import prepare
 from batchscale.errors import BadInput, BatchscaleError
-from helpers import send_json
+from helpers import json_response
 
 TRAINER_API = "/apis/trainer.kubeflow.org/v1alpha1"
 NAMESPACE = "team-a"
@@ -68,31 +68,43 @@ def now() -> str:
 
 class StandInKubernetesApi:
     """A stand-in for the Kubernetes API server plus the Trainer controller (see the module
-    docstring): enough of /api/v1 and trainer.kubeflow.org/v1alpha1 for TrainerClient."""
+    docstring), served by pytest-httpserver: enough of /api/v1 and trainer.kubeflow.org/v1alpha1
+    for TrainerClient. A request it does not know fails the test."""
 
-    def __init__(self, secrets: dict[str, dict[str, str]], work_dir: Path,
+    def __init__(self, server: HTTPServer, secrets: dict[str, dict[str, str]], work_dir: Path,
                  nproc_per_node: int = 1):
+        self.server, self.url = server, server.url_for("").rstrip("/")
         self.secrets, self.work_dir, self.nproc_per_node = secrets, work_dir, nproc_per_node
-        self.requests: list[tuple[str, str, dict | None]] = []
         self.jobs: dict[str, dict] = {}
         self.nodes: dict[str, list[subprocess.Popen]] = {}
-        stand_in = self
+        jobs = f"{TRAINER_API}/namespaces/{NAMESPACE}/trainjobs"
+        pods = f"/api/v1/namespaces/{NAMESPACE}/pods"
+        one_job = re.compile(rf"{jobs}/[^/]+$")
+        routes = [
+            ("GET", f"{TRAINER_API}/clustertrainingruntimes/torch-distributed",
+             lambda req: json_response(RUNTIME)),
+            ("GET", f"{TRAINER_API}/namespaces/{NAMESPACE}/trainingruntimes/torch-distributed",
+             lambda req: not_found("trainingruntimes torch-distributed")),  # SDK looks here first
+            ("GET", "/api/v1/namespaces/kubeflow-system/configmaps/kubeflow-trainer-public",
+             lambda req: json_response({"kind": "ConfigMap", "apiVersion": "v1", "metadata": {
+                 "name": "kubeflow-trainer-public"}, "data": {
+                 "kubeflow_trainer_version": "v2.1.0"}})),
+            ("POST", jobs, lambda req: json_response(self.create(req.json), 201)),
+            ("GET", one_job, lambda req: self.if_known(req, self.job_object)),
+            ("DELETE", one_job, lambda req: self.if_known(req, self.delete)),
+            ("GET", pods, lambda req: json_response(self.pods(req.args["labelSelector"]))),
+            ("GET", re.compile(rf"{pods}/[^/]+/log$"), self.stream_log),
+            ("GET", f"/api/v1/namespaces/{NAMESPACE}/events",
+             lambda req: json_response({"kind": "EventList", "apiVersion": "v1",
+                                        "items": self.events()})),
+        ]
+        for method, path, respond in routes:
+            server.expect_request(path, method=method).respond_with_handler(respond)
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:  # keep pytest output readable
-                pass
-
-            def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else None
-                stand_in.requests.append((self.command, self.path, body))
-                stand_in.route(self, body)
-
-            do_GET = do_POST = do_DELETE = _handle
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    @property
+    def requests(self) -> list[tuple[str, str, dict | None]]:
+        """(method, path, JSON body or None) of every request received, in order."""
+        return [(r.method, r.path, r.get_json(silent=True)) for r, _ in self.server.log]
 
     # -- plumbing -----------------------------------------------------------------------------
     def close(self) -> None:
@@ -100,8 +112,6 @@ class StandInKubernetesApi:
             for p in procs:
                 p.kill()
                 p.wait()
-        self.server.shutdown()
-        self.server.server_close()
 
     def kubeconfig(self, path: Path) -> Path:
         path.write_text(json.dumps({
@@ -112,43 +122,13 @@ class StandInKubernetesApi:
                 "cluster": "stand-in", "user": "u", "namespace": NAMESPACE}}]}))
         return path
 
-    @staticmethod
-    def reply(handler, status: int, obj: dict) -> None:
-        send_json(handler, status, obj)
+    def if_known(self, req: Request, answer: Callable[[str], dict]) -> Response:
+        """`answer` for the TrainJob the path ends with, or Kubernetes' 404 when there is none."""
+        name = req.path.rsplit("/", 1)[1]
+        return json_response(answer(name)) if name in self.jobs else \
+            not_found(f"trainjobs {name}")
 
-    def not_found(self, handler, what: str) -> None:
-        self.reply(handler, 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                  "reason": "NotFound", "code": 404,
-                                  "message": f"{what} not found"})
-
-    # -- routes -------------------------------------------------------------------------------
-    def route(self, h, body: dict | None) -> None:
-        url = urlsplit(h.path)
-        path, query = url.path, parse_qs(url.query)
-        jobs = f"{TRAINER_API}/namespaces/{NAMESPACE}/trainjobs"
-        if path == f"{TRAINER_API}/clustertrainingruntimes/torch-distributed":
-            return self.reply(h, 200, RUNTIME)
-        if path == "/api/v1/namespaces/kubeflow-system/configmaps/kubeflow-trainer-public":
-            return self.reply(h, 200, {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {
-                "name": "kubeflow-trainer-public"}, "data": {"kubeflow_trainer_version": "v2.1.0"}})
-        if path == jobs and h.command == "POST":
-            return self.reply(h, 201, self.create(body))
-        if m := re.fullmatch(f"{jobs}/([^/]+)", path):
-            name = m.group(1)
-            if name not in self.jobs:
-                return self.not_found(h, f"trainjobs {name}")
-            if h.command == "DELETE":
-                return self.reply(h, 200, self.delete(name))
-            return self.reply(h, 200, self.job_object(name))
-        if path == f"/api/v1/namespaces/{NAMESPACE}/pods":
-            return self.reply(h, 200, self.pods(query["labelSelector"][0]))
-        if m := re.fullmatch(f"/api/v1/namespaces/{NAMESPACE}/pods/([^/]+)/log", path):
-            return self.stream_log(h, m.group(1))
-        if path == f"/api/v1/namespaces/{NAMESPACE}/events":
-            return self.reply(h, 200, {"kind": "EventList", "apiVersion": "v1",
-                                       "items": self.events()})
-        return self.not_found(h, path)  # e.g. namespaced trainingruntimes, the version map
-
+    # -- the API server and controllers -------------------------------------------------------
     def create(self, job: dict) -> dict:
         """Store the TrainJob and start its nodes, as Trainer + JobSet would."""
         name = job["metadata"]["name"]
@@ -228,16 +208,16 @@ class StandInKubernetesApi:
                  "firstTimestamp": now(), "type": "Warning"}
                 for name in self.jobs if any(c not in (None, 0) for c in self.exit_codes(name))]
 
-    def stream_log(self, h, pod: str) -> None:
+    def stream_log(self, req: Request) -> Response:
         """The node's output as it is written; with follow=true until the process ends."""
-        name, rank = re.fullmatch(r"(.+)-node-0-(\d+)", pod).groups()
+        name, rank = re.search(r"/pods/(.+)-node-0-(\d+)/log$", req.path).groups()
         path, proc = self.work_dir / f"{name}-node-{rank}.log", self.nodes[name][int(rank)]
-        h.send_response(200)
-        h.send_header("Content-Type", "text/plain")
-        h.end_headers()  # HTTP/1.0: the body ends when the connection closes
-        for chunk in follow_file(path, proc):
-            h.wfile.write(chunk)
-            h.wfile.flush()
+        return Response(follow_file(path, proc), content_type="text/plain")
+
+
+def not_found(what: str) -> Response:
+    return json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                          "reason": "NotFound", "code": 404, "message": f"{what} not found"}, 404)
 
 
 def follow_file(path: Path, proc: subprocess.Popen) -> Iterator[bytes]:
@@ -261,12 +241,12 @@ def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def cluster(object_store, tmp_path, monkeypatch) -> Iterator[StandInKubernetesApi]:
+def cluster(httpserver, object_store, tmp_path, monkeypatch) -> Iterator[StandInKubernetesApi]:
     """The stand-in API with a KUBECONFIG pointing at it, and the component's S3 env (the
     pipeline sets it from the same Secret)."""
     s = object_store.settings
-    api = StandInKubernetesApi({SECRET: {"accesskey": s.access_key,
-                                         "secretkey": s.secret_key}}, tmp_path)
+    api = StandInKubernetesApi(httpserver, {SECRET: {"accesskey": s.access_key,
+                                                     "secretkey": s.secret_key}}, tmp_path)
     monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path / "kubeconfig")))
     for name, value in {"BATCHSCALE_S3_ENDPOINT": s.endpoint_url, "BATCHSCALE_S3_BUCKET":
                         s.bucket, "BATCHSCALE_S3_PREFIX": s.prefix, "AWS_ACCESS_KEY_ID":
@@ -274,6 +254,7 @@ def cluster(object_store, tmp_path, monkeypatch) -> Iterator[StandInKubernetesAp
         monkeypatch.setenv(name, value)
     yield api
     api.close()
+    httpserver.check()  # no request the stand-in did not expect, no error in its handlers
 
 
 def created_job(api: StandInKubernetesApi) -> dict:
@@ -293,7 +274,7 @@ def expected_request(name: str, spec_uri: str, workers: int) -> dict:
             "runtimeRef": {"name": "torch-distributed", "kind": "ClusterTrainingRuntime"},
             "trainer": {
                 "command": ["torchrun", "--max-restarts=0", "-m",
-                            "batchscale.components.convergence.train", "--spec", spec_uri],
+                            "batchscale.convergence.train", "--spec", spec_uri],
                 "env": [{"name": "BATCHSCALE_S3_ENDPOINT",
                          "value": os.environ["BATCHSCALE_S3_ENDPOINT"]},
                         {"name": "BATCHSCALE_S3_BUCKET",

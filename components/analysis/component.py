@@ -20,7 +20,7 @@ def analysis(
 ):
     import math
 
-    from batchscale.components.analysis.stage import run_stage
+    from batchscale.analysis.stage import run_stage
 
     values = run_stage(
         config_json,

@@ -8,6 +8,6 @@ from batchscale.images import CPU_IMAGE
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def data_prep(config_json: str, dataset: Output[Dataset]):
-    from batchscale.components.data_prep.prep import run_stage
+    from batchscale.data.prep import run_stage
 
     run_stage(config_json, dataset.path)

@@ -16,7 +16,7 @@ def publish(config_json: str, run_id: str, dataset: Input[Dataset], sweep: Input
     import json
     import os
 
-    from batchscale.components.publish.publish import run_stage
+    from batchscale.lake.publish import run_stage
 
     manifest = run_stage(config_json, run_id, os.path.join(dataset.path, "manifest.parquet"),
                          sweep.path, curves.path, runs.path, analysis_table.path, report.path,
@@ -27,6 +27,6 @@ def publish(config_json: str, run_id: str, dataset: Input[Dataset], sweep: Input
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def regression_gate(config_json: str, regressions: Input[Dataset]):
-    from batchscale.components.publish.publish import gate_stage
+    from batchscale.lake.publish import gate_stage
 
     gate_stage(config_json, regressions.path)

@@ -11,7 +11,7 @@ from batchscale.images import CPU_IMAGE
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def validate_dataset(config_json: str, dataset: Input[Dataset], results: Output[Artifact],
                      page: Output[HTML]):
-    from batchscale.components.validate.stage import validate_dataset as run
+    from batchscale.checks.stage import validate_dataset as run
 
     run(config_json, dataset.path, results.path, page.path)
 
@@ -19,7 +19,7 @@ def validate_dataset(config_json: str, dataset: Input[Dataset], results: Output[
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def validate_sweep(config_json: str, sweep: Input[Dataset], results: Output[Artifact],
                    page: Output[HTML]):
-    from batchscale.components.validate.stage import validate_sweep as run
+    from batchscale.checks.stage import validate_sweep as run
 
     run(config_json, sweep.path, results.path, page.path)
 
@@ -28,7 +28,7 @@ def validate_sweep(config_json: str, sweep: Input[Dataset], results: Output[Arti
 def validate_runs(config_json: str, curves: Input[List[Dataset]], runs: Input[List[Dataset]],
                   merged_curves: Output[Dataset], merged_runs: Output[Dataset],
                   results: Output[Artifact], page: Output[HTML]):
-    from batchscale.components.validate.stage import validate_runs as run
+    from batchscale.checks.stage import validate_runs as run
 
     run(config_json, [c.path for c in curves], [r.path for r in runs], merged_curves.path,
         merged_runs.path, results.path, page.path)
@@ -37,6 +37,6 @@ def validate_runs(config_json: str, curves: Input[List[Dataset]], runs: Input[Li
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def validate_analysis(config_json: str, analysis: Input[Dataset], results: Output[Artifact],
                       page: Output[HTML]):
-    from batchscale.components.validate.stage import validate_analysis as run
+    from batchscale.checks.stage import validate_analysis as run
 
     run(config_json, analysis.path, results.path, page.path)

@@ -1,0 +1,17 @@
+"""Analysis: from the sweep, runs and curves tables to the analysis table, the KFP metrics, the
+Markdown summary and the HTML report. One concern per module:
+
+- `analyze`: `analyze(sweep, runs, curves, settings)` → rows, typed summary, metrics, Markdown
+- `critical`: steps to result, S = S_min + E_min/B, B_crit and its seed bootstrap, regimes,
+  time to target and B*
+- `parallel`: the gradient noise scale B_simple, data-parallel efficiency, worker choice
+- `recommend`: batch size, LR rule and workers, each with its reason
+- `summary`: the typed summary (dataclasses) and its flat KFP metrics
+- `narrative`: the Markdown prose, the one renderer of the narrative and the recommendation
+- `plots`: matplotlib figures as base64 PNG `data:` URIs
+- `report`: the self-contained HTML page (templates/report.html.j2)
+- `stage`: the entry point the KFP component runs
+
+The sweep-table fits (throughput curve, saturation batch, t(B), memory) are in
+`batchscale.fits`, shared with the sweep stage.
+"""

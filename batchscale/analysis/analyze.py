@@ -1,0 +1,265 @@
+"""The analysis of one run: from the sweep, runs and curves tables to the analysis table rows,
+the typed summary, the KFP metrics and the Markdown narrative.
+
+The pieces live by concern: sweep fits in `batchscale.fits`, steps to result and the critical
+batch in `critical`, B_simple and workers in `parallel`, the choice in `recommend`, the summary
+types in `summary`, the prose in `narrative`. Missing pieces (no reached trial for a rule, OOM
+rows, a single seed, an empty table) give NaN or None with a reason, never an exception: a
+report that says "not measured" is more useful than a failed pipeline step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from batchscale import schemas
+from batchscale.analysis.critical import (
+    bootstrap_critical_batch,
+    fit_critical_batch,
+    interval_note,
+    optimal_batch,
+    optimal_batch_cap,
+    regimes,
+    step_times,
+    steps_to_result,
+    time_to_target,
+)
+from batchscale.analysis.narrative import render_markdown
+from batchscale.analysis.parallel import noise_scale
+from batchscale.analysis.recommend import recommend
+from batchscale.analysis.summary import (
+    AnalysisSummary,
+    CriticalBatchSummary,
+    MemorySummary,
+    RegimeRange,
+    StepTimeSummary,
+    ThroughputSummary,
+)
+from batchscale.config import AnalysisConfig
+from batchscale.fits import (
+    StepTimeFit,
+    ensure_columns,
+    fit_memory,
+    input_pipeline_share,
+    largest_fitting_batch,
+    matches,
+    numeric_column,
+    saturation_batch,
+    throughput_curve,
+    timing_mode,
+)
+
+ANALYSIS_COLUMNS: list[str] = list(schemas.ANALYSIS.names)
+
+
+@dataclass(frozen=True)
+class AnalysisResult:
+    """What the analysis component writes: the analysis table, headline numbers and text."""
+
+    rows: list[dict]
+    """One dict per (lr_rule, batch_size), with exactly the columns of schemas.ANALYSIS."""
+    summary: AnalysisSummary
+    """Headline numbers with the reasons behind them."""
+    markdown: str
+    """Short answer to "why doesn't my training get faster?" with the numbers."""
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """Flat name → finite float, for KFP Metrics (non-finite values are left out)."""
+        return self.summary.metrics()
+
+
+def analyze(
+    sweep: pd.DataFrame | None,
+    runs: pd.DataFrame | None,
+    curves: pd.DataFrame | None,
+    settings: AnalysisConfig | None = None,
+) -> AnalysisResult:
+    """Fits, regimes and recommendation on one run's tables (`settings`: the experiment's
+    `analysis` config, its defaults when None)."""
+    settings = settings or AnalysisConfig()
+    sweep = ensure_columns(sweep, schemas.SWEEP)
+    runs = ensure_columns(runs, schemas.RUNS)
+    curves = ensure_columns(curves, schemas.CURVES)
+    throughput = _throughput_summary(sweep, settings.saturation_tolerance)
+    memory = _memory_summary(sweep)
+    table, step_fit, source = _cell_table(sweep, runs)
+    cap = optimal_batch_cap(sweep, table, memory.largest_fitting_batch)
+    labels = _regimes_by_rule(table)
+    critical = {
+        rule: _critical_summary(
+            runs, rule, cells, labels[rule], settings.bootstrap_samples, step_fit, cap
+        )
+        for rule, cells in table.groupby("lr_rule", sort=True)
+    }
+    b_simple, noise = noise_scale(runs, curves)
+    b_star = {rule: fit.optimal_batch for rule, fit in critical.items()}
+    times = numeric_column(table, "time_to_target_s")
+    summary = AnalysisSummary(
+        throughput=throughput,
+        memory=memory,
+        step_time=StepTimeSummary(
+            source, step_fit.alpha_s, step_fit.beta_s, step_fit.r2, step_fit.reason
+        ),
+        optimal_batch_cap=cap,
+        critical_batch=critical,
+        noise_scale=noise,
+        recommendation=recommend(table, runs, b_star),
+        min_time_to_target_s=float(np.nanmin(times)) if np.isfinite(times).any() else math.nan,
+    )
+    rows = _rows(table, summary, labels, b_simple)
+    return AnalysisResult(rows, summary, render_markdown(summary))
+
+
+def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSummary:
+    mode = timing_mode(sweep)
+    if mode is None:
+        return ThroughputSummary(
+            timing_input_mode=None,
+            saturation_batch=None,
+            saturation_reason="no batch size was timed successfully",
+            saturation_tolerance=tolerance,
+            saturated_at_smallest_batch=False,
+            best_samples_per_s=math.nan,
+            best_batch=None,
+            mfu_at_best=math.nan,
+            smallest_timed_batch=None,
+            input_pipeline_share=math.nan,
+        )
+    curve = throughput_curve(sweep, mode)
+    best = curve.loc[curve["samples_per_s"].idxmax()]
+    best_batch = int(best["batch_size"])
+    saturation = saturation_batch(sweep, tolerance, mode)
+    smallest = int(curve["batch_size"].min())
+    share = input_pipeline_share(sweep).set_index("batch_size")["share"]
+    return ThroughputSummary(
+        timing_input_mode=mode,
+        saturation_batch=saturation,
+        saturation_reason=f"smallest batch within {tolerance:.0%} of the best samples/s",
+        saturation_tolerance=tolerance,
+        saturated_at_smallest_batch=saturation == smallest and len(curve) > 1,
+        best_samples_per_s=float(best["samples_per_s"]),
+        best_batch=best_batch,
+        mfu_at_best=float(best["mfu"]),
+        smallest_timed_batch=smallest,
+        input_pipeline_share=float(share.get(float(best_batch), math.nan)),
+    )
+
+
+def _memory_summary(sweep: pd.DataFrame) -> MemorySummary:
+    curve = throughput_curve(sweep, timing_mode(sweep) or "synthetic")
+    fit = fit_memory(curve["batch_size"], curve["peak_memory_bytes"])
+    b_max, b_max_reason = largest_fitting_batch(sweep)
+    return MemorySummary(
+        fixed_bytes=fit.fixed_bytes,
+        per_sample_bytes=fit.per_sample_bytes,
+        r2=fit.r2,
+        reason=fit.reason if math.isnan(fit.fixed_bytes) else "",
+        largest_fitting_batch=b_max,
+        largest_fitting_reason=b_max_reason,
+    )
+
+
+def _cell_table(sweep: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataFrame, StepTimeFit, str]:
+    """Per (lr_rule, batch): S, E, step time, time to target and samples/s."""
+    table = steps_to_result(runs)
+    times, fit, source = step_times(sweep, runs, table["batch_size"])
+    batch = numeric_column(table, "batch_size")
+    table = table.assign(
+        step_time_s=times,
+        time_to_target_s=time_to_target(numeric_column(table, "steps_to_target"), times),
+        samples_per_s=batch / times,
+    )
+    return table, fit, source
+
+
+def _critical_summary(
+    runs: pd.DataFrame,
+    rule: str,
+    cells: pd.DataFrame,
+    labels: pd.DataFrame,
+    samples: int,
+    step_fit: StepTimeFit,
+    b_cap: float,
+) -> CriticalBatchSummary:
+    fit = fit_critical_batch(cells["batch_size"], cells["steps_to_target"])
+    low, high = math.nan, math.nan
+    note = fit.reason
+    batches = numeric_column(runs[matches(runs, "lr_rule", rule)], "batch_size")
+    if not fit.reason:
+        low, high = bootstrap_critical_batch(runs, rule, n=samples)
+        note = interval_note(runs, rule, (low, high))
+    return CriticalBatchSummary(
+        s_min=fit.s_min,
+        e_min=fit.e_min,
+        b_crit=fit.b_crit,
+        b_crit_low=low,
+        b_crit_high=high,
+        r2=fit.r2,
+        reason=fit.reason,
+        interval_note=note,
+        batch_range=(float(np.nanmin(batches)), float(np.nanmax(batches))),
+        optimal_batch=optimal_batch(step_fit.alpha_s, step_fit.beta_s, fit.b_crit, b_cap),
+        regimes=_regime_ranges(labels),
+    )
+
+
+def _regime_ranges(labels: pd.DataFrame) -> tuple[RegimeRange, ...]:
+    """Consecutive batches with the same regime (batches of unknown regime skipped)."""
+    ranges: list[RegimeRange] = []
+    for batch, regime in zip(labels["batch_size"], labels["regime"], strict=True):
+        if not isinstance(regime, str):
+            continue
+        if ranges and ranges[-1].regime == regime:
+            ranges[-1] = RegimeRange(regime, ranges[-1].first_batch, int(batch))
+        else:
+            ranges.append(RegimeRange(regime, int(batch), int(batch)))
+    return tuple(ranges)
+
+
+def _regimes_by_rule(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per LR rule, the regime of each batch (the `regimes` table)."""
+    return {
+        rule: regimes(cells["batch_size"], cells["steps_to_target"])
+        for rule, cells in table.groupby("lr_rule", sort=True)
+    }
+
+
+def _rows(
+    table: pd.DataFrame,
+    summary: AnalysisSummary,
+    labels: dict[str, pd.DataFrame],
+    b_simple: pd.Series,
+) -> list[dict]:
+    """The analysis table: one row per (lr_rule, batch), columns of schemas.ANALYSIS."""
+    regime_of = {
+        (rule, batch): regime
+        for rule, per_batch in labels.items()
+        for batch, regime in zip(per_batch["batch_size"], per_batch["regime"], strict=True)
+    }
+    rows = []
+    for cell in table.itertuples(index=False):
+        fit = summary.critical_batch[cell.lr_rule]
+        row = {
+            "lr_rule": str(cell.lr_rule),
+            "batch_size": int(cell.batch_size),
+            "steps_to_target": float(cell.steps_to_target),
+            "examples_to_target": float(cell.examples_to_target),
+            "step_time_s": float(cell.step_time_s),
+            "time_to_target_s": float(cell.time_to_target_s),
+            "samples_per_s": float(cell.samples_per_s),
+            "regime": regime_of.get((cell.lr_rule, float(cell.batch_size))),
+            "b_simple": float(b_simple.get(float(cell.batch_size), math.nan)),
+            "saturation_batch": summary.throughput.saturation_batch,
+            "s_min": float(fit.s_min),
+            "e_min": float(fit.e_min),
+            "b_crit": float(fit.b_crit),
+            "b_crit_low": float(fit.b_crit_low),
+            "b_crit_high": float(fit.b_crit_high),
+        }
+        rows.append({name: row[name] for name in ANALYSIS_COLUMNS})
+    return rows

@@ -1,0 +1,48 @@
+"""The recommendation: batch size, LR rule and worker count, each with a one-line reason."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from batchscale.analysis.parallel import worker_choice
+from batchscale.analysis.summary import Recommendation
+from batchscale.fits import numeric_column
+
+
+def recommend(
+    table: pd.DataFrame, runs: pd.DataFrame, b_star: dict[str, float] | None = None
+) -> Recommendation:
+    """Batch size, LR rule and worker count, each with a one-line reason.
+
+    Batch: the minimum measured time to target (S·t) over reached (rule, batch) cells; the
+    model optimum B* of the chosen rule (`b_star`, per rule) is quoted to explain it, not to
+    override the measurement. LR rule: the smallest S at that batch. Workers: `worker_choice`.
+    `table` has lr_rule, batch_size, steps_to_target, step_time_s, time_to_target_s.
+    """
+    workers, workers_reason = worker_choice(runs)
+    timed = (
+        table[np.isfinite(numeric_column(table, "time_to_target_s"))] if not table.empty else table
+    )
+    if timed.empty:
+        reason = "no trial reached the target with a known step time"
+        return Recommendation(None, None, workers, reason, reason, workers_reason)
+    best = timed.sort_values(["time_to_target_s", "batch_size"]).iloc[0]
+    batch = int(best["batch_size"])
+    batch_reason = (
+        f"fastest time to target: {best['time_to_target_s']:.3g} s "
+        f"({best['steps_to_target']:.0f} steps × {1e3 * best['step_time_s']:.3g} ms per step)"
+    )
+    at_batch = timed[timed["batch_size"] == batch].sort_values(["steps_to_target", "lr_rule"])
+    rule = str(at_batch.iloc[0]["lr_rule"])
+    model = (b_star or {}).get(rule, math.nan)
+    if math.isfinite(model):
+        batch_reason += f"; the model optimum sqrt(α·B_crit/β) is ≈ {model:.0f}"
+    listing = ", ".join(
+        f"{r} {s:.0f}"
+        for r, s in zip(at_batch["lr_rule"], at_batch["steps_to_target"], strict=True)
+    )
+    rule_reason = f"fewest steps to target at batch {batch} ({listing})"
+    return Recommendation(batch, rule, workers, batch_reason, rule_reason, workers_reason)

@@ -1,0 +1,95 @@
+"""The analysis report: one self-contained HTML page, rendered from `report.html.j2`.
+
+The page is opened from the KFP UI, from object storage or from a laptop, often offline, so it
+carries everything inside: plots as base64 PNG `data:` URIs (`plots`), the shared inline
+stylesheet, no link to any CDN or web font. The template escapes every value; the prose is the
+analysis's own Markdown (`narrative`), turned into HTML by `batchscale.html.markdown_html`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from markupsafe import Markup
+
+from batchscale import schemas
+from batchscale.analysis.analyze import AnalysisResult
+from batchscale.analysis.narrative import narrative_markdown, recommendation_list
+from batchscale.analysis.plots import convergence_plots, parallel_plot, throughput_plots
+from batchscale.fits import ensure_columns
+from batchscale.html import environment, markdown_html, render_page
+
+TEMPLATE = "report.html.j2"
+MACROS = "report_macros.j2"
+REGRESSIONS_SLOT = Markup("<!-- regressions -->")
+"""Where publish puts the "Regressions" section: the check needs the lake's history, which
+the analysis step does not read, so the section is added to the rendered page afterwards."""
+REGRESSIONS_TITLE = "Regressions"
+TABLE_COLUMNS = (
+    ("lr_rule", "LR rule"),
+    ("batch_size", "batch"),
+    ("steps_to_target", "steps"),
+    ("examples_to_target", "examples"),
+    ("step_time_s", "step time (s)"),
+    ("time_to_target_s", "time to target (s)"),
+    ("samples_per_s", "samples/s"),
+    ("regime", "regime"),
+    ("b_simple", "B_simple"),
+)
+
+
+def render_html(
+    result: AnalysisResult,
+    sweep: pd.DataFrame | None,
+    runs: pd.DataFrame | None,
+    curves: pd.DataFrame | None,
+    *,
+    title: str = "batchscale report",
+) -> str:
+    """The whole report as one HTML string, with every plot embedded and nothing fetched."""
+    sweep = ensure_columns(sweep, schemas.SWEEP)
+    runs = ensure_columns(runs, schemas.RUNS)
+    curves = ensure_columns(curves, schemas.CURVES)
+    summary = result.summary
+    table = pd.DataFrame(result.rows, columns=schemas.ANALYSIS.names)
+    return render_page(
+        TEMPLATE,
+        title=title,
+        recommendation=markdown_html(recommendation_list(summary.recommendation)),
+        narrative=markdown_html(narrative_markdown(summary)),
+        regressions_slot=REGRESSIONS_SLOT,
+        throughput_plots=throughput_plots(sweep, summary),
+        convergence_plots=convergence_plots(table, curves, summary),
+        parallel_plot=parallel_plot(runs),
+        table_headings=[heading for _, heading in TABLE_COLUMNS],
+        table_rows=[_table_cells(row) for row in result.rows],
+    )
+
+
+def add_regressions(page: str, markdown: str) -> str:
+    """`page` with a "Regressions" section rendered from `markdown` (its `## ` title line
+    dropped), in the slot `render_html` leaves, or at the end of a page without one."""
+    body = "\n".join(line for line in markdown.splitlines() if not line.startswith("## "))
+    section = environment().get_template(MACROS).module.section(
+        REGRESSIONS_TITLE, markdown_html(body)
+    )
+    if REGRESSIONS_SLOT in page:
+        return page.replace(REGRESSIONS_SLOT, section, 1)
+    return page.replace("</body>", f"{section}\n</body>", 1)
+
+
+def _table_cells(row: dict) -> list[tuple[str, bool]]:
+    """(shown text, is text) per column of the results table; text cells align left."""
+    return [
+        (_fmt(row[key]), isinstance(row[key], str) or row[key] is None)
+        for key, _ in TABLE_COLUMNS
+    ]
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return "" if value is None else str(value)

@@ -1,0 +1,162 @@
+"""The analysis summary as typed objects: the headline numbers of one run with the reasons behind
+them. `analyze` builds them; the Markdown narrative, the HTML report and the KFP metrics read
+them as attributes.
+
+Every value is a plain Python value (float, int, str, None, tuples and dicts of them), so
+`dataclasses.asdict` of a summary is JSON-serializable. Missing numbers are NaN (or None for a
+batch size that does not exist), each with a reason string.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ThroughputSummary:
+    """Samples/s over the sweep's batch sizes, and where the device saturates."""
+
+    timing_input_mode: str | None
+    """The input mode whose step times describe the device; None when nothing was timed."""
+    saturation_batch: int | None
+    """Smallest batch within `saturation_tolerance` of the best samples/s."""
+    saturation_reason: str
+    saturation_tolerance: float
+    saturated_at_smallest_batch: bool
+    best_samples_per_s: float
+    best_batch: int | None
+    """The batch with the best samples/s."""
+    mfu_at_best: float
+    smallest_timed_batch: int | None
+    input_pipeline_share: float
+    """Share of synthetic-input samples/s lost with real input at `best_batch` (NaN: unknown)."""
+
+
+@dataclass(frozen=True)
+class MemorySummary:
+    """Peak memory ≈ fixed + per_sample·B, and the largest batch that ran without an OOM."""
+
+    fixed_bytes: float
+    per_sample_bytes: float
+    r2: float
+    reason: str
+    """Why there is no fit ("" when there is one)."""
+    largest_fitting_batch: float
+    """+inf when no batch ran out of memory, NaN when no batch ran."""
+    largest_fitting_reason: str
+
+
+@dataclass(frozen=True)
+class StepTimeSummary:
+    """The step-time line t(B) ≈ alpha + beta·B, and which measurements it came from."""
+
+    source: str
+    alpha_s: float
+    beta_s: float
+    r2: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class RegimeRange:
+    """Consecutive measured batch sizes in the same regime of Shallue et al. 2018."""
+
+    regime: str
+    first_batch: int
+    last_batch: int
+
+
+@dataclass(frozen=True)
+class CriticalBatchSummary:
+    """One LR rule: S(B) = S_min + E_min/B, B_crit with its bootstrap interval, regimes, B*."""
+
+    s_min: float
+    e_min: float
+    b_crit: float
+    b_crit_low: float
+    b_crit_high: float
+    r2: float
+    reason: str
+    """Why B_crit was not estimated ("" when it was)."""
+    interval_note: str
+    """Why the interval is missing, or that it reaches an end of the measured range."""
+    batch_range: tuple[float, float]
+    """Smallest and largest batch size run with this rule."""
+    optimal_batch: float
+    """B* = sqrt(alpha·B_crit/beta), capped at the largest batch that fits."""
+    regimes: tuple[RegimeRange, ...]
+
+
+@dataclass(frozen=True)
+class NoiseScaleSummary:
+    """The gradient noise scale B_simple at the end of the trials."""
+
+    b_simple_median: float
+    trials: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """Batch size, LR rule and worker count, each None when there is no answer, with a reason."""
+
+    batch_size: int | None
+    lr_rule: str | None
+    workers: int | None
+    batch_reason: str
+    lr_rule_reason: str
+    workers_reason: str
+
+
+@dataclass(frozen=True)
+class AnalysisSummary:
+    """Everything the narrative, the report and the metrics say about one run."""
+
+    throughput: ThroughputSummary
+    memory: MemorySummary
+    step_time: StepTimeSummary
+    optimal_batch_cap: float
+    """The largest batch B* may take: the largest that fits, else the largest measured."""
+    critical_batch: dict[str, CriticalBatchSummary]
+    """Per LR rule, in sorted order."""
+    noise_scale: NoiseScaleSummary
+    recommendation: Recommendation
+    min_time_to_target_s: float
+
+    def metrics(self) -> dict[str, float]:
+        """Finite headline numbers, flat, for KFP Metrics (which cannot store NaN or inf)."""
+        values: dict[str, object] = {
+            "saturation_batch": self.throughput.saturation_batch,
+            "best_samples_per_s": self.throughput.best_samples_per_s,
+            "mfu_at_best": self.throughput.mfu_at_best,
+            "input_pipeline_share": self.throughput.input_pipeline_share,
+            "step_time_alpha_s": self.step_time.alpha_s,
+            "step_time_beta_s": self.step_time.beta_s,
+            "step_time_r2": self.step_time.r2,
+            "memory_fixed_bytes": self.memory.fixed_bytes,
+            "memory_per_sample_bytes": self.memory.per_sample_bytes,
+            "largest_fitting_batch": self.memory.largest_fitting_batch,
+            "b_simple_median": self.noise_scale.b_simple_median,
+            "recommended_batch_size": self.recommendation.batch_size,
+            "recommended_workers": self.recommendation.workers,
+            "min_time_to_target_s": self.min_time_to_target_s,
+        }
+        for rule, fit in self.critical_batch.items():
+            values.update(
+                {
+                    f"s_min_{rule}": fit.s_min,
+                    f"e_min_{rule}": fit.e_min,
+                    f"b_crit_{rule}": fit.b_crit,
+                    f"b_crit_low_{rule}": fit.b_crit_low,
+                    f"b_crit_high_{rule}": fit.b_crit_high,
+                    f"optimal_batch_{rule}": fit.optimal_batch,
+                }
+            )
+        return {name: float(value) for name, value in values.items() if _is_finite_number(value)}
+
+
+def _is_finite_number(value: object) -> bool:
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    )

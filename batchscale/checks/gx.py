@@ -1,0 +1,103 @@
+"""The great-expectations adapter: run a suite on a dataframe, return plain result rows.
+
+great_expectations is imported here only, inside the functions that run it (≈2–7 s, ≈250 MB):
+importing batchscale.checks stays cheap, and one ephemeral context per process is reused.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import pandas as pd
+
+from batchscale.checks.results import MAX_SHOWN, SOURCE_GX, result
+from batchscale.checks.suites import load_suite
+
+
+@functools.cache
+def gx_context() -> Any:
+    """One ephemeral GX context per process: creating it (and importing GX) takes seconds."""
+    os.environ["GX_ANALYTICS_ENABLED"] = "false"
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    ctx = gx.get_context(mode="ephemeral")
+    ctx.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
+    ctx.data_sources.add_pandas("batchscale")
+    return ctx
+
+
+@functools.cache
+def _validation_definition(kind: str) -> Any:
+    """The suite of `kind` bound to a whole-dataframe batch, registered once per process."""
+    import great_expectations as gx
+
+    ctx = gx_context()
+    data = load_suite(kind)
+    suite = gx.ExpectationSuite(
+        name=data["name"], expectations=data["expectations"], meta=data["meta"],
+        notes=data.get("notes"),
+    )
+    if len(suite.expectations) != len(data["expectations"]):
+        # GX logs and drops invalid expectations instead of raising: refuse a broken suite.
+        raise RuntimeError(f"suite {kind}.json has invalid expectations (see the log above)")
+    suite = ctx.suites.add(suite)
+    asset = ctx.data_sources.get("batchscale").add_dataframe_asset(kind)
+    batch = asset.add_batch_definition_whole_dataframe(kind)
+    return ctx.validation_definitions.add(gx.ValidationDefinition(name=kind, data=batch,
+                                                                  suite=suite))
+
+
+def run_suite(kind: str, df: pd.DataFrame, parameters: dict, row_keys: list[str]) -> list[dict]:
+    """Run the suite; results in suite order, each with up to MAX_SHOWN offending values/rows."""
+    definition = _validation_definition(kind)
+    order = {e.id: i for i, e in enumerate(definition.suite.expectations)}
+    outcome = definition.run(
+        batch_parameters={"dataframe": df},
+        expectation_parameters=parameters,
+        result_format={"result_format": "SUMMARY", "partial_unexpected_count": MAX_SHOWN},
+    ).to_json_dict()
+    raw = sorted(outcome["results"], key=lambda r: order.get(r["expectation_config"]["id"], 0))
+    return [_from_gx(r, df, row_keys) for r in raw]
+
+
+def _from_gx(raw: dict, df: pd.DataFrame, row_keys: list[str]) -> dict:
+    config = raw["expectation_config"]
+    kwargs = {k: v for k, v in config["kwargs"].items() if k != "batch_id"}
+    column = kwargs.pop("column", None) or kwargs.pop("column_list", None)
+    if column is None and "column_A" in kwargs:
+        column = [kwargs.pop("column_A"), kwargs.pop("column_B")]
+    found = raw.get("result") or {}
+    return result(
+        config["type"], column, bool(raw["success"]), SOURCE_GX,
+        description=config.get("description") or "",
+        kwargs=kwargs,
+        element_count=found.get("element_count"),
+        unexpected_count=found.get("unexpected_count"),
+        unexpected_values=found.get("partial_unexpected_list", [])[:MAX_SHOWN],
+        unexpected_rows=_rows(df, found.get("partial_unexpected_index_list", []), row_keys),
+        observed_value=found.get("observed_value"),
+        error=_exception_message(raw.get("exception_info") or {}),
+    )
+
+
+def _rows(df: pd.DataFrame, index: list, row_keys: list[str]) -> list[dict]:
+    """Identify offending rows by their key columns (and position), not only by position."""
+    rows = []
+    for i in index[:MAX_SHOWN]:
+        row = {"row": int(i)}
+        row.update({k: df.at[i, k] for k in row_keys})
+        rows.append(row)
+    return rows
+
+
+def _exception_message(info: dict) -> str | None:
+    """GX nests exceptions per metric when a metric fails (e.g. a column it cannot find)."""
+    if info.get("raised_exception"):
+        return info.get("exception_message")
+    for value in info.values():
+        if isinstance(value, dict) and value.get("exception_message"):
+            return value["exception_message"]
+    return None

@@ -1,0 +1,175 @@
+"""The checks great-expectations cannot express, run in Python and reported as result rows.
+
+A suite names the rules it wants in `meta.python_checks` (with their options). Every rule takes
+(table, dataframe, parameter values, context, **options) and returns a list of result rows; a
+rule whose cross-table input is not in the context returns no rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batchscale.checks.results import MAX_SHOWN, SOURCE_PYTHON, plain, result
+from batchscale.errors import BadInput
+from batchscale.schemas import RunStatus
+
+# ---------------------------------------------------------------- class balance
+
+
+def class_balance(
+    table: pa.Table, df: pd.DataFrame, parameters: dict, context: dict,
+    *, min_share_of_uniform: float,
+) -> list[dict]:
+    """Extreme imbalance: the rarest class has fewer rows than a share of the uniform count."""
+    num_classes = parameters["num_classes"]
+    labels = df["label"].dropna().astype("int64")
+    counts = labels[(labels >= 0) & (labels < num_classes)].value_counts()
+    counts = {c: int(counts.get(c, 0)) for c in range(num_classes)}
+    return [_balance_result("label", counts, min_share_of_uniform)]
+
+
+def histogram_class_balance(
+    table: pa.Table, df: pd.DataFrame, parameters: dict, context: dict,
+    *, min_share_of_uniform: float,
+) -> list[dict]:
+    """Class balance of each split, from the shards' class histograms summed per split."""
+    totals: dict[str, np.ndarray] = {}
+    for split, hist in zip(table.column("split").to_pylist(),
+                           table.column("class_histogram").to_pylist(), strict=True):
+        total = totals.setdefault(split, np.zeros(len(hist or []), np.int64))
+        if hist and len(hist) == len(total):  # other lengths are reported by the GX suite
+            total += hist
+    return [
+        _balance_result(f"class_histogram[split={split}]",
+                        {c: int(n) for c, n in enumerate(hist)}, min_share_of_uniform)
+        for split, hist in sorted(totals.items(), key=lambda item: str(item[0]))
+    ]
+
+
+def _balance_result(column: str, counts: dict[int, int], min_share: float) -> dict:
+    """Flag classes under `min_share` of the uniform count.
+
+    Below one row of floor (e.g. a small last shard) a missing class is chance, not imbalance,
+    so such tables pass; the manifest's per-split check still covers the whole split.
+    """
+    total = sum(counts.values())
+    floor = min_share * total / max(len(counts), 1)
+    rare = sorted((n, c) for c, n in counts.items() if n < floor) if floor >= 1 else []
+    return result(
+        "expect_smallest_class_to_be_at_least_share_of_uniform", column, not rare,
+        SOURCE_PYTHON,
+        description=f"every class has at least {min_share:g} of the uniform share of rows",
+        kwargs={"min_share_of_uniform": min_share, "min_rows": round(floor, 3)},
+        element_count=total,
+        unexpected_count=len(rare),
+        unexpected_values=[f"class {c}: {n} rows" for n, c in rare[:MAX_SHOWN]],
+        observed_value={"smallest_class_rows": min(counts.values(), default=0),
+                        "uniform_rows": round(total / max(len(counts), 1), 3)},
+    )
+
+
+# ---------------------------------------------------------------- shard files
+
+
+def shard_checksums(
+    table: pa.Table, df: pd.DataFrame, parameters: dict, context: dict,
+) -> list[dict]:
+    """Every shard's sha256 as written matches the manifest, and no file is unlisted."""
+    if "shard_checksums" not in context:
+        return []
+    actual = context["shard_checksums"]
+    listed = dict(zip(table.column("shard").to_pylist(), table.column("sha256").to_pylist(),
+                      strict=True))
+    bad = [
+        f"{shard}: manifest {listed.get(shard, 'not listed')}, file {actual.get(shard, 'missing')}"
+        for shard in sorted(set(listed) | set(actual))
+        if listed.get(shard) != actual.get(shard)
+    ]
+    return [result(
+        "expect_shard_checksums_to_match_manifest", "sha256", not bad, SOURCE_PYTHON,
+        description="the sha256 of each shard file equals the manifest's",
+        element_count=len(listed), unexpected_count=len(bad), unexpected_values=bad[:MAX_SHOWN],
+    )]
+
+
+# ---------------------------------------------------------------- runs against their curves
+
+
+def steps_to_target_matches_curves(
+    table: pa.Table, df: pd.DataFrame, parameters: dict, context: dict,
+) -> list[dict]:
+    """A reached trial's steps_to_target is the first curve step at or above the target."""
+    if "curves" not in context:
+        return []
+    reached = [r for r in _run_rows(table) if r["status"] == RunStatus.REACHED]
+    crossing = _first_crossings(context["curves"], reached)
+    bad = []
+    for run in reached:
+        found = crossing.get(run["trial_id"])
+        if found is None or found != run["steps_to_target"]:
+            seen = "never reach the target" if found is None else f"cross at step {found}"
+            bad.append(f"{run['trial_id']}: steps_to_target {run['steps_to_target']}, "
+                       f"curves {seen}")
+    return [result(
+        "expect_steps_to_target_to_match_curves", "steps_to_target", not bad, SOURCE_PYTHON,
+        description="steps_to_target is the first curve step whose val_accuracy >= "
+        "target_val_accuracy",
+        element_count=len(reached), unexpected_count=len(bad), unexpected_values=bad[:MAX_SHOWN],
+    )]
+
+
+def reached_trials_have_finite_losses(
+    table: pa.Table, df: pd.DataFrame, parameters: dict, context: dict,
+) -> list[dict]:
+    """A trial whose curve holds a NaN/inf loss diverged; it cannot be marked reached."""
+    if "curves" not in context:
+        return []
+    points = _curve_points(context["curves"], ["trial_id", "step", "train_loss"])
+    finite = pc.fill_null(pc.is_finite(context["curves"].column("train_loss")), True)
+    reached = {r["trial_id"] for r in _run_rows(table) if r["status"] == RunStatus.REACHED}
+    nonfinite = ~finite.to_numpy(zero_copy_only=False)
+    bad_points = points[nonfinite & points["trial_id"].isin(reached)].drop_duplicates("trial_id")
+    bad = [f"{r.trial_id}: train_loss {plain(r.train_loss)} at step {r.step}"
+           for r in bad_points.itertuples()]
+    return [result(
+        "expect_reached_trials_to_have_finite_losses", "status", not bad, SOURCE_PYTHON,
+        description="trials marked reached have no NaN/inf train_loss in their curves",
+        element_count=len(reached), unexpected_count=len(bad), unexpected_values=bad[:MAX_SHOWN],
+    )]
+
+
+def _run_rows(table: pa.Table) -> list[dict]:
+    """Runs rows as Python values (pandas would turn nullable integers into floats)."""
+    columns = ["trial_id", "status", "steps_to_target", "target_val_accuracy"]
+    return table.select(columns).to_pylist()
+
+
+def _first_crossings(curves: pa.Table, runs: list[dict]) -> dict[str, int]:
+    """trial_id -> first step whose val_accuracy reaches that trial's target."""
+    targets = {r["trial_id"]: r["target_val_accuracy"] for r in runs}
+    points = _curve_points(curves, ["trial_id", "step", "val_accuracy"]).dropna()
+    points = points[points["val_accuracy"] >= points["trial_id"].map(targets)]
+    first = points.groupby("trial_id")["step"].min()
+    return {trial: int(step) for trial, step in first.items()}
+
+
+def _curve_points(curves: pa.Table, columns: list[str]) -> pd.DataFrame:
+    """Columns of the context curves table, refusing a table that lacks them (a wiring bug)."""
+    missing = [c for c in columns if c not in curves.column_names]
+    if missing:
+        raise BadInput(f"validate runs: context curves lacks columns {missing}")
+    return curves.select(columns).to_pandas()
+
+
+PYTHON_CHECKS: dict[str, Callable[..., list[dict]]] = {
+    "class_balance": class_balance,
+    "histogram_class_balance": histogram_class_balance,
+    "shard_checksums": shard_checksums,
+    "steps_to_target_matches_curves": steps_to_target_matches_curves,
+    "reached_trials_have_finite_losses": reached_trials_have_finite_losses,
+}

@@ -1,0 +1,82 @@
+"""validate entry points: run the great-expectations suites on a stage's tables, write one JSON
+result and one readable HTML page, and stop the pipeline when any check fails."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pyarrow as pa
+
+from batchscale.checks.report import validation_page
+from batchscale.checks.validate import validate_table
+from batchscale.config import config_from_json
+from batchscale.errors import ValidationFailed
+from batchscale.storage import read_table_file, write_table_atomic
+
+
+def check_tables(checks: list[tuple[str, str, pa.Table, dict]], json_path: str,
+                 html_path: str) -> None:
+    """checks: (label, table kind, table, context). Writes the results, then raises on failure."""
+    reports = [(label, validate_table(kind, table, context=ctx))
+               for label, kind, table, ctx in checks]
+    Path(json_path).write_text(json.dumps(
+        [{"table": label, **json.loads(r.to_json())} for label, r in reports], indent=1))
+    Path(html_path).write_text(validation_page(reports))
+    failed = [(label, r) for label, r in reports if not r.success]
+    for label, r in reports:
+        print(f"validate {label}: {'passed' if r.success else 'FAILED'} "
+              f"({r.statistics.get('successful_expectations', '?')}/"
+              f"{r.statistics.get('evaluated_expectations', '?')} expectations)")
+    if failed:
+        raise ValidationFailed("\n".join(f"[{label}] {r.failure_message()}" for label, r in failed))
+
+
+def validate_dataset(config_json: str, dataset_dir: str, json_path: str, html_path: str) -> None:
+    from batchscale.shards import read_manifest, sha256_file
+
+    config_from_json(config_json)
+    root = Path(dataset_dir)
+    manifest = read_manifest(root)
+    entries = manifest.to_pylist()
+    checksums = {m["shard"]: sha256_file(root / m["shard"]) for m in entries}
+    checks = [("manifest", "manifest", manifest, {"shard_checksums": checksums})]
+    for m in entries:
+        ctx = {"num_classes": m["num_classes"],
+               "feature_length": math.prod(m["feature_shape"])}
+        checks.append((m["shard"], "dataset", read_table_file(root / m["shard"]), ctx))
+    check_tables(checks, json_path, html_path)
+
+
+def validate_sweep(config_json: str, sweep_path: str, json_path: str, html_path: str) -> None:
+    cfg = config_from_json(config_json)
+    table = read_table_file(sweep_path)
+    # With `batch_sizes: auto` the search picks the batches: there is no list to check against.
+    ctx = {} if cfg.sweep.batch_sizes == "auto" else {"batch_sizes": list(cfg.sweep.batch_sizes)}
+    check_tables([("sweep", "sweep", table, ctx)], json_path, html_path)
+
+
+def validate_runs(config_json: str, curves_paths: list[str], runs_paths: list[str],
+                  merged_curves: str, merged_runs: str, json_path: str, html_path: str) -> None:
+    """Merge the fanned-out convergence tables, check them, and pass the merged tables on."""
+    cfg = config_from_json(config_json)
+    curves = pa.concat_tables([read_table_file(p) for p in curves_paths])
+    runs = pa.concat_tables([read_table_file(p) for p in runs_paths])
+    batches = list(cfg.convergence.batch_sizes)
+    check_tables([
+        ("curves", "curves", curves, {"batch_sizes": batches}),
+        ("runs", "runs", runs, {"batch_sizes": batches, "curves": curves}),
+    ], json_path, html_path)
+    write_table_atomic(merged_curves, curves)
+    write_table_atomic(merged_runs, runs)
+
+
+def validate_analysis(config_json: str, analysis_path: str, json_path: str,
+                      html_path: str) -> None:
+    cfg = config_from_json(config_json)
+    ctx = {}
+    if cfg.sweep.batch_sizes != "auto":
+        ctx["batch_sizes"] = sorted(set(cfg.convergence.batch_sizes) | set(cfg.sweep.batch_sizes))
+    check_tables([("analysis", "analysis", read_table_file(analysis_path), ctx)],
+                 json_path, html_path)

@@ -1,0 +1,183 @@
+"""convergence core: build the trial spec for some batch sizes and run it with torchrun.
+
+Locally the trials of one call run in one `torchrun --standalone` process group, one trial after
+another (measurements never overlap). With `launcher: kubeflow` the same spec and entry point
+run as a Kubeflow Trainer TrainJob (see trainjob.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+
+from batchscale.config import ExperimentConfig
+from batchscale.convergence import checkpoint, train
+from batchscale.convergence.schedule import scaled_lr
+from batchscale.convergence.spec import ConvergenceSpec, TrainingSettings, TrialSpec
+from batchscale.errors import BadInput, BatchscaleError
+from batchscale.location import Location, is_s3_uri, open_location
+from batchscale.storage import write_bytes_atomic
+
+ENTRY_POINT = Path(train.__file__)
+ENTRY_MODULE = "batchscale.convergence.train"
+
+
+def trial_id(batch_size: int, rule: str, seed: int, workers: int, lr: float | None = None) -> str:
+    """Readable and unique within a spec; grid trials also carry their learning rate."""
+    rule_part = f"{rule}-lr{lr:g}" if rule == "grid" else rule
+    return f"b{batch_size}-{rule_part}-s{seed}-w{workers}"
+
+
+def trial_lrs(cfg: ExperimentConfig, rule: str, batch_size: int) -> list[float]:
+    """The learning rates a rule tries at one batch size: one scaled LR, or the whole grid."""
+    c = cfg.convergence
+    if rule == "grid":
+        return list(c.lr_grid)
+    return [scaled_lr(rule, c.base_lr, batch_size, c.reference_batch_size)]
+
+
+def build_trials(cfg: ExperimentConfig, batch_sizes: list[int],
+                 workers: int) -> list[TrialSpec]:
+    c = cfg.convergence
+    return [
+        TrialSpec(trial_id=trial_id(b, rule, seed, workers, lr), batch_size=b, lr_rule=rule,
+                  lr=lr, seed=seed)
+        for b in batch_sizes for rule in c.lr_rules for lr in trial_lrs(cfg, rule, b)
+        for seed in c.seeds
+    ]
+
+
+def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, out_dir: str,
+               run_id: str, workers: int | None = None,
+               checkpoint_dir: str | None = None) -> ConvergenceSpec:
+    """Everything the training script needs; paths may be local or s3:// URIs. Checkpoints go
+    to `checkpoint_dir`, else `<checkpoint_uri>/<run_id>` for an s3:// URI, else a directory
+    inside `out_dir` (the config's relative `checkpoint_uri`, default `checkpoints`)."""
+    c = cfg.convergence
+    workers = workers or c.workers
+    if checkpoint_dir is None:
+        if c.checkpoint_uri and is_s3_uri(c.checkpoint_uri):
+            checkpoint_dir = f"{c.checkpoint_uri.rstrip('/')}/{run_id}"
+        else:  # a relative directory: always inside this trial's work directory
+            checkpoint_dir = f"{out_dir.rstrip('/')}/{c.checkpoint_uri or 'checkpoints'}"
+    training = TrainingSettings(
+        workload=cfg.workload, workers=workers, accumulation_steps=c.accumulation_steps,
+        momentum=c.momentum, warmup_steps=c.warmup_steps,
+        target_val_accuracy=c.target_val_accuracy, max_steps=c.max_steps,
+        eval_every_steps=c.eval_every_steps, divergence_factor=c.divergence_factor,
+        patience_evals=c.patience_evals, gns_every_steps=c.gns_every_steps)
+    return ConvergenceSpec(
+        run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name,
+        data_dir=str(data_dir), out_dir=str(out_dir), checkpoint_dir=str(checkpoint_dir),
+        checkpoint_every_steps=c.checkpoint_every_steps, training=training,
+        trials=build_trials(cfg, batch_sizes, workers))
+
+
+def check_checkpoints(spec: ConvergenceSpec) -> None:
+    """Fail before any process starts when a stored checkpoint belongs to other settings (a
+    changed config, another worker count) or another checkpoint format: torchrun would
+    otherwise restart the group on the same error until its restarts run out."""
+    location = open_location(spec.checkpoint_dir)
+    for trial in spec.trials:
+        name = checkpoint.latest(location, trial.trial_id)
+        if name is not None:
+            checkpoint.load(location, name, spec.identity(trial))
+
+
+def torchrun_command(spec_path: str, workers: int, max_restarts: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={workers}", f"--max-restarts={max_restarts}",
+            str(ENTRY_POINT), "--spec", spec_path]
+
+
+def torchrun_env(workers: int) -> dict:
+    env = dict(os.environ)
+    # torchrun only sets OMP_NUM_THREADS for nproc > 1; set it always so ranks share the cores
+    # evenly instead of oversubscribing them.
+    env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return env
+
+
+def launch_local(spec: ConvergenceSpec, timeout_s: float, max_restarts: int) -> None:
+    out_dir = Path(spec.out_dir)
+    spec_path = out_dir / "spec.json"
+    write_bytes_atomic(spec_path, spec.to_json())
+    workers = spec.training.workers
+    cmd = torchrun_command(str(spec_path), workers, max_restarts)
+    # Own process group: a timeout (or Ctrl-C) takes the agent and its workers down together,
+    # instead of leaving workers orphaned in a collective.
+    proc = subprocess.Popen(cmd, env=torchrun_env(workers), start_new_session=True)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise BatchscaleError(f"convergence trials timed out after {timeout_s:.0f} s; finished "
+                              f"trials are kept in {out_dir / 'trials'}") from None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.returncode != 0:
+        raise BatchscaleError(f"torchrun exited with status {proc.returncode} (its log is "
+                              f"above); finished trials are kept in {out_dir / 'trials'}")
+
+
+def collect(spec: ConvergenceSpec,
+            out: Location | None = None) -> tuple[pa.Table, pa.Table]:
+    """(curves, runs) of every trial in the spec, read from the trial files."""
+    out = out or open_location(spec.out_dir)
+    curves, runs = [], []
+    for t in spec.trials:
+        curves_name, run_name = train.trial_files(t.trial_id)
+        if not out.exists(run_name):
+            raise BatchscaleError(f"trial {t.trial_id} left no results in {out.uri}")
+        curves.append(out.get_table(curves_name))
+        runs.append(out.get_table(run_name))
+    return pa.concat_tables(curves), pa.concat_tables(runs)
+
+
+def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str,
+                    out_dir: str, run_id: str, workers: int | None = None):
+    """Train every trial of `batch_sizes` to the target; (curves, runs) tables. torchrun here,
+    or a TrainJob on the cluster with `launcher: kubeflow` (`out_dir` is then unused: the
+    TrainJob's pods write to the object store)."""
+    c = cfg.convergence
+    if workers is not None and workers < 1:
+        raise BadInput(f"workers: must be at least 1, got {workers}")
+    if c.launcher == "kubeflow":
+        from batchscale.convergence.trainjob import run_on_kubeflow
+
+        return run_on_kubeflow(cfg, batch_sizes, data_dir=data_dir, run_id=run_id,
+                               workers=workers or c.workers)
+    spec = build_spec(cfg, batch_sizes, data_dir=data_dir, out_dir=out_dir, run_id=run_id,
+                      workers=workers)
+    check_checkpoints(spec)
+    launch_local(spec, c.timeout_s, c.max_restarts)
+    return collect(spec)
+
+
+def work_dir(run_id: str, batch_size: int, workers: int) -> Path:
+    """Where trials keep checkpoints and finished results: stable for a run id, so running the
+    same run again resumes instead of starting over."""
+    root = Path(os.environ.get("BATCHSCALE_WORK_DIR", Path.cwd() / ".batchscale" / "work"))
+    return root / run_id / f"convergence-b{batch_size}-w{workers}"
+
+
+def run_stage(config_json: str, run_id: str, batch_size: int, workers: int, dataset_dir: str,
+              curves_path: str, runs_path: str) -> None:
+    """Pipeline entry: train every (LR rule, LR, seed) at one batch size; write the two
+    tables."""
+    from batchscale.config import config_from_json
+    from batchscale.storage import write_table_atomic
+
+    cfg = config_from_json(config_json)
+    curves, runs = run_convergence(cfg, [batch_size], data_dir=dataset_dir,
+                                   out_dir=str(work_dir(run_id, batch_size, workers)),
+                                   run_id=run_id, workers=workers)
+    write_table_atomic(curves_path, curves)
+    write_table_atomic(runs_path, runs)

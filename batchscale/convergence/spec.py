@@ -1,0 +1,110 @@
+"""The convergence spec: everything the training script needs, written by the launcher to
+`spec.json` (`ConvergenceSpec.to_json`) and parsed back by every rank (`ConvergenceSpec.parse`).
+
+The settings that shape a trial's trajectory are grouped in `TrainingSettings`; with the trial
+itself they are the trial's checkpoint identity (`ConvergenceSpec.identity`), so a checkpoint
+written under any other value of them is refused instead of resumed. Paths, run labels and the
+checkpoint interval sit outside that group: they do not change the result.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from batchscale.errors import BadInput
+
+# Counts the trainer divides by or takes a step modulo of; the config checks every other range.
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class _StrictModel(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True,
+                              use_attribute_docstrings=True)
+
+
+class TrialSpec(_StrictModel):
+    """One trial: a global batch size trained at one learning rate from one seed."""
+
+    trial_id: str
+    """Unique within the spec; names the trial's result files and checkpoints."""
+    batch_size: PositiveInt
+    """Global batch size in examples (micro-batch x accumulation_steps x workers)."""
+    lr_rule: str
+    """The rule that chose `lr`: constant, linear, sqrt, or grid (one LR of the lr_grid)."""
+    lr: float
+    """Peak learning rate, reached after the warm-up."""
+    seed: int
+    """Seed of the model initialization and of the data order."""
+
+
+class TrainingSettings(_StrictModel):
+    """What shapes a trial's trajectory: a checkpoint written under other values of any of
+    these cannot be resumed."""
+
+    workload: str
+    """Registered workload (model) name."""
+    workers: PositiveInt
+    """Data-parallel processes; the group's world size must equal it."""
+    accumulation_steps: PositiveInt
+    """Micro-batches accumulated per optimizer step."""
+    momentum: float
+    """SGD momentum."""
+    warmup_steps: int
+    """Optimizer steps of linear learning-rate warm-up."""
+    target_val_accuracy: float
+    """Validation accuracy that counts as reaching the target."""
+    max_steps: PositiveInt
+    """Step budget; a trial that spends it is not_reached."""
+    eval_every_steps: PositiveInt
+    """Optimizer steps between validation evaluations."""
+    divergence_factor: float
+    """A loss above this multiple of the first loss (or non-finite) is diverged."""
+    patience_evals: PositiveInt
+    """Evaluations without improvement after which a trial stops as not_reached."""
+    gns_every_steps: PositiveInt
+    """Optimizer steps between gradient-noise-scale measurements."""
+
+
+class ConvergenceSpec(_StrictModel):
+    """The trials of one launch and where their inputs and outputs live (paths or s3:// URIs)."""
+
+    run_id: str
+    """The pipeline run (or CLI run) the trials belong to."""
+    config_hash: str
+    """Hash of the experiment config, recorded in every result row."""
+    experiment: str
+    """Experiment name, recorded in every result row."""
+    data_dir: str
+    """Prepared dataset: a directory or an s3://bucket/prefix."""
+    out_dir: str
+    """Where each trial writes `trials/<trial_id>.{curves,run}.parquet`."""
+    checkpoint_dir: str
+    """Where each trial writes `<trial_id>/step-<step>.pt` and `<trial_id>/final.pt`."""
+    checkpoint_every_steps: PositiveInt
+    """Optimizer steps between checkpoints (at an evaluation step)."""
+    training: TrainingSettings
+    """The settings every trial trains under."""
+    trials: list[TrialSpec] = Field(min_length=1)
+    """The trials, run one after another."""
+
+    def identity(self, trial: TrialSpec) -> dict[str, object]:
+        """What a checkpoint of `trial` must agree on to be resumed: the training settings and
+        the trial, as one flat mapping of plain values."""
+        return {**self.training.model_dump(mode="json"), **trial.model_dump(mode="json")}
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(indent=1).encode()
+
+    @classmethod
+    def parse(cls, data: bytes | str, where: str) -> ConvergenceSpec:
+        """The spec in `data` (JSON); BadInput naming every bad field and the file `where`."""
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as err:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
+                for e in err.errors(include_url=False))
+            raise BadInput(f"spec {where} is not a valid convergence spec ({problems}); write "
+                           "it again with this version of batchscale") from None

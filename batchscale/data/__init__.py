@@ -1,0 +1,1 @@
+"""Data prep: named datasets to Parquet shards with a manifest."""

@@ -1,0 +1,227 @@
+"""Fits on the sweep table that both the sweep stage and the analysis use: the throughput curve,
+the saturation batch, the step-time line t(B) ≈ α + βB and the memory line peak ≈ fixed +
+per_sample·B.
+
+A core module because two stages need it and stages do not import each other (see
+docs/architecture.md): the sweep prints the saturation batch and memory model, the analysis
+builds on them. Pure functions of pandas DataFrames shaped like `batchscale.schemas.SWEEP`
+(numpy and pandas only). Missing pieces (an empty table, OOM rows only) give NaN or None with a
+reason, never an exception.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from batchscale import schemas
+from batchscale.config import AnalysisConfig
+from batchscale.schemas import TrialStatus
+
+DEFAULT_SATURATION_TOLERANCE: float = AnalysisConfig.model_fields["saturation_tolerance"].default
+"""The config's default (read from the model, not a second copy), for callers without a config."""
+TIMING_MODES = ("synthetic", "real")
+"""Input modes whose sweep step times are used, in order of preference: synthetic input is the
+device's own speed, without the input pipeline."""
+MIN_BYTES_PER_SAMPLE = 1.0
+"""A memory slope under a byte per sample is rounding, not growth."""
+CURVE_COLUMNS = (
+    "step_time_median_s",
+    "step_time_p10_s",
+    "step_time_p90_s",
+    "samples_per_s",
+    "peak_memory_bytes",
+    "mfu",
+)
+
+
+@dataclass(frozen=True)
+class StepTimeFit:
+    """t(B) ≈ alpha + beta·B: alpha is the per-step overhead, beta the time per sample."""
+
+    alpha_s: float
+    beta_s: float
+    r2: float
+    reason: str = ""
+
+    def predict(self, batch: float) -> float:
+        """Step time at `batch` from the line; NaN where the line is unusable or non-positive."""
+        value = self.alpha_s + self.beta_s * batch
+        return float(value) if math.isfinite(value) and value > 0 else math.nan
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """peak ≈ fixed + per_sample·B; `b_max` is the largest batch under the budget."""
+
+    fixed_bytes: float
+    per_sample_bytes: float
+    r2: float
+    b_max: float
+    reason: str = ""
+
+
+# --------------------------------------------------------------------------- table helpers
+
+
+def as_floats(values: Iterable) -> np.ndarray:
+    """`values` as a float array, anything non-numeric (None, text) as NaN."""
+    return pd.to_numeric(pd.Series(list(values), dtype=object), errors="coerce").to_numpy(
+        dtype=float, na_value=np.nan
+    )
+
+
+def numeric_column(frame: pd.DataFrame, name: str) -> np.ndarray:
+    """Column `name` of `frame` as a float array, missing or non-numeric values as NaN."""
+    return pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+
+
+def matches(frame: pd.DataFrame, column: str, value: str) -> np.ndarray:
+    """Boolean mask of the rows whose `column` equals `value` (missing values never match)."""
+    return frame[column].eq(value).to_numpy(dtype=bool, na_value=False)
+
+
+def positive_pairs(x: Iterable, y: Iterable) -> tuple[np.ndarray, np.ndarray]:
+    """The (x, y) pairs where both are finite and positive (the only ones the fits can use)."""
+    xs, ys = as_floats(x), as_floats(y)
+    keep = np.isfinite(xs) & np.isfinite(ys) & (xs > 0) & (ys > 0)
+    return xs[keep], ys[keep]
+
+
+def weighted_line(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float, float]:
+    """Weighted least squares y ≈ a + b·x; R² in the same weighted metric the fit minimizes."""
+    root = np.sqrt(w)
+    design = np.column_stack([np.ones_like(x), x]) * root[:, None]
+    (intercept, slope), *_ = np.linalg.lstsq(design, y * root, rcond=None)
+    mean = np.sum(w * y) / np.sum(w)
+    total = np.sum(w * (y - mean) ** 2)
+    residual = np.sum(w * (y - intercept - slope * x) ** 2)
+    r2 = 1.0 - residual / total if total > 0 else math.nan
+    return float(intercept), float(slope), float(r2)
+
+
+def ensure_columns(frame: pd.DataFrame | None, schema: pa.Schema) -> pd.DataFrame:
+    """`frame` with every column of `schema` (missing ones all-null); an empty frame for None."""
+    if frame is None:
+        return pd.DataFrame({name: pd.Series(dtype=object) for name in schema.names})
+    missing = [name for name in schema.names if name not in frame.columns]
+    if not missing:
+        return frame
+    return frame.assign(**{name: pd.Series(np.nan, index=frame.index) for name in missing})
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+def throughput_curve(sweep: pd.DataFrame, input_mode: str = "synthetic") -> pd.DataFrame:
+    """Per batch size of one input mode: step time (median, p10, p90), samples/s, memory, MFU.
+
+    Only ok rows count (oom and error rows carry no timing); repeated rows give their median.
+    """
+    sweep = ensure_columns(sweep, schemas.SWEEP)
+    timed = matches(sweep, "status", TrialStatus.OK) & matches(sweep, "input_mode", input_mode)
+    rows = sweep[timed]
+    numeric = pd.DataFrame({c: numeric_column(rows, c) for c in CURVE_COLUMNS})
+    numeric["batch_size"] = numeric_column(rows, "batch_size")
+    curve = numeric.groupby("batch_size", sort=True).median().reset_index()
+    derived = curve["batch_size"] / curve["step_time_median_s"]
+    curve["samples_per_s"] = curve["samples_per_s"].fillna(derived)
+    return curve[np.isfinite(curve["samples_per_s"]) & (curve["samples_per_s"] > 0)]
+
+
+def saturation_batch(
+    sweep: pd.DataFrame,
+    tolerance: float = DEFAULT_SATURATION_TOLERANCE,
+    input_mode: str = "synthetic",
+) -> int | None:
+    """Smallest batch whose samples/s is within `tolerance` of the best measured (ok rows).
+
+    Past this batch the device is busy: a bigger batch makes each step longer by about as much
+    as it adds samples, so it buys throughput only at the margin. None when nothing was timed.
+    """
+    curve = throughput_curve(sweep, input_mode)
+    if curve.empty:
+        return None
+    best = curve["samples_per_s"].max()
+    saturated = curve[curve["samples_per_s"] >= (1.0 - tolerance) * best]
+    return int(saturated["batch_size"].min())
+
+
+def timing_mode(sweep: pd.DataFrame) -> str | None:
+    """The input mode whose step times describe the device (synthetic when it was timed)."""
+    for mode in TIMING_MODES:
+        if not throughput_curve(sweep, mode).empty:
+            return mode
+    return None
+
+
+def input_pipeline_share(sweep: pd.DataFrame) -> pd.DataFrame:
+    """Per batch: share of synthetic-input throughput lost with real input (1 − real/synthetic).
+
+    Near 0 the input pipeline keeps up; a large share means the device waits for data.
+    """
+    synthetic = throughput_curve(sweep, "synthetic").set_index("batch_size")["samples_per_s"]
+    real = throughput_curve(sweep, "real").set_index("batch_size")["samples_per_s"]
+    both = pd.DataFrame({"synthetic": synthetic, "real": real}).dropna()
+    both["share"] = 1.0 - both["real"] / both["synthetic"]
+    return both.reset_index(names="batch_size")
+
+
+# --------------------------------------------------------------------------- step time, memory
+
+
+def fit_step_time(batch: Iterable, step_time: Iterable) -> StepTimeFit:
+    """Least squares t(B) ≈ α + βB, minimizing relative residuals.
+
+    Sweeps space batches geometrically (1 … 1024), so an unweighted fit would be set by the
+    largest batch alone and could predict negative times at small B; weighting by 1/t² treats
+    every measured batch alike. α is the fixed cost per step (launches, optimizer, sync),
+    β the cost per sample; with the critical batch they give the batch that reaches the
+    target soonest, B* = sqrt(α·B_crit/β) (see `batchscale.analysis.critical.optimal_batch`).
+    """
+    b, t = positive_pairs(batch, step_time)
+    if np.unique(b).size < 2:
+        return StepTimeFit(math.nan, math.nan, math.nan, "fewer than two timed batch sizes")
+    alpha, beta, r2 = weighted_line(b, t, 1.0 / t**2)
+    return StepTimeFit(alpha, beta, r2)
+
+
+def fit_memory(
+    batch: Iterable, peak_bytes: Iterable, budget_bytes: float | None = None
+) -> MemoryFit:
+    """Least squares peak ≈ fixed + per_sample·B, and the largest batch under `budget_bytes`.
+
+    Unweighted: the large batches, closest to the budget, should dominate the prediction.
+    """
+    b, m = positive_pairs(batch, peak_bytes)
+    if np.unique(b).size < 2:
+        return MemoryFit(math.nan, math.nan, math.nan, math.nan, "fewer than two measured batches")
+    fixed, per_sample, r2 = weighted_line(b, m, np.ones_like(m))
+    if per_sample < MIN_BYTES_PER_SAMPLE:
+        return MemoryFit(fixed, per_sample, r2, math.nan, "peak memory does not grow with batch")
+    if budget_bytes is None or not math.isfinite(budget_bytes):
+        return MemoryFit(fixed, per_sample, r2, math.nan, "no memory budget given")
+    if budget_bytes <= fixed:
+        return MemoryFit(fixed, per_sample, r2, 0.0, "the fixed memory alone exceeds the budget")
+    return MemoryFit(fixed, per_sample, r2, float(math.floor((budget_bytes - fixed) / per_sample)))
+
+
+def largest_fitting_batch(sweep: pd.DataFrame) -> tuple[float, str]:
+    """Largest ok batch below the smallest OOM batch; +inf when nothing ran out of memory."""
+    sweep = ensure_columns(sweep, schemas.SWEEP)
+    batches = numeric_column(sweep, "batch_size")
+    oom = batches[matches(sweep, "status", TrialStatus.OOM)]
+    ok = batches[matches(sweep, "status", TrialStatus.OK)]
+    if oom.size == 0 and ok.size == 0:
+        return math.nan, "memory not measured: no batch size ran"
+    if oom.size == 0:
+        return math.inf, f"no batch ran out of memory up to batch {int(np.nanmax(ok))}"
+    fits = ok[ok < np.nanmin(oom)]
+    if fits.size == 0:
+        return math.nan, f"batch {int(np.nanmin(oom))} ran out of memory and no smaller batch ran"
+    return float(np.max(fits)), f"batch {int(np.nanmin(oom))} ran out of memory"

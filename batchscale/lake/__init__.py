@@ -1,0 +1,1 @@
+"""The results lake: publish, history, regression check and run summaries."""

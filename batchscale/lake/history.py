@@ -1,0 +1,180 @@
+"""`batchscale history`: one workload's throughput and B_crit over time, read from the lake.
+
+Reads the Hive-partitioned `sweep` and `analysis` tables of every complete run with
+pyarrow.dataset through the store's pyarrow filesystem, in publication order. Prints one table
+per (device, precision, input mode) and one for B_crit, and draws both into one PNG.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.dataset as ds
+
+from batchscale.errors import BatchscaleError
+from batchscale.schemas import TrialStatus
+from batchscale.storage import ObjectStore
+
+SWEEP_COLUMNS = ["run_id", "date", "device_name", "precision", "input_mode", "batch_size",
+                 "samples_per_s"]
+ANALYSIS_COLUMNS = ["run_id", "date", "lr_rule", "b_crit", "b_crit_low", "b_crit_high"]
+SERIES_KEYS = ["device_name", "precision", "input_mode"]
+RUN_KEYS = ["published_at", "date", "run_id"]
+TIME_FORMAT = "%Y-%m-%d %H:%M"
+FIGURE_SIZE_IN = (8.0, 7.0)
+FIGURE_DPI = 100
+MAX_TICK_LABELS = 12
+"""Label at most this many runs on the x axis (every k-th run beyond that)."""
+RUN_ID_TAIL = 8
+"""Characters of the run id shown under each tick."""
+UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class History:
+    """Per run: samples/s per batch (`throughput`) and B_crit per LR rule (`critical`)."""
+
+    workload: str
+    throughput: pd.DataFrame
+    """RUN_KEYS, SERIES_KEYS, batch_size, samples_per_s (median of the run's ok rows)."""
+    critical: pd.DataFrame
+    """RUN_KEYS, lr_rule, b_crit, b_crit_low, b_crit_high."""
+
+
+def load_history(store: ObjectStore, workload: str, device: str | None = None,
+                 precision: str | None = None, last: int | None = None) -> History:
+    """The workload's history; `device` matches device names case-insensitively as a
+    substring ("h200", "xeon"); `last` keeps the most recent runs."""
+    from batchscale.lake.lake import read_lake_table
+
+    timed = (ds.field("workload") == workload) & (ds.field("status") == TrialStatus.OK)
+    sweep = read_lake_table(store, "sweep", filter=timed, columns=SWEEP_COLUMNS)
+    if sweep is None:
+        raise BatchscaleError(f"no published throughput for workload {workload!r} in "
+                              f"s3://{store.settings.bucket}/{store.key()}; "
+                              f"workloads there: {', '.join(lake_workloads(store)) or 'none'}")
+    if device:
+        sweep = sweep[sweep["device_name"].str.contains(device, case=False, regex=False)]
+    if precision:
+        sweep = sweep[sweep["precision"] == precision]
+    runs = sweep["run_id"].drop_duplicates()
+    if last:
+        runs = runs.tail(last)
+    sweep = sweep[sweep["run_id"].isin(runs)]
+    if sweep.empty:
+        raise BatchscaleError(f"no run of {workload!r} matches --device {device!r} "
+                              f"--precision {precision!r}")
+    analysis = read_lake_table(store, "analysis", filter=ds.field("run_id").isin(runs.tolist()),
+                               columns=ANALYSIS_COLUMNS)
+    return History(workload, _throughput(sweep), _critical(analysis))
+
+
+def lake_workloads(store: ObjectStore) -> list[str]:
+    from batchscale.lake.lake import read_lake_table
+
+    sweep = read_lake_table(store, "sweep", columns=["run_id", "workload"])
+    return [] if sweep is None else sorted(sweep["workload"].unique())
+
+
+def _throughput(sweep: pd.DataFrame) -> pd.DataFrame:
+    keys = [*RUN_KEYS, *SERIES_KEYS, "batch_size"]
+    return sweep.groupby(keys, sort=False)["samples_per_s"].median().reset_index()
+
+
+def _critical(analysis: pd.DataFrame | None) -> pd.DataFrame:
+    columns = [*RUN_KEYS, "lr_rule", "b_crit", "b_crit_low", "b_crit_high"]
+    if analysis is None:
+        return pd.DataFrame(columns=columns)
+    return analysis[columns].drop_duplicates([*RUN_KEYS, "lr_rule"])
+
+
+def _number(value: float) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:,.0f}"
+
+
+def _run_label(row) -> str:
+    return f"{row.published_at.strftime(TIME_FORMAT)}  {row.run_id:28s}"
+
+
+def throughput_lines(history: History) -> list[str]:
+    lines = []
+    for series, rows in history.throughput.groupby(SERIES_KEYS, sort=True):
+        device, precision, mode = series
+        table = rows.pivot_table(index=RUN_KEYS, columns="batch_size", values="samples_per_s",
+                                 sort=False)
+        table = table.reset_index().sort_values(["published_at", "run_id"])
+        batches = [c for c in table.columns if c not in RUN_KEYS]
+        lines += [f"samples/s — {device}, {precision}, {mode} input",
+                  f"  {'published (UTC)':16s}  {'run_id':28s}"
+                  + "".join(f"{f'B={b}':>12s}" for b in batches)]
+        for row in table.itertuples(index=False):
+            values = dict(zip(table.columns, row, strict=True))
+            lines.append(f"  {_run_label(row)}"
+                         + "".join(f"{_number(values[b]):>12s}" for b in batches))
+    return lines
+
+
+def critical_lines(history: History) -> list[str]:
+    if history.critical.empty:
+        return ["B_crit: no analysis published for these runs"]
+    lines = ["B_crit (90 % bootstrap interval)",
+             f"  {'published (UTC)':16s}  {'run_id':28s}  {'LR rule':10s} {'B_crit':>10s}  "
+             "interval"]
+    for row in history.critical.itertuples(index=False):
+        interval = (f"[{_number(row.b_crit_low)}, {_number(row.b_crit_high)}]"
+                    if math.isfinite(row.b_crit_low) else "-")
+        lines.append(f"  {_run_label(row)}  {row.lr_rule:10s} {_number(row.b_crit):>10s}  "
+                     f"{interval}")
+    return lines
+
+
+def default_plot_path(workload: str) -> Path:
+    return Path(f"history-{UNSAFE_FILE_CHARS.sub('_', workload)}.png")
+
+
+def _run_axis(axis, history: History) -> dict[str, int]:
+    """Runs evenly spaced in publication order (runs minutes or months apart stay readable),
+    labelled with their publication time and the end of their id; returns run id -> x."""
+    runs = history.throughput.drop_duplicates("run_id")
+    step = max(1, math.ceil(len(runs) / MAX_TICK_LABELS))
+    shown = runs.iloc[::step]
+    axis.set_xticks(range(0, len(runs), step), [
+        f"{row.published_at.strftime(TIME_FORMAT)}\n{row.run_id[-RUN_ID_TAIL:]}"
+        for row in shown.itertuples(index=False)], rotation=30, ha="right", fontsize="small")
+    return {run_id: i for i, run_id in enumerate(runs["run_id"])}
+
+
+def plot_history(history: History, path: Path) -> Path:
+    """Throughput per batch and B_crit per LR rule, run after run, as one PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    x = _run_axis(bottom, history)
+    for series, rows in history.throughput.groupby([*SERIES_KEYS, "batch_size"], sort=True):
+        device, precision, mode, batch = series
+        top.plot(rows["run_id"].map(x), rows["samples_per_s"], "o-",
+                 label=f"B={batch}, {mode}, {precision}, {device[:24]}")
+    top.set_yscale("log")
+    top.set_ylabel("samples / s")
+    top.set_title(f"{history.workload}: throughput per batch size")
+    top.legend(fontsize="x-small", ncol=2)
+    for rule, rows in history.critical.groupby("lr_rule", sort=True):
+        low = (rows["b_crit"] - rows["b_crit_low"]).clip(lower=0).fillna(0)
+        high = (rows["b_crit_high"] - rows["b_crit"]).clip(lower=0).fillna(0)
+        bottom.errorbar(rows["run_id"].map(x), rows["b_crit"], yerr=[low, high], fmt="o-",
+                        capsize=3, label=f"{rule} LR rule")
+    bottom.set_ylabel("B_crit")
+    bottom.set_xlabel("run (published, UTC)")
+    bottom.set_title("critical batch size (90 % bootstrap interval)")
+    if not history.critical.empty:
+        bottom.legend(fontsize="small")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", metadata={"Software": None})
+    return path

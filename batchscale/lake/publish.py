@@ -1,0 +1,190 @@
+"""publish core: append a run's tables to the results lake, create-only and idempotent.
+
+Layout under the store prefix (Hive partitions, readable with pyarrow.dataset or DuckDB):
+
+    <table>/date=YYYY-MM-DD/run_id=<id>/part-0.parquet     for every table
+    reports/date=YYYY-MM-DD/run_id=<id>/report.html
+    _runs/run_id=<id>/manifest.json                         written last: the run is complete
+
+Every object is uploaded with its SHA-256 under If-None-Match, so running publish again for the
+same run re-sends identical bytes and changes nothing, and no object is ever overwritten.
+
+Before uploading, the run's throughput is checked against the lake's history (regression.py);
+the verdicts become the `regressions` table and the report's "Regressions" section. A retry
+reuses the verdicts already stored for the run, so it re-sends the same bytes even when other
+runs were published in between. Failing on a regression is a separate step (`gate_stage`)
+after publish: the data is in the lake first, and publish's retries (meant for a flaky store)
+never repeat a deterministic failure.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from batchscale.config import config_from_json
+from batchscale.errors import BadInput, ObjectExists
+from batchscale.storage import (
+    ObjectStore,
+    S3Settings,
+    read_table_file,
+    sha256_b64,
+    write_table_atomic,
+)
+
+from .regression import (
+    RegressionFound,
+    check_regressions,
+    read_history,
+    regressed_cells,
+    regressions_markdown,
+    regressions_table,
+)
+
+LAKE_TABLES = ("dataset_manifest", "sweep", "curves", "runs", "analysis", "regressions")
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_RUN_DATE = re.compile(r"^(\d{4})(\d{2})(\d{2})T")
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID_PATTERN.match(run_id):
+        raise BadInput(f"run id {run_id!r} is not allowed; use letters, digits, '.', '_' or '-' "
+                       "(at most 128, starting with a letter or digit)")
+    return run_id
+
+
+def run_date(run_id: str, today: dt.date | None = None) -> str:
+    """The date partition: the one in a timestamped run id (so a re-publish on another day lands
+    in the same place), otherwise today."""
+    m = _RUN_DATE.match(run_id)
+    if m:
+        return f"{m[1]}-{m[2]}-{m[3]}"
+    return (today or dt.datetime.now(dt.UTC).date()).isoformat()
+
+
+def run_manifest_key(store: ObjectStore, run_id: str) -> str:
+    return store.key("_runs", f"run_id={run_id}", "manifest.json")
+
+
+def table_key(store: ObjectStore, table: str, date: str, run_id: str) -> str:
+    return store.key(table, f"date={date}", f"run_id={run_id}", "part-0.parquet")
+
+
+def publish_date(store: ObjectStore, run_id: str) -> str:
+    """The run's date partition: the one already published, else `run_date`."""
+    manifest_key = run_manifest_key(store, run_id)
+    if store.exists(manifest_key):
+        return json.loads(store.get_bytes(manifest_key))["date"]
+    return run_date(run_id)
+
+
+def publish_run(store: ObjectStore, run_id: str, files: dict[str, str | Path],
+                report_path: str | Path | None = None, extra: dict | None = None) -> dict:
+    """Upload `files` (lake table name -> local Parquet path) and the report; returns the run
+    manifest. A repeat for the same run id uploads nothing new."""
+    check_run_id(run_id)
+    unknown = set(files) - set(LAKE_TABLES)
+    if unknown:
+        raise ValueError(f"not lake tables: {sorted(unknown)}")
+    manifest_key = run_manifest_key(store, run_id)
+    date = publish_date(store, run_id)
+    uploads = {table_key(store, name, date, run_id): Path(path) for name, path in files.items()}
+    if report_path:
+        uploads[store.key("reports", f"date={date}", f"run_id={run_id}", "report.html")] = \
+            Path(report_path)
+    objects = []
+    for key, path in uploads.items():
+        data = path.read_bytes()
+        created = _create_only(store, run_id, key, data)
+        objects.append({"key": key, "bytes": len(data), "sha256": sha256_b64(data)})
+        print(f"publish: {'wrote' if created else 'already there'} "
+              f"s3://{store.settings.bucket}/{key}")
+    manifest = {"run_id": run_id, "date": date, "objects": objects, **(extra or {})}
+    _create_only(store, run_id, manifest_key,
+                 json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return manifest
+
+
+def _create_only(store: ObjectStore, run_id: str, key: str, data: bytes) -> bool:
+    """put_bytes, with a refusal that says which run was already published differently."""
+    try:
+        return store.put_bytes(key, data)
+    except ObjectExists as err:
+        raise ObjectExists(f"publish of run {run_id} refused: {err}. Publish changed results "
+                           "under a new run id.") from None
+
+
+def write_regressions(store: ObjectStore, run_id: str, sweep: pd.DataFrame,
+                       history_runs: int, path: str | Path) -> pd.DataFrame:
+    """Judge `sweep` against the lake's history and write the verdicts to `path`; when this
+    run's verdicts are already stored (a retried publish), copy those bytes instead."""
+    date = publish_date(store, run_id)
+    key = table_key(store, "regressions", date, run_id)
+    if store.exists(key):
+        Path(path).write_bytes(store.get_bytes(key))
+    else:
+        workloads = sorted(sweep["workload"].unique())
+        history = read_history(store, run_id, workloads)
+        write_table_atomic(path, regressions_table(check_regressions(sweep, history,
+                                                                     history_runs)))
+    return read_table_file(path).to_pandas()
+
+
+def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str,
+              curves_path: str, runs_path: str, analysis_path: str, report_path: str,
+              regressions_path: str, markdown_path: str) -> dict:
+    """Pipeline entry: check for regressions, then publish a validated run (tables, the report
+    with its "Regressions" section, the verdicts) to the store named by the environment."""
+    from batchscale.analysis.report import add_regressions
+
+    cfg = config_from_json(config_json)
+    store = ObjectStore(S3Settings.from_env())
+    store.check()
+    check_run_id(run_id)
+    sweep = read_table_file(sweep_path).to_pandas()
+    verdicts = write_regressions(store, run_id, sweep, cfg.publish.history_runs,
+                                 regressions_path)
+    markdown = regressions_markdown(verdicts)
+    Path(markdown_path).write_text(markdown)
+    print(markdown)
+    files = {"dataset_manifest": manifest_path, "sweep": sweep_path, "curves": curves_path,
+             "runs": runs_path, "analysis": analysis_path, "regressions": regressions_path}
+    extra = {"workload": cfg.workload, "experiment": cfg.name, "config_hash": cfg.config_hash,
+             "analysis_config": cfg.analysis.model_dump(mode="json"),
+             "regressions": regressed_cells(verdicts)}
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.html"
+        report.write_text(add_regressions(Path(report_path).read_text(), markdown))
+        return publish_run(store, run_id, files, report, extra)
+
+
+def gate_stage(config_json: str, regressions_path: str) -> None:
+    """Fail (RegressionFound, naming the cells) when publish flagged a throughput regression
+    and `publish.fail_on_regression` is on; otherwise only report it."""
+    cfg = config_from_json(config_json)
+    cells = regressed_cells(read_table_file(regressions_path).to_pandas())
+    if not cells:
+        print("no throughput regression against history")
+        return
+    message = regression_message(cells)
+    if cfg.publish.fail_on_regression:
+        raise RegressionFound(message)
+    print(f"{message}\n(not failing: publish.fail_on_regression is off)")
+
+
+def published_regressions(store: ObjectStore, run_id: str) -> list[str]:
+    """The regressed cells recorded in a published run's manifest (none if unpublished)."""
+    key = run_manifest_key(store, run_id)
+    if not store.exists(key):
+        return []
+    return json.loads(store.get_bytes(key)).get("regressions", [])
+
+
+def regression_message(cells: list[str]) -> str:
+    return (f"{len(cells)} throughput regression(s) against the lake's history (the run's "
+            "tables are published):\n  " + "\n  ".join(cells))

@@ -1,0 +1,153 @@
+"""What `batchscale run` and `batchscale report` print, read back from the results lake (so what
+is printed is what was published), and the report rebuilt from the published tables."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pyarrow as pa
+
+from batchscale.config import AnalysisConfig
+from batchscale.storage import ObjectStore
+
+PARQUET_SUFFIX = ".parquet"
+HTML_SUFFIX = ".html"
+
+
+def _fmt(value, spec: str = ".0f") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec)
+
+
+def load_run(store: ObjectStore, run_id: str) -> tuple[dict, dict[str, pa.Table]]:
+    """The run manifest and its tables, keyed by lake table name."""
+    from batchscale.lake.publish import run_manifest_key
+
+    manifest = json.loads(store.get_bytes(run_manifest_key(store, run_id)))
+    tables = {}
+    for obj in manifest["objects"]:
+        if obj["key"].endswith(PARQUET_SUFFIX):
+            name = obj["key"][len(store.key()) + 1:].split("/")[0]
+            tables[name] = store.get_table(obj["key"])
+    return manifest, tables
+
+
+def analysis_config(manifest: dict) -> AnalysisConfig:
+    """The analysis settings the run used (recorded by publish), defaults for older runs."""
+    return AnalysisConfig(**manifest.get("analysis_config", {}))
+
+
+def throughput_lines(sweep: pa.Table) -> list[str]:
+    lines = ["throughput (samples/s; median step; CV):",
+             f"  {'input':9s} {'batch':>6s} {'samples/s':>11s} {'step ms':>9s} {'cv':>6s}"]
+    for r in sorted(sweep.to_pylist(), key=lambda r: (r["input_mode"], r["batch_size"])):
+        if r["status"] != "ok":
+            lines.append(f"  {r['input_mode']:9s} {r['batch_size']:6d}  {r['status']}")
+            continue
+        lines.append(f"  {r['input_mode']:9s} {r['batch_size']:6d} {r['samples_per_s']:11.0f} "
+                     f"{r['step_time_median_s'] * 1e3:9.3f} {r['step_time_cv']:6.3f}")
+    return lines
+
+
+def saturation_line(sweep: pa.Table, tolerance: float) -> str:
+    """From the sweep itself, so it is there even when no convergence trial reached the target
+    (the analysis table then has no rows to carry it)."""
+    from batchscale.fits import saturation_batch
+
+    batch = saturation_batch(sweep.to_pandas(), tolerance)
+    return (f"  saturation batch (throughput within {tolerance:.0%} of best): "
+            f"{_fmt(batch, 'd')}")
+
+
+def convergence_lines(analysis: pa.Table) -> list[str]:
+    rows = analysis.to_pylist()
+    if not rows:
+        return ["steps to target S(B): no convergence results"]
+    rules = sorted({r["lr_rule"] for r in rows})
+    batches = sorted({r["batch_size"] for r in rows})
+    cell = {(r["lr_rule"], r["batch_size"]): r for r in rows}
+    lines = ["steps to target S(B) (Shallue: median over seeds, best LR):",
+             f"  {'batch':>6s} " + " ".join(f"{rule:>10s}" for rule in rules)]
+    for b in batches:
+        lines.append(f"  {b:6d} " + " ".join(
+            f"{_fmt(cell.get((rule, b), {}).get('steps_to_target')):>10s}" for rule in rules))
+    for rule in rules:
+        fit = next(r for r in rows if r["lr_rule"] == rule)
+        lines.append(f"  B_crit ({rule}): {_fmt(fit['b_crit'], '.1f')} "
+                     f"[{_fmt(fit['b_crit_low'], '.1f')}, {_fmt(fit['b_crit_high'], '.1f')}] "
+                     f"(S_min {_fmt(fit['s_min'], '.1f')}, E_min {_fmt(fit['e_min'], '.0f')})")
+    return lines
+
+
+def regression_lines(regressions: pa.Table) -> list[str]:
+    from batchscale.lake.regression import (
+        INSUFFICIENT_HISTORY,
+        regressed_cells,
+    )
+
+    frame = regressions.to_pandas()
+    judged = int((frame["verdict"] != INSUFFICIENT_HISTORY).sum())
+    flagged = regressed_cells(frame)
+    if flagged:
+        return [f"regressions: {len(flagged)} of {judged} judged cells", *(
+            f"  {line}" for line in flagged)]
+    if judged:
+        return [f"regressions: none in {judged} cells judged against history"]
+    return ["regressions: not judged (too few earlier runs of this workload in the lake)"]
+
+
+def summary_lines(store: ObjectStore, run_id: str, manifest: dict,
+                  tables: dict[str, pa.Table]) -> list[str]:
+    lines = [f"\nbatchscale run {run_id}"]
+    if "sweep" in tables:
+        lines += throughput_lines(tables["sweep"])
+    if "analysis" in tables:
+        lines += convergence_lines(tables["analysis"])
+    if "sweep" in tables:
+        lines.append(saturation_line(tables["sweep"],
+                                     analysis_config(manifest).saturation_tolerance))
+    if "regressions" in tables:
+        lines += regression_lines(tables["regressions"])
+    lines.append("tables:")
+    lines += [f"  s3://{store.settings.bucket}/{o['key']}" for o in manifest["objects"]
+              if o["key"].endswith(PARQUET_SUFFIX)]
+    return lines
+
+
+def print_run_summary(store: ObjectStore, run_id: str, local_dir: Path) -> None:
+    """Print the run's summary and save its published report under `local_dir`."""
+    manifest, tables = load_run(store, run_id)
+    lines = summary_lines(store, run_id, manifest, tables)
+    report_key = next((o["key"] for o in manifest["objects"]
+                       if o["key"].endswith(HTML_SUFFIX)), None)
+    if report_key:
+        local_dir.mkdir(parents=True, exist_ok=True)
+        local_report = local_dir / "report.html"
+        local_report.write_bytes(store.get_bytes(report_key))
+        lines.append(f"report: {local_report} (s3://{store.settings.bucket}/{report_key})")
+    print("\n".join(lines))
+
+
+def rebuild_report(store: ObjectStore, run_id: str, out: Path) -> list[str]:
+    """Re-run the analysis on the run's published tables and write the HTML report to `out`
+    (with the published regression verdicts); returns the summary lines."""
+    from batchscale.analysis.analyze import analyze
+    from batchscale.analysis.report import add_regressions, render_html
+    from batchscale.lake.regression import regressions_markdown
+
+    manifest, tables = load_run(store, run_id)
+    frames = {name: tables[name].to_pandas() if name in tables else None
+              for name in ("sweep", "runs", "curves")}
+    settings = analysis_config(manifest)
+    result = analyze(frames["sweep"], frames["runs"], frames["curves"], settings)
+    title = f"batchscale: {manifest.get('experiment', manifest.get('workload', 'run'))} ({run_id})"
+    page = render_html(result, frames["sweep"], frames["runs"], frames["curves"], title=title)
+    if "regressions" in tables:
+        page = add_regressions(page, regressions_markdown(tables["regressions"].to_pandas()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page)
+    return [*summary_lines(store, run_id, manifest, tables),
+            f"report: {out} (rebuilt from the lake)"]

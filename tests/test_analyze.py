@@ -1,0 +1,167 @@
+"""Known-answer tests of `analyze` on tiny inline tables: the analysis rows, the typed summary,
+the metrics and the Markdown. The table builders here are shared by the other analysis tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from batchscale import schemas
+from batchscale.analysis.analyze import analyze
+from batchscale.config import AnalysisConfig
+
+S_MIN, E_MIN = 100.0, 6400.0  # B_crit = 64
+BATCHES = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+def sweep_row(batch: int, step_time: float | None, *, mode="synthetic", status="ok", memory=None):
+    return {
+        "input_mode": mode,
+        "batch_size": batch,
+        "status": status,
+        "step_time_median_s": step_time,
+        "samples_per_s": batch / step_time if step_time else None,
+        "peak_memory_bytes": memory,
+    }
+
+
+def make_sweep(alpha: float = 1e-3, beta: float = 2e-6, batches=(1, 4, 16, 64, 256, 1024)):
+    rows = [sweep_row(b, alpha + beta * b, memory=int(5e7 + 1e5 * b)) for b in batches] + [
+        sweep_row(b, 1.2 * (alpha + beta * b), mode="real") for b in batches
+    ]
+    rows.append(sweep_row(2 * max(batches), None, status="oom"))
+    return pd.DataFrame(rows)
+
+
+def run_row(batch, rule, lr, seed, steps, *, status="reached", workers=1, time=None, b_simple=None):
+    reached = status == "reached"
+    return {
+        "trial_id": f"{rule}-{batch}-{lr}-{seed}-{workers}",
+        "batch_size": batch,
+        "lr_rule": rule,
+        "lr": lr,
+        "seed": seed,
+        "workers": workers,
+        "status": status,
+        "steps_run": steps,
+        "steps_to_target": steps if reached else None,
+        "examples_to_target": steps * batch if reached else None,
+        "time_to_target_s": (time if time is not None else steps * 1e-3) if reached else None,
+        "b_simple": b_simple,
+        "train_time_s": steps * 1e-3,
+    }
+
+
+def make_runs(rules=("linear", "sqrt"), seeds=(0, 1, 2), noise=0.03, rng_seed=0):
+    """Trials following S = k·(S_min + E_min/B) with multiplicative noise, two LRs per batch."""
+    rng = np.random.default_rng(rng_seed)
+    rows = []
+    for k, rule in zip((1.0, 1.3), rules, strict=False):
+        for batch in BATCHES:
+            for lr, penalty in ((0.1, 1.0), (0.05, 1.25)):
+                for seed in seeds:
+                    jitter = 1 + rng.uniform(-noise, noise)
+                    steps = round(k * penalty * (S_MIN + E_MIN / batch) * jitter)
+                    rows.append(run_row(batch, rule, lr, seed, steps, b_simple=50.0 + seed))
+    return pd.DataFrame(rows)
+
+
+def make_curves(runs: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for trial in runs.itertuples():
+        for step in range(0, trial.steps_run + 1, max(1, trial.steps_run // 4)):
+            rows.append(
+                {
+                    "trial_id": trial.trial_id,
+                    "batch_size": trial.batch_size,
+                    "lr_rule": trial.lr_rule,
+                    "seed": trial.seed,
+                    "step": step,
+                    "examples_seen": step * trial.batch_size,
+                    "train_time_s": step * 1e-3,
+                    "train_loss": 1.0,
+                    "val_accuracy": 0.5,
+                    "lr": trial.lr,
+                    "b_simple": 10.0 + step,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- analyze
+
+
+def test_analyze_recommends_on_a_hand_made_experiment():
+    """Fixed step overhead 10 ms + 0.1 ms/sample and B_crit = 64: B* = sqrt(0.01·64/1e-4) = 80."""
+    sweep = make_sweep(alpha=1e-2, beta=1e-4, batches=(4, 16, 64, 256, 1024))
+    runs = make_runs(noise=0.0)
+    result = analyze(sweep, runs, make_curves(runs), AnalysisConfig(bootstrap_samples=20))
+    summary = result.summary
+    assert summary.recommendation.batch_size == 64  # among 4 … 1024, the closest to B* = 80
+    assert summary.recommendation.lr_rule == "linear"
+    assert summary.recommendation.workers == 1
+    assert summary.critical_batch["linear"].b_crit == pytest.approx(64, rel=0.02)
+    assert summary.critical_batch["linear"].optimal_batch == pytest.approx(80, rel=0.02)
+    assert summary.step_time.alpha_s == pytest.approx(1e-2)
+    assert "Batch size: 64" in result.markdown
+
+
+def test_analyze_rows_match_the_analysis_schema():
+    runs = make_runs()
+    result = analyze(make_sweep(), runs, make_curves(runs), AnalysisConfig(bootstrap_samples=20))
+    assert len(result.rows) == 2 * len(BATCHES)
+    assert all(list(row) == schemas.ANALYSIS.names for row in result.rows)
+    env = {field.name: "x" if field.type == "string" else 1 for field in schemas.ENV_FIELDS}
+    table = schemas.make_table("analysis", result.rows, env)
+    assert table.num_rows == len(result.rows)
+    assert all(math.isfinite(v) for v in result.metrics.values())
+    assert result.metrics["b_crit_linear"] == pytest.approx(64, rel=0.1)
+    assert result.summary.throughput.saturation_batch == result.rows[0]["saturation_batch"]
+    json.dumps(dataclasses.asdict(result.summary))  # plain Python values only
+
+
+def test_analyze_says_plainly_when_the_device_is_saturated_at_small_batch():
+    sweep = pd.DataFrame([sweep_row(b, b * 1e-4) for b in (8, 16, 32, 64)])  # samples/s flat
+    result = analyze(sweep, make_runs(seeds=(0,)), None, AnalysisConfig(bootstrap_samples=10))
+    assert result.summary.throughput.saturation_batch == 8
+    assert result.summary.throughput.saturated_at_smallest_batch
+    assert "already saturated at batch 8" in result.markdown
+
+
+# --------------------------------------------------------------------------- missing pieces
+
+
+def test_analyze_with_nothing_gives_nan_and_reasons():
+    result = analyze(None, None, None)
+    assert result.rows == []
+    assert result.summary.throughput.saturation_batch is None
+    assert result.summary.recommendation.batch_size is None
+    assert "no trial reached" in result.summary.recommendation.batch_reason
+    assert math.isnan(result.summary.noise_scale.b_simple_median)
+    assert "Not measured" in result.markdown
+
+
+def test_analyze_with_unreached_rule_oom_sweep_and_single_seed():
+    sweep = pd.DataFrame([sweep_row(b, None, status="oom") for b in (256, 1024)])
+    runs = pd.concat(
+        [
+            make_runs(rules=("linear",), seeds=(0,)),
+            pd.DataFrame([run_row(b, "sqrt", 0.1, 0, 3000, status="diverged") for b in BATCHES]),
+        ]
+    )
+    result = analyze(sweep, runs, pd.DataFrame(), AnalysisConfig(bootstrap_samples=20))
+    critical = result.summary.critical_batch
+    assert math.isfinite(critical["linear"].b_crit)
+    assert math.isnan(critical["linear"].b_crit_low)
+    assert "one seed" in critical["linear"].interval_note
+    assert math.isnan(critical["sqrt"].b_crit) and critical["sqrt"].reason
+    sqrt_rows = [row for row in result.rows if row["lr_rule"] == "sqrt"]
+    assert all(math.isnan(row["steps_to_target"]) and row["regime"] is None for row in sqrt_rows)
+    assert "convergence runs" in result.summary.step_time.source
+    assert result.summary.recommendation.lr_rule == "linear"
+    assert "ran out of memory" in result.markdown

@@ -1,0 +1,452 @@
+"""The validate stage refuses bad tables with a message naming table, expectation and values."""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from batchscale.checks import gx, rules, suites, validate_table
+from batchscale.checks.report import validation_page
+from batchscale.errors import BadInput
+from batchscale.schemas import TABLES, RunStatus, TrialStatus, make_table, schema_for
+
+ENV = {
+    "run_id": "run-1",
+    "config_hash": "c0ffee",
+    "experiment": "unit",
+    "workload": "mlp",
+    "git_commit": "deadbeef",
+    "batchscale_version": "0.1.0",
+    "torch_version": "2.14.1",
+    "python_version": "3.11.9",
+    "device_name": "cpu",
+    "threads": 2,
+    "world_size": 1,
+}
+BATCH_SIZES = [4, 16, 64]
+SHA = {name: hashlib.sha256(name.encode()).hexdigest() for name in ("train-0", "train-1", "val-0")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gx_context():
+    """Create the process's GX context once, up front (it is reused by every validation)."""
+    return gx.gx_context()
+
+
+# ---------------------------------------------------------------- clean tables
+
+
+def dataset_rows() -> list[dict]:
+    return [{"features": [0.5 * i, 1.0, -1.0, 0.0], "label": i % 4} for i in range(40)]
+
+
+def manifest_rows() -> list[dict]:
+    common = {"dataset": "digits", "source": "sklearn", "feature_shape": [2, 2],
+              "feature_dtype": "float32", "num_classes": 4, "split_seed": 0}
+    return [
+        {**common, "split": "train", "shard": "train-0", "rows": 16, "sha256": SHA["train-0"],
+         "class_histogram": [4, 4, 4, 4]},
+        {**common, "split": "train", "shard": "train-1", "rows": 14, "sha256": SHA["train-1"],
+         "class_histogram": [4, 3, 4, 3]},
+        {**common, "split": "val", "shard": "val-0", "rows": 10, "sha256": SHA["val-0"],
+         "class_histogram": [3, 2, 3, 2]},
+    ]
+
+
+def sweep_row(mode: str, batch: int, status: str = TrialStatus.OK, **changes) -> dict:
+    timed = {
+        "timed_steps": 20, "step_time_median_s": 0.01 * batch, "step_time_p10_s": 0.009 * batch,
+        "step_time_p90_s": 0.012 * batch, "step_time_cv": 0.05, "samples_per_s": 100.0,
+        "peak_memory_bytes": 1000 * batch, "achieved_flops_per_s": 1e9, "mfu": 0.1,
+    }
+    row = {"input_mode": mode, "batch_size": batch, "status": status, "precision": "fp32",
+           "timed_steps": 0, "train_flops_per_sample": 1e6, "peak_flops_per_s": 1e10}
+    if status == TrialStatus.OK:
+        row.update(timed)
+    else:
+        row["error"] = "OutOfMemoryError: out of memory"
+    return {**row, **changes}
+
+
+def sweep_rows() -> list[dict]:
+    return [sweep_row(m, b) for m in ("synthetic", "real") for b in (4, 16)] + [
+        sweep_row("synthetic", 64, TrialStatus.OOM)
+    ]
+
+
+def curve_rows() -> list[dict]:
+    """t4 never reaches 0.9, t16 reaches it at step 20, tdiv diverges (NaN loss, last row)."""
+    def trial(trial_id: str, batch: int, accs: list[float], losses: list[float]) -> list[dict]:
+        return [
+            {"trial_id": trial_id, "batch_size": batch, "lr_rule": "linear", "seed": 0,
+             "step": 10 * i, "examples_seen": 10 * i * batch, "train_time_s": 0.1 * i,
+             "train_loss": loss, "val_accuracy": acc, "lr": 0.05, "b_simple": 12.0}
+            for i, (acc, loss) in enumerate(zip(accs, losses, strict=True))
+        ]
+
+    return (
+        trial("t4", 4, [0.1, 0.5, 0.7, 0.8], [2.3, 1.0, 0.8, 0.7])
+        + trial("t16", 16, [0.1, 0.6, 0.92], [2.3, 0.9, 0.5])
+        + trial("tdiv", 64, [0.1, 0.2], [2.3, float("nan")])
+    )
+
+
+def run_rows() -> list[dict]:
+    common = {"lr_rule": "linear", "lr": 0.05, "seed": 0, "workers": 1,
+              "target_val_accuracy": 0.9, "b_simple": 12.0}
+    return [
+        {**common, "trial_id": "t4", "batch_size": 4, "status": RunStatus.NOT_REACHED,
+         "steps_run": 30, "final_val_accuracy": 0.8, "train_time_s": 0.3},
+        {**common, "trial_id": "t16", "batch_size": 16, "status": RunStatus.REACHED,
+         "steps_run": 20, "steps_to_target": 20, "examples_to_target": 320,
+         "time_to_target_s": 0.2,
+         "final_val_accuracy": 0.92, "train_time_s": 0.2},
+        {**common, "trial_id": "tdiv", "batch_size": 64, "status": RunStatus.DIVERGED,
+         "steps_run": 10, "final_val_accuracy": 0.2, "train_time_s": 0.1},
+    ]
+
+
+def analysis_rows() -> list[dict]:
+    fit = {"s_min": 10.0, "e_min": 200.0, "b_crit": 20.0, "b_crit_low": 15.0,
+           "b_crit_high": 25.0, "b_simple": 12.0, "saturation_batch": 16}
+    return [
+        {**fit, "lr_rule": "linear", "batch_size": b, "steps_to_target": s,
+         "examples_to_target": s * b, "step_time_s": 0.01, "time_to_target_s": s * 0.01,
+         "samples_per_s": b / 0.01, "regime": regime}
+        for b, s, regime in ((4, 60.0, "perfect_scaling"), (16, 20.0, "diminishing_returns"),
+                             (64, 15.0, "maximal_data_parallelism"))
+    ]
+
+
+ROWS = {"dataset": dataset_rows, "manifest": manifest_rows, "sweep": sweep_rows,
+        "curves": curve_rows, "runs": run_rows, "analysis": analysis_rows}
+
+
+def table(kind: str, rows: list[dict] | None = None) -> pa.Table:
+    return make_table(kind, ROWS[kind]() if rows is None else rows, ENV)
+
+
+def context(kind: str) -> dict:
+    """The context the pipeline passes for each kind."""
+    return {
+        "dataset": {"num_classes": 4, "feature_length": 4},
+        "manifest": {"shard_checksums": dict(SHA)},
+        "sweep": {"batch_sizes": BATCH_SIZES},
+        "curves": {"batch_sizes": BATCH_SIZES},
+        "runs": {"batch_sizes": BATCH_SIZES, "curves": table("curves")},
+        "analysis": {"batch_sizes": BATCH_SIZES},
+    }[kind]
+
+
+def refused(kind: str, tbl: pa.Table, expectation: str, *fragments: str, ctx=None) -> str:
+    """Validate, expect failure, and check the message names table, expectation and values."""
+    report = validate_table(kind, tbl, context=context(kind) if ctx is None else ctx)
+    message = report.failure_message()
+    assert not report.success, message
+    assert message.startswith(f"{kind} table failed validation"), message
+    assert expectation in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+# ---------------------------------------------------------------- clean tables pass
+
+
+@pytest.mark.parametrize("kind", list(TABLES))
+def test_clean_table_passes(kind):
+    report = validate_table(kind, table(kind), context=context(kind))
+    assert report.success, report.failure_message()
+    assert report.statistics["unsuccessful_expectations"] == 0
+    assert report.statistics["evaluated_expectations"] == len(report.results) > 3
+
+
+def test_parameters_default_from_data_and_say_so():
+    report = validate_table("sweep", table("sweep"))
+    assert report.success, report.failure_message()
+    assert report.parameters["batch_sizes"] == {"value": [4, 16, 64], "source": "table"}
+
+
+# ---------------------------------------------------------------- schema
+
+
+def test_renamed_column_is_refused():
+    tbl = table("dataset").rename_columns(["features", "labels"])
+    refused("dataset", tbl, "expect_column_to_exist", "(label)", "labels")
+
+
+def test_wrong_type_is_refused():
+    tbl = table("dataset").set_column(1, "label", pa.array(["cat"] * 40))
+    refused("dataset", tbl, "expect_column_type_to_be", "(label)", "string")
+
+
+def test_nulls_in_required_columns_are_refused():
+    """A table read with a looser schema may hold nulls where the schema forbids them."""
+    loose = pa.schema([f.with_nullable(True) for f in schema_for("curves")])
+    rows = [{**ENV, **row} for row in curve_rows()]
+    rows[2]["lr"] = None
+    refused("curves", pa.Table.from_pylist(rows, schema=loose),
+            "expect_column_values_to_not_be_null(lr)", '"trial_id": "t4", "step": 20')
+
+
+# ---------------------------------------------------------------- dataset
+
+
+def test_nan_features_are_refused():
+    rows = dataset_rows()
+    rows[3]["features"] = [float("nan"), 1.0, float("inf"), 0.0]
+    refused("dataset", table("dataset", rows), "expect_column_values_to_be_between",
+            "(features_nonfinite_count)", "values [2]", '"row": 3')
+
+
+def test_labels_out_of_range_are_refused():
+    rows = dataset_rows()
+    rows[5]["label"], rows[6]["label"] = 4, -1
+    refused("dataset", table("dataset", rows), "expect_column_values_to_be_between", "(label)",
+            "4", "-1", '"row": 5')
+
+
+def test_feature_length_disagreeing_with_manifest_is_refused():
+    refused("dataset", table("dataset"), "(features_len)", "values [4", "min_value=5",
+            ctx={"num_classes": 4, "feature_length": 5})
+
+
+def test_extreme_imbalance_is_refused():
+    rows = [{"features": [0.0] * 4, "label": 0 if i else 1} for i in range(40)] + [
+        {"features": [0.0] * 4, "label": 2 + i % 2} for i in range(40)
+    ]
+    refused("dataset", table("dataset", rows),
+            "expect_smallest_class_to_be_at_least_share_of_uniform", "class 1: 1 rows")
+
+
+def test_a_table_too_small_to_judge_balance_passes():
+    rows = [{"features": [0.0] * 4, "label": i % 2} for i in range(6)]  # classes 2, 3 absent
+    report = validate_table("dataset", table("dataset", rows), context={"num_classes": 4})
+    assert report.success, report.failure_message()
+
+
+# ---------------------------------------------------------------- manifest
+
+
+def test_shard_checksum_mismatch_is_refused():
+    sums = {**SHA, "train-1": "0" * 64}
+    refused("manifest", table("manifest"), "expect_shard_checksums_to_match_manifest",
+            f"train-1: manifest {SHA['train-1']}, file {'0' * 64}",
+            ctx={"shard_checksums": sums})
+
+
+def test_unlisted_shard_file_is_refused():
+    sums = {**SHA, "train-2": "1" * 64}
+    refused("manifest", table("manifest"), "expect_shard_checksums_to_match_manifest",
+            "train-2: manifest not listed", ctx={"shard_checksums": sums})
+
+
+def test_imbalanced_split_histogram_is_refused():
+    rows = manifest_rows()
+    rows[2].update(rows=60, class_histogram=[20, 1, 20, 19])
+    refused("manifest", table("manifest", rows),
+            "expect_smallest_class_to_be_at_least_share_of_uniform(class_histogram[split=val])",
+            "class 1: 1 rows", ctx={})
+
+
+def test_duplicate_shard_is_refused():
+    rows = manifest_rows()
+    rows[1]["shard"] = "train-0"
+    refused("manifest", table("manifest", rows), "expect_column_values_to_be_unique", "(shard)",
+            "train-0", ctx={})
+
+
+# ---------------------------------------------------------------- sweep
+
+
+def test_negative_throughput_is_refused():
+    rows = sweep_rows()
+    rows[1] = sweep_row("synthetic", 16, samples_per_s=-5.0)
+    refused("sweep", table("sweep", rows), "expect_column_values_to_be_between",
+            "(samples_per_s)", "-5.0", '"input_mode": "synthetic", "batch_size": 16')
+
+
+def test_missing_timing_on_ok_row_is_refused():
+    rows = sweep_rows()
+    rows[0] = sweep_row("synthetic", 4, step_time_median_s=None)
+    refused("sweep", table("sweep", rows), "expect_column_values_to_not_be_null",
+            "(step_time_median_s)", "status == 'ok'")
+
+
+@pytest.mark.parametrize(
+    ("kind", "row", "status"), [("sweep", 0, "crashed"), ("runs", 1, "done")]
+)
+def test_status_outside_the_set_is_refused(kind, row, status):
+    rows = ROWS[kind]()
+    rows[row]["status"] = status
+    refused(kind, table(kind, rows), "expect_column_values_to_be_in_set", "(status)",
+            f'values ["{status}"]')
+
+
+def test_batch_size_not_configured_is_refused():
+    rows = sweep_rows()
+    rows.append(sweep_row("real", 32))
+    refused("sweep", table("sweep", rows), "expect_column_values_to_be_in_set", "(batch_size)",
+            "values [32]")
+
+
+@pytest.mark.parametrize(
+    ("kind", "row", "changes", "expectation"),
+    [
+        ("sweep", 1, {"batch_size": 4}, "expect_compound_columns_to_be_unique(input_mode, "
+                                        "batch_size)"),
+        ("curves", 1, {"step": 0}, "expect_compound_columns_to_be_unique(trial_id, step)"),
+        ("runs", 1, {"trial_id": "t4"}, "expect_column_values_to_be_unique(trial_id)"),
+        ("analysis", 1, {"batch_size": 4}, "expect_compound_columns_to_be_unique(lr_rule, "
+                                           "batch_size)"),
+    ],
+)
+def test_duplicate_rows_are_refused(kind, row, changes, expectation):
+    rows = ROWS[kind]()
+    rows[row].update(changes)
+    ctx = {"batch_sizes": BATCH_SIZES}
+    refused(kind, table(kind, rows), expectation, "2 of", ctx=ctx)
+
+
+# ---------------------------------------------------------------- curves and runs
+
+
+def test_nan_loss_before_a_trials_last_row_is_refused():
+    rows = curve_rows()
+    rows[1]["train_loss"] = float("nan")
+    refused("curves", table("curves", rows), "(train_loss_finite_or_last)",
+            '"trial_id": "t4", "step": 10')
+
+
+def test_reached_run_disagreeing_with_curves_is_refused():
+    rows = run_rows()
+    rows[1]["steps_to_target"] = 30
+    refused("runs", table("runs", rows), "expect_steps_to_target_to_match_curves",
+            "t16: steps_to_target 30, curves cross at step 20")
+
+
+def test_reached_run_with_nan_loss_is_refused():
+    curves = curve_rows()
+    curves[6]["train_loss"] = float("nan")  # t16's last row
+    ctx = {"batch_sizes": BATCH_SIZES, "curves": table("curves", curves)}
+    refused("runs", table("runs"), "expect_reached_trials_to_have_finite_losses",
+            "t16: train_loss nan at step 20", ctx=ctx)
+
+
+def test_reached_run_without_steps_to_target_is_refused():
+    rows = run_rows()
+    rows[1]["time_to_target_s"] = float("nan")
+    refused("runs", table("runs", rows), "expect_column_values_to_not_be_null",
+            "(time_to_target_s)", '"trial_id": "t16"')
+
+
+# ---------------------------------------------------------------- caller mistakes
+
+
+def test_unknown_context_key_is_a_bad_input():
+    with pytest.raises(BadInput, match="unknown context keys \\['batch_size'\\]"):
+        validate_table("sweep", table("sweep"), context={"batch_size": [4]})
+
+
+def test_unknown_kind_is_a_bad_input():
+    with pytest.raises(BadInput, match="unknown table kind"):
+        validate_table("nope", table("sweep"))
+
+
+# ---------------------------------------------------------------- reports
+
+
+def test_failed_report_as_json_and_html():
+    rows = sweep_rows()
+    rows[0]["status"] = "crashed"
+    report = validate_table("sweep", table("sweep", rows))
+    assert "sweep table failed validation" in report.failure_message()
+    assert "crashed" in report.failure_message()
+    saved = json.loads(report.to_json())
+    assert saved["kind"] == "sweep" and saved["success"] is False
+    page = report.to_html()
+    assert "crashed" in page and "FAIL" in page
+    assert "http://" not in page and "https://" not in page
+
+
+def test_passed_report_as_json_and_html():
+    report = validate_table("curves", table("curves"))
+    assert report.success
+    assert json.loads(report.to_json())["statistics"]["unsuccessful_expectations"] == 0
+    page = report.to_html()
+    assert "<title>batchscale validation: curves</title>" in page
+    assert "curves table" in page and "passed" in page
+
+
+def test_page_shows_every_expectation_failures_first():
+    rows = sweep_rows()
+    rows[0]["status"] = "crashed"
+    report = validate_table("sweep", table("sweep", rows))
+    page = report.to_html()
+    assert page.count("<tr class=") == len(report.results)
+    assert page.index('<tr class="fail">') < page.index('<tr class="pass">')
+    stats = report.statistics
+    assert (f"{stats['unsuccessful_expectations']} of {stats['evaluated_expectations']} "
+            "expectations failed") in page
+    assert 'Parameters: <code>{"batch_sizes"' in html.unescape(page)
+
+
+def test_page_escapes_values_from_the_table():
+    hostile = "<script>alert(1)</script>"
+    rows = sweep_rows()
+    rows[0]["status"] = hostile
+    page = validate_table("sweep", table("sweep", rows)).to_html()
+    assert hostile not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_stage_page_has_one_section_per_table_and_escapes_labels():
+    hostile = "<script>alert(1)</script>.parquet"
+    reports = [("sweep", validate_table("sweep", table("sweep"))),
+               (hostile, validate_table("curves", table("curves")))]
+    page = validation_page(reports)
+    assert page.count('<section class="validation">') == 2
+    assert "sweep: sweep table" in page
+    assert hostile not in page and "&lt;script&gt;alert(1)&lt;/script&gt;.parquet" in page
+    assert "<script" not in page
+
+
+def test_importing_checks_does_not_import_great_expectations():
+    code = ("import sys, batchscale.checks, batchscale.checks.stage; "
+            "assert 'great_expectations' not in sys.modules, 'great_expectations imported'")
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
+
+
+# ---------------------------------------------------------------- suites
+
+
+@pytest.mark.parametrize("kind", list(TABLES))
+def test_suite_requires_every_non_nullable_column(kind):
+    """A column the schema marks required has a not-null expectation (lists via <col>_len)."""
+    suite = suites.load_suite(kind)
+    checked = {
+        e["kwargs"]["column"]
+        for e in suite["expectations"]
+        if e["type"] == "expect_column_values_to_not_be_null" and "row_condition" not in e["kwargs"]
+    }
+    for f in schema_for(kind):
+        if not f.nullable:
+            name = f"{f.name}_len" if pa.types.is_list(f.type) else f.name
+            assert name in checked, f"{kind}: {f.name} lacks a not-null expectation"
+
+
+@pytest.mark.parametrize("kind", list(TABLES))
+def test_suite_meta_names_only_implemented_helpers(kind):
+    meta = suites.load_suite(kind)["meta"]
+    assert set(meta["derived_columns"]) <= set(suites.DERIVED_COLUMNS)
+    assert set(meta["python_checks"]) <= set(rules.PYTHON_CHECKS)
+    assert set(meta["parameters"]) <= set(suites.PARAMETER_DEFAULTS)
+    assert set(meta["parameters"]) | set(meta["context"]) <= set(suites.CONTEXT_TYPES)

@@ -1,0 +1,76 @@
+"""Known-answer tests of the sweep-table fits shared by the sweep and the analysis
+(batchscale.fits): saturation batch, step-time and memory lines, largest fitting batch."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_analyze import sweep_row
+
+from batchscale.config import AnalysisConfig
+from batchscale.fits import (
+    DEFAULT_SATURATION_TOLERANCE,
+    fit_memory,
+    fit_step_time,
+    largest_fitting_batch,
+    saturation_batch,
+)
+
+
+def test_saturation_batch_on_constructed_curve():
+    throughput = {1: 100, 2: 190, 4: 350, 8: 600, 16: 905, 32: 980, 64: 1000, 128: 995}
+    rows = [sweep_row(b, b / s) for b, s in throughput.items()]
+    rows += [sweep_row(256, None, status="oom"), sweep_row(8, 8 / 5000, mode="real")]
+    sweep = pd.DataFrame(rows)
+    assert saturation_batch(sweep) == 16
+    assert saturation_batch(sweep, tolerance=0.05) == 32
+    assert saturation_batch(sweep, input_mode="real") == 8
+    assert saturation_batch(pd.DataFrame([sweep_row(4, None, status="oom")])) is None
+
+
+def test_fit_step_time_recovers_line():
+    batch = np.array([1, 4, 16, 64, 256])
+    fit = fit_step_time(batch, 0.002 + 1e-5 * batch)
+    assert fit.alpha_s == pytest.approx(0.002)
+    assert fit.beta_s == pytest.approx(1e-5)
+    assert fit.r2 == pytest.approx(1.0)
+    assert fit.predict(128) == pytest.approx(0.002 + 1e-5 * 128)
+    assert math.isnan(fit_step_time([4], [0.1]).alpha_s)
+
+
+def test_fit_memory_predicts_largest_batch_under_budget():
+    batch = np.array([1, 4, 16, 64])
+    fit = fit_memory(batch, 1000 + 10 * batch, budget_bytes=2005)
+    assert (fit.fixed_bytes, fit.per_sample_bytes) == pytest.approx((1000, 10))
+    assert fit.b_max == 100
+    assert "budget" in fit_memory(batch, 1000 + 10 * batch).reason
+    assert math.isnan(fit_memory(batch, [5, 5, 5, 5], budget_bytes=10).b_max)
+
+
+def test_largest_fitting_batch_is_below_the_smallest_oom():
+    sweep = pd.DataFrame(
+        [sweep_row(b, 0.01) for b in (16, 64, 256)]
+        + [sweep_row(b, None, status="oom") for b in (512, 1024)]
+    )
+    assert largest_fitting_batch(sweep) == (256.0, "batch 512 ran out of memory")
+    no_oom, reason = largest_fitting_batch(sweep.iloc[:3])
+    assert no_oom == math.inf and "up to batch 256" in reason
+    assert math.isnan(largest_fitting_batch(pd.DataFrame())[0])
+
+
+def test_saturation_default_is_the_configs():
+    assert DEFAULT_SATURATION_TOLERANCE == AnalysisConfig().saturation_tolerance
+
+
+def test_sweep_summary_uses_the_configured_tolerance():
+    from batchscale.sweep.sweep import summarize
+
+    throughput = {1: 100, 2: 190, 4: 350, 8: 600, 16: 905, 32: 980, 64: 1000}
+    rows = [{**sweep_row(b, b / s), "mfu": 0.1, "memory_cap_bytes": None}
+            for b, s in throughput.items()]
+    assert summarize(rows)["saturation_batch"] == 16
+    loose = summarize(rows, 0.5)
+    assert (loose["saturation_batch"], loose["saturation_tolerance"]) == (8, 0.5)

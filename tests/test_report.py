@@ -1,0 +1,170 @@
+"""The HTML report: self-contained (no URL anywhere), one embedded PNG per plot, values escaped."""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from test_analyze import make_curves, make_runs, make_sweep, run_row
+
+from batchscale.analysis.analyze import analyze
+from batchscale.analysis.plots import NOT_MEASURED, PNG_DATA_URI_PREFIX
+from batchscale.analysis.report import REGRESSIONS_SLOT, add_regressions, render_html
+from batchscale.analysis.stage import run_stage
+from batchscale.config import AnalysisConfig, ExperimentConfig
+
+IMAGE = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PLOTS_WITHOUT_DP = 7  # throughput, step time, memory, steps, time, trade-off, B_simple
+HOSTILE = '<script>alert("x")</script>'
+
+
+def report(sweep, runs, curves, title="digits-mlp") -> str:
+    result = analyze(sweep, runs, curves, AnalysisConfig(bootstrap_samples=20))
+    return render_html(result, sweep, runs, curves, title=title)
+
+
+def images(page: str) -> list[bytes]:
+    return [base64.b64decode(data) for data in IMAGE.findall(page)]
+
+
+class _ImageSources(HTMLParser):
+    """Every <img> tag's src, as a browser would parse the page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sources: list[str | None] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "img":
+            self.sources.append(dict(attrs).get("src"))
+
+
+def image_sources(page: str) -> list[str | None]:
+    parser = _ImageSources()
+    parser.feed(page)
+    return parser.sources
+
+
+def assert_self_contained(page: str) -> None:
+    assert "http://" not in page and "https://" not in page
+    assert "<script" not in page and "<link" not in page
+    assert "//" not in re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", page)
+
+
+def test_report_has_one_png_per_plot_and_the_narrative():
+    runs = make_runs()
+    page = report(make_sweep(), runs, make_curves(runs))
+    pngs = images(page)
+    assert len(pngs) == PLOTS_WITHOUT_DP == page.count("<img ")
+    assert all(png.startswith(PNG_SIGNATURE) for png in pngs)
+    assert "Why doesn't training get faster" in html.unescape(page)
+    assert "<strong>Batch size:" in page
+    assert "B_crit" in page
+    assert f"{NOT_MEASURED} (one worker count)" in page
+    assert_self_contained(page)
+
+
+def test_every_image_is_an_embedded_png():
+    runs = make_runs(rules=("linear",))
+    two = pd.DataFrame([run_row(b, "linear", 0.1, 0, 200, workers=2, time=0.1) for b in (64, 256)])
+    runs = pd.concat([runs, two], ignore_index=True)
+    sources = image_sources(report(make_sweep(), runs, make_curves(runs)))
+    assert len(sources) == PLOTS_WITHOUT_DP + 1
+    for src in sources:
+        assert src is not None and src.startswith(PNG_DATA_URI_PREFIX)
+        assert base64.b64decode(src[len(PNG_DATA_URI_PREFIX):], validate=True).startswith(
+            PNG_SIGNATURE
+        )
+
+
+def test_report_plots_data_parallel_efficiency_with_two_worker_counts():
+    runs = make_runs(rules=("linear",))
+    two = pd.DataFrame([run_row(b, "linear", 0.1, 0, 200, workers=2, time=0.1) for b in (64, 256)])
+    runs = pd.concat([runs, two], ignore_index=True)
+    page = report(make_sweep(), runs, make_curves(runs))
+    assert len(images(page)) == PLOTS_WITHOUT_DP + 1
+    assert NOT_MEASURED not in page
+    assert_self_contained(page)
+
+
+def test_report_escapes_values_from_the_tables():
+    runs = make_runs(rules=("<b>evil</b>",), seeds=(0,))
+    page = report(make_sweep(), runs, None, title=HOSTILE)
+    assert "<b>evil</b>" not in page and "&lt;b&gt;evil&lt;/b&gt;" in page
+    assert "<script>" not in page
+    assert_self_contained(page)
+
+
+def _write(path: Path, frame: pd.DataFrame) -> str:
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
+    return str(path)
+
+
+def test_stage_report_escapes_a_hostile_experiment_name(tmp_path):
+    """The experiment name from the config is the page title: shown as text, never run."""
+    runs = make_runs(rules=("linear",), seeds=(0, 1))
+    config = ExperimentConfig(name=HOSTILE, analysis=AnalysisConfig(bootstrap_samples=10))
+    report_path = tmp_path / "report.html"
+    metrics = run_stage(
+        config.to_json(),
+        "20990101T000000Z-test",
+        _write(tmp_path / "sweep.parquet", make_sweep()),
+        _write(tmp_path / "curves.parquet", make_curves(runs)),
+        _write(tmp_path / "runs.parquet", runs),
+        str(tmp_path / "analysis.parquet"),
+        str(report_path),
+        str(tmp_path / "summary.md"),
+    )
+    page = report_path.read_text()
+    assert "<script" not in page
+    assert page.count("&lt;script&gt;alert(") == 2  # <title> and <h1>
+    assert metrics["b_crit_linear"] > 0
+    assert (tmp_path / "summary.md").read_text().startswith("## Why doesn't training get faster")
+    assert_self_contained(page)
+
+
+def test_report_with_no_data_explains_every_missing_plot():
+    page = report(None, None, None, title="empty")
+    assert images(page) == []
+    assert page.count('class="missing"') == PLOTS_WITHOUT_DP + 2  # plots, DP, results table
+    assert_self_contained(page)
+
+
+def test_narrative_and_recommendation_render_from_the_markdown():
+    runs = make_runs()
+    result = analyze(make_sweep(), runs, make_curves(runs), AnalysisConfig(bootstrap_samples=20))
+    page = render_html(result, make_sweep(), runs, make_curves(runs))
+    assert "<li><strong>Throughput.</strong> Samples/s peaks at" in page
+    assert '<div class="recommendation"><ul>' in page
+    for line in result.markdown.splitlines():
+        if line.startswith("- **Batch size:"):
+            reason = line.split("** — ", 1)[1]
+            assert html.escape(reason, quote=False) in page  # the same words, rendered once
+
+
+def test_recommendation_appears_once_and_regressions_fill_their_slot():
+    runs = make_runs()
+    page = report(make_sweep(), runs, make_curves(runs))
+    assert page.count("<strong>Batch size:") == 1
+    assert page.count("<h2>Recommendation</h2>") == 1
+    markdown = "## Regressions\n\n**1 of 2 judged cells regressed**:\n\n- batch 64: −20 %\n"
+    with_section = add_regressions(page, markdown)
+    assert REGRESSIONS_SLOT not in with_section
+    assert with_section.index("<h2>Regressions</h2>") < with_section.index("Throughput and")
+    assert "<li>batch 64: −20 %</li>" in with_section
+    assert "<h3>Regressions</h3>" not in with_section  # the title line is the section's h2
+    older = page.replace(REGRESSIONS_SLOT, "")
+    assert add_regressions(older, markdown).endswith("</section>\n</body>\n</html>\n")
+    assert_self_contained(with_section)
+
+
+def test_regressions_text_is_escaped():
+    page = add_regressions(report(None, None, None), f"## Regressions\n\n- {HOSTILE} on cpu\n")
+    assert "<script>" not in page and "&lt;script&gt;" in page
