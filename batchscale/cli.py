@@ -1,5 +1,5 @@
-"""The `batchscale` command line: its commands and their parser, one concern (hence a little over
-~400 lines: one short function per command plus the parser that documents each). The flags
+"""The `batchscale` command line: its commands and their parser, one concern (hence over ~400
+lines: one short function per command plus the parser that documents each). The flags
 that set config fields are generated from the config models (batchscale/cliflags.py). Heavy
 imports (torch, kfp, great_expectations) happen inside the commands that need them, so
 `batchscale --help` and `store` stay fast."""
@@ -13,15 +13,24 @@ import re
 import secrets
 import shutil
 import sys
+import traceback
 from pathlib import Path
 
-from batchscale.cliflags import add_config_flags, config_from_args
+from batchscale.cliflags import (
+    Parser,
+    add_config_flags,
+    check_output_dir,
+    check_output_file,
+    config_from_args,
+    whole_number,
+)
 from batchscale.config import (
     DEFAULT_CONFIG_PATH,
     load_config,
     reference_markdown,
 )
 from batchscale.errors import BadInput, BatchscaleError
+from batchscale.names import check_name, check_run_id, check_workload, redact_url
 from batchscale.schemas import RunStatus
 
 STATE_DIR = Path(".batchscale")
@@ -31,16 +40,23 @@ def new_run_id() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(3)
 
 
+def given_run_id(args) -> str:
+    """--run-id checked (it names directories and lake partitions: one safe path segment), or a
+    new one when the flag is absent (an empty one is refused, not replaced)."""
+    return new_run_id() if args.run_id is None else check_run_id(args.run_id)
+
+
 # ------------------------------------------------------------------------------ the store
 def connect_store():
     """The configured S3 store, or the local SeaweedFS (started if needed) when
     BATCHSCALE_S3_ENDPOINT is unset. Checks that it answers before any work starts."""
     from batchscale import localstore
-    from batchscale.storage import ObjectStore, S3Settings
+    from batchscale.storage import ObjectStore, S3Settings, env_prefix
 
     if not os.environ.get("BATCHSCALE_S3_ENDPOINT"):
+        prefix = env_prefix()  # a bad BATCHSCALE_S3_PREFIX is refused before the store starts
         info = localstore.up()
-        settings = info.settings(os.environ.get("BATCHSCALE_S3_PREFIX", "batchscale"))
+        settings = info.settings(prefix)
         # The pipeline's tasks are subprocesses: they find the store through the environment.
         os.environ.update({
             "BATCHSCALE_S3_ENDPOINT": info.endpoint_url, "BATCHSCALE_S3_BUCKET": info.bucket,
@@ -73,12 +89,12 @@ def cmd_store(args) -> int:
 
 # ------------------------------------------------------------------------------ run / compile
 def cmd_run(args) -> int:
-    from batchscale.lake.publish import check_run_id
-    from batchscale.workloads import get_workload
+    from batchscale.workloads import check_builds, get_workload
 
     cfg = config_from_args(args)
-    get_workload(cfg.workload)  # a user factory that cannot be imported fails here, not later
-    run_id = check_run_id(args.run_id or new_run_id())
+    run_id = given_run_id(args)
+    # A user factory that cannot be imported or returns no nn.Module fails here, not later.
+    check_builds(get_workload(cfg.workload, image_size=cfg.sweep.image_size_px))
     store = connect_store()
     print(f"batchscale run {run_id}: {cfg.name} ({cfg.workload} on {cfg.dataset.name})",
           file=sys.stderr)
@@ -123,20 +139,21 @@ def cmd_history(args) -> int:
 
     if args.last is not None and args.last < 1:
         raise BadInput(f"--last: must be a positive number of runs, got {args.last}")
-    history = load_history(connect_store(), args.workload, args.device, args.precision,
-                           args.last)
-    plot = plot_history(history, Path(args.plot) if args.plot else
-                        default_plot_path(args.workload))
+    workload = check_workload(args.workload, "--workload")
+    plot_path = default_plot_path(workload) if args.plot is None else Path(args.plot)
+    check_output_file(str(plot_path), "--plot")
+    history = load_history(connect_store(), workload, args.device, args.precision, args.last)
+    plot = plot_history(history, plot_path)
     print("\n".join([*throughput_lines(history), "", *critical_lines(history), "",
                      f"plot: {plot}"]))
     return 0
 
 
 def cmd_report(args) -> int:
-    from batchscale.lake.publish import check_run_id
     from batchscale.lake.summary import rebuild_report
 
     run_id = check_run_id(args.run_id)
+    check_output_file(args.out, "--out")
     print("\n".join(rebuild_report(connect_store(), run_id, Path(args.out))))
     return 0
 
@@ -146,6 +163,7 @@ def cmd_compile(args) -> int:
     from batchscale.pipelines.batchscale_pipeline import compile_pipeline
 
     cfg = load_config(args.config)
+    check_output_file(args.output, "--output").parent.mkdir(parents=True, exist_ok=True)
     print(f"wrote {compile_pipeline(cfg, args.output)} (images {CPU_IMAGE}, {GPU_IMAGE})")
     return 0
 
@@ -155,7 +173,7 @@ def _kfp_client(args):
     from batchscale.kfp_client import connect, resolve_auth
 
     auth = resolve_auth(args.token_env, args.token_file)
-    print(f"KFP {args.host} ({auth.describe()})", file=sys.stderr)
+    print(f"KFP {redact_url(args.host)} ({auth.describe()})", file=sys.stderr)
     return connect(args.host, auth, args.namespace)
 
 
@@ -193,6 +211,8 @@ def cmd_schedules(args) -> int:
     if args.action != "list" and not args.recurring_run_id:
         raise BadInput(f"schedules {args.action}: give the recurring run id "
                        "(see `batchscale schedules list`)")
+    if args.recurring_run_id is not None:  # it becomes part of the API's URL path
+        check_name(args.recurring_run_id, "recurring run id")
     with kfp_errors(args.host):
         client = _kfp_client(args)
         if args.action == "list":
@@ -206,29 +226,35 @@ def cmd_schedules(args) -> int:
 
 # ------------------------------------------------------------------------- single stages
 def cmd_sweep(args) -> int:
-    from batchscale.sweep.sweep import run_stage
-
     # Without a prepared dataset there are no real batches to time.
     cfg = config_from_args(args, {} if args.dataset_dir else
                            {"sweep": {"input_modes": ["synthetic"]}})
-    rows = run_stage(cfg.to_json(), args.run_id or new_run_id(), args.dataset_dir, args.out)
+    run_id = given_run_id(args)
+    check_output_file(args.out, "--out")
+    from batchscale.sweep.sweep import run_stage  # torch: only once the input is known good
+
+    rows = run_stage(cfg.to_json(), run_id, args.dataset_dir, args.out)
     print(f"wrote {len(rows)} rows to {args.out}")
     return 0
 
 
 def cmd_converge(args) -> int:
-    from batchscale.convergence.runner import run_convergence
-    from batchscale.data.prep import prepare
-    from batchscale.storage import write_table_atomic
+    from batchscale.workloads import check_builds, get_workload
 
     # No scaling runs (the pipeline's extra worker counts): here --workers sets the one count.
     cfg = config_from_args(args, {"convergence": {"scaling_workers": [],
                                                   "scaling_batch_sizes": []}})
+    run_id = given_run_id(args)
+    check_output_dir(args.out, "--out")
+    check_builds(get_workload(cfg.workload))  # before the dataset is prepared
+    from batchscale.convergence.runner import run_convergence  # torch: input known good now
+    from batchscale.data.prep import prepare
+    from batchscale.storage import write_table_atomic
+
     out = Path(args.out)
     data_dir = args.dataset_dir or out / "data"
     if not args.dataset_dir:
         prepare(cfg.dataset, data_dir)
-    run_id = args.run_id or new_run_id()
     print(f"batchscale converge {run_id} (rerun with --run-id {run_id} to resume)",
           file=sys.stderr)
     curves, runs = run_convergence(cfg, list(cfg.convergence.batch_sizes), data_dir=str(data_dir),
@@ -247,13 +273,15 @@ def cmd_converge(args) -> int:
 def cmd_validate(args) -> int:
     from batchscale.checks import validate_table
     from batchscale.errors import ValidationFailed
-    from batchscale.storage import read_table_file
+    from batchscale.storage import read_table_file, write_bytes_atomic
 
+    if args.html is not None:
+        check_output_file(args.html, "--html")
     report = validate_table(args.table, read_table_file(args.file))
     if args.html:
-        Path(args.html).write_text(report.to_html())
+        write_bytes_atomic(args.html, report.to_html().encode())
     if not report.success:
-        raise ValidationFailed(report.failure_message())
+        raise ValidationFailed(f"{args.file}: {report.failure_message()}")
     print(f"{args.file}: {args.table} table passed "
           f"{report.statistics.get('evaluated_expectations', '?')} expectations")
     return 0
@@ -304,9 +332,9 @@ CONFIG_FLAGS_NOTE = ("Flags named after a config field (--time-budget-s for swee
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="batchscale", description="Why doesn't training get faster "
-                                "with a bigger batch? Measure throughput, memory and critical "
-                                "batch size, and get a recommendation.")
+    p = Parser(prog="batchscale", description="Why doesn't training get faster with a bigger "
+               "batch? Measure throughput, memory and critical batch size, and get a "
+               "recommendation.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the whole pipeline locally (kfp.local)",
@@ -322,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     hist.add_argument("--device", help="only runs whose device name contains this (any case)")
     hist.add_argument("--precision", choices=["fp32", "bf16"],
                       help="only runs at this precision")
-    hist.add_argument("--last", type=int, help="only the most recent N runs")
+    hist.add_argument("--last", type=whole_number, help="only the most recent N runs")
     hist.add_argument("--plot", help="PNG to write (default: history-<workload>.png)")
     hist.set_defaults(func=cmd_history)
 
@@ -418,15 +446,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Whatever it prints on failure passes through names.redact_url, so a
+    URL's user:password never reaches the terminal or a log; a bug still shows its traceback
+    (redacted too), bad input never does."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except BatchscaleError as err:
-        print(f"batchscale: error: {err}", file=sys.stderr)
+        print(f"batchscale: error: {redact_url(str(err))}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("batchscale: interrupted; results written so far are kept", file=sys.stderr)
         return 130
+    except Exception:
+        print(redact_url(traceback.format_exc()), file=sys.stderr, end="")
+        return 1
 
 
 if __name__ == "__main__":

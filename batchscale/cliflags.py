@@ -1,23 +1,53 @@
 """Command-line flags generated from the config models: one flag per config field, named after
 it (`time_budget_s` -> `--time-budget-s`), with the field's docstring as help. A flag that is
 given replaces the field's value in --config, and the result is validated like a config file,
-so a bad value is refused naming its field (exit 2)."""
+so a bad value is refused naming its field (exit 2).
+
+Numbers on the command line are ASCII decimals within int64 and finite (int() and float() would
+also take other scripts' digits, '1_000', 'inf' and 4,000-digit integers); a list takes no empty
+item. Output paths are checked before any work (check_output_file, check_output_dir)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
+import os
+import re
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import UnionType
 from typing import Annotated, Literal, Union, get_args, get_origin
 
-from batchscale.config import ExperimentConfig, load_config, section_models, with_overrides
+from batchscale.config import (
+    INT64_MAX,
+    ExperimentConfig,
+    load_config,
+    section_models,
+    with_overrides,
+)
+from batchscale.errors import BadInput
+from batchscale.names import quote, redact_url
 
 # Spellings that flags had before they were named after their config field: still accepted,
 # with a note on stderr, until the next release.
 OLD_FLAGS = {"torch_compile": "--compile", "image_size_px": "--image-size",
              "memory_limit_bytes": "--memory-limit", "time_budget_s": "--time-budget",
              "lr_rules": "--lr-rule"}
+# What a flag's help adds to its config field's docstring.
+FLAG_NOTES = {"workload": "A user model 'package.module:factory' runs your code with your "
+                          "rights, like any Python import: the module is imported and the "
+                          "factory called; it must return a torch.nn.Module, and modules of "
+                          "Python's standard library are refused."}
+ASCII_INTEGER = re.compile(r"[+-]?[0-9]+")
+ASCII_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+NOT_FINITE = ("inf", "infinity", "nan")
+INT64_DIGITS = len(str(INT64_MAX))
+# Items of a list flag: separated by commas (with or without spaces around) or by spaces.
+LIST_SEPARATOR = re.compile(r"\s*,\s*|\s+")
 
 
 def flag_for(field: str) -> str:
@@ -70,19 +100,63 @@ class FlagText:
         """The field's value from the flag's text (a list of tokens for a list field)."""
         if not self.is_list:
             return self._one(text)
-        items = [piece for token in text for piece in token.split(",") if piece.strip()]
+        joined = " ".join(text).strip()
+        items = LIST_SEPARATOR.split(joined)
+        if "" in items:
+            raise ValueError(f"{quote(joined)} has an empty item (two commas in a row, or a "
+                             "comma at an end); separate values by one comma or by spaces")
         if len(items) == 1 and items[0] in self.words:
             return items[0]
         return [self._one(piece) for piece in items]
 
     def _one(self, text: str):
         if self.choices and text not in self.choices:
-            raise ValueError(f"invalid choice: {text!r} (choose from {', '.join(self.choices)})")
-        try:
-            return self.item(text)
-        except ValueError:
-            kind = "an integer" if self.item is int else "a number"
-            raise ValueError(f"{text!r} is not {kind}") from None
+            raise ValueError(f"invalid choice: {quote(text)} (choose from "
+                             f"{', '.join(self.choices)})")
+        if self.item is int:
+            return parse_integer(text)
+        if self.item is float:
+            return parse_number(text)
+        return text
+
+
+def parse_integer(text: str) -> int:
+    """An ASCII decimal integer within int64 (ValueError naming the text otherwise)."""
+    digits = text.strip()
+    if not ASCII_INTEGER.fullmatch(digits):
+        raise ValueError(f"{quote(text)} is not an integer (digits 0-9)")
+    if len(digits.lstrip("+-").lstrip("0")) > INT64_DIGITS or abs(int(digits)) > INT64_MAX:
+        raise ValueError(f"{quote(text)} is beyond the integers allowed (at most 2**63-1)")
+    return int(digits)
+
+
+def parse_number(text: str) -> float:
+    """An ASCII decimal number, finite (ValueError naming the text otherwise)."""
+    digits = text.strip()
+    if digits.lower().lstrip("+-") in NOT_FINITE:
+        raise ValueError(f"{quote(text)} is not a finite number")
+    if not ASCII_DECIMAL.fullmatch(digits):
+        raise ValueError(f"{quote(text)} is not a number (digits 0-9, '.', an exponent)")
+    value = float(digits)
+    if not math.isfinite(value):
+        raise ValueError(f"{quote(text)} is beyond the numbers allowed (not a finite float)")
+    return value
+
+
+def whole_number(text: str) -> int:
+    """argparse `type` of a plain integer flag (e.g. history --last)."""
+    try:
+        return parse_integer(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with credentials in URLs redacted from its error messages (they
+    quote the arguments)."""
+
+    def error(self, message: str):
+        super().error(redact_url(message))
 
 
 class _FieldFlag(argparse.Action):
@@ -124,7 +198,8 @@ def add_config_flags(parser: argparse.ArgumentParser, section: str | None,
     model = section_models()[section] if section else ExperimentConfig
     for name in fields:
         field = model.model_fields[name]
-        doc = " ".join((field.description or "").split()).replace("%", "%%")
+        doc = " ".join((field.description or "").split()
+                       + FLAG_NOTES.get(name, "").split()).replace("%", "%%")
         if field.annotation is bool:
             new = parser.add_argument(flag_for(name), dest=name, help=doc,
                                       action=argparse.BooleanOptionalAction)
@@ -154,3 +229,94 @@ def config_from_args(args, fixed: dict | None = None) -> ExperimentConfig:
         overrides.setdefault(section, {}).update(values)
     source = f"given on the command line ({', '.join(given)})" if given else "command line"
     return with_overrides(load_config(args.config), overrides, source)
+
+
+# ------------------------------------------------------------------ output paths
+# Longest file name and path the kernel takes (Linux NAME_MAX, PATH_MAX): a longer one fails
+# only when the file is written, after the work.
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
+def check_output_file(text: str, flag: str) -> Path:
+    """A file a command will write (atomically: a temporary file beside it, then a rename),
+    checked before any work: not a directory or a device, and its directory exists or can be
+    created, and can be written. Nothing is created here."""
+    path = _output_path(text, flag)
+    with _stat_errors(text, flag):
+        _check_file(path, text, flag)
+    return path
+
+
+def _check_file(path: Path, text: str, flag: str) -> None:
+    if path.is_dir():
+        raise BadInput(f"{flag} {quote(text)} is a directory; give the path of a file")
+    if path.exists() and not path.is_file():
+        raise BadInput(f"{flag} {quote(text)} is not a regular file (a device, FIFO or socket); "
+                       "give the path of a file")
+    _check_creatable(path, text, flag)
+
+
+def check_output_dir(text: str, flag: str) -> Path:
+    """A directory a command will write into (created if missing), checked before any work."""
+    path = _output_path(text, flag)
+    with _stat_errors(text, flag):
+        _check_dir(path, text, flag)
+    return path
+
+
+def _check_dir(path: Path, text: str, flag: str) -> None:
+    if path.exists() and not path.is_dir():
+        raise BadInput(f"{flag} {quote(text)} is a file, not a directory; give a directory "
+                       "(it is created if missing)")
+    if path.is_dir():
+        _check_writable(path, text, flag)
+    else:
+        _check_creatable(path, text, flag)
+
+
+@contextlib.contextmanager
+def _stat_errors(text: str, flag: str) -> Iterator[None]:
+    """A path that cannot even be looked at (a directory we may not search) is refused too."""
+    try:
+        yield
+    except OSError as err:
+        raise BadInput(f"{flag} {quote(text)}: cannot check it: {err.strerror}") from None
+
+
+def _output_path(text: str, flag: str) -> Path:
+    if not text or "\0" in text:
+        raise BadInput(f"{flag} {quote(text)}: give a path (not empty, no NUL character)")
+    path = Path(os.path.abspath(text))
+    if len(str(path)) > PATH_MAX or any(len(part.encode()) > NAME_MAX for part in path.parts):
+        raise BadInput(f"{flag} {quote(text)} is too long (at most {NAME_MAX} bytes per name, "
+                       f"{PATH_MAX} in all)")
+    return path
+
+
+def _check_creatable(path: Path, text: str, flag: str) -> None:
+    """The nearest existing directory above `path` is a directory we may write in (so the
+    missing ones below it can be created)."""
+    ancestor = path.parent
+    while not os.path.lexists(ancestor):
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise BadInput(f"{flag} {quote(text)}: {quote(str(ancestor))} is a file, so no "
+                       "directory can be created there")
+    _check_writable(ancestor, text, flag)
+
+
+def _check_writable(directory: Path, text: str, flag: str) -> None:
+    """Permission bits, then a real probe: an unnamed temporary file (O_TMPFILE, else created
+    and removed at once), which also meets what the bits do not say (a read-only mount, /proc,
+    quotas). It leaves no entry behind."""
+    problem = None if os.access(directory, os.W_OK | os.X_OK) else "no permission"
+    if problem is None:
+        try:
+            with tempfile.TemporaryFile(dir=directory):
+                pass
+        except OSError as err:
+            problem = err.strerror
+    if problem:
+        raise BadInput(f"{flag} {quote(text)}: cannot write in {quote(str(directory))} "
+                       f"({problem})")

@@ -5,21 +5,29 @@ Credentials never come from the repository, the config or the compiled YAML: a b
 read from an environment variable, or from a service-account token file that the kubelet
 rotates (re-read on every request), or there is none (a `kubectl port-forward` to an
 unauthenticated KFP).
+
+Every request has a timeout (the generated client has none by default and waits forever on a
+host that accepts the connection but never answers): the first one, KFP's healthz, is the
+connection check with short ones (PREFLIGHT_TIMEOUT_S); the others get REQUEST_TIMEOUT_S.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import re
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from batchscale.config import ExperimentConfig, parse_config
 from batchscale.errors import BadInput, BatchscaleError
+from batchscale.names import check_endpoint, quote, redact_url
 
 TOKEN_ENV = "KF_PIPELINES_TOKEN"
 """Default environment variable holding a bearer token for the KFP API."""
@@ -31,11 +39,38 @@ IN_CLUSTER_TOKEN_PATHS = (
 checks), then the pod's default service-account token."""
 MAX_CONCURRENT_RUNS = 1
 """A recurring benchmark never overlaps itself: two runs on one GPU pool distort each other."""
-CRON_FIELDS = 6
-"""KFP cron has a seconds field first: 'second minute hour day-of-month month day-of-week'."""
+CRON_FIELDS = (("second", 0, 59), ("minute", 0, 59), ("hour", 0, 23), ("day-of-month", 1, 31),
+               ("month", 1, 12), ("day-of-week", 0, 6))
+"""KFP's cron (robfig/cron v1, which its API server parses with) has a seconds field first."""
+CRON_NAMES = {
+    "month": {m: i for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split(),
+                                         1)},
+    "day-of-week": {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())},
+}
+CRON_DESCRIPTORS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight",
+                    "@hourly")
+CRON_EVERY = "@every "
+CRON_MAX_CHARS = 200
+GO_DURATION = re.compile(r"(?:\d+(?:\.\d+)?(?:ns|us|µs|μs|ms|s|m|h))+")
+GO_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
+             "h": 3600.0}
+GO_MAX_DURATION_S = (2**63 - 1) / 1e9
+DAYS_IN_MONTH = {1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31, 11: 30,
+                 12: 31}
+CRON_HELP = ("KFP cron is 'second minute hour day-of-month month day-of-week' (e.g. '0 0 2 * * *' "
+             "for 02:00 every day; numbers, names JAN-DEC and SUN-SAT, *, ?, a-b, */n, lists "
+             "a,b), or one of " + ", ".join(CRON_DESCRIPTORS) + ", or '@every 1h30m'")
 RECURRING_RUNS_PAGE_SIZE = 100
 KFP_DEFAULT_NAMESPACE = "kubeflow"
 ERROR_BODY_CHARS = 500
+PREFLIGHT_TIMEOUT_S = (5, 10)
+"""(connect, read) seconds of the connection check, KFP's healthz, made once with at most one
+retry of the connection and none of the read: a silent host fails it within 10 s, one that does
+not accept the connection within 2 × 5 s. Stated in the README ("Submit a run")."""
+CONNECT_ATTEMPTS = 2
+REQUEST_TIMEOUT_S = (10, 120)
+"""(connect, read) seconds of every other request: creating a run uploads the whole pipeline
+spec, and the API server may be slow while it stores it."""
 
 
 class KfpError(BatchscaleError):
@@ -57,13 +92,81 @@ def kfp_errors(host: str) -> Iterator[None]:
     import kfp_server_api
     import urllib3
 
+    host = redact_url(host)
     try:
         yield
     except kfp_server_api.ApiException as err:
-        raise KfpError(f"KFP API at {host} answered {err.status} {err.reason}: "
-                       f"{_server_message(err.body)}") from None
+        raise KfpError(redact_url(f"KFP API at {host} answered {err.status} {err.reason}: "
+                                  f"{_server_message(err.body)}")) from None
     except urllib3.exceptions.HTTPError as err:
-        raise KfpError(f"cannot reach the KFP API at {host}: {err}") from None
+        raise KfpError(redact_url(f"cannot reach the KFP API at {host}: {err}")) from None
+
+
+def check_host(host: str) -> str:
+    """--host: http(s)://host[:port], optionally with a path (a proxy in front of KFP), never
+    with credentials, a query or a fragment; the authority is checked by batchscale.names."""
+    if isinstance(host, str) and "@" in host:  # first: urlsplit would quote parts of it
+        raise BadInput(f"--host {quote(host)} carries credentials; give KFP a token with "
+                       f"${TOKEN_ENV}, --token-env or --token-file, never in the URL")
+    if not isinstance(host, str) or not host.startswith(("http://", "https://")):
+        raise BadInput(f"--host must start with http:// or https://, got {quote(host)}")
+    try:
+        parts = urlsplit(host)
+    except ValueError as err:
+        raise BadInput(f"--host {quote(host)} is not a valid URL: {err}") from None
+    check_endpoint(f"{parts.scheme}://{parts.netloc}", "--host")
+    if parts.query or parts.fragment:
+        raise BadInput(f"--host {quote(host)} must not have a query or fragment")
+    return host
+
+
+@functools.cache
+def _bounded_rest_class():
+    """kfp_server_api's REST client with a timeout on every request and few retries; timeouts
+    become a KfpError naming the host and the wait."""
+    import kfp_server_api.rest
+    import urllib3
+
+    class BoundedRest(kfp_server_api.rest.RESTClientObject):
+        def request(self, method, url, *args, _request_timeout=None, **kwargs):
+            timeout = _request_timeout or REQUEST_TIMEOUT_S
+            try:
+                return super().request(method, url, *args, _request_timeout=timeout, **kwargs)
+            except urllib3.exceptions.HTTPError as err:
+                raise _timeout_error(err, url, timeout) or err from None
+
+    return BoundedRest
+
+
+def _timeout_error(err: Exception, url: str, timeout: tuple[int, int]) -> KfpError | None:
+    """A KfpError naming the host and the wait, if `err` is a timeout (maybe after retries)."""
+    import urllib3
+
+    cause = getattr(err, "reason", None) or err
+    parts = urlsplit(url)
+    host = redact_url(f"{parts.scheme}://{parts.netloc}")
+    if isinstance(cause, urllib3.exceptions.NewConnectionError):  # refused: not a wait
+        return None
+    if isinstance(cause, urllib3.exceptions.ConnectTimeoutError):
+        return KfpError(f"KFP API at {host} did not accept a connection within {timeout[0]} s "
+                        f"({CONNECT_ATTEMPTS} attempts)")
+    if isinstance(cause, urllib3.exceptions.ReadTimeoutError):
+        return KfpError(f"KFP API at {host} accepted the connection but did not answer within "
+                        f"{timeout[1]} s")
+    return None
+
+
+def _bound_requests(api_client) -> None:
+    """Give every request of `api_client` a timeout (REQUEST_TIMEOUT_S unless the call names
+    one) and at most one retry of a connection, none of an unanswered request."""
+    import urllib3
+
+    bounded = _bounded_rest_class()
+    if isinstance(api_client.rest_client, bounded):
+        return
+    api_client.configuration.retries = urllib3.Retry(
+        total=None, connect=CONNECT_ATTEMPTS - 1, read=0, status=0, other=0, redirect=5)
+    api_client.rest_client = bounded(api_client.configuration)
 
 
 @dataclass(frozen=True)
@@ -106,33 +209,118 @@ def connect(host: str, auth: Auth, namespace: str | None = None):
     import kfp
     from kfp.client.set_volume_credentials import ServiceAccountTokenVolumeCredentials
 
-    if not host.startswith(("http://", "https://")):
-        raise BadInput(f"--host must start with http:// or https://, got {host!r}")
-    kwargs: dict = {"host": host, "namespace": namespace or KFP_DEFAULT_NAMESPACE}
+    kwargs: dict = {"host": check_host(host), "namespace": namespace or KFP_DEFAULT_NAMESPACE}
     if auth.token:
         kwargs["existing_token"] = auth.token
     elif auth.token_file:
         kwargs["credentials"] = ServiceAccountTokenVolumeCredentials(path=str(auth.token_file))
+
     class Client(kfp.Client):
+        healthy = False
+
         def get_kfp_healthz(self, sleep_duration: int = 0):
-            """One attempt instead of kfp's five, 5 s apart: a wrong token or namespace should
-            fail at once with KFP's reason (kfp_errors), not after 25 s of logged tracebacks."""
-            return self._healthz_api.healthz_service_get_healthz()
+            """The connection check, also made by kfp.Client's constructor: one attempt with
+            PREFLIGHT_TIMEOUT_S instead of kfp's five, 5 s apart, and no timeout; a wrong token
+            or namespace fails at once with KFP's reason (kfp_errors)."""
+            _bound_requests(self._healthz_api.api_client)
+            answer = self._healthz_api.healthz_service_get_healthz(
+                _request_timeout=PREFLIGHT_TIMEOUT_S)
+            self.healthy = True
+            return answer
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # "only works with KFP >= 2.0.0-beta.2"
-        return Client(**kwargs)
+        client = Client(**kwargs)
+    if not client.healthy:  # the constructor skips healthz when ~/.config/kfp names a namespace
+        client.get_kfp_healthz()
+    return client
 
 
 def check_cron(cron: str) -> str:
-    """KFP schedules with 6-field cron (seconds first); a 5-field crontab line would silently
-    mean something else, so it is refused."""
-    fields = cron.split()
-    if len(fields) != CRON_FIELDS:
-        raise BadInput(f"--cron: {cron!r} has {len(fields)} fields; KFP needs {CRON_FIELDS} "
-                       "(second minute hour day-of-month month day-of-week), e.g. '0 0 2 * * *' "
-                       "for 02:00 every day")
-    return " ".join(fields)
+    """The schedule as KFP's API server parses it (robfig/cron v1 `Parse`), whitespace
+    normalized; BadInput naming the field otherwise. Stricter than KFP where KFP accepts a
+    mistake: a 5-field crontab line (KFP would read it as seconds first), a day that never comes
+    ('31 2': Feb 31), '+5', empty list items, '@every' below a second."""
+    if not isinstance(cron, str) or not cron.strip():
+        raise BadInput(f"--cron: give a schedule; {CRON_HELP}")
+    if len(cron) > CRON_MAX_CHARS:
+        raise BadInput(f"--cron: {len(cron)} characters is not a schedule (at most "
+                       f"{CRON_MAX_CHARS}); {CRON_HELP}")
+    text = " ".join(cron.split())
+    if text.startswith("@"):
+        return _check_descriptor(cron, text)
+    fields = text.split(" ")
+    if len(fields) != len(CRON_FIELDS):
+        raise BadInput(f"--cron: {cron!r} has {len(fields)} fields; KFP needs "
+                       f"{len(CRON_FIELDS)} (second minute hour day-of-month month "
+                       "day-of-week), e.g. '0 0 2 * * *' for 02:00 every day")
+    parsed = {}
+    for value, (name, low, high) in zip(fields, CRON_FIELDS, strict=True):
+        try:
+            parsed[name] = _cron_field(value, low, high, CRON_NAMES.get(name, {}))
+        except ValueError as err:
+            named = "".join(f", {n.upper()}" for n in CRON_NAMES.get(name, {}))
+            raise BadInput(f"--cron: {cron!r}: {name} field {value!r}: {err}; allowed: "
+                           f"{low}-{high}{named}, *, ?, a-b, */n, a/n and lists a,b") from None
+    _check_day_comes(cron, parsed)
+    return text
+
+
+def _check_descriptor(cron: str, text: str) -> str:
+    if text in CRON_DESCRIPTORS:
+        return text
+    duration = text[len(CRON_EVERY):] if text.startswith(CRON_EVERY) else None
+    if duration is None or not GO_DURATION.fullmatch(duration):
+        raise BadInput(f"--cron: {cron!r} is not a schedule KFP knows; {CRON_HELP}")
+    seconds = sum(float(n) * GO_UNIT_S[unit] for n, unit in
+                  re.findall(r"(\d+(?:\.\d+)?)(ns|us|µs|μs|ms|s|m|h)", duration))
+    if not 1 <= seconds <= GO_MAX_DURATION_S:
+        raise BadInput(f"--cron: {cron!r}: the interval must be between 1 s and "
+                       f"{GO_MAX_DURATION_S / 3600:,.0f} h")
+    return text
+
+
+def _cron_field(value: str, low: int, high: int, names: dict[str, int]) -> tuple[set[int], bool]:
+    """(the values a field selects, whether it is '*' or '?', which robfig treats apart)."""
+    selected: set[int] = set()
+    star = False
+    for item in value.split(","):
+        span, slash, step_text = item.partition("/")
+        step = _cron_number(step_text, {}) if slash else 1
+        if step < 1:
+            raise ValueError("a step must be at least 1")
+        if span in ("*", "?"):
+            start, end, star = low, high, True
+        else:
+            first, dash, last = span.partition("-")
+            start = _cron_number(first, names)
+            end = _cron_number(last, names) if dash else high if slash else start
+        if start < low or end > high:
+            raise ValueError(f"{item!r} is out of range")
+        if start > end:
+            raise ValueError(f"{item!r} starts after it ends")
+        selected.update(range(start, end + 1, step))
+    return selected, star
+
+
+def _cron_number(text: str, names: dict[str, int]) -> int:
+    if text.lower() in names:
+        return names[text.lower()]
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(f"{text!r} is not a number{' or a name' if names else ''}")
+    return int(text)
+
+
+def _check_day_comes(cron: str, parsed: dict[str, tuple[set[int], bool]]) -> None:
+    """robfig requires both the day of month and the day of week to match when either is '*' or
+    '?' (either one otherwise): refuse days of month that none of the months has."""
+    days, days_star = parsed["day-of-month"]
+    _, weekdays_star = parsed["day-of-week"]
+    months, _ = parsed["month"]
+    if (days_star or weekdays_star) and not any(
+            day <= DAYS_IN_MONTH[month] for day in days for month in months):
+        raise BadInput(f"--cron: {cron!r} never runs: no month of {sorted(months)} has day "
+                       f"{min(days)}")
 
 
 def scheduled_config(cfg: ExperimentConfig) -> ExperimentConfig:

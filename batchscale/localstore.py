@@ -1,8 +1,15 @@
 """A local SeaweedFS (`weed mini`) on 127.0.0.1, behind `batchscale store up|down|status|env`.
 
-State lives in `<workdir>/.batchscale/store/`: `data/` (objects), `credentials.json` (generated
-once, mode 0600), `weed.pid`, `ports.json` (so the endpoint stays the same across restarts) and
-`weed.log`. Only the process recorded in `weed.pid` is ever signalled.
+State lives in `<workdir>/.batchscale/store/` (mode 0700): `data/` (objects), `credentials.json`
+(the S3 keys, generated once, mode 0600), `weed-config/` (weed's signing keys and gRPC
+certificate, new at every start, mode 0600), `weed.pid`, `ports.json` (so the endpoint stays the
+same across restarts) and `weed.log`. Only the process recorded in `weed.pid` is ever signalled.
+
+Only the S3 port serves objects, and only to requests signed with the S3 keys. weed's other
+ports are all on 127.0.0.1 too and can be reached by any local user, so none of them may serve
+an object without a secret only we hold: see `_weed_args` and batchscale/weedconfig.py.
+
+One concern, the local store's process and its state files, hence a little over ~400 lines.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import fcntl
 import json
 import os
 import random
+import re
 import secrets
 import shlex
 import shutil
@@ -24,10 +32,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batchscale.errors import StoreError
+from batchscale.errors import BadInput, StoreError
+from batchscale.names import check_bucket
 from batchscale.storage import ObjectStore, S3Settings, write_bytes_atomic
+from batchscale.weedconfig import HOST, write_weed_config
 
-HOST = "127.0.0.1"
 GRPC_OFFSET = 10000
 """weed serves gRPC on http port + 10000; parts of `weed mini` assume it whatever the flags say
 (its maintenance worker dials admin port + 10000), so we keep the convention for every service."""
@@ -37,6 +46,14 @@ RANDOM_PORTS = (10000, 22767)
 """Fallback range: the port and its gRPC twin both stay below the kernel's ephemeral range."""
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
+STATE_FILES = ("credentials.json", "ports.json", "weed.pid", "weed.log", "lock")
+STATE_DIRS = ("data", "weed-config")
+MAX_STATE_FILE_BYTES = 64 * 1024
+AFTER_REMOVAL = {
+    "credentials.json": "new keys are made (clients take them from `batchscale store env`)",
+    "ports.json": "the store restarts, perhaps on other ports",
+}
+"""What `batchscale store up` does once a corrupt state file is removed (the data is kept)."""
 
 
 @dataclass(frozen=True)
@@ -69,14 +86,19 @@ def state_dir(workdir: str | Path | None = None) -> Path:
 def up(workdir: str | Path | None = None, bucket: str = "batchscale") -> StoreInfo:
     """Start the store, or return the one already running; the bucket is created if needed."""
     state = state_dir(workdir)
-    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _check_layout(state)
+    try:
+        state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise StoreError(f"cannot create the store's state directory {state}: {exc}") from None
     with _locked(state):
         access_key, secret_key = _credentials(state)
         pid = _our_pid(state)
         _, ports = _read_record(state)
         if pid is not None:
             info = _info(state, bucket, pid, ports.get("s3", 0), access_key, secret_key)
-            if ports and _answers(_probe_store(info)) is None:
+            current = bool(ports) and _runs_our_flags(pid, state, ports)
+            if current and _answers(_probe_store(info)) is None:
                 _record(state, bucket, ports)
                 return info
             _stop(pid)
@@ -94,6 +116,7 @@ def down(workdir: str | Path | None = None) -> bool:
     state = state_dir(workdir)
     if not state.is_dir():
         return False
+    _check_layout(state)
     with _locked(state):
         pid = _our_pid(state)
         if pid is not None:
@@ -105,11 +128,13 @@ def down(workdir: str | Path | None = None) -> bool:
 def status(workdir: str | Path | None = None) -> StoreInfo | None:
     """The running store of `workdir`, or None if it is not running."""
     state = state_dir(workdir)
-    pid = _our_pid(state)
+    _check_layout(state)
     bucket, ports = _read_record(state)
+    keys = _read_credentials(state) if (state / "credentials.json").exists() else None
+    pid = _our_pid(state)
     if pid is None or not ports:
         return None
-    return _info(state, bucket, pid, ports["s3"], *_read_credentials(state))
+    return _info(state, bucket, pid, ports["s3"], *(keys or _read_credentials(state)))
 
 
 def env_lines(workdir: str | Path | None = None) -> list[str]:
@@ -153,6 +178,45 @@ def _locked(state: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _check_layout(state: Path) -> None:
+    """Refuse state entries of the wrong kind (a directory for a file, a FIFO that would block)."""
+    if state.exists() and not state.is_dir():
+        raise StoreError(f"{state} should be the store's state directory but is not a directory: "
+                         "remove it and run `batchscale store up` again")
+    for name in STATE_FILES:
+        path = state / name
+        if path.exists() and not path.is_file():
+            raise _state_error(path, "is not a regular file")
+    for name in STATE_DIRS:
+        path = state / name
+        if path.exists() and not path.is_dir():
+            raise StoreError(f"{path} is not a directory: remove it and run `batchscale store up` "
+                             "again")
+
+
+def _state_error(path: Path, problem: str) -> StoreError:
+    """The refusal of a bad state file: what is wrong, and how to recover without losing data."""
+    then = AFTER_REMOVAL.get(path.name, "the store starts again")
+    return StoreError(f"{path} {problem}. Remove it and run `batchscale store up` again: {then}; "
+                      "the store's data is kept")
+
+
+def _load_state(path: Path, problem: str) -> dict:
+    """The JSON object in a state file, read with a size bound; else a StoreError that says
+    what was expected (`problem`) and how to recover."""
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_STATE_FILE_BYTES + 1)
+        if len(raw) > MAX_STATE_FILE_BYTES:
+            raise ValueError(f"larger than {MAX_STATE_FILE_BYTES} bytes")
+        value = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise _state_error(path, f"is unreadable or corrupt ({exc})") from None
+    if not isinstance(value, dict):
+        raise _state_error(path, f"is corrupt (expected {problem})")
+    return value
+
+
 def _credentials(state: Path) -> tuple[str, str]:
     """The store's keys, generated on first use and never readable by other users."""
     path = state / "credentials.json"
@@ -163,8 +227,14 @@ def _credentials(state: Path) -> tuple[str, str]:
 
 
 def _read_credentials(state: Path) -> tuple[str, str]:
-    keys = json.loads((state / "credentials.json").read_text())
-    return keys["access_key"], keys["secret_key"]
+    """The S3 keys; printable ASCII without spaces (they end up in `export` lines and headers)."""
+    path = state / "credentials.json"
+    expected = 'an object with "access_key" and "secret_key" strings'
+    keys = _load_state(path, expected)
+    values = (keys.get("access_key"), keys.get("secret_key"))
+    if not all(isinstance(v, str) and re.fullmatch(r"[!-~]{1,256}", v) for v in values):
+        raise _state_error(path, f"is corrupt (expected {expected})")
+    return values  # type: ignore[return-value]
 
 
 def _write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:
@@ -183,8 +253,22 @@ def _read_record(state: Path) -> tuple[str, dict[str, int]]:
     path = state / "ports.json"
     if not path.exists():
         return "", {}
-    record = json.loads(path.read_text())
-    return record["bucket"], {name: int(port) for name, port in record["ports"].items()}
+    expected = (f'{{"bucket": NAME, "ports": {{SERVICE: PORT}}}} with the services '
+                f"{', '.join(DEFAULT_PORTS)} and ports 1-{65535 - GRPC_OFFSET}")
+    record = _load_state(path, expected)
+    bucket, ports = record.get("bucket"), record.get("ports")
+    valid = (
+        isinstance(ports, dict)
+        and set(ports) == set(DEFAULT_PORTS)
+        and all(type(port) is int and 0 < port <= 65535 - GRPC_OFFSET for port in ports.values())
+    )
+    try:
+        check_bucket(bucket)
+    except BadInput:
+        valid = False
+    if not valid:
+        raise _state_error(path, f"is corrupt (expected {expected})")
+    return bucket, dict(ports)  # type: ignore[arg-type,return-value]
 
 
 def _our_pid(state: Path) -> int | None:
@@ -195,7 +279,7 @@ def _our_pid(state: Path) -> int | None:
     try:
         pid = int((state / "weed.pid").read_text())
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (FileNotFoundError, ValueError):
+    except (OSError, ValueError):
         return None
     ours = (
         "weed" in Path(os.fsdecode(argv[0])).name and os.fsencode(f"-dir={state / 'data'}") in argv
@@ -203,16 +287,30 @@ def _our_pid(state: Path) -> int | None:
     return pid if ours and _alive(pid) else None
 
 
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs; reaps it first if it is our own exited child (a zombie)."""
-    with contextlib.suppress(ChildProcessError):
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
+def _runs_our_flags(pid: int, state: Path, ports: dict[str, int]) -> bool:
+    """Whether weed runs with the flags it would be started with now: one that an earlier
+    batchscale started (say, with its filer API open) is restarted rather than reused."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        argv = set(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+    except OSError:
         return False
-    return True
+    wanted = _weed_args(state / "data", state / "weed-config", "", ports)[1:]
+    return all(os.fsencode(arg) in argv for arg in wanted if not arg.startswith("-bucket="))
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs. One that exited is dead even while it is a zombie, waiting for its
+    parent (say, a long `batchscale run` that started the store); if we are that parent, it is
+    reaped here so that its pid is free again."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X"):
+        return True
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    return False
 
 
 def _stop(pid: int) -> None:
@@ -260,16 +358,27 @@ def _choose_ports(recorded: dict[str, int]) -> dict[str, int]:
     return chosen
 
 
-def _weed_args(data_dir: Path, bucket: str, ports: dict[str, int]) -> list[str]:
-    """`weed mini` bound to loopback only, on our ports, with everything we do not use off."""
+def _weed_args(data_dir: Path, config_dir: Path, bucket: str, ports: dict[str, int]) -> list[str]:
+    """`weed mini` bound to loopback only, on our ports, with everything S3 does not need off.
+
+    weed cannot drop its master, volume, filer and admin ports, so each is closed another way:
+    -disableHttp leaves the master only its read-only status page and the filer no HTTP API at
+    all (S3 talks to them over gRPC); -admin.ui=false leaves the admin port /health and
+    /metrics; the volume server's data API wants a signed token (security.toml); every gRPC
+    port wants our client certificate. -logtostderr keeps weed's logs out of the shared /tmp.
+    """
     args = [
         weed_binary(),
+        "-logtostderr",
+        f"-config_dir={config_dir}",
         "mini",
         f"-dir={data_dir}",
         f"-ip={HOST}",
         f"-ip.bind={HOST}",
         f"-bucket={bucket}",
         "-master.telemetry=false",
+        "-disableHttp",
+        "-admin.ui=false",
         "-webdav=false",
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
@@ -284,21 +393,26 @@ def _spawn(
 ) -> int:
     """Start weed in its own session (a terminal's Ctrl+C does not reach it); return its pid.
 
-    The keys in its environment make weed require requests signed with exactly these keys.
-    posix_spawn rather than Popen: weed outlives the caller, and a dropped Popen would warn.
+    The keys in its environment make weed require requests signed with exactly these keys; no
+    WEED_* variable of ours may override the security.toml. It runs in its config directory
+    (weed reads any *.toml of its working directory) under umask 077, through a shell that
+    `exec`s it: posix_spawn has no chdir, and Popen would warn when dropped while weed runs on.
     """
     data_dir = state / "data"
     data_dir.mkdir(exist_ok=True)
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
-    args = _weed_args(data_dir, bucket, ports)
+    config = write_weed_config(state)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("WEED_")}
+    env.update({"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key})
+    args = _weed_args(data_dir, config, bucket, ports)
+    shell = ["/bin/sh", "-c", 'umask 077 && cd -- "$0" && exec "$@"', str(config), *args]
     log_flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     return os.posix_spawn(
-        args[0],
-        args,
+        shell[0],
+        shell,
         env,
         file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, str(state / "weed.log"), log_flags, 0o644),
+            (os.POSIX_SPAWN_OPEN, 1, str(state / "weed.log"), log_flags, 0o600),
             (os.POSIX_SPAWN_DUP2, 1, 2),
         ],
         setsid=True,
@@ -332,30 +446,29 @@ def _answers(store: ObjectStore) -> StoreError | None:
     return None
 
 
-def _unregistered_volumes(data_dir: Path, master_port: int) -> set[int]:
-    """Volumes on disk that the master does not know yet (all of them if it does not answer).
+def _unregistered_volumes(data_dir: Path, master_port: int) -> int:
+    """How many volumes on disk the master does not know yet (all if it does not answer).
 
     After a restart S3 answers before the volume server has reported its volumes, and for a
-    few seconds reads of existing objects fail with "volume id N not found".
+    few seconds reads of existing objects fail with "volume id N not found". The master's JSON
+    API is off (-disableHttp), so the count is read from its status page's topology table.
     """
-    on_disk = set()
-    for dat in data_dir.glob("*.dat"):  # "<id>.dat" or "<collection>_<id>.dat"
-        with contextlib.suppress(ValueError):
-            on_disk.add(int(dat.stem.rsplit("_", 1)[-1]))
+    on_disk = len(list(data_dir.glob("*.dat")))  # "<id>.dat" or "<collection>_<id>.dat"
     try:
-        url = f"http://{HOST}:{master_port}/vol/status"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            topology = json.load(response)["Volumes"]
-    except (OSError, ValueError, KeyError):
+        with urllib.request.urlopen(f"http://{HOST}:{master_port}/", timeout=5) as response:
+            page = response.read(1 << 20).decode(errors="replace")
+    except OSError:
         return on_disk
-    known = {
-        volume["Id"]
-        for racks in (topology.get("DataCenters") or {}).values()
-        for nodes in racks.values()
-        for volumes in nodes.values()
-        for volume in volumes
-    }
-    return on_disk - known
+    table = page.partition("<h2>Topology</h2>")[2].partition("</table>")[0]
+    header = [cell.strip() for cell in re.findall(r"<th>(.*?)</th>", table, re.S)]
+    if "#Volumes" not in header:
+        return on_disk
+    column = header.index("#Volumes")
+    known = 0
+    for row in re.findall(r"<tr>(.*?)</tr>", table.partition("<tbody>")[2], re.S):
+        cells = [cell.strip() for cell in re.findall(r"<td>(.*?)</td>", row, re.S)]
+        known += int(cells[column]) if len(cells) > column and cells[column].isdigit() else 0
+    return max(0, on_disk - known)
 
 
 def _wait_ready(info: StoreInfo, master_port: int, log: Path) -> None:
@@ -372,7 +485,7 @@ def _wait_ready(info: StoreInfo, master_port: int, log: Path) -> None:
             break
         if time.monotonic() > deadline:
             _stop(info.pid)
-            waiting_for = problem or f"volumes {sorted(missing or ())} never registered"
+            waiting_for = problem or f"{missing} stored volume(s) never registered"
             reason = f"not ready within {START_TIMEOUT_S:.0f} s ({waiting_for})"
             break
         time.sleep(0.25)

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 
 from batchscale.errors import BadInput
+from batchscale.names import S3_SCHEME, quote, split_s3_uri
 from batchscale.storage import (
     ObjectStore,
     S3Settings,
@@ -30,8 +31,6 @@ from batchscale.storage import (
     read_table_file,
     write_bytes_atomic,
 )
-
-S3_SCHEME = "s3"
 
 
 def is_s3_uri(uri: str | Path) -> bool:
@@ -144,12 +143,10 @@ class S3Location(Location):
     def from_uri(cls, uri: str, environ: Mapping[str, str] = os.environ) -> S3Location:
         """Bucket and prefix from the URI; endpoint and keys from the environment
         (BATCHSCALE_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), as for the results
-        store, because a URI in a config must never carry credentials."""
-        parts = urlsplit(uri)
-        if parts.scheme != S3_SCHEME or not parts.netloc:
-            raise BadInput(f"{uri!r}: an S3 location must look like s3://bucket/prefix")
-        env = S3Settings.from_env({**environ, "BATCHSCALE_S3_BUCKET": parts.netloc})
-        return cls(ObjectStore(S3Settings(env.endpoint_url, parts.netloc, parts.path.strip("/"),
+        store, because a URI in a config must never carry credentials (refused, not echoed)."""
+        bucket, prefix = split_s3_uri(uri, "S3 location")
+        env = S3Settings.from_env({**environ, "BATCHSCALE_S3_BUCKET": bucket})
+        return cls(ObjectStore(S3Settings(env.endpoint_url, bucket, prefix,
                                           env.access_key, env.secret_key)))
 
     @property
@@ -192,11 +189,15 @@ def open_location(uri: str | Path | Location) -> Location:
     if isinstance(uri, Location):
         return uri
     text = str(uri)
-    scheme = urlsplit(text).scheme
+    try:
+        scheme = urlsplit(text).scheme
+    except ValueError as err:  # e.g. an unclosed '[' of an IPv6 address
+        raise BadInput(f"{quote(text)} is neither a local path nor an s3:// URI: {err}") from None
     if scheme == S3_SCHEME:
         return S3Location.from_uri(text)
     if scheme and len(scheme) > 1:  # a Windows drive letter is not a scheme
-        raise BadInput(f"{text!r}: unsupported location; use a local path or s3://bucket/prefix")
+        raise BadInput(f"{quote(text)}: unsupported location; use a local path or "
+                       "s3://bucket/prefix")
     return LocalLocation(text)
 
 
@@ -204,6 +205,7 @@ def open_file(uri: str | Path) -> tuple[Location, str]:
     """(the location of the folder holding the file at `uri`, the file's name in it)."""
     text = str(uri)
     if is_s3_uri(text):
+        split_s3_uri(text, "S3 file")  # every part of the key checked, the file name too
         parent, _, name = text.rstrip("/").rpartition("/")
         return open_location(parent), name
     path = Path(text)

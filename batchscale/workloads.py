@@ -2,21 +2,32 @@
 
 torch and torchvision are imported inside the builders so that listing workloads or validating a
 config stays fast.
+
+A user model, 'package.module:factory', runs the user's code with the user's rights: importing
+the module runs its top level, and the factory is called with no arguments (like any Python
+import and call). Two guards keep a typo or a borrowed command line from doing something else:
+a module of the standard library (os, builtins, subprocess, ...) is refused before anything is
+imported, and whatever the factory returns must be a torch.nn.Module before it is used.
 """
 
 from __future__ import annotations
 
 import importlib
-import re
+import reprlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from batchscale import names
 from batchscale.errors import BadInput
 
 CLASSIFIERS = ("resnet18", "resnet50", "mobilenet_v3_small", "vit_b_16")
 DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_resnet50_fpn")
 WORKLOAD_NAMES = ("digits-mlp", "digits-cnn", *CLASSIFIERS, *DETECTORS)
-FACTORY_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+# Module names a factory may not come from (checked on the top-level package, before import):
+# the standard library holds no model factory, and its callables (os:system, builtins:eval,
+# pdb:set_trace, this) do other things. `__main__` would be whatever process runs the trial.
+REFUSED_FACTORY_MODULES = frozenset(sys.stdlib_module_names) | {"__main__"}
 DEFAULT_IMAGE_SIZE = 224
 # ViT-B/16 cuts the image into 16x16 patches: the side must be a multiple of this.
 VIT_PATCH_PX = 16
@@ -105,15 +116,65 @@ def _torchvision(name: str, **kwargs):
 
 
 def _user_factory(spec: str) -> Callable[[], object]:
-    module_name, attr = spec.split(":")
+    """The factory of 'package.module:factory', wrapped so that its result is checked: a
+    standard-library module is refused before it is imported."""
+    module_name, attr = names.split_factory_spec(spec)
+    top = module_name.split(".")[0]
+    if top in REFUSED_FACTORY_MODULES:
+        raise BadInput(f"workload {spec!r}: {module_name!r} is part of Python's standard library, "
+                       "which holds no model factory; give a module of your own that returns a "
+                       "torch.nn.Module")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise BadInput(f"workload {spec!r}: cannot import module {module_name!r}: {err}") from None
+    except Exception as err:  # the module's own top-level code failed: it is the user's code
+        raise BadInput(f"workload {spec!r}: importing module {module_name!r} failed: "
+                       f"{type(err).__name__}: {err}") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise BadInput(f"workload {spec!r}: {module_name} has no callable {attr!r}")
-    return factory
+    return _returning_a_module(spec, factory)
+
+
+def _returning_a_module(spec: str, factory: Callable[[], object]) -> Callable[[], object]:
+    """`factory`, with its result checked before anyone uses it. Exceptions it raises pass
+    through as they are (an out-of-memory while building is an oom trial, not bad input)."""
+
+    def build():
+        from torch import nn
+
+        model = factory()
+        if not isinstance(model, nn.Module):
+            raise BadInput(f"workload {spec!r}: the factory returned {_describe(model)}, not "
+                           "a torch.nn.Module")
+        return model
+
+    return build
+
+
+def _describe(value: object) -> str:
+    """A value's type and a short repr, for a message (a failing __repr__ is not our error)."""
+    try:
+        shown = reprlib.repr(value)
+    except Exception:
+        shown = "(unprintable)"
+    return f"{type(value).__name__} {names.redact_url(shown)}"
+
+
+def check_builds(workload: Workload) -> None:
+    """Build a user model once, before any trial starts, so that a factory that fails or
+    returns something else is refused up front (exit 2) instead of inside every trial. The
+    registered workloads are not built: they are known to work."""
+    if workload.name in WORKLOAD_NAMES:
+        return
+    try:
+        workload.build()
+    except BadInput:
+        raise
+    except Exception as err:
+        raise BadInput(f"workload {workload.name!r}: the factory failed: "
+                       f"{type(err).__name__}: {err}") from None
 
 
 def _check_vit_size(image_size: int) -> None:
@@ -149,7 +210,7 @@ def get_workload(
         build = _torchvision(name, num_classes=classes, weights_backbone=None)
         return Workload(name, "detection", image, classes, build,
                         f"torchvision {name}, synthetic boxes", uses_torchvision=True)
-    if FACTORY_PATTERN.match(name):
+    if names.is_factory_spec(name):
         factory = _user_factory(name)
         return Workload(
             name, "classification", input_shape or image, num_classes or 10, factory,
@@ -162,4 +223,5 @@ def get_workload(
 
 
 def is_known_workload_name(name: str) -> bool:
-    return name in WORKLOAD_NAMES or bool(FACTORY_PATTERN.match(name))
+    """A registered name or the form of a user model (whether it imports is checked later)."""
+    return name in WORKLOAD_NAMES or names.is_factory_spec(name)

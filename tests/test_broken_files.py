@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from batchscale.data.user_parquet import load_user_parquet
 from batchscale.errors import BadInput
 from batchscale.shards import read_manifest
 from batchscale.storage import read_table_file
@@ -84,3 +85,27 @@ def test_wrong_schema_is_named(tmp_path):
     assert result.returncode == 3
     assert "runs table failed validation" in result.stderr
     assert "trial_id" in result.stderr  # a missing column is named
+
+
+def test_duplicated_column_is_refused_without_traceback(tmp_path):
+    """A readable file whose schema is wrong is a failed validation (exit 3), like a renamed
+    column; the duplicated column is named."""
+    path = tmp_path / "twice.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array([[0.5, 1.0]] * 3), pa.array([0, 1, 1]),
+                                         pa.array([1, 0, 0])],
+                                        names=["features", "label", "label"]), path)
+    result = run_cli(["validate", "--table", "dataset", str(path)], cwd=tmp_path, timeout_s=120)
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "expect_column_names_to_be_unique(label)" in result.stderr
+    assert str(path) in result.stderr
+    assert list(tmp_path.iterdir()) == [path]  # nothing written
+
+
+def test_duplicated_column_in_a_user_parquet_file(tmp_path):
+    path = tmp_path / "mine.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array([[0.5, 1.0]] * 2), pa.array([0, 1]),
+                                         pa.array([1, 0])],
+                                        names=["features", "label", "label"]), path)
+    with pytest.raises(BadInput, match=f"parquet {path}: column 'label' appears 2 times"):
+        load_user_parquet(str(path), "features", "label", None)

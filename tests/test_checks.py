@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from batchscale import schemas
 from batchscale.checks import gx, rules, suites, validate_table
 from batchscale.checks.report import validation_page
 from batchscale.errors import BadInput
@@ -194,6 +195,80 @@ def test_nulls_in_required_columns_are_refused():
     rows[2]["lr"] = None
     refused("curves", pa.Table.from_pylist(rows, schema=loose),
             "expect_column_values_to_not_be_null(lr)", '"trial_id": "t4", "step": 20')
+
+
+@pytest.mark.parametrize(("column", "values", "found"), [
+    ("batch_size", ["4", "4", "16", "16", "64"], "string"),  # not parsed
+    ("batch_size", [4.0, 4.0, 16.0, 16.0, 64.0], "double"),  # not truncated
+    ("samples_per_s", ["100"] * 4 + [None], "string"),
+    ("threads", [True] * 5, "bool"),
+])
+def test_values_of_another_kind_are_refused_not_converted(column, values, found):
+    tbl = table("sweep")
+    tbl = tbl.set_column(tbl.schema.get_field_index(column), column, pa.array(values))
+    refused("sweep", tbl, f"expect_column_type_to_be({column})", found, "not converted")
+
+
+def test_values_beyond_the_column_type_are_refused():
+    tbl = table("sweep")
+    big = pa.array([2**63] * len(tbl), pa.uint64())
+    refused("sweep", tbl.set_column(tbl.schema.get_field_index("batch_size"), "batch_size", big),
+            "expect_column_type_to_be(batch_size)", "do not fit int64")
+
+
+def test_widening_within_a_kind_is_accepted():
+    """int32 batch sizes, float32 or integer timings and large strings are the same values."""
+    tbl = table("sweep")
+    for column, kind in (("batch_size", pa.int32()), ("samples_per_s", pa.float32()),
+                         ("step_time_cv", pa.float32()), ("input_mode", pa.large_string())):
+        tbl = tbl.set_column(tbl.schema.get_field_index(column), column,
+                             tbl.column(column).cast(kind))
+    rows = tbl.column("peak_flops_per_s").to_pylist()
+    tbl = tbl.set_column(tbl.schema.get_field_index("peak_flops_per_s"), "peak_flops_per_s",
+                         pa.array([int(v) for v in rows], pa.int64()))
+    report = validate_table("sweep", tbl, context=context("sweep"))
+    assert report.success, report.failure_message()
+
+
+def test_duplicated_column_is_refused_by_name():
+    tbl = table("dataset")
+    twice = pa.Table.from_arrays([*tbl.columns, tbl.column("label")],
+                                 names=["features", "label", "label"])
+    message = refused("dataset", twice, "expect_column_names_to_be_unique(label)", '"times": 2')
+    with pytest.raises(BadInput, match="duplicated columns 'label' \\(2 times\\)"):
+        schemas.check_schema("dataset", twice)
+    assert "features" not in message.split("\n", 1)[1]  # only the duplicated one is blamed
+
+
+# ---------------------------------------------------------------- finite values and bounds
+
+
+@pytest.mark.parametrize(("kind", "row", "column", "value", "expectation"), [
+    ("sweep", 0, "samples_per_s", float("inf"), "expect_column_values_to_be_finite"),
+    ("sweep", 0, "batch_size", 2**62, "expect_column_values_to_be_between"),
+    ("curves", 1, "val_accuracy", float("nan"), "expect_column_values_to_be_finite"),
+    ("runs", 0, "final_val_accuracy", float("-inf"), "expect_column_values_to_be_finite"),
+    ("analysis", 0, "b_crit", float("inf"), "expect_column_values_to_be_finite"),
+    ("sweep", 4, "step_time_median_s", -0.5, "expect_column_values_to_be_between"),  # oom row
+    ("sweep", 0, "peak_memory_bytes", 2**55, "expect_column_values_to_be_between"),
+])
+def test_non_finite_and_out_of_bounds_values_are_refused(kind, row, column, value, expectation):
+    rows = ROWS[kind]()
+    rows[row][column] = value
+    refused(kind, table(kind, rows), f"{expectation}({column})", f'"row": {row}', ctx={})
+
+
+@pytest.mark.parametrize(("kind", "row", "column"), [
+    ("sweep", 0, "step_time_cv"),  # fewer than two timed steps
+    ("analysis", 0, "b_crit"),  # not fitted
+    ("runs", 2, "b_simple"),  # the diverged trial's noise estimate overflowed
+])
+def test_nan_passes_where_the_suite_says_what_it_means(kind, row, column):
+    rows = ROWS[kind]()
+    rows[row][column] = float("nan")
+    report = validate_table(kind, table(kind, rows), context=context(kind))
+    assert report.success, report.failure_message()
+    assert column in suites.load_suite(kind)["meta"]["nan_allowed"]
 
 
 # ---------------------------------------------------------------- dataset
@@ -450,3 +525,31 @@ def test_suite_meta_names_only_implemented_helpers(kind):
     assert set(meta["python_checks"]) <= set(rules.PYTHON_CHECKS)
     assert set(meta["parameters"]) <= set(suites.PARAMETER_DEFAULTS)
     assert set(meta["parameters"]) | set(meta["context"]) <= set(suites.CONTEXT_TYPES)
+
+
+OPEN_COLUMNS = {"b_simple": (None, None), "train_loss": (0, None)}
+"""Columns without an upper bound: the noise estimate (any sign; NaN/inf are still checked),
+the loss (a diverging loss grows without end)."""
+
+
+@pytest.mark.parametrize("kind", list(TABLES))
+def test_suite_bounds_every_numeric_column(kind):
+    """Every scalar numeric column has an unconditional between-check with both ends (or the
+    open ends stated above); NaN/inf exemptions name float columns (validate checks the rest)."""
+    suite = suites.load_suite(kind)
+    bounds = {
+        e["kwargs"]["column"]: (e["kwargs"].get("min_value"), e["kwargs"].get("max_value"))
+        for e in suite["expectations"]
+        if e["type"] == "expect_column_values_to_be_between" and "row_condition" not in e["kwargs"]
+    }
+    for f in schema_for(kind):
+        numeric = pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
+        if not numeric:
+            continue
+        low, high = bounds.get(f.name, (None, None))
+        want_low, want_high = OPEN_COLUMNS.get(f.name, (0, 1))
+        assert (low is None) == (want_low is None), f"{kind}.{f.name}: lower bound {low}"
+        assert (high is None) == (want_high is None), f"{kind}.{f.name}: upper bound {high}"
+    meta = suite["meta"]
+    floats = {f.name for f in schema_for(kind) if pa.types.is_floating(f.type)}
+    assert set(meta["nan_allowed"]) | set(meta["finite_checked_elsewhere"]) <= floats

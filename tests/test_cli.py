@@ -1,13 +1,20 @@
 """The command line: bad input stops before any work with exit 2 and writes nothing."""
 
+import math
+import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from batchscale import cli
 from batchscale.cli import build_parser
 from batchscale.cliflags import FlagText, config_from_args, flag_for
 from batchscale.config import ExperimentConfig, SweepConfig, load_config, section_models
+from batchscale.errors import BadInput
 from helpers import run_cli
 
 
@@ -153,3 +160,172 @@ def test_flag_text_becomes_the_field_value(annotation_of, text, value):
     section, name = annotation_of
     annotation = section_models()[section].model_fields[name].annotation
     assert FlagText.of(annotation).value(text) == value
+
+
+# ------------------------------------------------------------ numbers on the command line
+@pytest.mark.parametrize(("command", "args", "needle"), [
+    ("sweep", ["--batch-sizes", "1,,2"], "empty item"),
+    ("sweep", ["--batch-sizes", "1,"], "empty item"),
+    ("sweep", ["--batch-sizes", ",4"], "empty item"),
+    ("sweep", ["--batch-sizes", "\u0661\u0662"], "is not an integer"),  # Arabic-Indic 12
+    ("sweep", ["--batch-sizes", "\uff11"], "is not an integer"),  # fullwidth 1
+    ("sweep", ["--batch-sizes", "1_000"], "is not an integer"),
+    ("sweep", ["--batch-sizes", "99999999999999999999"], "at most 2**63-1"),
+    ("sweep", ["--batch-sizes", "9" * 5000], "at most 2**63-1"),
+    ("sweep", ["--batch-sizes", "4294967296"], "sweep.batch_sizes"),  # int64, but no batch
+    ("sweep", ["--max-batch-size", "9223372036854775808"], "at most 2**63-1"),
+    ("sweep", ["--image-size-px", "\uff16\uff14"], "is not an integer"),
+    ("sweep", ["--time-budget-s", "inf"], "not a finite number"),
+    ("sweep", ["--time-budget-s", "1e400"], "not a finite float"),
+    ("sweep", ["--memory-limit-bytes", "1e400"], "sweep.memory_limit_bytes"),
+    ("sweep", ["--memory-limit-bytes", "0.5"], "sweep.memory_limit_bytes"),
+    ("converge", ["--lr-grid", "inf"], "not a finite number"),
+    ("converge", ["--lr-grid", "nan"], "not a finite number"),
+    ("converge", ["--lr-grid", "0.1,-inf"], "not a finite number"),
+    ("converge", ["--lr-grid", "\u0661.\u0665"], "is not a number"),
+    ("converge", ["--workers", "\u0662"], "is not an integer"),
+    ("history", ["--workload", "digits-mlp", "--last", "\uff15"], "is not an integer"),
+])
+def test_numbers_are_ascii_finite_and_bounded_naming_the_flag(tmp_path, command, args, needle):
+    out = ["--out", "o"] if command in ("sweep", "converge") else []
+    result = run_cli([command, *args, *out], cwd=tmp_path, timeout_s=120)
+    assert result.returncode == 2, result.stderr
+    assert needle in result.stderr
+    flag = args[-2]
+    assert flag in result.stderr or flag.lstrip("-").replace("-", "_") in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr) < 4000  # a 5000-digit number is not echoed whole
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_memory_sizes_that_are_not_whole_bytes_say_what_is_allowed(tmp_path):
+    for text in ("0.5", "1e400"):
+        result = run_cli(["sweep", "--memory-limit-bytes", text, "--out", "o"], cwd=tmp_path)
+        assert result.returncode == 2
+        assert "got 0" not in result.stderr and repr(text) in result.stderr
+        assert "512MB or 2GiB" in result.stderr
+
+
+@given(st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=6),
+       st.sampled_from([",", ", ", " , ", " "]))
+@settings(max_examples=80, deadline=None)
+def test_any_int64_list_reads_back_whatever_the_separator(values, separator):
+    text = FlagText(int, is_list=True)
+    assert text.value([separator.join(map(str, values))]) == values
+    assert text.value([f"{v}," for v in values[:-1]] + [str(values[-1])]) == values  # "1, 2"
+
+
+@given(st.text(max_size=30))
+@settings(max_examples=100, deadline=None)
+def test_any_flag_text_is_a_number_or_a_value_error(text):
+    for flag in (FlagText(int, is_list=True), FlagText(float), FlagText(int)):
+        try:
+            value = flag.value([text] if flag.is_list else text)
+        except ValueError as err:
+            assert len(str(err)) < 300
+            continue
+        for number in value if isinstance(value, list) else [value]:
+            assert math.isfinite(number) and abs(number) <= 2**63 - 1
+            assert text.isascii()
+
+
+# ------------------------------------------------------------------ output paths, up front
+def _fifo(tmp_path: Path) -> Path:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    return fifo
+
+
+@pytest.mark.parametrize(("command", "make_out", "needle"), [
+    ("sweep", lambda d: d / "afile" / "s.parquet", "is a file"),
+    ("sweep", lambda d: d / "adir", "is a directory"),
+    ("sweep", _fifo, "not a regular file"),
+    ("sweep", lambda d: Path("/proc/batchscale-no/s.parquet"), "cannot write in '/proc'"),
+    ("sweep", lambda d: d / ("x" * 300), "too long"),
+    ("converge", lambda d: d / "afile", "is a file, not a directory"),
+    ("converge", lambda d: d / "afile" / "out", "is a file"),
+    ("report", lambda d: d / "adir", "is a directory"),
+    ("history", lambda d: d / "afile" / "h.png", "is a file"),
+    ("validate", lambda d: d / "adir", "is a directory"),
+    ("compile", lambda d: d / "afile" / "p.yaml", "is a file"),
+])
+def test_unwritable_output_paths_are_refused_before_any_work(tmp_path, command, make_out,
+                                                             needle):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir").mkdir()
+    out = make_out(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    flag = {"report": "--out", "history": "--plot", "validate": "--html",
+            "compile": "--output"}.get(command, "--out")
+    args = {"report": ["--run-id", "r1"], "history": ["--workload", "digits-mlp"],
+            "validate": ["--table", "sweep", "missing.parquet"]}.get(command, [])
+    started = time.monotonic()
+    result = run_cli([command, *args, flag, str(out)], cwd=tmp_path, timeout_s=120)
+    assert result.returncode == 2, result.stderr
+    assert needle in result.stderr and flag in result.stderr
+    assert "Traceback" not in result.stderr and "sweep digits-mlp on" not in result.stderr
+    assert time.monotonic() - started < 60  # no trial, no store, no data prep
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_a_read_only_directory_is_refused_before_any_work(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        result = run_cli(["sweep", "--out", str(locked / "s.parquet")], cwd=tmp_path)
+        assert result.returncode == 2 and "cannot write in" in result.stderr
+        assert list(locked.iterdir()) == []
+    finally:
+        locked.chmod(0o700)
+
+
+# ------------------------------------------------------------------------------ redaction
+SECRET = "Pw9zQ7xK"
+
+
+@pytest.mark.parametrize("endpoint", [
+    f"http://user:{SECRET}@127.0.0.1:1", f"http://admin:p@{SECRET}@127.0.0.1:1",
+    f"http://admin:p/{SECRET}@127.0.0.1:1", f"admin:{SECRET}@localhost:8333",
+    f"://admin:{SECRET}@h:8333",
+])
+def test_credentials_in_the_endpoint_are_never_printed(tmp_path, endpoint):
+    env = {"BATCHSCALE_S3_ENDPOINT": endpoint, "AWS_ACCESS_KEY_ID": "k",
+           "AWS_SECRET_ACCESS_KEY": "s"}
+    result = run_cli(["report", "--run-id", "r1", "--out", "r.html"], cwd=tmp_path, env=env,
+                     timeout_s=120)
+    assert result.returncode == 2, result.stderr
+    assert SECRET not in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["history", "--workload", "digits-mlp", "--precision", f"http://u:{SECRET}@h"],  # argparse
+    ["sweep", "--device", f"http://u:{SECRET}@h", "--out", "o"],
+    ["converge", "--lr-grid", f"http://u:{SECRET}@h", "--out", "o"],
+    ["report", "--run-id", f"http://u:{SECRET}@h"],
+    ["sweep", "--workload", f"s3://k:{SECRET}@b/x:f", "--out", "o"],
+])
+def test_credentials_in_arguments_are_never_echoed(tmp_path, args):
+    result = run_cli(args, cwd=tmp_path, timeout_s=120)
+    assert result.returncode == 2, result.stderr
+    assert SECRET not in result.stdout + result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("error", "status", "shown"), [
+    (BadInput(f"store at http://u:{SECRET}@h:1 refused"), 2,
+     "batchscale: error: store at http://***@h:1 refused"),
+    (RuntimeError(f"boom at http://u:{SECRET}@h:1"), 1, "RuntimeError: boom at http://***@h:1"),
+])
+def test_whatever_a_command_raises_is_printed_redacted(monkeypatch, capsys, error, status,
+                                                       shown):
+    def broken(_args):
+        raise error
+
+    monkeypatch.setattr(cli, "cmd_datasets", broken)
+    assert cli.main(["datasets"]) == status
+    err = capsys.readouterr().err
+    assert shown in err and SECRET not in err
+    assert ("Traceback" in err) == (status == 1)  # bad input never shows one; a bug does

@@ -1,17 +1,33 @@
-"""Config validation: every bad config is refused with a message naming the field."""
+"""Config validation: every bad config is refused with a message naming the field; a config
+file is read with bounds (kind, size, encoding, repeated keys, aliases, depth)."""
+
+import math
+import os
+import threading
+import time
+import types
+import typing
+from pathlib import Path
 
 import pytest
 import yaml
 
 from batchscale.config import (
     DEFAULT_CONFIG_PATH,
+    MAX_BATCH_SIZE,
+    MAX_CONFIG_BYTES,
+    MAX_SECONDS,
+    MAX_YAML_DEPTH,
+    MAX_YAML_NODES,
     ExperimentConfig,
     load_config,
     parse_config,
     reference_markdown,
+    section_models,
     with_overrides,
 )
 from batchscale.errors import BadInput
+from helpers import run_cli
 
 
 def test_default_config_loads_and_meets_the_embedded_default_floor():
@@ -121,3 +137,328 @@ def test_overrides_are_validated_like_a_file():
     with pytest.raises(BadInput, match=r"invalid config flags:\n  sweep.time_budget_s: .*0"):
         with_overrides(cfg, {"sweep": {"time_budget_s": 0}}, "flags")
 
+
+
+# ------------------------------------------------------------ reading a config file, bounded
+# (issue 19: an alias bomb and a FIFO hung `compile`, a 10 MB config took a minute, repeated
+# keys silently kept the last, a non-UTF-8 file gave a traceback.)
+ALIAS_BOMB = ('a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n'
+              + "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n"
+                        for p, c in zip("abcdefgh", "bcdefghi", strict=True)))
+
+
+def refused(tmp_path, text: str | bytes, *needles: str) -> str:
+    path = tmp_path / "c.yaml"
+    (path.write_bytes if isinstance(text, bytes) else path.write_text)(text)
+    with pytest.raises(BadInput) as err:
+        load_config(path)
+    message = str(err.value)
+    assert str(path) in message
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+def test_alias_bomb_is_refused_at_once(tmp_path):
+    start = time.monotonic()
+    refused(tmp_path, ALIAS_BOMB, f"expands to more than {MAX_YAML_NODES} YAML nodes")
+    refused(tmp_path, ALIAS_BOMB.replace("i: &i", "name: &i"), "through its aliases")
+    assert time.monotonic() - start < 2
+
+
+def test_aliases_and_merge_keys_within_the_bound_still_work(tmp_path):
+    plain = {"kubernetes": {
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "gpu_tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "node_selector": {"pool": "a", "zone": "z1"}, "gpu_node_selector": {"pool": "b",
+                                                                          "zone": "z1"}}}
+    (tmp_path / "c.yaml").write_text(
+        "kubernetes:\n"
+        "  tolerations: &t [{key: gpu, operator: Exists, effect: NoSchedule}]\n"
+        "  gpu_tolerations: *t\n"
+        "  node_selector: &n {pool: a, zone: z1}\n"
+        "  gpu_node_selector: {<<: *n, pool: b}\n")  # an explicit key overrides a merged one
+    assert load_config(tmp_path / "c.yaml") == parse_config(plain)
+
+
+@pytest.mark.parametrize(("text", "key", "lines"), [
+    ("sweep:\n  device: cpu\nname: x\nsweep:\n  device: cuda\n", "'sweep'", "line 1 and line 4"),
+    ("sweep:\n  device: cpu\n  precision: fp32\n  device: cuda\n", "'device'",
+     "line 2 and line 4"),
+    ("sweep: {device: cpu, device: cpu}\n", "'device'", "line 1 and line 1"),
+    ("kubernetes:\n  tolerations:\n    - key: a\n      key: b\n", "'key'", "line 3 and line 4"),
+    ("kubernetes:\n  node_selector: {1: a, 1.0: b}\n", "1.0", "line 2 and line 2"),
+    ("x: &m {a: 1, a: 2}\n", "'a'", "line 1"),
+    ("sweep: {<<: {device: cpu, device: cuda}}\n", "'device'", "line 1"),
+])
+def test_repeated_keys_are_refused_at_any_level(tmp_path, text, key, lines):
+    refused(tmp_path, text, f"repeats the key {key} in one mapping", lines, "appear once")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_a_config_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path, kind):
+    path = {"fifo": tmp_path / "pipe", "directory": tmp_path, "device": Path("/dev/zero")}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    outcome = {}
+
+    def load():
+        try:
+            load_config(path)
+        except BadInput as err:
+            outcome["message"] = str(err)
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(5)
+    if reader.is_alive():  # release the reader so the test ends (opening for write unblocks it)
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    assert not reader.is_alive(), f"loading a {kind} blocked"
+    assert "not a regular file; give a YAML file" in outcome["message"]
+
+
+def test_oversized_configs_are_refused_by_their_size(tmp_path):
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as file:  # sparse: the size alone refuses it, nothing is read
+        file.truncate(MAX_CONFIG_BYTES + 1)
+    with pytest.raises(BadInput, match=rf"is {MAX_CONFIG_BYTES + 1} bytes; a config may be at "
+                                       rf"most {MAX_CONFIG_BYTES} bytes \(1 MiB\)"):
+        load_config(big)
+    start = time.monotonic()  # just under the size: the node bound stops parsing early
+    many = "kubernetes:\n  node_selector:\n" + "".join(f"    k{i}: v\n" for i in range(75_000))
+    assert len(many) < MAX_CONFIG_BYTES
+    refused(tmp_path, many, f"has more than {MAX_YAML_NODES} YAML nodes")
+    assert time.monotonic() - start < 3
+
+
+@pytest.mark.parametrize(("text", "needles"), [
+    ("name: caf\xe9\n".encode("latin-1"),
+     ("is not UTF-8 text: byte 0xe9 at line 1 (offset 9)", "save it as UTF-8")),
+    (b"\xff\xfen\x00a\x00", ("is not UTF-8 text: byte 0xff",)),
+    ("name: " + "[" * 5000 + "]" * 5000 + "\n", (f"more than {MAX_YAML_DEPTH} deep",)),
+    ("name: &a [*a]\n", ("an alias refers to a node that contains it",)),
+    ("convergence:\n  seeds: [" + "9" * 5000 + "]\n",
+     ("line 2: cannot read the value: an integer of more than 4300 digits",)),
+    ("name: 2024-13-45\n", ("line 1: cannot read the value: month must be in 1..12",)),
+    ("sweep: [unclosed\n", ("is not valid YAML",)),
+])
+def test_malformed_yaml_is_named(tmp_path, text, needles):
+    refused(tmp_path, text, *needles)
+
+
+def test_a_bom_and_an_empty_file_load_as_before(tmp_path):
+    (tmp_path / "bom.yaml").write_bytes(b"\xef\xbb\xbfname: x\n")
+    assert load_config(tmp_path / "bom.yaml").name == "x"
+    (tmp_path / "empty.yaml").write_text("")
+    assert load_config(tmp_path / "empty.yaml") == ExperimentConfig()
+
+
+# ------------------------------------------------------------ what an error message quotes
+def refused_dict(data: dict) -> BadInput:
+    with pytest.raises(BadInput) as err:
+        parse_config(data, "test.yaml")
+    return err.value
+
+
+def test_error_messages_quote_a_bounded_value_and_list_at_most_20_fields():
+    message = str(refused_dict({"workload": "x" * 100_000}))
+    assert len(message) < 700 and "…" in message
+    many = str(refused_dict({"convergence": {"batch_sizes": [-1] * 5000}}))
+    assert many.count("\n") == 21 and many.endswith("... and 4980 more fields")
+    nested = str(refused_dict({"sweep": {"batch_sizes": [[[[[[[[[[[[1]]]]]]]]]]] * 1000]}}))
+    assert len(nested) < 2000
+
+
+@pytest.mark.parametrize("data", [
+    {"dataset": {"name": "cifar10", "source_uri": "s3://AKIAKEY:Pw9zQ7xK@bucket/x"}},
+    {"kubernetes": {"s3_endpoint_url": "http://user:Pw9zQ7xK@host:9000"}},
+    {"convergence": {"checkpoint_uri": "s3://user:Pw9zQ7xK@bucket/ckpt"}},
+    {"workload": "s3://user:Pw9zQ7xK@bucket/x"},
+    {"workload": "s3://user:" + "Pw9zQ7xK" * 500 + "@bucket/x"},  # cut before the '@'
+    {"name": "http://user:Pw9zQ7xK@host/" + "x" * 5000},
+])
+def test_credentials_in_a_refused_value_are_never_printed(data):
+    message = str(refused_dict(data))
+    assert "Pw9zQ7xK" not in message and "***" in message
+
+
+# --------------------------------------------------------------------------------- numbers
+def _numeric_fields(kind: type) -> list[tuple[str, str]]:
+    """(section, field) of every field whose values are `kind` (alone, optional or a list)."""
+    found = []
+    for section, model in section_models().items():
+        for name, field in model.model_fields.items():
+            if kind in _leaf_types(field.annotation):
+                found.append((section, name))
+    return found
+
+
+def _leaf_types(annotation) -> set:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _leaf_types(typing.get_args(annotation)[0])
+    if origin in (list, typing.Union, types.UnionType):
+        return {t for arg in typing.get_args(annotation) for t in _leaf_types(arg)}
+    return {annotation}
+
+
+FLOAT_FIELDS = _numeric_fields(float)
+INT_FIELDS = _numeric_fields(int)
+
+
+def _is_list(annotation) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _is_list(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_list(arg) for arg in typing.get_args(annotation))
+    return origin is list
+
+
+def as_field_value(section: str, name: str, value):
+    """`value` as the field takes it: alone, or as the one item of a list field."""
+    is_list = _is_list(section_models()[section].model_fields[name].annotation)
+    return [value] if is_list else value
+
+
+def test_every_numeric_field_is_found():
+    assert ("convergence", "lr_grid") in FLOAT_FIELDS
+    assert ("convergence", "timeout_s") in FLOAT_FIELDS
+    assert ("sweep", "time_budget_s") in FLOAT_FIELDS
+    assert ("convergence", "seeds") in INT_FIELDS and ("sweep", "max_batch_size") in INT_FIELDS
+    assert len(FLOAT_FIELDS) >= 13 and len(INT_FIELDS) >= 25
+
+
+@pytest.mark.parametrize(("section", "name"), FLOAT_FIELDS)
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_no_float_field_takes_inf_or_nan(section, name, value):
+    err = refused_dict({section: {name: as_field_value(section, name, value)}})
+    assert f"{section}.{name}" in str(err) and "finite" in str(err)
+
+
+@pytest.mark.parametrize(("section", "name"), INT_FIELDS)
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, 10**30])
+def test_no_int_field_takes_a_value_beyond_int64(section, name, value):
+    assert f"{section}.{name}" in str(refused_dict(
+        {section: {name: as_field_value(section, name, value)}}))
+
+
+@pytest.mark.parametrize(("section", "name"), [
+    ("sweep", "batch_sizes"), ("convergence", "batch_sizes"), ("sweep", "max_batch_size"),
+    ("convergence", "scaling_batch_sizes"), ("convergence", "reference_batch_size")])
+def test_batch_sizes_stop_at_2_to_the_31(section, name):
+    top = MAX_BATCH_SIZE
+    assert top == 2**31
+    message = str(refused_dict({section: {name: as_field_value(section, name, top + 1)}}))
+    assert f"less than or equal to {top}" in message
+    if section == "sweep":  # the largest one is fine
+        assert parse_config({section: {name: as_field_value(section, name, top)}})
+
+
+@pytest.mark.parametrize(("patch", "field"), [
+    ({"convergence": {"timeout_s": MAX_SECONDS + 1}}, "convergence.timeout_s"),
+    ({"sweep": {"time_budget_s": 1e300}}, "sweep.time_budget_s"),
+    ({"kubernetes": {"stage_timeout_s": 2**40}}, "kubernetes.stage_timeout_s"),
+    ({"convergence": {"base_lr": 1e300}}, "convergence.base_lr"),
+    ({"convergence": {"seeds": [-1]}}, "convergence.seeds.0"),
+    ({"convergence": {"seeds": [2**32]}}, "convergence.seeds.0"),
+    ({"dataset": {"split_seed": -1}}, "dataset.split_seed"),
+    ({"analysis": {"bootstrap_samples": 10**9}}, "analysis.bootstrap_samples"),
+    ({"dataset": {"synthetic_train_rows": 10**12}}, "dataset.synthetic_train_rows"),
+    ({"dataset": {"name": "teacher-student", "synthetic_train_rows": 9_000_000,
+                  "val_fraction": 0.5}}, "dataset.synthetic_train_rows"),
+])
+def test_numbers_past_their_stated_bound_are_refused(patch, field):
+    assert f"{field}:" in str(refused_dict(patch))
+
+
+@pytest.mark.parametrize("size", ["1e400", "0.5", "1.0e+400", "2GiB junk", "1.5", "1 e",
+                                  2**63, "9999999999 TiB", math.inf, "1_000"])
+def test_memory_sizes_beyond_the_allowed_forms_are_refused(size):
+    message = str(refused_dict({"sweep": {"memory_limit_bytes": size}}))
+    assert "sweep.memory_limit_bytes: expected a positive number of bytes" in message
+    assert "at most 2**63-1 bytes" in message
+    assert f"(got {size!r})" in message
+
+
+# ---------------------------------------------------------------------------------- names
+@pytest.mark.parametrize(("patch", "field", "needle"), [
+    ({"name": "../../x"}, "name", "experiment name '../../x' is not allowed"),
+    ({"name": "a/b"}, "name", "is not allowed"),
+    ({"name": "x\n"}, "name", "is not allowed"),
+    ({"name": ""}, "name", "is not allowed"),
+    ({"kubernetes": {"s3_bucket": "Bad_Bucket!"}}, "kubernetes.s3_bucket", "valid S3 bucket"),
+    ({"kubernetes": {"s3_bucket": "b" * 300}}, "kubernetes.s3_bucket", "valid S3 bucket"),
+    ({"kubernetes": {"s3_prefix": "a/b/../c"}}, "kubernetes.s3_prefix", "is not allowed"),
+    ({"kubernetes": {"s3_endpoint_url": "http://"}}, "kubernetes.s3_endpoint_url", "http://"),
+    ({"kubernetes": {"s3_endpoint_url": "http://127.0.0.1:99999"}},
+     "kubernetes.s3_endpoint_url", "not a valid URL"),
+    ({"kubernetes": {"s3_endpoint_url": "http://[::1"}}, "kubernetes.s3_endpoint_url",
+     "not a valid URL"),
+    ({"kubernetes": {"s3_endpoint_url": "http://h:9000/path?q=1"}}, "kubernetes.s3_endpoint_url",
+     "no path, query or fragment"),
+    ({"dataset": {"name": "cifar10", "source_uri": "s3://Bad_Bucket!/x"}}, "dataset.source_uri",
+     "valid S3 bucket"),
+    ({"dataset": {"name": "cifar10", "source_uri": "s3://bucket/a/../c"}},
+     "dataset.source_uri", "is not allowed"),
+    ({"dataset": {"name": "cifar10", "source_uri": "s3://" + "b" * 300}},
+     "dataset.source_uri", "valid S3 bucket"),
+    ({"dataset": {"name": "parquet", "source_uri": "https://host/x.parquet"}},
+     "dataset.source_uri", "neither a local path nor s3://bucket/prefix"),
+    ({"convergence": {"checkpoint_uri": "s3://Bad_Bucket!/x"}}, "convergence.checkpoint_uri",
+     "valid S3 bucket"),
+    ({"kubernetes": {"node_selector": {f"k{i}": "v" for i in range(65)}}},
+     "kubernetes.node_selector", "at most 64"),
+    ({"kubernetes": {"tolerations": [{"operator": "Exists"}] * 65}}, "kubernetes.tolerations",
+     "at most 64"),
+    ({"kubernetes": {"service_account": "x" * 5000}}, "kubernetes.service_account",
+     "at most 4096 characters"),
+])
+def test_names_and_s3_settings_are_checked(patch, field, needle):
+    message = str(refused_dict(patch))
+    assert f"{field}: " in message and needle in message, message
+
+
+@pytest.mark.parametrize("patch", [
+    {"name": "my-experiment_2.b"},
+    {"kubernetes": {"s3_prefix": "/team/batchscale/", "s3_bucket": "my.bucket-1",
+                    "s3_endpoint_url": "https://s3.example.com"}},
+    {"dataset": {"name": "cifar10", "source_uri": "s3://bucket"}},
+    {"dataset": {"name": "cifar10", "source_uri": "data/cifar"}},
+    {"dataset": {"name": "parquet", "source_uri": "/abs/path/x.parquet"}},
+    {"convergence": {"checkpoint_uri": "s3://bucket/ckpt"}},
+])
+def test_valid_names_keep_their_value(patch):
+    cfg = parse_config(patch).model_dump()
+    for section, value in patch.items():
+        got = {k: cfg[section][k] for k in value} if isinstance(value, dict) else cfg[section]
+        assert got == value
+
+
+# ------------------------------------------------------------------------ the CLI's answer
+@pytest.mark.parametrize(("text", "needle"), [
+    (ALIAS_BOMB, "expands to more than"),
+    ("convergence:\n  timeout_s: .inf\n", "convergence.timeout_s: Input should be a finite"),
+    ("sweep:\n  device: cpu\nsweep:\n  device: cuda\n", "repeats the key 'sweep'"),
+    ("name: caf\xe9\n".encode("latin-1"), "is not UTF-8 text"),
+    ("kubernetes:\n  s3_endpoint_url: http://user:Pw9zQ7xK@h:9000\n", "carries credentials"),
+])
+def test_compile_refuses_bad_config_files_with_exit_2(tmp_path, text, needle):
+    path = tmp_path / "c.yaml"
+    (path.write_bytes if isinstance(text, bytes) else path.write_text)(text)
+    result = run_cli(["compile", "--config", "c.yaml"], cwd=tmp_path, timeout_s=60)
+    assert result.returncode == 2, result.stderr
+    assert needle in result.stderr and "Traceback" not in result.stderr
+    assert "Pw9zQ7xK" not in result.stderr + result.stdout
+    assert [p.name for p in tmp_path.iterdir()] == ["c.yaml"]
+
+
+def test_compile_takes_the_largest_allowed_numbers(tmp_path):
+    """The bounds keep what compile derives from them (pod deadlines) in range."""
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({
+        "convergence": {"timeout_s": MAX_SECONDS},
+        "kubernetes": {"stage_timeout_s": MAX_SECONDS, "convergence_timeout_margin_s": MAX_SECONDS},
+        "sweep": {"time_budget_s": MAX_SECONDS, "max_batch_size": MAX_BATCH_SIZE}}))
+    result = run_cli(["compile", "--config", "c.yaml"], cwd=tmp_path, timeout_s=120)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "pipeline.yaml").exists()

@@ -93,6 +93,16 @@ def test_workers_below_one_are_refused():
                                run_id="t", workers=0)
 
 
+@pytest.mark.parametrize("run_id", ["../x", "/abs", "a/../../b", "run\n", ""])
+def test_the_runner_refuses_a_run_id_that_is_not_one_path_segment(run_id):
+    """The pipeline's entry checks too, not only the CLI: the run id names the work directory."""
+    with pytest.raises(BadInput, match="run id"):
+        runner.run_convergence(config(), [64], data_dir="unused", out_dir="unused",
+                               run_id=run_id)
+    with pytest.raises(BadInput, match="run id"):
+        runner.work_dir(run_id, 64, 1)
+
+
 # ---------------------------------------------------------------------- data order, noise
 def test_data_order_is_a_function_of_seed_and_step_across_epochs():
     order, again = DataOrder(10, seed=3), DataOrder(10, seed=3)
@@ -241,6 +251,11 @@ def test_converge_cli_runs_the_grid_on_two_workers(tmp_path, digits_dir):
     (["--lr-rule", "cubic"], "invalid choice: 'cubic'"),
     (["--workers", "0"], "convergence.workers: Input should be greater than 0"),
     (["--lr-rule", "grid"], "lr_grid: the grid rule needs at least one learning rate"),
+    (["--run-id", "../../escaped"], "run id '../../escaped' is not allowed"),
+    (["--run-id", "/tmp/abs"], "run id '/tmp/abs' is not allowed"),
+    (["--lr-rules", "grid", "--lr-grid", "inf"], "--lr-grid: 'inf' is not a finite number"),
+    (["--batch-sizes", "64,,256"], "--batch-sizes: '64,,256' has an empty item"),
+    (["--workload", "builtins:breakpoint"], "standard library"),
 ])
 def test_converge_cli_refuses_bad_input_and_writes_nothing(tmp_path, args, message):
     result = run_cli(["converge", "--batch-sizes", "64", "--out", str(tmp_path / "out"),

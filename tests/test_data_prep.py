@@ -13,20 +13,26 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batchscale.config import DataPrepConfig
 from batchscale.data.datasets import (
     DATASET_NAMES,
     TEACHER_CLASSES,
+    RawDataset,
     TeacherStudent,
     load_dataset,
 )
 from batchscale.data.prep import (
     MANIFEST_FILE,
+    MIN_SPLIT_ROWS,
     ROW_GROUP_TARGET_BYTES,
+    check_split,
     prepare,
     row_group_rows,
     sha256_file,
+    split_indices,
 )
 from batchscale.errors import BadInput
 from batchscale.storage import ObjectStore, parquet_bytes
@@ -37,6 +43,9 @@ CIFAR_TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
 MNIST_TRAIN_ROWS = 20
 MNIST_TEST_ROWS = 5
 IDX_UBYTE_TYPE = 0x08
+HALF = 0.5
+"""val_fraction of the reader tests: their files hold a few rows of each class, and the default
+0.2 would leave validation fewer rows than classes (refused, see test_too_small_splits_...)."""
 
 
 # ------------------------------------------------------------ tiny files in the real formats
@@ -138,6 +147,69 @@ def test_max_rows_keeps_a_seeded_subset(tmp_path):
     assert manifest.column("sha256").to_pylist() == again.column("sha256").to_pylist()
 
 
+# ------------------------------------------------------------------ splits too small to use
+# (issue 19: a one-row validation split "reached" the target at step 0; max_rows leaving no
+# training rows made torchrun restart three times and dump a traceback.)
+@pytest.mark.parametrize(("fields", "needle", "named"), [
+    ({"max_rows": 5}, "5 rows split into 4 training and 1 validation rows", "dataset.max_rows"),
+    ({"max_rows": 1}, "1 rows split into 0 training and 1 validation rows", "dataset.max_rows"),
+    ({"val_fraction": 0.001}, "1797 rows split into 1795 training and 2 validation rows",
+     "dataset.val_fraction"),
+    ({"val_fraction": 0.999}, "1797 rows split into 2 training and 1795 validation rows",
+     "dataset.val_fraction"),
+    ({"max_rows": 45}, "into 36 training and 9 validation", "dataset.max_rows"),
+    ({"name": "teacher-student", "synthetic_train_rows": 9}, "into 9 training and 2 validation",
+     "dataset.synthetic_train_rows"),
+])
+def test_too_small_splits_are_refused_before_writing(tmp_path, fields, needle, named):
+    with pytest.raises(BadInput) as err:
+        prep(tmp_path, **fields)
+    message = str(err.value)
+    assert needle in message and named in message and "dataset.val_fraction" in message
+    assert "each split needs at least 10 rows (one per class on average for 10 classes" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_smallest_allowed_split_is_prepared(tmp_path):
+    manifest, _ = prep(tmp_path, max_rows=50)  # 40 + 10 rows: 10 classes, one each on average
+    rows = {s: sum(m["rows"] for m in manifest.to_pylist() if m["split"] == s)
+            for s in ("train", "val")}
+    assert rows == {"train": 40, "val": 10}
+
+
+def test_a_two_class_dataset_needs_two_rows_per_split(tmp_path):
+    src = write_user_parquet(tmp_path / "two.parquet",
+                             {"features": [[0.0], [1.0], [2.0]], "label": [0, 1, 1]})
+    with pytest.raises(BadInput, match=r"3 rows split into 2 training and 1 validation rows "
+                                       r"\(val_fraction 0.2\); each split needs at least 2 rows"):
+        prep(tmp_path, name="parquet", source_uri=str(src))
+    assert not (tmp_path / "out").exists()
+
+
+@given(rows=st.integers(1, 400), classes=st.integers(1, 30),
+       val_fraction=st.floats(0.001, 0.999))
+@settings(max_examples=80, deadline=None)
+def test_split_check_agrees_with_the_split_itself(rows, classes, val_fraction):
+    raw = RawDataset(np.zeros((rows, 1), np.float32), np.arange(rows) % classes, classes, "t")
+    cfg = DataPrepConfig(val_fraction=val_fraction)
+    sizes = [len(idx) for idx in split_indices(rows, val_fraction, 0).values()]
+    assert sum(sizes) == rows
+    if min(sizes) >= max(MIN_SPLIT_ROWS, classes):
+        check_split(raw, cfg)
+    else:
+        with pytest.raises(BadInput, match="falls short: change dataset.val_fraction"):
+            check_split(raw, cfg)
+
+
+def test_cli_refuses_a_split_without_training_rows(tmp_path):
+    (tmp_path / "c.yaml").write_text("dataset:\n  max_rows: 1\n")
+    result = run_cli(["converge", "--config", "c.yaml", "--out", "o"], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "1 rows split into 0 training and 1 validation rows" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]
+
+
 def test_shards_and_row_groups_are_sized(tmp_path):
     manifest, out = prep(tmp_path, name="teacher-student", synthetic_train_rows=2500,
                          rows_per_shard=1000)
@@ -194,7 +266,8 @@ def test_teacher_student_train_rows_are_as_configured(tmp_path):
 # ------------------------------------------------------------------------ torchvision
 def test_cifar10_through_torchvision(tmp_path):
     images, labels = write_cifar10(tmp_path / "src")
-    manifest, out = prep(tmp_path, name="cifar10", source_uri=str(tmp_path / "src"))
+    manifest, out = prep(tmp_path, name="cifar10", source_uri=str(tmp_path / "src"),
+                         val_fraction=HALF)
     entry = manifest.to_pylist()[0]
     assert entry["feature_shape"] == [3, 32, 32] and entry["num_classes"] == 10
     assert "torchvision.datasets.CIFAR10(train=True)" in entry["source"]
@@ -209,7 +282,7 @@ def test_cifar10_through_torchvision(tmp_path):
                          [("mnist", "MNIST", False), ("fashion-mnist", "FashionMNIST", True)])
 def test_mnist_family_through_torchvision(tmp_path, name, class_name, gz):
     images, labels = write_mnist(tmp_path / "src", class_name, gz=gz)
-    manifest, out = prep(tmp_path, name=name, source_uri=str(tmp_path / "src"))
+    manifest, out = prep(tmp_path, name=name, source_uri=str(tmp_path / "src"), val_fraction=HALF)
     assert manifest.column("feature_shape")[0].as_py() == [1, 28, 28]
     assert f"torchvision.datasets.{class_name}(train=True)" in manifest.column("source")[0].as_py()
     features, got = all_rows(out)
@@ -228,7 +301,7 @@ def test_cifar10_from_s3_prefix(tmp_path, object_store: ObjectStore, monkeypatch
     for key, value in store_env(object_store).items():
         monkeypatch.setenv(key, value)
     uri = f"s3://{object_store.settings.bucket}/{object_store.key('mirror')}"
-    manifest, out = prep(tmp_path, name="cifar10", source_uri=uri)
+    manifest, out = prep(tmp_path, name="cifar10", source_uri=uri, val_fraction=HALF)
     assert uri in manifest.column("source")[0].as_py()
     features, got = all_rows(out)
     assert np.array_equal(sorted_rows(features, got),
@@ -306,7 +379,7 @@ def test_user_image_bytes_are_decoded(tmp_path, mode):
     write_user_parquet(tmp_path / "dir" / "part-0.parquet",
                        {"image": [png(p) for p in pixels], "label": np.arange(12) % 3})
     manifest, out = prep(tmp_path, name="parquet", source_uri=str(tmp_path / "dir"),
-                         feature_column="image")
+                         feature_column="image", val_fraction=HALF)
     chw = pixels[:, None] if mode == "L" else pixels.transpose(0, 3, 1, 2)
     assert manifest.column("feature_shape")[0].as_py() == list(chw.shape[1:])
     features, got = all_rows(out)

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
-from test_publish import WORKLOAD, publish_synthetic_run
+from test_publish import WORKLOAD, env_columns, publish_synthetic_run, sweep_row
 
 from batchscale.lake.history import load_history
 from batchscale.lake.lake import PARTITIONING, lake_path
+from batchscale.lake.publish import run_manifest_key, table_key
+from batchscale.schemas import make_table
+from batchscale.storage import parquet_bytes
 from helpers import run_cli, store_env
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -121,3 +125,72 @@ def test_lake_reads_with_duckdb_on_a_local_copy(lake, tmp_path):
     assert [r[3] for r in rows] == [r[64] for r in RATES]
     assert [r[4] for r in rows] == B_CRITS
     assert str(rows[0][1]) == "2026-06-01"
+
+
+# ------------------------------------------------ a stray object must not poison the lake
+DATE = "2026-06-01"
+
+
+def assert_history_unchanged(store) -> None:
+    history = load_history(store, WORKLOAD, device="test cpu")
+    at_64 = history.throughput[history.throughput["batch_size"] == 64]
+    assert at_64["run_id"].tolist() == RUN_IDS
+    assert at_64["samples_per_s"].tolist() == [r[64] for r in RATES]
+    assert history.critical["b_crit"].tolist() == B_CRITS
+
+
+def test_stray_objects_under_a_table_are_skipped_with_a_warning_naming_them(
+        lake, tmp_path, capsys):
+    strays = {
+        lake.key("sweep", f"date={DATE}", f"run_id={RUN_IDS[1]}", "notes.txt"): b"not parquet",
+        lake.key("sweep", f"date={DATE}", f"run_id={RUN_IDS[2]}", "empty.parquet"): b"",
+        lake.key("sweep", "README.md"): b"# the sweep table",
+        lake.key("analysis", f"date={DATE}", f"run_id={RUN_IDS[3]}", "a-foreign.parquet"):
+            parquet_bytes(pa.table({"run_id": [RUN_IDS[3]], "b_crit": ["high"]})),
+    }
+    for key, data in strays.items():
+        lake.put_bytes(key, data)
+    capsys.readouterr()
+    assert_history_unchanged(lake)
+    warnings = capsys.readouterr().err
+    for key in strays:
+        assert f"warning: s3://{lake.settings.bucket}/{key} " in warnings
+    result = run_cli(["history", "--workload", WORKLOAD, "--plot", "h.png"], cwd=tmp_path,
+                     env=store_env(lake))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert all(f"s3://{lake.settings.bucket}/{key}" in result.stderr for key in strays)
+    assert all(run_id in result.stdout for run_id in RUN_IDS)
+
+
+DAMAGED_MANIFESTS = {"20260601T000007Z-notjson": b"{not json",
+                     "20260601T000008Z-list": b"[1, 2]",
+                     "20260601T000009Z-binary": b"\xff\xfe\x00"}
+
+
+def test_a_damaged_run_manifest_makes_its_run_incomplete_with_a_warning(lake, tmp_path, capsys):
+    for run_id, manifest in DAMAGED_MANIFESTS.items():
+        table = make_table("sweep", [sweep_row(64, 1.0)], env_columns(run_id))
+        lake.put_bytes(table_key(lake, "sweep", DATE, run_id), parquet_bytes(table))
+        lake.put_bytes(run_manifest_key(lake, run_id), manifest)
+    capsys.readouterr()
+    assert_history_unchanged(lake)
+    warnings = capsys.readouterr().err
+    for run_id in DAMAGED_MANIFESTS:
+        assert (f"warning: s3://{lake.settings.bucket}/{run_manifest_key(lake, run_id)}"
+                in warnings)
+    assert "counts as incomplete" in warnings
+
+
+@pytest.mark.parametrize("run_id", list(DAMAGED_MANIFESTS))
+def test_report_of_a_run_with_a_damaged_manifest_is_refused_naming_it(
+        object_store, tmp_path, run_id):
+    key = run_manifest_key(object_store, run_id)
+    object_store.put_bytes(key, DAMAGED_MANIFESTS[run_id])
+    result = run_cli(["report", "--run-id", run_id, "--out", "r.html"], cwd=tmp_path,
+                     env=store_env(object_store))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"s3://{object_store.settings.bucket}/{key}" in result.stderr
+    assert "damaged" in result.stderr
+    assert not (tmp_path / "r.html").exists()

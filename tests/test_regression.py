@@ -14,7 +14,7 @@ from test_publish import (
     sweep_row,
 )
 
-from batchscale.lake.publish import gate_stage, table_key
+from batchscale.lake.publish import gate_stage, run_manifest_key, table_key
 from batchscale.lake.regression import (
     INSUFFICIENT_HISTORY,
     MIN_HISTORY_RUNS,
@@ -162,3 +162,34 @@ def test_history_ignores_incomplete_runs_and_other_workloads(
     history = read_history(object_store, "20260502T000000Z-now", [WORKLOAD])
     assert history["run_id"].tolist() == ["20260501T000000Z-ok", "20260501T000001Z-ok"]
     assert read_history(object_store, "x", ["no-such-workload"]) is None
+
+
+def test_a_stray_object_and_a_damaged_manifest_do_not_stop_the_next_publish(
+        object_store, monkeypatch, tmp_path, capsys):
+    """Publish reads the lake's history before writing: a foreign file under the sweep table
+    and a run whose manifest is not JSON are skipped with warnings, and the run is judged
+    against the healthy runs only."""
+    for i in range(3):
+        publish_synthetic_run(object_store, monkeypatch, tmp_path, f"20260701T00000{i}Z-h",
+                              {4: MEAN_RATE})
+    stray = object_store.key("sweep", "date=2026-07-01", "run_id=20260701T000001Z-h",
+                             "junk.bin")
+    object_store.put_bytes(stray, b"\x00 not parquet")
+    damaged = "20260701T000005Z-damaged"
+    table = make_table("sweep", [sweep_row(4, MEAN_RATE / 2)], env_columns(damaged))
+    object_store.put_bytes(table_key(object_store, "sweep", "2026-07-01", damaged),
+                           parquet_bytes(table))
+    object_store.put_bytes(run_manifest_key(object_store, damaged), b"not json")
+    capsys.readouterr()
+    run_id = "20260702T000000Z-now"
+    manifest = publish_synthetic_run(object_store, monkeypatch, tmp_path, run_id,
+                                     {4: MEAN_RATE})
+    assert manifest["regressions"] == []
+    verdict = object_store.get_table(
+        table_key(object_store, "regressions", "2026-07-02", run_id)).to_pandas()
+    assert verdict["history_runs"].tolist() == [3]
+    assert verdict["history_median"].tolist() == [MEAN_RATE]
+    warnings = capsys.readouterr().err
+    bucket = object_store.settings.bucket
+    assert f"s3://{bucket}/{stray}" in warnings
+    assert f"s3://{bucket}/{run_manifest_key(object_store, damaged)}" in warnings

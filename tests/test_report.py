@@ -11,13 +11,15 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from test_analyze import make_curves, make_runs, make_sweep, run_row
 
 from batchscale.analysis.analyze import analyze
 from batchscale.analysis.plots import NOT_MEASURED, PNG_DATA_URI_PREFIX
 from batchscale.analysis.report import REGRESSIONS_SLOT, add_regressions, render_html
 from batchscale.analysis.stage import run_stage
-from batchscale.config import AnalysisConfig, ExperimentConfig
+from batchscale.config import AnalysisConfig, ExperimentConfig, parse_config
+from batchscale.errors import BadInput
 
 IMAGE = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -107,10 +109,16 @@ def _write(path: Path, frame: pd.DataFrame) -> str:
     return str(path)
 
 
-def test_stage_report_escapes_a_hostile_experiment_name(tmp_path):
-    """The experiment name from the config is the page title: shown as text, never run."""
+def test_a_hostile_experiment_name_never_reaches_a_page():
+    """The experiment name is the page title: names.check_name refuses markup before any page
+    is rendered (the template would escape it too: test_report_escapes_values_from_the_tables)."""
+    with pytest.raises(BadInput, match="experiment name"):
+        parse_config({"name": HOSTILE})
+
+
+def test_stage_report_is_titled_with_the_experiment_and_self_contained(tmp_path):
     runs = make_runs(rules=("linear",), seeds=(0, 1))
-    config = ExperimentConfig(name=HOSTILE, analysis=AnalysisConfig(bootstrap_samples=10))
+    config = ExperimentConfig(name="exp-1", analysis=AnalysisConfig(bootstrap_samples=10))
     report_path = tmp_path / "report.html"
     metrics = run_stage(
         config.to_json(),
@@ -124,7 +132,7 @@ def test_stage_report_escapes_a_hostile_experiment_name(tmp_path):
     )
     page = report_path.read_text()
     assert "<script" not in page
-    assert page.count("&lt;script&gt;alert(") == 2  # <title> and <h1>
+    assert page.count("batchscale: exp-1 (20990101T000000Z-test)") == 2  # <title> and <h1>
     assert metrics["b_crit_linear"] > 0
     assert (tmp_path / "summary.md").read_text().startswith("## Why doesn't training get faster")
     assert_self_contained(page)

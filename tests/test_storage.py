@@ -14,6 +14,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batchscale.errors import BadInput, ObjectExists, StoreError
 from batchscale.location import LocalLocation, S3Location, copy_files, open_file, open_location
@@ -27,7 +29,7 @@ from batchscale.storage import (
     write_bytes_atomic,
     write_table_atomic,
 )
-from helpers import store_env
+from helpers import run_cli, store_env
 
 
 def _table(n: int = 5) -> pa.Table:
@@ -269,3 +271,110 @@ def test_s3_location_by_uri(object_store: ObjectStore, monkeypatch, tmp_path: Pa
 def test_bad_location_uris_are_refused(uri: str, message: str) -> None:
     with pytest.raises(BadInput, match=message):
         open_location(uri)
+
+
+# ------------------------------------------------- S3 settings and URIs: refused at start-up
+PASSWORD = "PASSWORD-never-echoed-31"
+KEYS = {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "sekrit-value"}
+BAD_SETTINGS = [
+    ("BATCHSCALE_S3_ENDPOINT", "http://"),
+    ("BATCHSCALE_S3_ENDPOINT", "http://127.0.0.1:99999"),
+    ("BATCHSCALE_S3_ENDPOINT", "http://[::1"),
+    ("BATCHSCALE_S3_ENDPOINT", "http://127.0.0.1:8333/bucket/key"),
+    ("BATCHSCALE_S3_ENDPOINT", "http://127.0.0.1:8333?x-id=1"),
+    ("BATCHSCALE_S3_ENDPOINT", f"http://admin:{PASSWORD}@127.0.0.1:8333"),
+    ("BATCHSCALE_S3_ENDPOINT", "ftp://127.0.0.1"),
+    ("BATCHSCALE_S3_BUCKET", "Bad_Bucket!"),
+    ("BATCHSCALE_S3_BUCKET", "a/b/../c"),
+    ("BATCHSCALE_S3_BUCKET", "b" * 300),
+    ("BATCHSCALE_S3_PREFIX", "../x"),
+    ("BATCHSCALE_S3_PREFIX", "lake/../../etc"),
+    ("BATCHSCALE_S3_PREFIX", "a//b"),
+]
+
+
+@pytest.mark.parametrize(("variable", "value"), BAD_SETTINGS)
+def test_bad_s3_settings_are_refused_naming_the_variable(variable, value):
+    env = {"BATCHSCALE_S3_ENDPOINT": "http://127.0.0.1:8333", **KEYS, variable: value}
+    with pytest.raises(StoreError, match=variable) as err:
+        S3Settings.from_env(env)
+    assert PASSWORD not in str(err.value) and "sekrit-value" not in str(err.value)
+
+
+@pytest.mark.parametrize(("variable", "value"), BAD_SETTINGS)
+def test_cli_refuses_bad_s3_settings_before_any_work(tmp_path, variable, value):
+    env = {"BATCHSCALE_S3_ENDPOINT": "http://127.0.0.1:8333", **KEYS, variable: value}
+    result = run_cli(["report", "--run-id", "r1", "--out", "r.html"], cwd=tmp_path, env=env,
+                     timeout_s=120)
+    assert result.returncode == 2, result.stderr
+    assert variable in result.stderr and "Traceback" not in result.stderr
+    assert PASSWORD not in result.stdout + result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_settings_built_in_code_are_checked_too():
+    for endpoint, bucket, prefix in [(f"http://u:{PASSWORD}@h:1", "bucket", "p"),
+                                     (None, "Bad_Bucket!", "p"), (None, "bucket", "../x")]:
+        with pytest.raises(BadInput) as err:
+            S3Settings(endpoint, bucket, prefix, "id", "secret")
+        assert PASSWORD not in str(err.value)
+    assert S3Settings(None, "bucket", "/root/lake/", "id", "secret").prefix == "root/lake"
+
+
+url_parts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
+"""Any text, for host and port; the user part has no whitespace (whitespace ends a URL in a
+message, as it does in a shell variable)."""
+
+
+@settings(max_examples=100, deadline=None)
+@given(scheme=st.sampled_from(["http", "https", "s3", "ftp", ""]),
+       user=url_parts.filter(lambda u: not any(c.isspace() for c in u)),
+       host=st.one_of(st.sampled_from(["127.0.0.1", "[::1]", "[::1", "seaweedfs.kubeflow", ""]),
+                      url_parts),
+       port=st.one_of(st.none(), st.integers(-5, 70000).map(str), url_parts),
+       rest=st.sampled_from(["", "/", "/p", "?q=1", "#f", "/../x"]))
+def test_any_endpoint_is_accepted_cleanly_or_refused_without_echoing_a_password(
+        scheme, user, host, port, rest):
+    auth = f"{user}:{PASSWORD}@" if user else ""
+    url = f"{scheme}://{auth}{host}{f':{port}' if port is not None else ''}{rest}"
+    try:
+        settings_ = S3Settings.from_env({"BATCHSCALE_S3_ENDPOINT": url, **KEYS})
+    except StoreError as err:
+        assert PASSWORD not in str(err)
+        return
+    parts = urlsplit_strict(settings_.endpoint_url)
+    assert parts.scheme in ("http", "https") and parts.hostname and "@" not in parts.netloc
+    assert not parts.path.strip("/") and not parts.query and not parts.fragment
+
+
+@pytest.mark.parametrize("endpoint", [
+    *(f"http://admin:p{c}{PASSWORD}@h:8333" for c in "?#:@/"),  # delimiters typed unencoded
+    f"admin:{PASSWORD}@localhost:8333", f"://admin:{PASSWORD}@h:8333"])  # no scheme
+def test_a_password_in_a_malformed_endpoint_is_not_echoed_either(endpoint):
+    with pytest.raises(StoreError) as err:
+        S3Settings.from_env({"BATCHSCALE_S3_ENDPOINT": endpoint, **KEYS})
+    assert PASSWORD not in str(err.value)
+
+
+def urlsplit_strict(url: str):
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    assert parts.port is None or 0 <= parts.port < 65536
+    return parts
+
+
+@pytest.mark.parametrize(("uri", "message"), [
+    (f"s3://KEY:{PASSWORD}@bucket/x", "carries credentials"),
+    ("s3://Bad_Bucket!/x", "not a valid S3 bucket name"),
+    ("s3://" + "b" * 300 + "/x", "not a valid S3 bucket name"),
+    ("s3://bucket/a/../../x", "not allowed"),
+    ("s3://bucket/x?versionId=1", "query or fragment"),
+    ("http://[::1", "neither a local path nor an s3:// URI"),
+    (f"gs://KEY:{PASSWORD}@bucket/x", "unsupported location"),
+])
+def test_bad_s3_uris_are_refused_without_echoing_credentials(uri, message):
+    for opener in (open_location, open_file) if uri.startswith("s3://") else (open_location,):
+        with pytest.raises(BadInput, match=message) as err:
+            opener(uri)
+        assert PASSWORD not in str(err.value)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from batchscale.config import DataPrepConfig, SweepConfig
+from batchscale.errors import BadInput
 from batchscale.schemas import check_schema
 from batchscale.storage import read_table_file
 from batchscale.sweep.isolation import run_isolated
@@ -27,6 +28,7 @@ from batchscale.sweep.search import (
 from batchscale.sweep.sweep import (
     check_real_input,
     summarize,
+    summary_lines,
     sweep,
 )
 from batchscale.sweep.trial import TrialSpec, is_oom
@@ -48,6 +50,11 @@ def wide_conv():
     return torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.ReLU(),
                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
                                torch.nn.Linear(64, 10))
+
+
+def returns_a_list():
+    """A factory that returns no model (`test_sweep:returns_a_list`)."""
+    return [1, 2, 3]
 
 
 def table_rows(path: Path) -> list[dict]:
@@ -164,6 +171,33 @@ def test_auto_search_finds_the_wall_records_oom_and_recovers(tmp_path):
     wall = summary["largest_fitting_batch"]
     assert math.isfinite(wall) and wall >= 2
     assert summary["predicted_largest_batch"] == pytest.approx(wall, rel=0.5)
+
+
+def test_summary_of_one_batch_says_why_there_is_no_memory_model(tmp_path):
+    """One batch size cannot fit a line (#10: it printed "peak ≈ nan MiB + nan KiB"); nor can a
+    sweep without a memory budget predict a wall. Each line says why, with no NaN in it."""
+    cfg = SweepConfig(batch_sizes=[4], input_modes=["synthetic"], **FAST)
+    rows = sweep(cfg, "digits-mlp", ENV, tmp_path / "one.parquet", log=quiet)
+    text = "\n".join(summary_lines(summarize(rows)))
+    assert "nan" not in text.lower()
+    assert "memory: no model fitted (fewer than two measured batches)" in text
+    assert "largest batch measured to fit: no wall found (no batch ran out of memory up to " \
+           "batch 4)" in text
+    two = [{**rows[0], "memory_cap_bytes": None},
+           {**rows[0], "batch_size": 8, "peak_memory_bytes": rows[0]["peak_memory_bytes"] * 2,
+            "memory_cap_bytes": None, "mfu": None}]
+    text = "\n".join(summary_lines(summarize(two)))
+    assert "nan" not in text.lower()
+    assert "predicted largest batch under the cap: none (no memory budget given)" in text
+    assert "MFU not known" in text or "MFU " in text
+
+
+def test_a_factory_returning_no_module_stops_the_sweep_before_any_row(tmp_path):
+    cfg = SweepConfig(batch_sizes=[1, 2, 4], input_modes=["synthetic"], **FAST)
+    out = tmp_path / "bad.parquet"
+    with pytest.raises(BadInput, match="test_sweep:returns_a_list.*returned list"):
+        sweep(cfg, "test_sweep:returns_a_list", ENV, out, log=quiet)
+    assert not out.exists()
 
 
 def test_real_and_synthetic_input_both_in_the_table(tmp_path):

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batchscale.errors import BadInput
-from batchscale.workloads import WORKLOAD_NAMES, get_workload
+from batchscale.workloads import WORKLOAD_NAMES, check_builds, get_workload
+from helpers import run_cli
+
+TESTS_DIR = Path(__file__).parent
 
 TINY_IMAGE_PX = 32
 DETECTION_IMAGE_PX = 64
@@ -25,6 +31,23 @@ def tiny_conv():
     """A user factory (imported as `test_workloads:tiny_conv`)."""
     return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1),
                                torch.nn.Flatten(), torch.nn.Linear(4, 10))
+
+
+def returns_int():
+    """A factory that returns no model (`test_workloads:returns_int`)."""
+    return 42
+
+
+def returns_none():
+    return None
+
+
+def returns_text():
+    return "http://u:Pw9zQ7xK@h " + "x" * 1000
+
+
+def raises():
+    raise RuntimeError("the user's model is broken")
 
 
 def one_step(name: str, image_px: int) -> tuple[float, float]:
@@ -103,3 +126,91 @@ def test_cli_lists_the_registry():
     for name in WORKLOAD_NAMES:
         assert name in out
     assert "package.module:factory" in out
+
+
+# ------------------------------------------------- factories run code: what they may be
+STDLIB_FACTORIES = ["os:system", "builtins:eval", "builtins:breakpoint", "builtins:exec",
+                    "subprocess:Popen", "importlib:import_module", "runpy:run_path",
+                    "code:interact", "pdb:set_trace", "shutil:rmtree", "os.path:join",
+                    "importlib.metadata:version", "sys:exit", "this:x", "antigravity:x",
+                    "__main__:main"]
+
+
+@pytest.mark.parametrize("spec", STDLIB_FACTORIES)
+def test_standard_library_factories_are_refused(spec):
+    with pytest.raises(BadInput, match="standard library") as err:
+        get_workload(spec)
+    assert spec in str(err.value)
+
+
+importable_stdlib = sorted(name for name in sys.stdlib_module_names
+                           if name.isidentifier() and name.isascii())
+
+
+@given(st.sampled_from(importable_stdlib), st.sampled_from(["", ".sub", ".a.b"]),
+       st.sampled_from(["x", "main", "system", "_private"]))
+@settings(max_examples=100, deadline=None)
+def test_no_standard_library_module_is_imported_for_a_factory(module, sub, attr):
+    was_imported = module in sys.modules
+    with pytest.raises(BadInput, match="standard library"):
+        get_workload(f"{module}{sub}:{attr}")
+    assert (module in sys.modules) == was_imported
+
+
+def test_importing_this_prints_nothing_before_the_refusal(tmp_path):
+    """`import this` prints the Zen of Python: the refusal comes before any import."""
+    result = run_cli(["sweep", "--workload", "this:x", "--out", "s.parquet"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == "" and "Beautiful is better" not in result.stderr
+    assert "standard library" in result.stderr
+
+
+@pytest.mark.parametrize(("spec", "shown"), [
+    ("test_workloads:returns_int", "returned int 42"),
+    ("test_workloads:returns_none", "returned NoneType None"),
+    ("test_workloads:returns_text", "returned str"),
+])
+def test_a_factory_must_return_a_module_before_it_is_used(spec, shown):
+    workload = get_workload(spec)  # importing is fine; the result is checked when built
+    for build in (workload.build, lambda: check_builds(workload)):
+        with pytest.raises(BadInput, match="not a torch.nn.Module") as err:
+            build()
+        message = str(err.value)
+        assert spec in message and shown in message
+        assert "Pw9zQ7xK" not in message and len(message) < 400
+
+
+def test_a_failing_factory_is_bad_input_up_front_and_itself_in_a_trial():
+    with pytest.raises(BadInput, match="the factory failed: RuntimeError: the user's model"):
+        check_builds(get_workload("test_workloads:raises"))
+    with pytest.raises(RuntimeError):  # in a trial: an error row (or an oom), not bad input
+        get_workload("test_workloads:raises").build()
+    check_builds(get_workload("test_workloads:tiny_conv"))
+    check_builds(get_workload("digits-mlp"))
+
+
+def test_a_module_whose_import_fails_is_bad_input(tmp_path, monkeypatch):
+    (tmp_path / "broken_user_module.py").write_text("raise ValueError('bad top level')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(BadInput, match="importing module 'broken_user_module' failed: "
+                                       "ValueError: bad top level"):
+        get_workload("broken_user_module:build")
+
+
+@pytest.mark.parametrize("command", ["sweep", "converge"])
+def test_cli_refuses_a_factory_returning_no_module_and_writes_nothing(tmp_path, command):
+    out = tmp_path / ("out" if command == "converge" else "s.parquet")
+    result = run_cli([command, "--workload", "test_workloads:returns_int", "--batch-sizes", "4",
+                      "--out", str(out)], cwd=tmp_path, env={"PYTHONPATH": str(TESTS_DIR)},
+                     timeout_s=300)
+    assert result.returncode == 2, result.stderr
+    assert "returned int 42, not a torch.nn.Module" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_says_a_factory_runs_your_code():
+    for command in ("sweep", "converge"):
+        help_text = " ".join(run_cli([command, "--help"], cwd=TESTS_DIR).stdout.split())
+        assert "runs your code with your rights, like any Python import" in help_text
+        assert "standard library are refused" in help_text

@@ -18,6 +18,43 @@ from batchscale.checks.results import MAX_SHOWN, SOURCE_PYTHON, plain, result
 from batchscale.errors import BadInput
 from batchscale.schemas import RunStatus
 
+# ---------------------------------------------------------------- finite numbers
+
+
+def finite_values(
+    table: pa.Table, row_keys: list[str], nan_allowed: dict[str, str],
+    checked_elsewhere: dict[str, str],
+) -> list[dict]:
+    """One result per floating-point column: every value present is finite.
+
+    Run on the Arrow table because pandas (and so great-expectations) reads NaN as null and
+    skips it. A column of `nan_allowed` may hold NaN where the suite says what NaN means (not
+    measured, not fitted), never +-inf; `checked_elsewhere` names columns with their own rule.
+    """
+    results = []
+    for f in table.schema:
+        if not pa.types.is_floating(f.type) or f.name in checked_elsewhere:
+            continue
+        column = table.column(f.name)
+        bad = pc.is_inf(column) if f.name in nan_allowed else pc.invert(pc.is_finite(column))
+        rows = np.flatnonzero(pc.fill_null(bad, False).to_numpy(zero_copy_only=False))
+        description = (f"no +-inf (NaN means {nan_allowed[f.name]})" if f.name in nan_allowed
+                       else "no NaN or +-inf where a value is present")
+        results.append(result(
+            "expect_column_values_to_be_finite", f.name, rows.size == 0, SOURCE_PYTHON,
+            description=description,
+            element_count=len(column) - column.null_count, unexpected_count=int(rows.size),
+            unexpected_values=[column[int(i)].as_py() for i in rows[:MAX_SHOWN]],
+            unexpected_rows=[_row_of(table, int(i), row_keys) for i in rows[:MAX_SHOWN]],
+        ))
+    return results
+
+
+def _row_of(table: pa.Table, i: int, row_keys: list[str]) -> dict:
+    """A row identified by its key columns and position, as the GX adapter reports rows."""
+    return {"row": i, **{k: table.column(k)[i].as_py() for k in row_keys}}
+
+
 # ---------------------------------------------------------------- class balance
 
 

@@ -12,7 +12,8 @@ import pyarrow as pa
 from batchscale.checks.report import validation_page
 from batchscale.checks.validate import validate_table
 from batchscale.config import config_from_json
-from batchscale.errors import ValidationFailed
+from batchscale.errors import BadInput, ValidationFailed
+from batchscale.schemas import check_schema
 from batchscale.storage import read_table_file, write_table_atomic
 
 
@@ -39,7 +40,7 @@ def validate_dataset(config_json: str, dataset_dir: str, json_path: str, html_pa
     config_from_json(config_json)
     root = Path(dataset_dir)
     manifest = read_manifest(root)
-    entries = manifest.to_pylist()
+    entries = _checkable_entries(manifest)
     checksums = {m["shard"]: sha256_file(root / m["shard"]) for m in entries}
     checks = [("manifest", "manifest", manifest, {"shard_checksums": checksums})]
     for m in entries:
@@ -47,6 +48,18 @@ def validate_dataset(config_json: str, dataset_dir: str, json_path: str, html_pa
                "feature_length": math.prod(m["feature_shape"])}
         checks.append((m["shard"], "dataset", read_table_file(root / m["shard"]), ctx))
     check_tables(checks, json_path, html_path)
+
+
+def _checkable_entries(manifest: pa.Table) -> list[dict]:
+    """The manifest rows whose shards can be checked: none when the manifest does not match its
+    schema (e.g. a duplicated column; its own validation names the problem), and only rows that
+    name their shard, shape and classes (the suite names the nulls)."""
+    try:
+        rows = check_schema("manifest", manifest, allow_nulls=True).to_pylist()
+    except BadInput:
+        return []
+    needed = ("shard", "feature_shape", "num_classes")
+    return [m for m in rows if all(m[key] is not None for key in needed)]
 
 
 def validate_sweep(config_json: str, sweep_path: str, json_path: str, html_path: str) -> None:

@@ -6,6 +6,9 @@ great-expectations expectations:
   is visible);
 - `context`: other accepted context keys (cross-table inputs such as the curves table);
 - `derived_columns`: scalar columns computed from list columns (GX handles lists poorly);
+- `nan_allowed`: float columns where NaN has a meaning (column -> what it means, e.g. not
+  measured); every other float column must be finite where present (rules.finite_values);
+- `finite_checked_elsewhere`: float columns whose NaN/inf rule is another check (column -> which);
 - `python_checks`: rules run in Python (see rules.py), reported beside GX's results.
 """
 

@@ -21,7 +21,9 @@ from batchscale.convergence.schedule import scaled_lr
 from batchscale.convergence.spec import ConvergenceSpec, TrainingSettings, TrialSpec
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import Location, is_s3_uri, open_location
+from batchscale.names import check_run_id
 from batchscale.storage import write_bytes_atomic
+from batchscale.workloads import check_builds, get_workload
 
 ENTRY_POINT = Path(train.__file__)
 ENTRY_MODULE = "batchscale.convergence.train"
@@ -145,10 +147,13 @@ def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
                     out_dir: str, run_id: str, workers: int | None = None):
     """Train every trial of `batch_sizes` to the target; (curves, runs) tables. torchrun here,
     or a TrainJob on the cluster with `launcher: kubeflow` (`out_dir` is then unused: the
-    TrainJob's pods write to the object store)."""
+    TrainJob's pods write to the object store). The run id (a directory and a key part) and
+    a user model (built once) are checked before any process starts."""
     c = cfg.convergence
+    check_run_id(run_id)
     if workers is not None and workers < 1:
         raise BadInput(f"workers: must be at least 1, got {workers}")
+    check_builds(get_workload(cfg.workload))
     if c.launcher == "kubeflow":
         from batchscale.convergence.trainjob import run_on_kubeflow
 
@@ -164,6 +169,7 @@ def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
 def work_dir(run_id: str, batch_size: int, workers: int) -> Path:
     """Where trials keep checkpoints and finished results: stable for a run id, so running the
     same run again resumes instead of starting over."""
+    check_run_id(run_id)
     root = Path(os.environ.get("BATCHSCALE_WORK_DIR", Path.cwd() / ".batchscale" / "work"))
     return root / run_id / f"convergence-b{batch_size}-w{workers}"
 

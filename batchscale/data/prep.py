@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from batchscale.config import DataPrepConfig
 from batchscale.data.datasets import RawDataset, load_dataset
+from batchscale.errors import BadInput
 from batchscale.schemas import make_table
 from batchscale.shards import MANIFEST_FILE, sha256_file
 from batchscale.storage import write_table_atomic
@@ -23,13 +24,46 @@ ROW_GROUP_TARGET_BYTES = 32 * 2**20
 streaming reader holds one in memory without trouble (CIFAR-10: ~2,700 rows a group)."""
 FEATURE_BYTES = 4
 """float32 features."""
+MIN_SPLIT_ROWS = 2
+"""Fewest rows either split may hold, and never fewer than the dataset has classes (one per
+class on average): a validation split of one row reads as accuracy 0 or 1 (a trial "reached"
+the target at step 0), and an empty training split has nothing to train on."""
+
+
+def val_rows(rows: int, val_fraction: float) -> int:
+    """Rows of the validation split: the nearest whole number to the fraction, at least 1."""
+    return max(1, int(round(rows * val_fraction)))
 
 
 def split_indices(rows: int, val_fraction: float, seed: int) -> dict[str, np.ndarray]:
     """A deterministic shuffle-split; the same seed gives the same split on every machine."""
     order = np.random.default_rng(seed).permutation(rows)
-    n_val = max(1, int(round(rows * val_fraction)))
+    n_val = val_rows(rows, val_fraction)
     return {"val": np.sort(order[:n_val]), "train": np.sort(order[n_val:])}
+
+
+def check_split(raw: RawDataset, cfg: DataPrepConfig) -> None:
+    """Refuse a split that leaves either side fewer than max(MIN_SPLIT_ROWS, classes) rows,
+    naming the fields that set it; called before anything is written."""
+    rows = len(raw.labels)
+    n_val = val_rows(rows, cfg.val_fraction)
+    sizes = {"training": rows - n_val, "validation": n_val}
+    need = max(MIN_SPLIT_ROWS, raw.num_classes)
+    short = [split for split, n in sizes.items() if n < need]
+    if not short:
+        return
+    fields = ["dataset.val_fraction"]
+    if cfg.max_rows is not None:
+        fields.append("dataset.max_rows")
+    if cfg.name == "teacher-student":
+        fields.append("dataset.synthetic_train_rows")
+    raise BadInput(
+        f"dataset {cfg.name}: {rows} rows split into {sizes['training']} training and "
+        f"{sizes['validation']} validation rows (val_fraction {cfg.val_fraction}"
+        + (f", max_rows {cfg.max_rows}" if cfg.max_rows is not None else "")
+        + f"); each split needs at least {need} rows (one per class on average for "
+        f"{raw.num_classes} classes, and at least {MIN_SPLIT_ROWS}); the {' and '.join(short)} "
+        f"split falls short: change {', '.join(fields)}")
 
 
 def to_arrow(features: np.ndarray, labels: np.ndarray) -> pa.Table:
@@ -71,6 +105,7 @@ def prepare(cfg: DataPrepConfig, out_dir: str | Path) -> pa.Table:
     """Write shards and `manifest.parquet` under `out_dir`; return the manifest."""
     with tempfile.TemporaryDirectory(prefix="batchscale-data-") as cache_dir:
         raw = load_dataset(cfg, Path(cache_dir))
+    check_split(raw, cfg)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = make_table("manifest", write_shards(raw, cfg, out_dir))

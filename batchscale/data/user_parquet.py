@@ -28,6 +28,10 @@ COLOR_MODE = "RGB"
 PIXEL_MAX = 255.0
 MAX_SHOWN = 5
 """Offending rows or values named in an error message."""
+MAX_CLASSES = 100_000
+"""Labels lie in 0..MAX_CLASSES-1. The number of classes is the largest label + 1 and arrays
+of that length are allocated (class histograms, the model's output layer): a stray label of
+2**40 would otherwise ask for terabytes before anything else went wrong."""
 
 
 def load_user_parquet(uri: str, feature_column: str, label_column: str,
@@ -73,22 +77,39 @@ def _column(table: pa.Table, name: str, role: str, uri: str) -> pa.ChunkedArray:
     if name not in table.column_names:
         raise BadInput(f"parquet {uri}: no {role} column {name!r}; columns are "
                        f"{table.column_names} (set dataset.{role}_column)")
+    copies = table.column_names.count(name)
+    if copies > 1:
+        raise BadInput(f"parquet {uri}: column {name!r} appears {copies} times; column names "
+                       "must be unique")
     return table.column(name)
 
 
 def _labels(table: pa.Table, name: str, uri: str) -> tuple[np.ndarray, int]:
+    """The labels as int64 and the number of classes, refused before anything is sized by
+    them unless they are integers in 0..MAX_CLASSES-1 naming at most one class per row."""
     column = _column(table, name, "label", uri)
     if not pa.types.is_integer(column.type):
         raise BadInput(f"parquet {uri}: label column {name!r} has type {column.type}; "
-                       "labels must be integers 0..num_classes-1")
+                       "labels must be integers 0..num_classes-1 (no floats, no NaN)")
     _no_nulls(column, name, uri)
-    labels = column.to_numpy().astype(np.int64)
-    negative = np.flatnonzero(labels < 0)
-    if negative.size:
-        raise BadInput(f"parquet {uri}: label column {name!r} has negative labels "
-                       f"{labels[negative[:MAX_SHOWN]].tolist()} at rows "
-                       f"{negative[:MAX_SHOWN].tolist()}; labels must be 0..num_classes-1")
-    return labels, int(labels.max()) + 1
+    raw = column.to_numpy()  # its own integer type: uint64 labels above 2**63 do not wrap
+    _refuse_rows(raw < 0, raw, f"label column {name!r} has negative labels", uri)
+    _refuse_rows(raw >= MAX_CLASSES, raw, f"label column {name!r} has labels of "
+                 f"{MAX_CLASSES} or more (at most {MAX_CLASSES:,} classes)", uri)
+    labels = raw.astype(np.int64)
+    num_classes = int(labels.max()) + 1
+    if num_classes > len(labels):
+        raise BadInput(f"parquet {uri}: label column {name!r} goes up to {num_classes - 1}, "
+                       f"so {num_classes} classes for only {len(labels)} rows; labels must "
+                       "number the classes 0..num_classes-1")
+    return labels, num_classes
+
+
+def _refuse_rows(bad: np.ndarray, values: np.ndarray, what: str, uri: str) -> None:
+    rows = np.flatnonzero(bad)
+    if rows.size:
+        raise BadInput(f"parquet {uri}: {what} {values[rows[:MAX_SHOWN]].tolist()} at rows "
+                       f"{rows[:MAX_SHOWN].tolist()}; labels must be 0..num_classes-1")
 
 
 def _no_nulls(column: pa.ChunkedArray, name: str, uri: str) -> None:

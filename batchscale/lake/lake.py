@@ -5,14 +5,24 @@ after all its tables, so a run without one (still publishing, or interrupted) is
 history and regression baselines instead of showing up with half its tables. Runs are ordered
 by when their manifest was written (create-only, so that time never changes), then by run id:
 run ids need not sort by time (on a cluster they are KFP's run UUIDs).
+
+A stray object must not poison the lake (every later history and regression read would fail):
+a manifest that is not a JSON object makes its run incomplete, and an object under a table that
+is not Parquet, or does not fit the table's columns, is skipped; each with a warning on stderr
+naming its key.
 """
 
 from __future__ import annotations
+
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from batchscale.storage import ObjectStore
@@ -26,6 +36,19 @@ PARTITIONING = ds.partitioning(
 )
 """Explicit string types: inferred ones would turn a run id like `20261129` into an integer
 and clash with the `run_id` column every result file also carries."""
+IGNORED_PREFIXES = (".", "_")
+"""Files and folders pyarrow's own discovery skips (temporary and metadata files)."""
+MANIFEST_READERS = 8
+"""Manifests read at once: one small GET per complete run."""
+
+_warned: set[str] = set()
+
+
+def warn(message: str) -> None:
+    """A warning on stderr, once per process (history reads the lake several times)."""
+    if message not in _warned:
+        _warned.add(message)
+        print(f"warning: {message}", file=sys.stderr)
 
 
 def lake_path(store: ObjectStore, table: str) -> str:
@@ -34,16 +57,36 @@ def lake_path(store: ObjectStore, table: str) -> str:
 
 
 def complete_runs(store: ObjectStore) -> pd.DataFrame:
-    """Runs whose manifest is in the lake: columns run_id, published_at (UTC), in order."""
+    """Runs whose manifest is in the lake and is a JSON object: columns run_id, published_at
+    (UTC), in order."""
     selector = pafs.FileSelector(lake_path(store, RUNS_FOLDER), recursive=True,
                                  allow_not_found=True)
-    rows = []
+    found = []
     for info in store.pyarrow_filesystem().get_file_info(selector):
         folder, name = info.path.split("/")[-2:]
         if name == MANIFEST_NAME and folder.startswith(RUN_PARTITION):
-            rows.append({"run_id": folder[len(RUN_PARTITION):], PUBLISHED_AT: info.mtime})
+            found.append((folder[len(RUN_PARTITION):], info))
+    with ThreadPoolExecutor(MANIFEST_READERS) as pool:
+        readable = list(pool.map(lambda item: _manifest_is_an_object(store, item[1].path),
+                                 found))
+    rows = [{"run_id": run_id, PUBLISHED_AT: info.mtime}
+            for (run_id, info), ok in zip(found, readable, strict=True) if ok]
     runs = pd.DataFrame(rows, columns=["run_id", PUBLISHED_AT])
     return runs.sort_values([PUBLISHED_AT, "run_id"], ignore_index=True)
+
+
+def _manifest_is_an_object(store: ObjectStore, path: str) -> bool:
+    key = path.split("/", 1)[1]
+    try:
+        manifest = json.loads(store.get_bytes(key))
+    except ValueError as err:  # not JSON, or not UTF-8
+        reason = f"is not JSON ({err})"
+    else:
+        if isinstance(manifest, dict):
+            return True
+        reason = f"is a JSON {type(manifest).__name__}, not an object"
+    warn(f"s3://{path} {reason}: that run counts as incomplete and is left out")
+    return False
 
 
 def read_lake_table(
@@ -57,15 +100,63 @@ def read_lake_table(
     runs = complete_runs(store)
     if runs.empty:
         return None
-    try:
-        dataset = ds.dataset(lake_path(store, table), filesystem=store.pyarrow_filesystem(),
-                             format="parquet", partitioning=PARTITIONING)
-    except FileNotFoundError:
+    files = _run_files(store, table, set(runs["run_id"]))
+    if not files:
         return None
     complete = ds.field("run_id").isin(runs["run_id"].tolist())
-    rows = dataset.to_table(columns=columns,
-                            filter=complete if filter is None else complete & filter)
-    if not rows.num_rows:
+    where = complete if filter is None else complete & filter
+    try:
+        rows = _scan(store, table, files, where, columns)
+    except pa.ArrowInvalid:  # a stray object: find it and go on without it
+        rows = _scan_skipping_strays(store, table, files, where, columns)
+    if rows is None or not rows.num_rows:
         return None
     frame = rows.to_pandas().merge(runs, on="run_id", how="left")
     return frame.sort_values([PUBLISHED_AT, "run_id"], kind="stable", ignore_index=True)
+
+
+def _run_files(store: ObjectStore, table: str, run_ids: set[str]) -> list[str]:
+    """The table's files in complete runs' partitions, sorted; a file outside any run_id=
+    partition is named in a warning, files of incomplete runs are left out quietly."""
+    base = lake_path(store, table)
+    selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+    files = []
+    for info in store.pyarrow_filesystem().get_file_info(selector):
+        parts = info.path[len(base) + 1:].split("/")
+        if info.type != pafs.FileType.File or any(p.startswith(IGNORED_PREFIXES) for p in parts):
+            continue
+        run_id = next((p[len(RUN_PARTITION):] for p in parts if p.startswith(RUN_PARTITION)),
+                      None)
+        if run_id is None:
+            warn(f"s3://{info.path} is not in a run_id= partition of lake table {table!r}: "
+                 "skipped")
+        elif run_id in run_ids:
+            files.append(info.path)
+    return sorted(files)
+
+
+def _scan(store: ObjectStore, table: str, files: list[str], where: pc.Expression,
+          columns: list[str] | None) -> pa.Table:
+    dataset = ds.dataset(files, filesystem=store.pyarrow_filesystem(), format="parquet",
+                         partitioning=PARTITIONING, partition_base_dir=lake_path(store, table))
+    return dataset.to_table(columns=columns, filter=where)
+
+
+def _scan_skipping_strays(store: ObjectStore, table: str, files: list[str],
+                          where: pc.Expression, columns: list[str] | None) -> pa.Table | None:
+    """File by file: each one is downloaded through the store (so a network failure stays a
+    StoreError, not a skipped file) and skipped with a warning if it is not Parquet or does not
+    fit the columns of the files before it."""
+    parts: list[pa.Table] = []
+    schema: pa.Schema | None = None
+    for path in files:
+        try:
+            pq.ParquetFile(pa.BufferReader(store.get_bytes(path.split("/", 1)[1])))  # footer
+            part = _scan(store, table, [path], where, columns)
+            schema = part.schema if schema is None else pa.unify_schemas([schema, part.schema])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as err:
+            warn(f"s3://{path} is not a readable part of lake table {table!r} "
+                 f"({str(err).splitlines()[0]}): skipped")
+            continue
+        parts.append(part)
+    return pa.concat_tables(parts, promote_options="default") if parts else None

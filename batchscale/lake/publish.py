@@ -28,7 +28,8 @@ from pathlib import Path
 import pandas as pd
 
 from batchscale.config import config_from_json
-from batchscale.errors import BadInput, ObjectExists
+from batchscale.errors import ObjectExists
+from batchscale.names import check_run_id
 from batchscale.storage import (
     ObjectStore,
     S3Settings,
@@ -47,15 +48,7 @@ from .regression import (
 )
 
 LAKE_TABLES = ("dataset_manifest", "sweep", "curves", "runs", "analysis", "regressions")
-RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _RUN_DATE = re.compile(r"^(\d{4})(\d{2})(\d{2})T")
-
-
-def check_run_id(run_id: str) -> str:
-    if not RUN_ID_PATTERN.match(run_id):
-        raise BadInput(f"run id {run_id!r} is not allowed; use letters, digits, '.', '_' or '-' "
-                       "(at most 128, starting with a letter or digit)")
-    return run_id
 
 
 def run_date(run_id: str, today: dt.date | None = None) -> str:

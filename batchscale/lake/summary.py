@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from batchscale.config import AnalysisConfig
+from batchscale.errors import BadInput
 from batchscale.storage import ObjectStore
 
 PARQUET_SUFFIX = ".parquet"
@@ -24,9 +25,7 @@ def _fmt(value, spec: str = ".0f") -> str:
 
 def load_run(store: ObjectStore, run_id: str) -> tuple[dict, dict[str, pa.Table]]:
     """The run manifest and its tables, keyed by lake table name."""
-    from batchscale.lake.publish import run_manifest_key
-
-    manifest = json.loads(store.get_bytes(run_manifest_key(store, run_id)))
+    manifest = read_manifest(store, run_id)
     tables = {}
     for obj in manifest["objects"]:
         if obj["key"].endswith(PARQUET_SUFFIX):
@@ -35,9 +34,37 @@ def load_run(store: ObjectStore, run_id: str) -> tuple[dict, dict[str, pa.Table]
     return manifest, tables
 
 
+def read_manifest(store: ObjectStore, run_id: str) -> dict:
+    """A published run's manifest; BadInput naming its key when it is not a JSON object with
+    a list of objects, each with a string key (a damaged or foreign file, never a traceback)."""
+    from batchscale.lake.publish import run_manifest_key
+
+    key = run_manifest_key(store, run_id)
+    try:
+        manifest = json.loads(store.get_bytes(key))
+    except ValueError as err:  # not JSON, or not UTF-8
+        raise BadInput(f"the manifest of run {run_id}, s3://{store.settings.bucket}/{key}, is "
+                       f"not JSON ({err}); the run's publication is damaged: publish it again "
+                       "under a new run id") from None
+    objects = manifest.get("objects") if isinstance(manifest, dict) else None
+    if not isinstance(objects, list) or not all(
+            isinstance(o, dict) and isinstance(o.get("key"), str) for o in objects):
+        raise BadInput(f"the manifest of run {run_id}, s3://{store.settings.bucket}/{key}, is "
+                       "not a JSON object listing the run's objects (each with a \"key\"); the "
+                       "run's publication is damaged: publish it again under a new run id")
+    return manifest
+
+
 def analysis_config(manifest: dict) -> AnalysisConfig:
     """The analysis settings the run used (recorded by publish), defaults for older runs."""
-    return AnalysisConfig(**manifest.get("analysis_config", {}))
+    from pydantic import ValidationError
+
+    recorded = manifest.get("analysis_config", {})
+    try:
+        return AnalysisConfig(**recorded)
+    except (TypeError, ValidationError) as err:
+        raise BadInput(f"the manifest of run {manifest.get('run_id')!r} records analysis "
+                       f"settings this version cannot use: {str(err).splitlines()[0]}") from None
 
 
 def throughput_lines(sweep: pa.Table) -> list[str]:

@@ -158,7 +158,10 @@ class _Sweep:
         spec = TrialSpec(self.workload.name, input_mode, batch_size, self.device, self.cfg,
                          self.threads, self.cap_bytes, self.dataset_dir, sys.stderr.isatty())
         preload = ("torchvision",) if self.workload.uses_torchvision else ()
-        row = self.row(spec, run_isolated(spec, preload), phase)
+        result = run_isolated(spec, preload)
+        if result.refused:  # before its row is written: a refusal leaves no table behind
+            raise BadInput(result.error)
+        row = self.row(spec, result, phase)
         self.rows.append(row)
         write_table_atomic(self.out_path, make_table("sweep", self.rows, self.env))
         self.log(_progress_line(len(self.rows), self.expected_trials, row))
@@ -310,18 +313,43 @@ def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> di
 def summary_lines(summary: dict) -> list[str]:
     if not summary["timed"]:
         return ["no batch size was timed successfully"]
+    mfu = summary["best_mfu"]
     return [
         f"best: {summary['best_samples_per_s']:.1f} samples/s at batch {summary['best_batch']} "
-        f"(MFU {summary['best_mfu']:.2%}); the device saturates at batch ≈ "
-        f"{summary['saturation_batch']} (smallest batch within "
+        f"({f'MFU {mfu:.2%}' if _finite(mfu) else 'MFU not known'}); the device saturates at "
+        f"batch ≈ {summary['saturation_batch']} (smallest batch within "
         f"{summary['saturation_tolerance']:.0%} of the best, {summary['input_mode']} input)",
-        f"memory: peak ≈ {summary['memory_fixed_bytes'] / 2**20:.1f} MiB + "
-        f"{summary['memory_per_sample_bytes'] / 2**10:.1f} KiB × batch "
-        f"(r² {summary['memory_fit_r2']:.3f}); predicted largest batch under the cap: "
-        f"{summary['predicted_largest_batch']:.0f} {summary['predicted_reason']}".rstrip(),
-        f"largest batch measured to fit: {summary['largest_fitting_batch']:.0f} "
-        f"({summary['largest_fitting_reason']})".replace("inf ", "no wall found "),
+        _memory_line(summary),
+        _measured_wall_line(summary),
     ]
+
+
+def _finite(value) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _memory_line(summary: dict) -> str:
+    """The memory model, or why there is none (one batch size, no measured peaks) instead of
+    NaN figures."""
+    if not (_finite(summary["memory_fixed_bytes"])
+            and _finite(summary["memory_per_sample_bytes"])):
+        return f"memory: no model fitted ({summary['predicted_reason']})"
+    line = (f"memory: peak ≈ {summary['memory_fixed_bytes'] / 2**20:.1f} MiB + "
+            f"{summary['memory_per_sample_bytes'] / 2**10:.1f} KiB × batch "
+            f"(r² {summary['memory_fit_r2']:.3f}); predicted largest batch under the cap: ")
+    predicted = summary["predicted_largest_batch"]
+    if not _finite(predicted):
+        return line + f"none ({summary['predicted_reason']})"
+    return (line + f"{predicted:.0f} {summary['predicted_reason']}").rstrip()
+
+
+def _measured_wall_line(summary: dict) -> str:
+    measured, reason = summary["largest_fitting_batch"], summary["largest_fitting_reason"]
+    if measured == math.inf:
+        return f"largest batch measured to fit: no wall found ({reason})"
+    if not _finite(measured):
+        return f"largest batch measured to fit: none ({reason})"
+    return f"largest batch measured to fit: {measured:.0f} ({reason})"
 
 
 def run_stage(config_json: str, run_id: str, dataset_dir: str | None, out_path: str) -> list[dict]:

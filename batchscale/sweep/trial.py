@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from batchscale.config import SweepConfig
+from batchscale.errors import BadInput
 from batchscale.schemas import TrialStatus
 from batchscale.timing import StepTimes, time_steps
 from batchscale.workloads import Workload, get_workload
@@ -68,6 +69,9 @@ class TrialResult:
     peak_memory_bytes: int | None = None
     memory_source: str | None = None
     error: str | None = None
+    refused: bool = False
+    """The trial refused its input (e.g. a factory that returned no nn.Module): the sweep stops
+    with that message instead of recording a row per batch size."""
 
     @property
     def times(self) -> StepTimes | None:
@@ -245,6 +249,8 @@ def run_trial(spec: TrialSpec) -> TrialResult:
     memory.start()
     try:
         return _measure(spec, memory)
+    except BadInput as err:  # the same at every batch size: the sweep stops on it
+        return TrialResult(TrialStatus.ERROR, error=str(err), refused=True)
     except Exception as err:  # reported as a row; the process exits right after
         status = TrialStatus.OOM if is_oom(err) else TrialStatus.ERROR
         return TrialResult(status, peak_memory_bytes=memory.peak_bytes(),

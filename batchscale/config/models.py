@@ -1,11 +1,9 @@
-"""The experiment config: one pydantic model per pipeline stage, loaded from YAML.
+"""The experiment config's models: one pydantic model per pipeline stage, strict, with a docstring
+per field and the unit in its name. Every default is defined here once; the rest of the code
+reads it from the models. Reading files and describing refusals is `loading.py`.
 
-Every field is documented and carries its unit in the name. Unknown keys, wrong types and
-out-of-range values are refused with a message naming the field (exit status 2). Every default
-is defined here once; the rest of the code reads it from the models.
-
-One concern, hence over ~400 lines: most of the module is the models' field docstrings, which
-are also the generated config reference and the CLI's help texts.
+One concern, hence over ~400 lines: most of the module is the fields' docstrings, which are
+also the generated config reference and the CLI's help texts.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ByteSize,
@@ -32,27 +29,66 @@ from pydantic import (
     model_validator,
 )
 
+from batchscale import names
 from batchscale.catalog import DATASET_NAMES, SOURCE_DATASETS
 from batchscale.errors import BadInput
 from batchscale.workloads import DEFAULT_IMAGE_SIZE, WORKLOAD_NAMES, is_known_workload_name
 
-DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "default.yaml"
+DEFAULT_CONFIG_PATH = Path(__file__).parent.parent / "configs" / "default.yaml"
 
-PositiveInt = Annotated[StrictInt, Field(gt=0)]
-BatchSizes = Annotated[list[PositiveInt], Field(min_length=1)]
+INT64_MAX = 2**63 - 1
+"""Every integer ends up in an int64 column, a numpy array or a Kubernetes field."""
+MAX_BATCH_SIZE = 2**31
+"""Largest batch size (samples per step) accepted: beyond it torch's 32-bit index arithmetic
+overflows in many kernels, and no device holds such a batch (2**31 8x8 float32 digits alone are
+512 GiB)."""
+MAX_SECONDS = 365 * 24 * 3600
+"""Longest time limit or budget accepted, one year: a larger one is a typo, and Kubernetes
+deadlines derived from it must stay within int64."""
+MAX_SEED = 2**32 - 1
+"""Seeds are 32-bit unsigned, as numpy's generators and torch accept them; the data order's
+per-epoch seed (seed x 1,000,003 + epoch) then stays within int64."""
+MAX_LEARNING_RATE = 1e6
+"""Largest learning rate accepted (base or grid): scaled linearly up to MAX_BATCH_SIZE it stays
+a finite float."""
+MAX_SYNTHETIC_ROWS = 10_000_000
+"""Most rows (training + validation) a synthetic dataset may have: data prep holds them all in
+memory (~1.3 GB of features, several GB while labelling)."""
+MAX_BOOTSTRAP_SAMPLES = 100_000
+"""Most bootstrap resamples: the interval settles long before, and the cost grows linearly."""
+MAX_K8S_ENTRIES = 64
+"""Most node-selector labels or tolerations per list: a real node pool needs a handful."""
+MAX_TEXT_CHARS = 4096
+"""Longest text value (names, paths, URIs, labels) accepted anywhere in a config (PATH_MAX)."""
+
+PositiveInt = Annotated[StrictInt, Field(gt=0, le=INT64_MAX)]
+NonNegativeInt = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
+Seed = Annotated[StrictInt, Field(ge=0, le=MAX_SEED)]
+BatchSize = Annotated[StrictInt, Field(gt=0, le=MAX_BATCH_SIZE)]
+BatchSizes = Annotated[list[BatchSize], Field(min_length=1)]
+Seconds = Annotated[float, Field(gt=0.0, le=MAX_SECONDS)]
+LearningRate = Annotated[float, Field(gt=0.0, le=MAX_LEARNING_RATE)]
 _BATCH_SIZES = TypeAdapter(BatchSizes)
 MEMORY_SIZE_FORMS = ("a positive number of bytes, or a size with a unit such as 512MB or 2GiB "
-                     "(KB, MB, GB, TB: powers of 1000; KiB, MiB, GiB, TiB: powers of 1024)")
+                     "(KB, MB, GB, TB: powers of 1000; KiB, MiB, GiB, TiB: powers of 1024), "
+                     "at most 2**63-1 bytes")
+_MEMORY_SIZE_TEXT = re.compile(r"\s*(?:\d+|\d+\.\d+\s*(?=[kmgtp]))\s*"
+                               r"(?:[kmgtp]i?b|b)?\s*", re.IGNORECASE)
+"""A whole number of bytes, or a number with a unit (a fraction of a byte is a typo);
+pydantic's own parser would take the first number of '1.0e+400' or '2GiB junk'."""
 
 
 def _memory_size(value: object, handler: ValidatorFunctionWrapHandler) -> int:
     """pydantic's ByteSize, kept strict: no bools or floats (a fraction of a byte is a typo),
-    more than 0 bytes, stored as a plain int."""
+    text of the documented forms only, more than 0 bytes and at most INT64_MAX, stored as a
+    plain int."""
+    readable = isinstance(value, int) and not isinstance(value, bool) or (
+        isinstance(value, str) and _MEMORY_SIZE_TEXT.fullmatch(value))
     try:
-        size = None if isinstance(value, bool | float) else handler(value)
+        size = handler(value) if readable else None
     except ValidationError:
         size = None
-    if size is None or size <= 0:
+    if size is None or not 0 < size <= INT64_MAX:
         raise ValueError(f"expected {MEMORY_SIZE_FORMS}")
     return int(size)
 
@@ -60,13 +96,47 @@ def _memory_size(value: object, handler: ValidatorFunctionWrapHandler) -> int:
 MemorySize = Annotated[ByteSize, WrapValidator(_memory_size)]
 
 
+def quote_value(value: object) -> str:
+    """A value for a message: names.quote (short, credentials redacted, containers walked only
+    so far), which also takes an int past Python's 4,300-digit limit for text."""
+    try:
+        return names.quote(value)
+    except ValueError:
+        return f"<an integer of {value.bit_length()} bits>"
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    # allow_inf_nan: every float of the config must be finite (an infinite time budget or
+    # timeout overflowed later, e.g. in compile); str_max_length bounds every text value.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True,
+                              allow_inf_nan=False, str_max_length=MAX_TEXT_CHARS)
+
+
+def _checked(check, value, what: str):
+    """Run one of batchscale.names' checks inside a pydantic validator (which needs a
+    ValueError to name the field)."""
+    try:
+        return check(value, what)
+    except BadInput as err:
+        raise ValueError(str(err)) from None
+
+
+_URI_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _check_location(uri: str, what: str) -> None:
+    """s3://bucket/prefix checked by batchscale.names (no credentials, a valid bucket, safe
+    key parts); any other scheme is refused, a local path is left to its reader."""
+    if uri.startswith("s3://"):
+        _checked(names.split_s3_uri, uri, what)
+    elif _URI_SCHEME.match(uri):
+        raise ValueError(f"{quote_value(uri)} is neither a local path nor "
+                         "s3://bucket/prefix")
 
 
 def _sorted_unique(values: list[int]) -> list[int]:
     if len(set(values)) != len(values):
-        raise ValueError(f"batch sizes must be distinct, got {values}")
+        raise ValueError(f"batch sizes must be distinct, got {quote_value(values)}")
     return sorted(values)
 
 
@@ -76,19 +146,23 @@ class DataPrepConfig(_Strict):
     name: str = "digits"
     """Named dataset; see `batchscale datasets` for the allowed names."""
     val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
-    """Share of rows held out for validation (deterministic split from `split_seed`)."""
-    split_seed: StrictInt = 0
-    """Seed of the train/validation split (and of the teacher-student task and `max_rows`)."""
+    """Share of rows held out for validation (deterministic split from `split_seed`). Data prep
+    refuses a split that leaves either side fewer rows than the dataset has classes (one per
+    class on average), or fewer than 2."""
+    split_seed: Seed = 0
+    """Seed of the train/validation split (and of the teacher-student task and `max_rows`),
+    0..2**32-1."""
     rows_per_shard: PositiveInt = 4096
     """Rows per Parquet shard; row groups inside hold about 32 MiB of features."""
-    synthetic_train_rows: PositiveInt = 20000
+    synthetic_train_rows: Annotated[PositiveInt, Field(le=MAX_SYNTHETIC_ROWS)] = 20000
     """Training rows generated for synthetic datasets (validation rows are added on top so
-    that `val_fraction` holds)."""
+    that `val_fraction` holds); with them at most 10,000,000 rows in all (held in memory)."""
     synthetic_noise: float = Field(0.1, ge=0.0, le=1.0)
     """Label noise of synthetic datasets: the probability that a label is replaced at random."""
     source_uri: str | None = Field(None, validate_default=True)
     """Where the files of cifar10, mnist, fashion-mnist or parquet are: a local directory (for
-    parquet also one file) or s3://bucket/prefix, read with the store's credentials
+    parquet also one file) or s3://bucket/prefix (a valid bucket name, no credentials in the
+    URI), read with the store's credentials
     (BATCHSCALE_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY). torchvision layout:
     cifar-10-batches-py/, MNIST/raw/, FashionMNIST/raw/ (idx files raw or .gz)."""
     feature_column: str = "features"
@@ -99,14 +173,14 @@ class DataPrepConfig(_Strict):
     """parquet with numeric lists: the shape of one example, e.g. [1, 28, 28]; default flat."""
     max_rows: PositiveInt | None = None
     """Keep at most this many rows, a random subset drawn with `split_seed` before the split;
-    null keeps every row."""
+    null keeps every row. Enough must remain for the split (see `val_fraction`)."""
 
     @field_validator("name")
     @classmethod
     def _known_dataset(cls, name: str) -> str:
         allowed = DATASET_NAMES
         if name not in allowed:
-            raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(allowed)}")
+            raise ValueError(f"unknown dataset {quote_value(name)}; allowed: {', '.join(allowed)}")
         return name
 
     @field_validator("source_uri")
@@ -120,26 +194,40 @@ class DataPrepConfig(_Strict):
         if name is not None and not needs_source and uri:
             raise ValueError(f"dataset {name!r} is built in and reads no files; source_uri "
                              f"applies to {', '.join(SOURCE_DATASETS)}")
+        if uri:
+            _check_location(uri, "S3 URI")
         return uri
+
+    @model_validator(mode="after")
+    def _synthetic_rows_fit(self) -> DataPrepConfig:
+        # The same count as data/datasets.py's teacher_student_rows (train + val on top).
+        train = self.synthetic_train_rows
+        rows = train + round(train * self.val_fraction / (1.0 - self.val_fraction))
+        if self.name == "teacher-student" and rows > MAX_SYNTHETIC_ROWS:
+            raise ValueError(f"synthetic_train_rows: {train} training rows with val_fraction "
+                             f"{self.val_fraction} make {rows} rows; at most "
+                             f"{MAX_SYNTHETIC_ROWS} are generated (they are held in memory)")
+        return self
 
 
 class SweepConfig(_Strict):
     """Throughput sweep: samples/s per batch size."""
 
     batch_sizes: BatchSizes | Literal["auto"] = [1, 4, 16, 64, 256, 1024]
-    """Batch sizes to time (per device), or "auto": double from 1 until a batch does not fit in
-    memory (or `max_batch_size` is reached), then bisect for the largest batch that fits."""
-    max_batch_size: PositiveInt = 65536
-    """Upper bound of the "auto" search, samples per step."""
+    """Batch sizes to time (per device; each at most 2**31), or "auto": double from 1 until a
+    batch does not fit in memory (or `max_batch_size` is reached), then bisect for the largest
+    batch that fits."""
+    max_batch_size: BatchSize = 65536
+    """Upper bound of the "auto" search, samples per step (at most 2**31)."""
     search_tolerance: float = Field(0.05, gt=0.0, lt=1.0)
     """The "auto" search stops bisecting once the gap between the largest fitting and the
     smallest failing batch is at most this share of the former."""
     memory_limit_bytes: MemorySize | None = None
     """Memory budget of a trial: bytes, or a size with a unit such as 512MB or 2GiB (KB, MB, GB:
-    powers of 1000; KiB, MiB, GiB: powers of 1024), stored as bytes. CPU: a trial process whose
-    resident memory exceeds (1 - memory_safety_margin) of it is stopped and recorded as oom
-    (default: the memory available when the sweep starts). CUDA: the allocator is capped at that
-    share of it (default: the device's total memory)."""
+    powers of 1000; KiB, MiB, GiB: powers of 1024; at most 2**63-1 bytes), stored as bytes.
+    CPU: a trial process whose resident memory exceeds (1 - memory_safety_margin) of it is
+    stopped and recorded as oom (default: the memory available when the sweep starts). CUDA:
+    the allocator is capped at that share of it (default: the device's total memory)."""
     memory_safety_margin: float = Field(0.1, ge=0.0, lt=1.0)
     """Share of the memory budget kept free, so a batch found to fit does not run out of memory
     later (fragmentation, a slightly larger input)."""
@@ -166,8 +254,8 @@ class SweepConfig(_Strict):
     enough that a burst of load from other processes cannot move the median)."""
     target_cv: float = Field(0.05, gt=0.0)
     """Stop timing once the step-time coefficient of variation falls below this."""
-    time_budget_s: float = Field(3.0, gt=0.0)
-    """Timing budget per batch size and input mode, seconds."""
+    time_budget_s: Seconds = 3.0
+    """Timing budget per batch size and input mode, seconds (finite, at most a year)."""
 
     @field_validator("batch_sizes", mode="plain")
     @classmethod
@@ -192,27 +280,28 @@ class ConvergenceConfig(_Strict):
     """Learning-rate rules: constant, linear or sqrt scaling from the reference batch size, or
     grid (every LR of `lr_grid` at every batch size; S(B) is the per-batch minimum, Shallue et
     al. 2018)."""
-    lr_grid: list[Annotated[float, Field(gt=0.0)]] = []
-    """Learning rates the `grid` rule tries at every batch size (required with `grid`)."""
+    lr_grid: list[LearningRate] = []
+    """Learning rates the `grid` rule tries at every batch size (required with `grid`), each
+    finite and at most 1e6."""
     accumulation_steps: PositiveInt = 1
     """Micro-batches accumulated per optimizer step: global batch = micro-batch x
     accumulation_steps x workers (each batch size must divide evenly)."""
-    base_lr: float = Field(0.05, gt=0.0)
-    """Learning rate at `reference_batch_size` (SGD with momentum)."""
-    reference_batch_size: PositiveInt = 32
+    base_lr: LearningRate = 0.05
+    """Learning rate at `reference_batch_size` (SGD with momentum), at most 1e6."""
+    reference_batch_size: BatchSize = 32
     """Batch size at which `base_lr` applies."""
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
     """SGD momentum."""
-    warmup_steps: StrictInt = Field(20, ge=0)
+    warmup_steps: NonNegativeInt = 20
     """Linear learning-rate warm-up, optimizer steps."""
-    seeds: Annotated[list[StrictInt], Field(min_length=1)] = [0, 1]
-    """Seeds of the model initialization and data order; one trial each."""
+    seeds: Annotated[list[Seed], Field(min_length=1)] = [0, 1]
+    """Seeds of the model initialization and data order, 0..2**32-1; one trial each."""
     workers: PositiveInt = 1
     """Data-parallel processes per trial (torchrun --nproc-per-node)."""
     scaling_workers: list[PositiveInt] = []
     """Extra worker counts for data-parallel scaling runs, each at every batch size of
     `scaling_batch_sizes` (their trials also appear in the runs table with their worker count)."""
-    scaling_batch_sizes: list[PositiveInt] = []
+    scaling_batch_sizes: list[BatchSize] = []
     """Global batch sizes of the data-parallel scaling runs; each must be one of `batch_sizes`
     and divisible by every worker count."""
     target_val_accuracy: float = Field(0.95, gt=0.0, le=1.0)
@@ -234,10 +323,10 @@ class ConvergenceConfig(_Strict):
     checkpoint_every_steps: PositiveInt = 200
     """Write an atomic checkpoint every this many steps (resume after a restart)."""
     checkpoint_uri: str | None = None
-    """Where trial checkpoints go: s3://bucket/prefix (keys from the environment), or a relative
-    directory inside the trial's work directory (absolute paths and '..' are refused, so a
-    config cannot write outside its run); unset: next to the trial results."""
-    max_restarts: StrictInt = Field(2, ge=0)
+    """Where trial checkpoints go: s3://bucket/prefix (keys from the environment, never in the
+    URI), or a relative directory inside the trial's work directory (absolute paths and '..'
+    are refused, so a config cannot write outside its run); unset: next to the trial results."""
+    max_restarts: NonNegativeInt = 2
     """Times torchrun restarts the whole group after a worker dies (trials resume from their
     last checkpoint)."""
     launcher: Literal["torchrun", "kubeflow"] = "torchrun"
@@ -246,8 +335,8 @@ class ConvergenceConfig(_Strict):
     """launcher kubeflow: the (Cluster)TrainingRuntime the TrainJob runs on."""
     trainjob_namespace: str | None = None
     """launcher kubeflow: namespace of the TrainJob; unset: the pipeline pod's own namespace."""
-    timeout_s: float = Field(1800.0, gt=0.0)
-    """Wall-clock limit of one batch size's trials."""
+    timeout_s: Seconds = 1800.0
+    """Wall-clock limit of one batch size's trials, seconds (finite, at most a year)."""
 
     @field_validator("batch_sizes")
     @classmethod
@@ -257,12 +346,15 @@ class ConvergenceConfig(_Strict):
     @field_validator("checkpoint_uri")
     @classmethod
     def _inside_the_run(cls, uri: str | None) -> str | None:
-        if uri is None or uri.startswith("s3://"):
+        if uri is None:
+            return uri
+        _check_location(uri, "S3 URI")
+        if uri.startswith("s3://"):
             return uri
         path = PurePosixPath(uri)
         if path.is_absolute() or ".." in path.parts or not path.parts:
-            raise ValueError(f"{uri!r} would leave the run directory; use a relative directory "
-                             "without '..', or s3://bucket/prefix")
+            raise ValueError(f"{quote_value(uri)} would leave the run directory; use a relative "
+                             "directory without '..', or s3://bucket/prefix")
         return uri
 
     @model_validator(mode="after")
@@ -300,8 +392,8 @@ class AnalysisConfig(_Strict):
 
     saturation_tolerance: float = Field(0.10, gt=0.0, lt=1.0)
     """A batch is saturated when its throughput is within this share of the best."""
-    bootstrap_samples: PositiveInt = 200
-    """Bootstrap resamples over seeds for the B_crit interval."""
+    bootstrap_samples: Annotated[PositiveInt, Field(le=MAX_BOOTSTRAP_SAMPLES)] = 200
+    """Bootstrap resamples over seeds for the B_crit interval (at most 100,000)."""
 
 
 class PublishConfig(_Strict):
@@ -339,6 +431,10 @@ class TolerationConfig(_Strict):
         return self
 
 
+NodeSelector = Annotated[dict[str, str], Field(max_length=MAX_K8S_ENTRIES)]
+Tolerations = Annotated[list[TolerationConfig], Field(max_length=MAX_K8S_ENTRIES)]
+
+
 class KubernetesConfig(_Strict):
     """Cluster settings of the compiled pipeline (compile, submit, schedule); kfp.local ignores
     them."""
@@ -346,29 +442,32 @@ class KubernetesConfig(_Strict):
     gpu_resource: str = "nvidia.com/gpu"
     """Extended resource the GPU stages request (throughput_sweep; convergence with the
     torchrun launcher; a kubeflow-launched convergence asks for GPUs in its TrainJob instead)."""
-    gpus_per_worker: StrictInt = Field(1, ge=0)
+    gpus_per_worker: NonNegativeInt = 1
     """GPUs per process: the sweep requests this many, a torchrun convergence task this many per
     worker of the largest worker count; 0 requests none and runs those stages on CPU."""
-    gpu_node_selector: dict[str, str] = {}
+    gpu_node_selector: NodeSelector = {}
     """Node labels the GPU stages must match, e.g.
-    {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}."""
-    gpu_tolerations: list[TolerationConfig] = []
-    """Taints of the GPU node pool that the GPU stages tolerate."""
-    node_selector: dict[str, str] = {}
-    """Node labels every stage must match."""
-    tolerations: list[TolerationConfig] = []
-    """Taints every stage tolerates."""
-    stage_timeout_s: PositiveInt = 7200
-    """Pod deadline (activeDeadlineSeconds, image pull included) of every stage but convergence."""
-    convergence_timeout_margin_s: PositiveInt = 900
+    {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"} (at most 64)."""
+    gpu_tolerations: Tolerations = []
+    """Taints of the GPU node pool that the GPU stages tolerate (at most 64)."""
+    node_selector: NodeSelector = {}
+    """Node labels every stage must match (at most 64)."""
+    tolerations: Tolerations = []
+    """Taints every stage tolerates (at most 64)."""
+    stage_timeout_s: Annotated[PositiveInt, Field(le=MAX_SECONDS)] = 7200
+    """Pod deadline (activeDeadlineSeconds, image pull included) of every stage but convergence,
+    seconds (at most a year)."""
+    convergence_timeout_margin_s: Annotated[PositiveInt, Field(le=MAX_SECONDS)] = 900
     """A convergence pod's deadline is `convergence.timeout_s` plus this, so the stage's own
     timeout fires first and reports which trial ran over."""
     s3_endpoint_url: str = "http://seaweedfs.kubeflow:8333"
-    """S3 endpoint of the results lake (default: the KFP deployment's SeaweedFS)."""
-    s3_bucket: str = Field("mlpipeline", min_length=3)
-    """Bucket of the results lake."""
+    """S3 endpoint of the results lake (default: the KFP deployment's SeaweedFS): http(s)://host
+    with an optional port, nothing else (no credentials, path or query)."""
+    s3_bucket: str = "mlpipeline"
+    """Bucket of the results lake (S3 naming rules: 3-63 lowercase letters, digits, '.', '-')."""
     s3_prefix: str = "batchscale"
-    """Key prefix of the results lake inside the bucket."""
+    """Key prefix of the results lake inside the bucket: '/'-separated parts of letters, digits,
+    '.', '_' or '-' (no empty, '.' or '..' part)."""
     s3_secret_name: str = "mlpipeline-minio-artifact"
     """Kubernetes Secret, in the run's namespace, holding the S3 credentials."""
     s3_secret_env: dict[str, str] = {"accesskey": "AWS_ACCESS_KEY_ID",
@@ -380,10 +479,19 @@ class KubernetesConfig(_Strict):
 
     @field_validator("s3_endpoint_url")
     @classmethod
-    def _http_url(cls, url: str) -> str:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"must start with http:// or https://, got {url!r}")
-        return url
+    def _endpoint(cls, url: str) -> str:
+        return _checked(names.check_endpoint, url, "S3 endpoint")
+
+    @field_validator("s3_bucket")
+    @classmethod
+    def _bucket(cls, bucket: str) -> str:
+        return _checked(names.check_bucket, bucket, "S3 bucket")
+
+    @field_validator("s3_prefix")
+    @classmethod
+    def _prefix(cls, prefix: str) -> str:
+        _checked(names.check_prefix, prefix, "S3 prefix")
+        return prefix  # as given: the lake's settings strip the '/' themselves
 
     @field_validator("s3_secret_env")
     @classmethod
@@ -397,7 +505,8 @@ class ExperimentConfig(_Strict):
     """A whole batchscale experiment: one pipeline run."""
 
     name: str = "digits-default"
-    """Name of the experiment, recorded in every row."""
+    """Name of the experiment, recorded in every row: letters, digits, '.', '_' or '-' (at most
+    128, starting with a letter or digit, no '..')."""
     workload: str = "digits-mlp"
     """Named workload (model + input + loss); see `batchscale workloads`."""
     dataset: DataPrepConfig = DataPrepConfig()
@@ -407,12 +516,17 @@ class ExperimentConfig(_Strict):
     publish: PublishConfig = PublishConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
 
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        return _checked(names.check_name, name, "experiment name")
+
     @field_validator("workload")
     @classmethod
     def _known_workload(cls, name: str) -> str:
         if not is_known_workload_name(name):
             raise ValueError(
-                f"unknown workload {name!r}; allowed: {', '.join(WORKLOAD_NAMES)} "
+                f"unknown workload {quote_value(name)}; allowed: {', '.join(WORKLOAD_NAMES)} "
                 "or 'package.module:factory'"
             )
         return name
@@ -424,68 +538,6 @@ class ExperimentConfig(_Strict):
     def config_hash(self) -> str:
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
-
-_UNION_TAG = re.compile(r"[a-z_-]+\[.*\]")  # pydantic's union-branch labels, e.g. literal['auto']
-
-
-def _describe(err: ValidationError, source: str) -> str:
-    """One line per bad field, `section.field: problem (got value)`. Union branches (a batch
-    list or 'auto') are folded into their field, the most specific error winning."""
-    entries: dict[str, list[str]] = {}
-    for e in err.errors():
-        loc = [str(p) for p in e["loc"] if not _UNION_TAG.fullmatch(str(p))]
-        field = ".".join(loc) or "(top level)"
-        msg = e["msg"].removeprefix("Value error, ")
-        # Model-level checks say "field: problem"; report them as section.field like the rest.
-        named = re.match(r"^([a-z_]+): (.*)", msg, re.S)
-        if named and e["loc"]:
-            field, msg = f"{field}.{named[1]}", named[2]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        entries.setdefault(field, []).append(f"{msg} (got {e.get('input')!r})")
-    fields = [f for f in entries if not any(o.startswith(f + ".") for o in entries)]
-    return "\n".join([f"invalid config {source}:"]
-                     + [f"  {f}: {' or '.join(entries[f])}" for f in fields])
-
-
-def parse_config(data: object, source: str = "<dict>") -> ExperimentConfig:
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise BadInput(f"invalid config {source}: expected a mapping at top level")
-    try:
-        return ExperimentConfig.model_validate(data)
-    except ValidationError as err:
-        raise BadInput(_describe(err, source)) from None
-
-
-def load_config(path: str | Path | None = None) -> ExperimentConfig:
-    path = Path(path) if path else DEFAULT_CONFIG_PATH
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise BadInput(f"cannot read config {path}: {err.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise BadInput(f"config {path} is not valid YAML: {err}") from None
-    return parse_config(data, str(path))
-
-
-def config_from_json(text: str) -> ExperimentConfig:
-    return parse_config(json.loads(text), "<pipeline parameter>")
-
-
-def with_overrides(cfg: ExperimentConfig, overrides: dict, source: str) -> ExperimentConfig:
-    """`cfg` with some values replaced, validated as a config file is (errors name the field).
-    `overrides` maps a top-level key to its value, or a section to {field: value}."""
-    if not overrides:
-        return cfg
-    data = cfg.model_dump(mode="json")
-    sections = section_models()
-    for key, value in overrides.items():
-        data[key] = {**data[key], **value} if key in sections else value
-    return parse_config(data, source)
 
 
 def section_models() -> dict[str, type[BaseModel]]:

@@ -1,0 +1,207 @@
+"""Every network wait before work is bounded, and a peer that is not what it should be is named.
+
+The peers are local sockets on 127.0.0.1 only: one that accepts connections and never answers,
+one whose accept queue is full (connections are never accepted), and a plain web server
+(Python's http.server) given as the S3 endpoint. The bounds asserted are the ones the README
+states; the margins are generous (2 × bound + 5 s) because a loaded test machine may start
+slowly, while a missing timeout would wait forever (or 6 × 60 s).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from batchscale.errors import StoreError
+from batchscale.kfp_client import (
+    CONNECT_ATTEMPTS,
+    PREFLIGHT_TIMEOUT_S,
+    Auth,
+    KfpError,
+    connect,
+    kfp_errors,
+)
+from batchscale.storage import PREFLIGHT_WAITS, ObjectStore, S3Settings
+from helpers import TINY_CONFIG, run_cli
+
+SECRET = "sekrit-never-printed-77"
+KEYS = {"AWS_ACCESS_KEY_ID": "key-id", "AWS_SECRET_ACCESS_KEY": SECRET}
+BACKOFF_S = 1.0
+"""botocore's standard retry mode sleeps less than 1 s before its second attempt."""
+S3_SILENT_BOUND_S = PREFLIGHT_WAITS.attempts * PREFLIGHT_WAITS.read_s + BACKOFF_S
+S3_UNACCEPTED_BOUND_S = PREFLIGHT_WAITS.attempts * PREFLIGHT_WAITS.connect_s + BACKOFF_S
+KFP_SILENT_BOUND_S = PREFLIGHT_TIMEOUT_S[1]
+SERVER_LIFETIME_S = 300.0
+"""A stand-in never outlives a test by more than this, even if the test hangs."""
+
+
+def margin(bound_s: float) -> float:
+    return 2 * bound_s + 5
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    """http://127.0.0.1:PORT of a socket that accepts every connection and never answers."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=16)
+    listener.settimeout(0.2)
+    stop = threading.Event()
+    held: list[socket.socket] = []
+
+    def accept_and_hold() -> None:
+        deadline = time.monotonic() + SERVER_LIFETIME_S
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept_and_hold, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join(5)
+    for conn in [*held, listener]:
+        conn.close()
+
+
+@pytest.fixture
+def unaccepting_endpoint() -> Iterator[str]:
+    """http://127.0.0.1:PORT whose accept queue is full: Linux drops further SYNs, so a client's
+    connect() waits until its own timeout."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    address = listener.getsockname()
+    fillers = []
+    for _ in range(4):  # backlog 0 still queues one or two; the rest fill it for sure
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(address)
+        fillers.append(filler)
+    time.sleep(0.2)
+    yield f"http://127.0.0.1:{address[1]}"
+    for sock in [*fillers, listener]:
+        sock.close()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 -- the base class's name
+        pass
+
+
+@pytest.fixture
+def web_server(tmp_path: Path) -> Iterator[str]:
+    """A plain web server on 127.0.0.1 serving a folder that has a `batchscale` directory (it
+    answers 301 for the bucket, which botocore would follow until the stack overflows)."""
+    root = tmp_path / "www"
+    (root / "batchscale").mkdir(parents=True)
+    (root / "index.html").write_text("<html><body>hello</body></html>")
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def s3_env(endpoint: str, bucket: str = "batchscale") -> dict:
+    return {"BATCHSCALE_S3_ENDPOINT": endpoint, "BATCHSCALE_S3_BUCKET": bucket, **KEYS}
+
+
+def timed_cli(args: list[str], cwd: Path, env: dict, timeout_s: float):
+    started = time.monotonic()
+    result = run_cli(args, cwd=cwd, env=env, timeout_s=timeout_s)
+    return result, time.monotonic() - started
+
+
+def assert_clean_refusal(result, cwd: Path, before: set[Path]) -> None:
+    """Exit 2, a message and no traceback, no secret, nothing written."""
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert SECRET not in result.stdout + result.stderr
+    assert set(cwd.rglob("*")) == before
+
+
+# ------------------------------------------------------------------------------------- S3
+
+
+def test_report_against_a_silent_s3_endpoint_fails_within_the_stated_bound(
+        silent_endpoint, tmp_path):
+    before = set(tmp_path.rglob("*"))
+    result, elapsed = timed_cli(["report", "--run-id", "20260101T000000Z-x", "--out", "r.html"],
+                                tmp_path, s3_env(silent_endpoint),
+                                timeout_s=margin(S3_SILENT_BOUND_S) + 30)
+    assert_clean_refusal(result, tmp_path, before)
+    assert (f"S3 endpoint {silent_endpoint} accepted the connection but did not answer within "
+            f"{PREFLIGHT_WAITS.read_s:g} s ({PREFLIGHT_WAITS.attempts} attempts)"
+            in result.stderr)
+    assert elapsed < margin(S3_SILENT_BOUND_S)
+
+
+def test_an_endpoint_that_never_accepts_fails_the_check_within_the_stated_bound(
+        unaccepting_endpoint):
+    store = ObjectStore(S3Settings(unaccepting_endpoint, "batchscale", "p", "id", SECRET))
+    started = time.monotonic()
+    with pytest.raises(StoreError) as err:
+        store.check()
+    elapsed = time.monotonic() - started
+    assert f"S3 endpoint {unaccepting_endpoint} did not accept a connection within " \
+           f"{PREFLIGHT_WAITS.connect_s:g} s" in str(err.value)
+    assert elapsed < margin(S3_UNACCEPTED_BOUND_S)
+
+
+@pytest.mark.parametrize("bucket", ["batchscale", "not-served-here"])
+def test_a_plain_web_server_is_named_as_not_s3(web_server, tmp_path, bucket):
+    """301 for a folder named like the bucket, 404 HTML otherwise: neither is "bucket does not
+    exist"."""
+    before = set(tmp_path.rglob("*"))
+    result = run_cli(["history", "--workload", "digits-mlp"], cwd=tmp_path,
+                     env=s3_env(web_server, bucket), timeout_s=120)
+    assert_clean_refusal(result, tmp_path, before)
+    assert f"S3 endpoint {web_server} does not speak S3" in result.stderr
+    assert "does not exist" not in result.stderr
+    assert "BATCHSCALE_S3_ENDPOINT" in result.stderr
+
+
+def test_transfers_from_a_web_server_fail_with_a_message_not_a_recursion(web_server):
+    store = ObjectStore(S3Settings(web_server, "batchscale", "", "id", SECRET), max_attempts=1)
+    for call in (lambda: store.get_bytes("index.html"), lambda: store.exists("x"),
+                 lambda: store.put_bytes("x", b"x")):
+        with pytest.raises(StoreError, match="does not speak S3"):
+            call()
+
+
+# ------------------------------------------------------------------------------------ KFP
+
+
+def test_submit_to_a_silent_kfp_host_fails_within_the_stated_bound(silent_endpoint, tmp_path):
+    """Every KFP command connects through the same client (`schedules list` too)."""
+    (tmp_path / "tiny.yaml").write_text(TINY_CONFIG)
+    (tmp_path / "home").mkdir()
+    before = set(tmp_path.rglob("*"))
+    result, elapsed = timed_cli(["submit", "--config", "tiny.yaml", "--host", silent_endpoint],
+                                tmp_path,
+                                {"HOME": str(tmp_path / "home"), "KF_PIPELINES_TOKEN": SECRET},
+                                timeout_s=margin(KFP_SILENT_BOUND_S) + 60)
+    assert result.returncode == 1, result.stderr  # KfpError, like an unreachable host
+    assert "Traceback" not in result.stderr and SECRET not in result.stderr
+    assert (f"KFP API at {silent_endpoint} accepted the connection but did not answer within "
+            f"{PREFLIGHT_TIMEOUT_S[1]} s" in result.stderr)
+    assert set(tmp_path.rglob("*")) == before
+    assert elapsed < margin(KFP_SILENT_BOUND_S) + 10  # + the kfp import, a few seconds
+
+
+def test_a_kfp_host_that_never_accepts_fails_within_the_stated_bound(unaccepting_endpoint):
+    started = time.monotonic()
+    with pytest.raises(KfpError) as err, kfp_errors(unaccepting_endpoint):
+        connect(unaccepting_endpoint, Auth())
+    elapsed = time.monotonic() - started
+    assert (f"KFP API at {unaccepting_endpoint} did not accept a connection within "
+            f"{PREFLIGHT_TIMEOUT_S[0]} s ({CONNECT_ATTEMPTS} attempts)" in str(err.value))
+    assert elapsed < margin(CONNECT_ATTEMPTS * PREFLIGHT_TIMEOUT_S[0])
