@@ -46,6 +46,7 @@ RANDOM_PORTS = (10000, 22767)
 """Fallback range: the port and its gRPC twin both stay below the kernel's ephemeral range."""
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
+REAP_WAIT_S = 2.0
 STATE_FILES = ("credentials.json", "ports.json", "weed.pid", "weed.log", "lock")
 STATE_DIRS = ("data", "weed-config")
 MAX_STATE_FILE_BYTES = 64 * 1024
@@ -308,9 +309,22 @@ def _alive(pid: int) -> bool:
         return False
     if stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X"):
         return True
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
+    _reap(pid)
     return False
+
+
+def _reap(pid: int) -> None:
+    """Collect our exited child. weed is multi-threaded: its main thread shows as a zombie a
+    moment before the last thread exits, and only then can it be reaped, so wait briefly."""
+    deadline = time.monotonic() + REAP_WAIT_S
+    while True:
+        try:
+            reaped, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return  # not our child: its own parent (or init) reaps it
+        if reaped or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
 
 
 def _stop(pid: int) -> None:
