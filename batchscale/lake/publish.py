@@ -29,6 +29,14 @@ import pandas as pd
 
 from batchscale.config import config_from_json
 from batchscale.errors import ObjectExists
+from batchscale.lake.regression import (
+    RegressionFound,
+    check_regressions,
+    read_history,
+    regressed_cells,
+    regressions_markdown,
+    regressions_table,
+)
 from batchscale.names import check_run_id
 from batchscale.storage import (
     ObjectStore,
@@ -36,15 +44,6 @@ from batchscale.storage import (
     read_table_file,
     sha256_b64,
     write_table_atomic,
-)
-
-from .regression import (
-    RegressionFound,
-    check_regressions,
-    read_history,
-    regressed_cells,
-    regressions_markdown,
-    regressions_table,
 )
 
 LAKE_TABLES = ("dataset_manifest", "sweep", "curves", "runs", "analysis", "regressions")

@@ -24,10 +24,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from batchscale.errors import BatchscaleError
+from batchscale.lake.lake import read_lake_table
 from batchscale.schemas import REGRESSIONS, TrialStatus
 from batchscale.storage import ObjectStore
-
-from .lake import read_lake_table
 
 NOISE_MADS = 3.0
 """How many robust standard deviations below the median a drop must reach."""
