@@ -182,7 +182,7 @@ def fit_step_time(batch: Iterable, step_time: Iterable) -> StepTimeFit:
     largest batch alone and could predict negative times at small B; weighting by 1/t² treats
     every measured batch alike. α is the fixed cost per step (launches, optimizer, sync),
     β the cost per sample; with the critical batch they give the batch that reaches the
-    target soonest, B* = sqrt(α·B_crit/β) (see `batchscale.analysis.critical.optimal_batch`).
+    target soonest, B* = sqrt(α·B_crit/β) (see `batchscale.analysis.timetotarget.optimal_batch`).
     """
     b, t = positive_pairs(batch, step_time)
     if np.unique(b).size < 2:

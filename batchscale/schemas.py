@@ -21,6 +21,13 @@ class TrialStatus(StrEnum):
     ERROR = "error"
 
 
+class Quality(StrEnum):
+    """`quality` of a timed sweep row: can its figures be trusted?"""
+
+    OK = "ok"
+    UNSTABLE = "unstable"
+
+
 class RunStatus(StrEnum):
     """`status` of a convergence trial (runs table)."""
 
@@ -90,6 +97,22 @@ SWEEP = pa.schema(
         pa.field("compiled", pa.bool_()),
         pa.field("image_size_px", pa.int64()),
         pa.field("search_phase", pa.string()),
+        # Measurement quality (docs/architecture.md, "Measurement rules"): rounds visit the
+        # batch sizes in a different order each time; a row whose rounds disagree or whose
+        # steps scatter is re-measured, then kept with quality "unstable" and the reason.
+        pa.field("rounds", pa.int64()),
+        pa.field("round_spread", pa.float64()),
+        pa.field("retries", pa.int64()),
+        pa.field("quality", pa.string()),
+        pa.field("quality_reason", pa.string()),
+        # The conditions the trial ran under.
+        pa.field("load_avg_1m", pa.float64()),
+        pa.field("usable_cpus", pa.int64()),
+        pa.field("process_cpu_per_wall", pa.float64()),
+        pa.field("threads_oversubscribed", pa.bool_()),
+        pa.field("gpu_other_processes", pa.int64()),
+        pa.field("gpu_sm_clock_mhz", pa.float64()),
+        pa.field("gpu_temperature_c", pa.float64()),
     ]
 )
 
@@ -146,6 +169,16 @@ ANALYSIS = pa.schema(
         pa.field("b_crit_high", pa.float64()),
         pa.field("b_simple", pa.float64()),
         pa.field("saturation_batch", pa.int64()),
+        # When the data support no B_crit: "above" or "below" `b_crit_bound_batch`.
+        pa.field("b_crit_bound", pa.string()),
+        pa.field("b_crit_bound_batch", pa.float64()),
+        # Regime from the fitted curve's local slope; the measured slope beside it.
+        pa.field("fit_slope", pa.float64()),
+        pa.field("measured_slope", pa.float64()),
+        # Where step_time_s came from, the sweep's figure, and why they disagree (if they do).
+        pa.field("step_time_source", pa.string()),
+        pa.field("sweep_step_time_s", pa.float64()),
+        pa.field("timing_flag", pa.string()),
     ]
 )
 

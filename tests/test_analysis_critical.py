@@ -17,12 +17,10 @@ from batchscale.analysis.critical import (
     PERFECT_SCALING,
     bootstrap_critical_batch,
     fit_critical_batch,
-    optimal_batch,
     regimes,
-    step_times,
     steps_to_result,
-    time_to_target,
 )
+from batchscale.analysis.timetotarget import optimal_batch, step_times, time_to_target
 from batchscale.config import AnalysisConfig
 
 # --------------------------------------------------------------------------- critical batch

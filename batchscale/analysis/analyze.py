@@ -21,12 +21,8 @@ from batchscale.analysis.critical import (
     bootstrap_critical_batch,
     fit_critical_batch,
     interval_note,
-    optimal_batch,
-    optimal_batch_cap,
     regimes,
-    step_times,
     steps_to_result,
-    time_to_target,
 )
 from batchscale.analysis.narrative import render_markdown
 from batchscale.analysis.parallel import noise_scale
@@ -38,6 +34,12 @@ from batchscale.analysis.summary import (
     RegimeRange,
     StepTimeSummary,
     ThroughputSummary,
+)
+from batchscale.analysis.timetotarget import (
+    optimal_batch,
+    optimal_batch_cap,
+    step_times,
+    time_to_target,
 )
 from batchscale.config import AnalysisConfig
 from batchscale.fits import (

@@ -256,6 +256,21 @@ class SweepConfig(_Strict):
     """Stop timing once the step-time coefficient of variation falls below this."""
     time_budget_s: Seconds = 3.0
     """Timing budget per batch size and input mode, seconds (finite, at most a year)."""
+    rounds: Annotated[PositiveInt, Field(le=10)] = 2
+    """Measurement rounds; each visits the batch sizes in a different order (ascending, then
+    descending, ...) so drift and bursts of load hit every batch size alike. A row's figures
+    combine its rounds (median)."""
+    max_round_spread: float = Field(0.15, gt=0.0)
+    """A row whose rounds' median step times differ by more than this share of their median is
+    re-measured, then flagged unstable."""
+    max_cv: float = Field(0.5, gt=0.0)
+    """A row whose step-time coefficient of variation exceeds this is re-measured, then flagged
+    unstable."""
+    max_retries: Annotated[NonNegativeInt, Field(le=10)] = 2
+    """Re-measurements of a disagreeing or scattered row before it is kept as unstable."""
+    max_unstable_share: float = Field(0.25, ge=0.0, le=1.0)
+    """The sweep's validation fails when more than this share of timed rows are unstable (and
+    warns below it)."""
 
     @field_validator("batch_sizes", mode="plain")
     @classmethod
@@ -394,6 +409,12 @@ class AnalysisConfig(_Strict):
     """A batch is saturated when its throughput is within this share of the best."""
     bootstrap_samples: Annotated[PositiveInt, Field(le=MAX_BOOTSTRAP_SAMPLES)] = 200
     """Bootstrap resamples over seeds for the B_crit interval (at most 100,000)."""
+    b_crit_range_factor: float = Field(2.0, ge=1.0)
+    """B_crit is reported as a number only inside the measured batch range widened by this
+    factor on each side; outside it, as a bound ("above 1,024")."""
+    step_time_disagreement_factor: float = Field(2.0, gt=1.0)
+    """Flag a cell whose step time measured in the convergence runs differs from the sweep's by
+    more than this factor (either way)."""
 
 
 class PublishConfig(_Strict):
