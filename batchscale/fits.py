@@ -7,6 +7,11 @@ docs/architecture.md): the sweep prints the saturation batch and memory model, t
 builds on them. Pure functions of pandas DataFrames shaped like `batchscale.schemas.SWEEP`
 (numpy and pandas only). Missing pieces (an empty table, OOM rows only) give NaN or None with a
 reason, never an exception.
+
+Rows the sweep flagged `quality = "unstable"` (rounds that disagree, steps that scatter: the
+machine was disturbed while they were timed) are left out of every timing figure here: the
+throughput curve, the saturation batch, the timing mode and so t(B). A null quality (a table
+from before the sweep recorded it) counts as ok.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import pyarrow as pa
 
 from batchscale import schemas
 from batchscale.config import AnalysisConfig
-from batchscale.schemas import TrialStatus
+from batchscale.schemas import Quality, TrialStatus
 
 DEFAULT_SATURATION_TOLERANCE: float = AnalysisConfig.model_fields["saturation_tolerance"].default
 """The config's default (read from the model, not a second copy), for callers without a config."""
@@ -118,13 +123,24 @@ def ensure_columns(frame: pd.DataFrame | None, schema: pa.Schema) -> pd.DataFram
 # --------------------------------------------------------------------------- throughput
 
 
-def throughput_curve(sweep: pd.DataFrame, input_mode: str = "synthetic") -> pd.DataFrame:
+def unstable_rows(sweep: pd.DataFrame) -> np.ndarray:
+    """Boolean mask of the rows the sweep flagged unstable (null quality: not flagged)."""
+    return matches(ensure_columns(sweep, schemas.SWEEP), "quality", Quality.UNSTABLE)
+
+
+def throughput_curve(
+    sweep: pd.DataFrame, input_mode: str = "synthetic", *, include_unstable: bool = False
+) -> pd.DataFrame:
     """Per batch size of one input mode: step time (median, p10, p90), samples/s, memory, MFU.
 
-    Only ok rows count (oom and error rows carry no timing); repeated rows give their median.
+    Only ok rows count (oom and error rows carry no timing), and of those only the ones not
+    flagged unstable unless `include_unstable` (the memory model and the plots, which mark
+    them, ask for them); repeated rows give their median.
     """
     sweep = ensure_columns(sweep, schemas.SWEEP)
     timed = matches(sweep, "status", TrialStatus.OK) & matches(sweep, "input_mode", input_mode)
+    if not include_unstable:
+        timed &= ~unstable_rows(sweep)
     rows = sweep[timed]
     numeric = pd.DataFrame({c: numeric_column(rows, c) for c in CURVE_COLUMNS})
     numeric["batch_size"] = numeric_column(rows, "batch_size")
@@ -139,7 +155,8 @@ def saturation_batch(
     tolerance: float = DEFAULT_SATURATION_TOLERANCE,
     input_mode: str = "synthetic",
 ) -> int | None:
-    """Smallest batch whose samples/s is within `tolerance` of the best measured (ok rows).
+    """Smallest batch whose samples/s is within `tolerance` of the best measured (ok rows not
+    flagged unstable: a disturbed row's samples/s would move the best or the threshold).
 
     Past this batch the device is busy: a bigger batch makes each step longer by about as much
     as it adds samples, so it buys throughput only at the margin. None when nothing was timed.
@@ -153,7 +170,8 @@ def saturation_batch(
 
 
 def timing_mode(sweep: pd.DataFrame) -> str | None:
-    """The input mode whose step times describe the device (synthetic when it was timed)."""
+    """The input mode whose step times describe the device (synthetic when it was timed with at
+    least one stable row); None when no stable row was timed."""
     for mode in TIMING_MODES:
         if not throughput_curve(sweep, mode).empty:
             return mode
@@ -212,7 +230,11 @@ def fit_memory(
 
 
 def largest_fitting_batch(sweep: pd.DataFrame) -> tuple[float, str]:
-    """Largest ok batch below the smallest OOM batch; +inf when nothing ran out of memory."""
+    """Largest ok batch below the smallest OOM batch; +inf when nothing ran out of memory.
+
+    Unstable rows count: whether a batch fits in memory does not depend on how busy the CPU
+    was while it was timed (only its timing does).
+    """
     sweep = ensure_columns(sweep, schemas.SWEEP)
     batches = numeric_column(sweep, "batch_size")
     oom = batches[matches(sweep, "status", TrialStatus.OOM)]

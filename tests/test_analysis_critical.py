@@ -1,5 +1,7 @@
-"""Known-answer tests of steps to result, the critical batch and its bootstrap interval, the
-regimes and time to target (batchscale.analysis.critical)."""
+"""Known-answer tests of steps to result, the critical batch (a number only where the data
+support one, otherwise a bound or a reason), its interval, the regimes along the fitted curve
+and time to target (batchscale.analysis.critical, interval, timetotarget). The interval's
+coverage is measured in tests/test_calibration.py."""
 
 from __future__ import annotations
 
@@ -15,11 +17,14 @@ from batchscale.analysis.critical import (
     DIMINISHING_RETURNS,
     MAXIMAL_DATA_PARALLELISM,
     PERFECT_SCALING,
+    CriticalBatchFit,
     bootstrap_critical_batch,
     fit_critical_batch,
+    interval_note,
     regimes,
     steps_to_result,
 )
+from batchscale.analysis.interval import fieller_interval, fit_lines, t_quantile
 from batchscale.analysis.timetotarget import optimal_batch, step_times, time_to_target
 from batchscale.config import AnalysisConfig
 
@@ -31,7 +36,7 @@ def test_critical_batch_recovers_known_b_crit_under_noise(rng_seed):
     batch = np.array(BATCHES, dtype=float)
     noise = np.random.default_rng(rng_seed).uniform(-0.03, 0.03, batch.size)
     fit = fit_critical_batch(batch, (S_MIN + E_MIN / batch) * (1 + noise))
-    assert fit.reason == ""
+    assert fit.reason == "" and fit.bound == ""
     assert fit.b_crit == pytest.approx(64, rel=0.05)
     assert fit.s_min == pytest.approx(S_MIN, rel=0.05)
 
@@ -44,14 +49,89 @@ def test_critical_batch_of_mlperf_resnet50_is_tens_of_thousands():
     assert 10_000 <= fit.b_crit < 100_000
 
 
-def test_critical_batch_guards_against_meaningless_fits():
-    batch = np.array([2.0, 4.0, 8.0, 16.0])
-    still_falling = fit_critical_batch(batch, 1000 / batch - 10)
-    assert math.isnan(still_falling.b_crit) and "above 16" in still_falling.reason
-    flat = fit_critical_batch(batch, [50, 52, 55, 60])
-    assert math.isnan(flat.b_crit) and "below 2" in flat.reason
-    too_few = fit_critical_batch([4, 8, 16], [100, math.nan, -3])
-    assert math.isnan(too_few.b_crit) and "fewer than" in too_few.reason
+def test_steps_exactly_like_one_over_b_give_a_bound_above_not_a_round_off_number():
+    """S ∝ 1/B: the intercept is round-off (|S_min| ~ 1e-14, once read as B_crit ≈ 5e18)."""
+    batch = np.array(BATCHES, dtype=float)
+    assert abs(float(fit_lines(batch, 6400 / batch).s_min)) < 1e-9  # what the guard is for
+    fit = fit_critical_batch(batch, 6400 / batch)
+    assert (fit.bound, fit.bound_batch) == ("above", 1024)
+    assert fit.reason == "steps still fall like 1/B up to 1,024: B_crit is above 1,024"
+    assert math.isnan(fit.b_crit) and math.isnan(fit.s_min) and math.isnan(fit.e_min)
+    falling = fit_critical_batch([2, 4, 8, 16], 1000 / np.array([2, 4, 8, 16]) - 10)
+    assert (falling.bound, falling.bound_batch) == ("above", 16)
+    assert "above 16" in falling.reason
+
+
+def test_exactly_flat_steps_give_a_bound_below():
+    batch = np.array(BATCHES, dtype=float)
+    fit = fit_critical_batch(batch, np.full(batch.size, 40.0))
+    assert (fit.bound, fit.bound_batch) == ("below", 4)
+    assert fit.reason == "no batch size saved steps: B_crit is below 4"
+    assert math.isnan(fit.b_crit)
+    rising = fit_critical_batch([2, 4, 8, 16], [50, 52, 55, 60])
+    assert rising.bound == "below" and "below 2" in rising.reason
+
+
+@pytest.mark.parametrize("rng_seed", range(8))
+def test_flat_steps_with_three_percent_noise_are_below_never_a_tiny_number(rng_seed):
+    """Once B_crit ≈ 0.026 (R² 0.03); the fit must say "below 4" instead."""
+    batch = np.array(BATCHES, dtype=float)
+    noise = np.random.default_rng(rng_seed).uniform(-0.03, 0.03, batch.size)
+    fit = fit_critical_batch(batch, 40.0 * (1 + noise))
+    assert (fit.bound, fit.bound_batch) == ("below", 4)
+    assert math.isnan(fit.b_crit) and "B_crit is below 4" in fit.reason
+
+
+def test_b_crit_far_outside_the_measured_range_is_a_bound():
+    small = np.array([4, 8, 16, 32, 64], dtype=float)
+    far_above = fit_critical_batch(small, 100 + 100 * 640 / small)  # B_crit 640, 10× past 64
+    assert (far_above.bound, far_above.bound_batch) == ("above", 64)
+    assert "near 640" in far_above.reason and "above 64" in far_above.reason
+    large = np.array([16, 32, 64, 128, 256, 512, 1024], dtype=float)
+    far_below = fit_critical_batch(large, 100 + 50 / large)  # B_crit 0.5, 1/32 of 16
+    assert (far_below.bound, far_below.bound_batch) == ("below", 16)
+    assert math.isnan(far_below.b_crit)
+
+
+def test_range_factor_widens_the_range_a_number_may_lie_in():
+    small = np.array([4, 8, 16, 32, 64], dtype=float)
+    steps = 100 + 100 * 200 / small  # B_crit 200: past 2 × 64, within 4 × 64
+    assert fit_critical_batch(small, steps, range_factor=2.0).bound == "above"
+    wider = fit_critical_batch(small, steps, range_factor=4.0)
+    assert wider.bound == "" and wider.b_crit == pytest.approx(200)
+
+
+def test_critical_batch_edge_cases_say_why_in_words():
+    one = fit_critical_batch([64, 64], [300, 320])
+    assert math.isnan(one.b_crit) and one.bound == ""
+    assert one.reason.startswith("one batch size measured (64)")
+    two = fit_critical_batch([4, 8, 16, 32], [100, 60, math.nan, math.nan])
+    assert two.reason == (
+        "only 2 of 4 batch sizes reached the target (4, 8): B_crit needs 3 or more"
+    )
+    none = fit_critical_batch([4, 8, 16], [math.nan, -3, math.nan])
+    assert none.reason == "no batch size reached the target (of 3 run): no steps to fit"
+
+
+def test_steps_that_scatter_wildly_give_neither_number_nor_bound():
+    fit = fit_critical_batch([4, 8, 16, 32, 64], [100, 20, 300, 30, 200])
+    assert math.isnan(fit.b_crit) and fit.bound == ""
+    assert fit.reason.startswith("the steps scatter too much (±86% about the fit)")
+
+
+def test_every_trial_diverged_says_so():
+    runs = pd.DataFrame(
+        [run_row(b, "linear", 0.1, s, 500, status="diverged") for b in BATCHES for s in (0, 1)]
+    )
+    table = steps_to_result(runs)
+    fit = fit_critical_batch(table["batch_size"], table["steps_to_target"])
+    assert math.isnan(fit.b_crit) and fit.reason.startswith("no batch size reached the target")
+    summary = analyze(None, runs, None, AnalysisConfig(bootstrap_samples=20)).summary
+    critical = summary.critical_batch["linear"]
+    assert math.isnan(critical.b_crit) and "every trial diverged" in critical.reason
+
+
+# --------------------------------------------------------------------------- its interval
 
 
 def test_bootstrap_interval_contains_point_estimate():
@@ -62,10 +142,30 @@ def test_bootstrap_interval_contains_point_estimate():
     low, high = bootstrap_critical_batch(runs, "linear", n=100, seed=1)
     assert low <= point <= high
     assert low < high
+    assert interval_note(runs, "linear", (low, high)) == ""
 
 
-def test_bootstrap_interval_past_the_measured_range_is_finite_and_flagged():
-    """B_crit = 640 measured at B ≤ 64 with 10 % noise: many refits put it above the range."""
+def test_whole_epoch_steps_that_tie_across_seeds_still_give_a_real_interval():
+    """Every seed has the same steps (whole epochs): resampling seeds changes nothing, so a
+    seed-only bootstrap collapses to the point; the residuals of the fit still show scatter."""
+    wobble = {4: 0.04, 8: -0.04, 16: 0.0, 32: 0.04, 64: -0.04, 128: 0.0, 256: 0.04, 512: -0.04,
+              1024: 0.0}
+    rows = [
+        run_row(b, "linear", 0.1, seed, round((S_MIN + E_MIN / b) * (1 + wobble[b])))
+        for b in BATCHES
+        for seed in range(3)
+    ]
+    runs = pd.DataFrame(rows)
+    table = steps_to_result(runs)
+    point = fit_critical_batch(table["batch_size"], table["steps_to_target"]).b_crit
+    low, high = bootstrap_critical_batch(runs, "linear", n=200)
+    assert low < 0.97 * point and high > 1.03 * point
+    assert 40 < low and high < 100  # and not absurdly wide: ±4 % scatter, nine batch sizes
+
+
+def test_a_bound_has_no_interval_and_the_note_says_why():
+    """B_crit = 640 measured at B ≤ 64 with 10 % noise: a bound, so no interval (the bound is
+    the whole statement), in the summary and the rows too."""
     rng = np.random.default_rng(3)
     rows = [
         run_row(b, "linear", 0.1, seed, round((10 + 6400 / b) * (1 + rng.uniform(-0.1, 0.1))))
@@ -74,15 +174,16 @@ def test_bootstrap_interval_past_the_measured_range_is_finite_and_flagged():
     ]
     runs = pd.DataFrame(rows)
     low, high = bootstrap_critical_batch(runs, "linear", n=100)
-    assert 0 < low <= high < math.inf
+    assert math.isnan(low) and math.isnan(high)
+    note = interval_note(runs, "linear", (low, high))
+    assert note.startswith("no interval without a number") and "above 64" in note
     result = analyze(None, runs, None, AnalysisConfig(bootstrap_samples=100))
     fit = result.summary.critical_batch["linear"]
-    assert "past the largest batch" in fit.interval_note
-    assert all(row["b_crit_high"] >= row["b_crit_low"] > 0 for row in result.rows)
+    assert (fit.bound, fit.bound_batch) == ("above", 64)
+    assert all(math.isnan(row["b_crit"]) and row["b_crit_bound"] == "above" for row in result.rows)
 
 
-def test_bootstrap_of_perfect_scaling_stays_finite_above_the_range():
-    """S ∝ 1/B: most refits put B_crit at +inf; the interval holds finite values past 64."""
+def test_perfect_scaling_with_noise_is_a_bound_without_interval():
     rng = np.random.default_rng(0)
     rows = [
         run_row(b, "linear", 0.1, seed, round(6400 / b * (1 + rng.uniform(-0.05, 0.05))))
@@ -90,30 +191,67 @@ def test_bootstrap_of_perfect_scaling_stays_finite_above_the_range():
         for seed in range(4)
     ]
     low, high = bootstrap_critical_batch(pd.DataFrame(rows), "linear", n=100)
-    assert 0 < low <= high < math.inf
-    assert high >= 64
+    assert math.isnan(low) and math.isnan(high)
 
 
-def test_bootstrap_interval_never_leaves_the_measured_range():
-    """Near-perfect scaling: many refits give S_min ≈ 0 and B_crit in the millions; the
-    interval stops at the largest batch and the text says it is open-ended."""
-    rng = np.random.default_rng(5)
+def test_interval_near_the_top_may_pass_the_largest_batch_but_is_cut_at_the_factor():
+    """B_crit = 60 measured at 4 … 64 with 10 % noise: the interval runs past 64 (an
+    extrapolation, said in the note) and stops at 2 × 64."""
+    rng = np.random.default_rng(0)
     rows = [
-        run_row(b, "linear", 0.1, seed, round((0.5 + 6400 / b) * (1 + rng.uniform(-0.1, 0.1))))
+        run_row(b, "linear", 0.1, seed, round((100 + 6000 / b) * np.exp(rng.normal(0, 0.1))))
         for b in (4, 8, 16, 32, 64)
-        for seed in range(4)
+        for seed in range(3)
     ]
     runs = pd.DataFrame(rows)
-    low, high = bootstrap_critical_batch(runs, "linear", n=100)
-    assert 4 <= low <= high <= 64
-    result = analyze(None, runs, None, AnalysisConfig(bootstrap_samples=100))
-    assert all(row["b_crit_high"] <= 64 for row in result.rows)
-    assert "above 64, the largest batch measured" in result.markdown
+    low, high = bootstrap_critical_batch(runs, "linear", n=200)
+    assert 4 <= low < 60 < high == 128
+    assert interval_note(runs, "linear", (low, high)) == (
+        "its top is cut at 128, 2× the largest batch measured: B_crit may lie higher"
+    )
+    low, high = bootstrap_critical_batch(runs, "linear", n=200, range_factor=4.0)
+    assert 128 < high <= 256
+
+
+def test_interval_note_for_ends_past_the_measured_batches():
+    runs = make_runs(seeds=(0, 1, 2))
+    assert interval_note(runs, "linear", (3.0, 1500.0)) == (
+        "its bottom (3) is below the smallest batch measured (4): an extrapolation; its top"
+        " (1,500) is past the largest batch measured (1,024): an extrapolation"
+    )
+    assert "bottom is cut at 2" in interval_note(runs, "linear", (2.0, 100.0))
 
 
 def test_bootstrap_with_one_seed_is_nan():
-    low, high = bootstrap_critical_batch(make_runs(seeds=(0,)), "linear", n=20)
+    runs = make_runs(seeds=(0,))
+    low, high = bootstrap_critical_batch(runs, "linear", n=20)
     assert math.isnan(low) and math.isnan(high)
+    assert interval_note(runs, "linear", (low, high)).startswith("one seed per batch size")
+
+
+def test_fieller_interval_is_where_the_ratio_test_accepts():
+    """Inside: |E_min − B·S_min| ≤ t·se(E_min − B·S_min); at the ends, equality."""
+    batch = np.array(BATCHES, dtype=float)
+    noise = np.exp(np.random.default_rng(1).normal(0, 0.1, batch.size))
+    fits = fit_lines(batch, (S_MIN + E_MIN / batch) * noise)
+    low, high = fieller_interval(fits, 0.9)
+    t = t_quantile(0.95, int(fits.dof))
+
+    def statistic(b):
+        spread = fits.var_e - 2 * b * fits.cov_se + b * b * fits.var_s
+        return float(abs(fits.e_min - b * fits.s_min) / np.sqrt(spread))
+
+    assert 0 < low < float(fits.e_min / fits.s_min) < high < math.inf
+    assert statistic(low) == pytest.approx(t) and statistic(high) == pytest.approx(t)
+    assert statistic(0.9 * low) > t and statistic(1.1 * high) > t
+    unbounded = fieller_interval(fit_lines(batch, 6400 / batch * noise), 0.9)
+    assert unbounded[1] == math.inf
+
+
+def test_t_quantile_matches_student_t_tables():
+    # Two-sided 90 % (one-sided 95 %) critical values of Student's t, from any table.
+    for dof, table in ((1, 6.314), (2, 2.920), (3, 2.353), (5, 2.015), (7, 1.895), (30, 1.697)):
+        assert t_quantile(0.95, dof) == pytest.approx(table, abs=2e-3)
 
 
 # --------------------------------------------------------------------------- steps to result
@@ -182,25 +320,64 @@ def test_steps_to_result_of_empty_runs_is_empty():
 
 def test_regimes_perfect_scaling_and_maximal_parallelism():
     batch = np.array([8, 16, 32, 64, 128], dtype=float)
-    perfect = regimes(batch, 6400 / batch)
-    assert perfect["slope"].to_numpy() == pytest.approx(-1.0)
+    steps = 6400 / batch
+    perfect = regimes(batch, steps, fit_critical_batch(batch, steps))
+    assert list(perfect.columns) == ["batch_size", "fit_slope", "measured_slope", "regime"]
+    assert perfect["fit_slope"].to_numpy() == pytest.approx(-1.0)  # bound "above"
+    assert perfect["measured_slope"].to_numpy() == pytest.approx(-1.0)
     assert set(perfect["regime"]) == {PERFECT_SCALING}
-    flat = regimes(batch, np.full(batch.size, 40.0))
+    flat_steps = np.full(batch.size, 40.0)
+    flat = regimes(batch, flat_steps, fit_critical_batch(batch, flat_steps))
+    assert flat["fit_slope"].to_numpy() == pytest.approx(0.0)  # bound "below"
     assert set(flat["regime"]) == {MAXIMAL_DATA_PARALLELISM}
 
 
-def test_regimes_along_a_critical_batch_curve():
+def test_regimes_along_a_critical_batch_curve_follow_b_crit():
+    """Slope −B_crit/(B + B_crit): perfect scaling up to B_crit/4, maximal from 4·B_crit."""
     batch = np.array(BATCHES, dtype=float)
-    labels = regimes(batch, S_MIN + E_MIN / batch)["regime"].tolist()
-    assert labels[0] == PERFECT_SCALING
-    assert labels[4] == DIMINISHING_RETURNS  # B = B_crit: slope -1/2
-    assert labels[-1] == MAXIMAL_DATA_PARALLELISM
+    steps = S_MIN + E_MIN / batch
+    table = regimes(batch, steps, fit_critical_batch(batch, steps))
+    assert table["fit_slope"].to_numpy() == pytest.approx(-64 / (batch + 64))
+    labels = dict(zip(table["batch_size"], table["regime"], strict=True))
+    assert [labels[b] for b in (4, 8)] == [PERFECT_SCALING] * 2
+    assert [labels[b] for b in (32, 64, 128)] == [DIMINISHING_RETURNS] * 3
+    assert [labels[b] for b in (512, 1024)] == [MAXIMAL_DATA_PARALLELISM] * 2
+
+
+@pytest.mark.parametrize("rng_seed", range(4))
+def test_regimes_from_the_fit_do_not_flip_with_noise(rng_seed):
+    """With 15 % noise the finite differences jump around; the fitted curve's labels go
+    perfect → diminishing → maximal in order, as B_crit says."""
+    batch = np.array(BATCHES, dtype=float)
+    noise = np.exp(np.random.default_rng(rng_seed).normal(0, 0.15, batch.size))
+    steps = (S_MIN + E_MIN / batch) * noise
+    fit = fit_critical_batch(batch, steps)
+    table = regimes(batch, steps, fit)
+    order = [PERFECT_SCALING, DIMINISHING_RETURNS, MAXIMAL_DATA_PARALLELISM]
+    ranks = [order.index(label) for label in table["regime"]]
+    assert ranks == sorted(ranks)
+    assert table["regime"].iloc[0] == PERFECT_SCALING  # B = 4 ≪ B_crit
+    assert table["regime"].iloc[-1] == MAXIMAL_DATA_PARALLELISM  # B = 1024 ≫ B_crit
+    assert np.isfinite(table["measured_slope"]).all()
+
+
+def test_regimes_without_a_fit_use_the_measured_slope():
+    batch = np.array(BATCHES, dtype=float)
+    table = regimes(batch, S_MIN + E_MIN / batch)
+    assert table["fit_slope"].isna().all()
+    assert table["regime"].iloc[0] == PERFECT_SCALING
+    assert table["regime"].iloc[-1] == MAXIMAL_DATA_PARALLELISM
+    too_few = fit_critical_batch([4, 8], [100, 60])
+    assert regimes([4, 8], [100, 60], too_few)["fit_slope"].isna().all()
 
 
 def test_regimes_with_missing_steps_are_unknown():
     table = regimes([4, 8, 16], [100, math.nan, 30])
     assert table["regime"].iloc[1] is None
     assert table["regime"].iloc[0] is not None
+    fit = CriticalBatchFit(100.0, 6400.0, 64.0, 1.0)
+    with_fit = regimes([4, 8, 16], [100, math.nan, 30], fit)
+    assert with_fit["regime"].iloc[1] is None and math.isnan(with_fit["fit_slope"].iloc[1])
 
 
 def test_time_to_target_and_optimal_batch():

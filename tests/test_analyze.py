@@ -38,7 +38,11 @@ def make_sweep(alpha: float = 1e-3, beta: float = 2e-6, batches=(1, 4, 16, 64, 2
     return pd.DataFrame(rows)
 
 
-def run_row(batch, rule, lr, seed, steps, *, status="reached", workers=1, time=None, b_simple=None):
+def run_row(
+    batch, rule, lr, seed, steps, *, status="reached", workers=1, time=None, b_simple=None,
+    step_time=1e-3,
+):
+    """One convergence trial; `step_time`: its train seconds per step."""
     reached = status == "reached"
     return {
         "trial_id": f"{rule}-{batch}-{lr}-{seed}-{workers}",
@@ -51,14 +55,26 @@ def run_row(batch, rule, lr, seed, steps, *, status="reached", workers=1, time=N
         "steps_run": steps,
         "steps_to_target": steps if reached else None,
         "examples_to_target": steps * batch if reached else None,
-        "time_to_target_s": (time if time is not None else steps * 1e-3) if reached else None,
+        "time_to_target_s": (time if time is not None else steps * step_time) if reached else None,
         "b_simple": b_simple,
-        "train_time_s": steps * 1e-3,
+        "train_time_s": steps * step_time,
     }
 
 
-def make_runs(rules=("linear", "sqrt"), seeds=(0, 1, 2), noise=0.03, rng_seed=0):
-    """Trials following S = k·(S_min + E_min/B) with multiplicative noise, two LRs per batch."""
+def sweep_line(alpha: float = 1e-3, beta: float = 2e-6):
+    """Seconds per step t(B) = α + βB (make_sweep's default line)."""
+    return lambda batch: alpha + beta * batch
+
+
+DEFAULT_LINE = sweep_line()
+
+
+def make_runs(
+    rules=("linear", "sqrt"), seeds=(0, 1, 2), noise=0.03, rng_seed=0, step_time=DEFAULT_LINE
+):
+    """Trials following S = k·(S_min + E_min/B) with multiplicative noise, two LRs per batch;
+    each trains at `step_time(B)` seconds per step (by default make_sweep's own line, so the
+    convergence runs and the sweep agree)."""
     rng = np.random.default_rng(rng_seed)
     rows = []
     for k, rule in zip((1.0, 1.3), rules, strict=False):
@@ -67,7 +83,12 @@ def make_runs(rules=("linear", "sqrt"), seeds=(0, 1, 2), noise=0.03, rng_seed=0)
                 for seed in seeds:
                     jitter = 1 + rng.uniform(-noise, noise)
                     steps = round(k * penalty * (S_MIN + E_MIN / batch) * jitter)
-                    rows.append(run_row(batch, rule, lr, seed, steps, b_simple=50.0 + seed))
+                    rows.append(
+                        run_row(
+                            batch, rule, lr, seed, steps, b_simple=50.0 + seed,
+                            step_time=step_time(batch),
+                        )
+                    )
     return pd.DataFrame(rows)
 
 
@@ -99,7 +120,7 @@ def make_curves(runs: pd.DataFrame) -> pd.DataFrame:
 def test_analyze_recommends_on_a_hand_made_experiment():
     """Fixed step overhead 10 ms + 0.1 ms/sample and B_crit = 64: B* = sqrt(0.01·64/1e-4) = 80."""
     sweep = make_sweep(alpha=1e-2, beta=1e-4, batches=(4, 16, 64, 256, 1024))
-    runs = make_runs(noise=0.0)
+    runs = make_runs(noise=0.0, step_time=sweep_line(1e-2, 1e-4))
     result = analyze(sweep, runs, make_curves(runs), AnalysisConfig(bootstrap_samples=20))
     summary = result.summary
     assert summary.recommendation.batch_size == 64  # among 4 … 1024, the closest to B* = 80
@@ -165,3 +186,115 @@ def test_analyze_with_unreached_rule_oom_sweep_and_single_seed():
     assert "convergence runs" in result.summary.step_time.source
     assert result.summary.recommendation.lr_rule == "linear"
     assert "ran out of memory" in result.markdown
+
+
+# ---------------------------------------------------------------------- B_crit: number or bound
+
+
+PAST_B_CRIT = "Past B_crit each doubling"
+ENV = {field.name: "x" if field.type == "string" else 1 for field in schemas.ENV_FIELDS}
+
+
+def runs_following(steps_of, *, batches=BATCHES, seeds=(0, 1), noise=0.0, status="reached"):
+    """One LR rule (linear), steps_of(B) with multiplicative noise, trained at the sweep's line."""
+    rng = np.random.default_rng(7)
+    line = sweep_line()
+    return pd.DataFrame(
+        [
+            run_row(
+                b, "linear", 0.1, seed,
+                max(1, round(steps_of(b) * (1 + rng.uniform(-noise, noise)))),
+                status=status, step_time=line(b),
+            )
+            for b in batches
+            for seed in seeds
+        ]
+    )
+
+
+def analyze_runs(runs):
+    return analyze(make_sweep(), runs, None, AnalysisConfig(bootstrap_samples=50))
+
+
+def assert_bound_everywhere(result, bound: str, batch: int, words: str):
+    """The bound in the summary, every table row, the metrics and the narrative; no number."""
+    fit = result.summary.critical_batch["linear"]
+    assert (fit.bound, fit.bound_batch) == (bound, batch)
+    assert math.isnan(fit.b_crit) and math.isnan(fit.s_min) and math.isnan(fit.e_min)
+    for row in result.rows:
+        assert (row["b_crit_bound"], row["b_crit_bound_batch"]) == (bound, batch)
+        assert math.isnan(row["b_crit"]) and math.isnan(row["s_min"])
+    assert result.metrics[f"b_crit_linear_{bound}"] == batch
+    assert not any(name.startswith(("b_crit_linear", "s_min", "e_min", "optimal_batch"))
+                   and not name.endswith(bound) for name in result.metrics)
+    assert f"B_crit {words}" in result.markdown
+    assert PAST_B_CRIT not in result.markdown
+    table = schemas.make_table("analysis", result.rows, ENV)
+    assert table.column("b_crit_bound").to_pylist() == [bound] * len(result.rows)
+
+
+def test_exact_perfect_scaling_reports_a_bound_above_the_largest_batch():
+    """S = 65536/B exactly: S_min is round-off; B_crit is "above 1,024", never a number."""
+    result = analyze_runs(runs_following(lambda b: 65536 / b))
+    assert_bound_everywhere(result, "above", 1024, "above 1,024: steps still fall like 1/B")
+    assert {row["regime"] for row in result.rows} == {"perfect_scaling"}
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.03])
+def test_flat_steps_report_a_bound_below_the_smallest_batch(noise):
+    """S = 500 at every batch (exactly, or with 3 % noise): no batch size saved steps."""
+    result = analyze_runs(runs_following(lambda b: 500, noise=noise))
+    assert_bound_everywhere(result, "below", 4, "below 4: no batch size saved steps")
+
+
+def test_a_supported_b_crit_is_a_number_with_no_bound():
+    result = analyze_runs(runs_following(lambda b: S_MIN + E_MIN / b, seeds=(0, 1, 2), noise=0.03))
+    fit = result.summary.critical_batch["linear"]
+    assert fit.bound == "" and fit.b_crit == pytest.approx(64, rel=0.15)
+    assert all(row["b_crit_bound"] is None and math.isnan(row["b_crit_bound_batch"])
+               for row in result.rows)
+    assert all(-1 <= row["fit_slope"] <= 0 for row in result.rows)
+    assert result.metrics["b_crit_linear"] == pytest.approx(fit.b_crit)
+    assert PAST_B_CRIT in result.markdown
+
+
+@pytest.mark.parametrize(
+    ("runs", "words"),
+    [
+        (runs_following(lambda b: 500, batches=[64]),
+         "one batch size measured (64): B_crit needs steps to target at 3 or more batch sizes"),
+        (pd.concat([runs_following(lambda b: 6400 / b, batches=[4, 8]),
+                    runs_following(lambda b: 90, batches=[16, 32], status="not_reached")]),
+         "only 2 of 4 batch sizes reached the target (4, 8): B_crit needs 3 or more"),
+        (runs_following(lambda b: 100, status="diverged"),
+         "every trial diverged (18 trials at 9 batch sizes)"),
+    ],
+    ids=["one-batch-size", "two-reached", "all-diverged"],
+)
+def test_edge_cases_say_why_there_is_no_b_crit(runs, words):
+    result = analyze_runs(runs)
+    fit = result.summary.critical_batch["linear"]
+    assert math.isnan(fit.b_crit) and fit.bound == ""
+    assert words in fit.reason
+    assert f"B_crit not estimated: {words}" in result.markdown
+    assert PAST_B_CRIT not in result.markdown
+    assert not any(name.startswith("b_crit") for name in result.metrics)
+    assert all(math.isnan(row["b_crit"]) and row["b_crit_bound"] is None for row in result.rows)
+
+
+def test_every_trial_diverged_is_named_in_the_recommendation():
+    result = analyze_runs(runs_following(lambda b: 100, status="diverged"))
+    assert result.summary.recommendation.batch_size is None
+    assert "every convergence trial diverged (18 trials)" in result.markdown
+
+
+def test_bound_and_edge_case_tables_pass_the_analysis_suite():
+    """The expectations accept a bound (null b_crit, NaN where the suite says what NaN means)
+    and bound every new column."""
+    from batchscale.checks.validate import validate_table
+
+    for runs in (runs_following(lambda b: 65536 / b), runs_following(lambda b: 500, noise=0.03),
+                 runs_following(lambda b: 500, batches=[64])):
+        table = schemas.make_table("analysis", analyze_runs(runs).rows, ENV)
+        report = validate_table("analysis", table)
+        assert report.success, report.failure_message()

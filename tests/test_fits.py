@@ -17,6 +17,8 @@ from batchscale.fits import (
     fit_step_time,
     largest_fitting_batch,
     saturation_batch,
+    throughput_curve,
+    timing_mode,
 )
 
 
@@ -74,3 +76,42 @@ def test_sweep_summary_uses_the_configured_tolerance():
     assert summarize(rows)["saturation_batch"] == 16
     loose = summarize(rows, 0.5)
     assert (loose["saturation_batch"], loose["saturation_tolerance"]) == (8, 0.5)
+
+
+# --------------------------------------------------------------------------- unstable rows
+
+
+def flagged(row: dict, quality: str | None) -> dict:
+    return {**row, "quality": quality, "quality_reason": "cv 0.9 > 0.5" if quality else None}
+
+
+def test_an_unstable_row_does_not_set_the_saturation_batch():
+    """Batch 32 read 2,000 samples/s in a disturbed window (twice its neighbours): counted, it
+    would be the best and make 32 the saturation batch; flagged, it is left out."""
+    throughput = {8: 600, 16: 905, 32: 2000, 64: 1000, 128: 995}
+    rows = [sweep_row(b, b / s) for b, s in throughput.items()]
+    trusted = pd.DataFrame([flagged(r, "ok") for r in rows])
+    assert saturation_batch(trusted) == 32
+    disturbed = pd.DataFrame([flagged(r, "unstable" if r["batch_size"] == 32 else "ok")
+                              for r in rows])
+    assert saturation_batch(disturbed) == 16
+    assert 32 not in throughput_curve(disturbed)["batch_size"].tolist()
+    assert 32 in throughput_curve(disturbed, include_unstable=True)["batch_size"].tolist()
+    older = pd.DataFrame([flagged(r, None) for r in rows])  # no quality recorded: used
+    assert saturation_batch(older) == 32
+
+
+def test_timing_mode_skips_a_mode_whose_rows_are_all_unstable():
+    rows = [flagged(sweep_row(b, 0.01), "unstable") for b in (4, 16)]
+    rows += [flagged(sweep_row(b, 0.02, mode="real"), "ok") for b in (4, 16)]
+    assert timing_mode(pd.DataFrame(rows)) == "real"
+    assert timing_mode(pd.DataFrame(rows[:2])) is None
+
+
+def test_largest_fitting_batch_counts_unstable_rows():
+    """Whether a batch fits does not depend on CPU load: an unstable row still ran."""
+    sweep = pd.DataFrame(
+        [flagged(sweep_row(16, 0.01), "ok"), flagged(sweep_row(64, 0.05), "unstable"),
+         flagged(sweep_row(128, None, status="oom"), None)]
+    )
+    assert largest_fitting_batch(sweep) == (64.0, "batch 128 ran out of memory")

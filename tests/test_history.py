@@ -6,12 +6,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from test_publish import WORKLOAD, env_columns, publish_synthetic_run, sweep_row
 
-from batchscale.lake.history import load_history
+from batchscale.lake.history import (
+    History,
+    _critical,
+    critical_lines,
+    load_history,
+    plot_history,
+)
 from batchscale.lake.lake import PARTITIONING, lake_path
 from batchscale.lake.publish import run_manifest_key, table_key
 from batchscale.schemas import make_table
@@ -194,3 +201,64 @@ def test_report_of_a_run_with_a_damaged_manifest_is_refused_naming_it(
     assert f"s3://{object_store.settings.bucket}/{key}" in result.stderr
     assert "damaged" in result.stderr
     assert not (tmp_path / "r.html").exists()
+
+
+# ------------------------------------------------ B_crit bounds and quality, as printed
+
+
+def critical_frame(rows: list[dict]) -> pd.DataFrame:
+    published = pd.Timestamp("2026-06-01 00:00", tz="UTC")
+    return pd.DataFrame([{"published_at": published, "date": DATE, **row} for row in rows])
+
+
+def test_history_prints_a_bound_as_a_bound_and_reads_older_runs_without_the_columns(tmp_path):
+    older = critical_frame([{"run_id": RUN_IDS[0], "lr_rule": "linear", "b_crit": 64.0,
+                             "b_crit_low": 51.0, "b_crit_high": 80.0}])  # before bounds existed
+    newer = critical_frame([{"run_id": RUN_IDS[1], "lr_rule": "linear", "b_crit": float("nan"),
+                             "b_crit_low": float("nan"), "b_crit_high": float("nan"),
+                             "b_crit_bound": "above", "b_crit_bound_batch": 1024.0}])
+    critical = pd.concat([_critical(older), _critical(newer)], ignore_index=True)
+    throughput = critical_frame([{"run_id": r, "device_name": "cpu", "precision": "fp32",
+                                  "input_mode": "synthetic", "batch_size": 64,
+                                  "samples_per_s": 9000.0} for r in RUN_IDS[:2]])
+    history = History(WORKLOAD, throughput, critical)
+    lines = critical_lines(history)
+    assert any(RUN_IDS[0] in line and "64  [51, 80]" in line for line in lines)
+    bound = next(line for line in lines if RUN_IDS[1] in line)
+    assert "> 1,024  above 1,024: steps still fall like 1/B" in bound
+    assert plot_history(history, tmp_path / "h.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_run_summary_states_bounds_edge_cases_and_quality():
+    """`batchscale run`'s summary says what the report says: the bound in words, why there is
+    no B_crit, the unstable rows left out and what to do."""
+    from batchscale.lake.summary import convergence_lines, quality_lines, throughput_lines
+
+    env = env_columns(RUN_IDS[0])
+    bound = [{"lr_rule": "linear", "batch_size": b, "steps_to_target": 65536 / b,
+              "b_crit": float("nan"), "b_crit_bound": "below", "b_crit_bound_batch": 4.0}
+             for b in (4, 16, 64)]
+    diverged = [{"lr_rule": "sqrt", "batch_size": b, "steps_to_target": float("nan"),
+                 "b_crit": float("nan")} for b in (4, 16, 64)]
+    analysis = make_table("analysis", bound + diverged, env)
+    runs = make_table("runs", [
+        {"trial_id": f"sqrt-{b}", "batch_size": b, "lr_rule": "sqrt", "lr": 0.1, "seed": 0,
+         "workers": 1, "status": "diverged", "steps_run": 10} for b in (4, 16, 64)], env)
+    text = "\n".join(convergence_lines(analysis, runs))
+    assert "B_crit (linear): below 4: no batch size saved steps" in text
+    assert "B_crit (sqrt): not estimated (every trial diverged (3 trials at 3 batch sizes)" in text
+    sweep_rows = [{**sweep_row(b, 1000.0 * b), "quality": "ok", "load_avg_1m": 1.8,
+                   "usable_cpus": 2} for b in (4, 16, 64)]
+    sweep_rows[0] |= {"quality": "unstable", "quality_reason": "cv 0.9 > 0.5",
+                      "load_avg_1m": 3.2}
+    sweep = make_table("sweep", sweep_rows, env)
+    assert "unstable: left out" in throughput_lines(sweep)[2]
+    lines = quality_lines({"sweep": sweep, "analysis": analysis})
+    assert lines[0].startswith("measurement quality: Some timings cannot be trusted: 1 of 3")
+    assert "Synthetic batch 4 — cv 0.9 > 0.5" in "\n".join(lines)
+    assert "rerun on a quiet node" in lines[-1].lower() and "Guaranteed QoS" in lines[-1]
+    quiet = make_table("sweep", [{**r, "quality": "ok", "load_avg_1m": 1.8}
+                                 for r in sweep_rows[1:]], env)
+    assert quality_lines({"sweep": quiet}) == [
+        "measurement quality: Measurements look stable: none of the 2 timed sweep rows"
+        " flagged; load average up to 1.8 on 2 usable CPUs."]

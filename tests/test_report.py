@@ -176,3 +176,16 @@ def test_recommendation_appears_once_and_regressions_fill_their_slot():
 def test_regressions_text_is_escaped():
     page = add_regressions(report(None, None, None), f"## Regressions\n\n- {HOSTILE} on cpu\n")
     assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_report_states_a_bound_and_never_the_past_b_crit_sentence():
+    """S = 65536/B exactly: the page says "above 1,024: steps still fall like 1/B" in the
+    narrative and the results table, and draws every plot without a B_crit number."""
+    rows = [run_row(b, "linear", 0.1, seed, 65536 // b) for b in (4, 16, 64, 256, 1024)
+            for seed in (0, 1)]
+    runs = pd.DataFrame(rows)
+    page = html.unescape(report(make_sweep(), runs, make_curves(runs)))
+    assert "B_crit above 1,024: steps still fall like 1/B" in page
+    assert "<td class=\"text\">above 1,024: steps still fall like 1/B</td>" in page
+    assert "Past B_crit" not in page and "B_crit ≈" not in page
+    assert len(images(page)) == PLOTS_WITHOUT_DP

@@ -2,8 +2,11 @@
 Markdown summary and the HTML report. One concern per module:
 
 - `analyze`: `analyze(sweep, runs, curves, settings)` → rows, typed summary, metrics, Markdown
-- `critical`: steps to result, S = S_min + E_min/B, B_crit and its seed bootstrap, regimes,
-  time to target and B*
+- `critical`: steps to result, S = S_min + E_min/B, B_crit (or a bound) and its interval,
+  regimes
+- `critical_summary`: per LR rule what is reported: a number, a bound or an edge case in words
+- `timetotarget`: step times (convergence runs, sweep), time to target, B*, timing flags
+- `quality`: measurement quality (unstable rows left out, conditions, what to do)
 - `parallel`: the gradient noise scale B_simple, data-parallel efficiency, worker choice
 - `recommend`: batch size, LR rule and workers, each with its reason
 - `summary`: the typed summary (dataclasses) and its flat KFP metrics

@@ -2,8 +2,10 @@
 the typed summary, the KFP metrics and the Markdown narrative.
 
 The pieces live by concern: sweep fits in `batchscale.fits`, steps to result and the critical
-batch in `critical`, B_simple and workers in `parallel`, the choice in `recommend`, the summary
-types in `summary`, the prose in `narrative`. Missing pieces (no reached trial for a rule, OOM
+batch fit in `critical` (what of it is reported in `critical_summary`), step times and time to
+target in `timetotarget`, measurement quality in `quality`, B_simple and workers in
+`parallel`, the choice in `recommend`, the summary types in `summary`, the prose in
+`narrative`. Missing pieces (no reached trial for a rule, OOM
 rows, a single seed, an empty table) give NaN or None with a reason, never an exception: a
 report that says "not measured" is more useful than a failed pipeline step.
 """
@@ -17,38 +19,32 @@ import numpy as np
 import pandas as pd
 
 from batchscale import schemas
-from batchscale.analysis.critical import (
-    bootstrap_critical_batch,
-    fit_critical_batch,
-    interval_note,
-    regimes,
-    steps_to_result,
-)
+from batchscale.analysis.critical import steps_to_result
+from batchscale.analysis.critical_summary import critical_by_rule
 from batchscale.analysis.narrative import render_markdown
 from batchscale.analysis.parallel import noise_scale
+from batchscale.analysis.quality import measurement_quality
 from batchscale.analysis.recommend import recommend
 from batchscale.analysis.summary import (
     AnalysisSummary,
-    CriticalBatchSummary,
     MemorySummary,
-    RegimeRange,
     StepTimeSummary,
     ThroughputSummary,
 )
 from batchscale.analysis.timetotarget import (
-    optimal_batch,
+    cell_step_times,
     optimal_batch_cap,
     step_times,
     time_to_target,
 )
 from batchscale.config import AnalysisConfig
 from batchscale.fits import (
+    TIMING_MODES,
     StepTimeFit,
     ensure_columns,
     fit_memory,
     input_pipeline_share,
     largest_fitting_batch,
-    matches,
     numeric_column,
     saturation_batch,
     throughput_curve,
@@ -89,15 +85,9 @@ def analyze(
     curves = ensure_columns(curves, schemas.CURVES)
     throughput = _throughput_summary(sweep, settings.saturation_tolerance)
     memory = _memory_summary(sweep)
-    table, step_fit, source = _cell_table(sweep, runs)
+    table, step_fit, source = _cell_table(sweep, runs, settings.step_time_disagreement_factor)
     cap = optimal_batch_cap(sweep, table, memory.largest_fitting_batch)
-    labels = _regimes_by_rule(table)
-    critical = {
-        rule: _critical_summary(
-            runs, rule, cells, labels[rule], settings.bootstrap_samples, step_fit, cap
-        )
-        for rule, cells in table.groupby("lr_rule", sort=True)
-    }
+    critical, labels = critical_by_rule(runs, table, settings, step_fit, cap)
     b_simple, noise = noise_scale(runs, curves)
     b_star = {rule: fit.optimal_batch for rule, fit in critical.items()}
     times = numeric_column(table, "time_to_target_s")
@@ -112,6 +102,8 @@ def analyze(
         noise_scale=noise,
         recommendation=recommend(table, runs, b_star),
         min_time_to_target_s=float(np.nanmin(times)) if np.isfinite(times).any() else math.nan,
+        step_time_sources=_sources(table),
+        quality=measurement_quality(sweep, table),
     )
     rows = _rows(table, summary, labels, b_simple)
     return AnalysisResult(rows, summary, render_markdown(summary))
@@ -123,7 +115,7 @@ def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSumm
         return ThroughputSummary(
             timing_input_mode=None,
             saturation_batch=None,
-            saturation_reason="no batch size was timed successfully",
+            saturation_reason=_untimed_reason(sweep),
             saturation_tolerance=tolerance,
             saturated_at_smallest_batch=False,
             best_samples_per_s=math.nan,
@@ -152,8 +144,18 @@ def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSumm
     )
 
 
+def _untimed_reason(sweep: pd.DataFrame) -> str:
+    """Why no stable timing exists: nothing ran, or every timed row was flagged unstable."""
+    if any(not throughput_curve(sweep, m, include_unstable=True).empty for m in TIMING_MODES):
+        return "every timed batch size was flagged unstable (see the measurement quality)"
+    return "no batch size was timed successfully"
+
+
 def _memory_summary(sweep: pd.DataFrame) -> MemorySummary:
-    curve = throughput_curve(sweep, timing_mode(sweep) or "synthetic")
+    # Unstable rows count here: peak memory does not depend on how busy the CPU was, only the
+    # timing does, so the memory model keeps every row that ran.
+    modes = [m for m in TIMING_MODES if not throughput_curve(sweep, m, include_unstable=True).empty]
+    curve = throughput_curve(sweep, (modes or TIMING_MODES)[0], include_unstable=True)
     fit = fit_memory(curve["batch_size"], curve["peak_memory_bytes"])
     b_max, b_max_reason = largest_fitting_batch(sweep)
     return MemorySummary(
@@ -166,69 +168,27 @@ def _memory_summary(sweep: pd.DataFrame) -> MemorySummary:
     )
 
 
-def _cell_table(sweep: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataFrame, StepTimeFit, str]:
-    """Per (lr_rule, batch): S, E, step time, time to target and samples/s."""
+def _cell_table(
+    sweep: pd.DataFrame, runs: pd.DataFrame, disagreement_factor: float
+) -> tuple[pd.DataFrame, StepTimeFit, str]:
+    """Per (lr_rule, batch): S, E, the step time and its source, the sweep's step time, the
+    timing flag, time to target and samples/s; and the sweep's t(B) line that B* uses."""
     table = steps_to_result(runs)
-    times, fit, source = step_times(sweep, runs, table["batch_size"])
-    batch = numeric_column(table, "batch_size")
+    _, fit, source = step_times(sweep, runs, table["batch_size"])
+    timing = cell_step_times(sweep, runs, table["batch_size"], disagreement_factor)
+    table = pd.concat([table.reset_index(drop=True), timing], axis=1)
+    times = numeric_column(table, "step_time_s")
     table = table.assign(
-        step_time_s=times,
         time_to_target_s=time_to_target(numeric_column(table, "steps_to_target"), times),
-        samples_per_s=batch / times,
+        samples_per_s=numeric_column(table, "batch_size") / times,
     )
     return table, fit, source
 
 
-def _critical_summary(
-    runs: pd.DataFrame,
-    rule: str,
-    cells: pd.DataFrame,
-    labels: pd.DataFrame,
-    samples: int,
-    step_fit: StepTimeFit,
-    b_cap: float,
-) -> CriticalBatchSummary:
-    fit = fit_critical_batch(cells["batch_size"], cells["steps_to_target"])
-    low, high = math.nan, math.nan
-    note = fit.reason
-    batches = numeric_column(runs[matches(runs, "lr_rule", rule)], "batch_size")
-    if not fit.reason:
-        low, high = bootstrap_critical_batch(runs, rule, n=samples)
-        note = interval_note(runs, rule, (low, high))
-    return CriticalBatchSummary(
-        s_min=fit.s_min,
-        e_min=fit.e_min,
-        b_crit=fit.b_crit,
-        b_crit_low=low,
-        b_crit_high=high,
-        r2=fit.r2,
-        reason=fit.reason,
-        interval_note=note,
-        batch_range=(float(np.nanmin(batches)), float(np.nanmax(batches))),
-        optimal_batch=optimal_batch(step_fit.alpha_s, step_fit.beta_s, fit.b_crit, b_cap),
-        regimes=_regime_ranges(labels),
-    )
-
-
-def _regime_ranges(labels: pd.DataFrame) -> tuple[RegimeRange, ...]:
-    """Consecutive batches with the same regime (batches of unknown regime skipped)."""
-    ranges: list[RegimeRange] = []
-    for batch, regime in zip(labels["batch_size"], labels["regime"], strict=True):
-        if not isinstance(regime, str):
-            continue
-        if ranges and ranges[-1].regime == regime:
-            ranges[-1] = RegimeRange(regime, ranges[-1].first_batch, int(batch))
-        else:
-            ranges.append(RegimeRange(regime, int(batch), int(batch)))
-    return tuple(ranges)
-
-
-def _regimes_by_rule(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Per LR rule, the regime of each batch (the `regimes` table)."""
-    return {
-        rule: regimes(cells["batch_size"], cells["steps_to_target"])
-        for rule, cells in table.groupby("lr_rule", sort=True)
-    }
+def _sources(table: pd.DataFrame) -> tuple[str, ...]:
+    """The step-time sources of the cells that reached the target, in order of first use."""
+    reached = table[np.isfinite(numeric_column(table, "time_to_target_s"))]
+    return tuple(dict.fromkeys(s for s in reached["step_time_source"] if isinstance(s, str)))
 
 
 def _rows(
@@ -238,14 +198,15 @@ def _rows(
     b_simple: pd.Series,
 ) -> list[dict]:
     """The analysis table: one row per (lr_rule, batch), columns of schemas.ANALYSIS."""
-    regime_of = {
-        (rule, batch): regime
+    slopes = {
+        (rule, float(label.batch_size)): label
         for rule, per_batch in labels.items()
-        for batch, regime in zip(per_batch["batch_size"], per_batch["regime"], strict=True)
+        for label in per_batch.itertuples(index=False)
     }
     rows = []
     for cell in table.itertuples(index=False):
         fit = summary.critical_batch[cell.lr_rule]
+        label = slopes.get((cell.lr_rule, float(cell.batch_size)))
         row = {
             "lr_rule": str(cell.lr_rule),
             "batch_size": int(cell.batch_size),
@@ -254,7 +215,7 @@ def _rows(
             "step_time_s": float(cell.step_time_s),
             "time_to_target_s": float(cell.time_to_target_s),
             "samples_per_s": float(cell.samples_per_s),
-            "regime": regime_of.get((cell.lr_rule, float(cell.batch_size))),
+            "regime": label.regime if label is not None else None,
             "b_simple": float(b_simple.get(float(cell.batch_size), math.nan)),
             "saturation_batch": summary.throughput.saturation_batch,
             "s_min": float(fit.s_min),
@@ -262,6 +223,13 @@ def _rows(
             "b_crit": float(fit.b_crit),
             "b_crit_low": float(fit.b_crit_low),
             "b_crit_high": float(fit.b_crit_high),
+            "b_crit_bound": fit.bound or None,
+            "b_crit_bound_batch": float(fit.bound_batch),
+            "fit_slope": float(label.fit_slope) if label is not None else math.nan,
+            "measured_slope": float(label.measured_slope) if label is not None else math.nan,
+            "step_time_source": cell.step_time_source,
+            "sweep_step_time_s": float(cell.sweep_step_time_s),
+            "timing_flag": cell.timing_flag,
         }
         rows.append({name: row[name] for name in ANALYSIS_COLUMNS})
     return rows

@@ -1,6 +1,8 @@
 """Steps to result and the critical batch: S(B) per batch size from the convergence trials, the
-fit S = S_min + E_min/B, B_crit = E_min/S_min with a bootstrap interval over seeds, the regimes
-along S(B), and time to target T(B) = S(B)·t(B) with its model optimum B*.
+fit S = S_min + E_min/B, B_crit = E_min/S_min where the data support a number (otherwise a
+bound: above the largest or below the smallest batch), its interval, and the regimes along the
+fitted curve. The statistics (standard errors, Fieller's interval, the vectorized seed
+bootstrap) are in `interval`.
 
 References: McCandlish et al. 2018, "An Empirical Model of Large-Batch Training" (critical
 batch, S = S_min + E_min/B); Shallue et al. 2018, "Measuring the Effects of Data Parallelism on
@@ -18,14 +20,16 @@ import numpy as np
 import pandas as pd
 
 from batchscale import schemas
-from batchscale.fits import (
-    as_floats,
-    ensure_columns,
-    matches,
-    numeric_column,
-    positive_pairs,
-    weighted_line,
+from batchscale.analysis.interval import (
+    fieller_interval,
+    fit_lines,
+    percentile_interval,
+    seed_bootstrap,
+    seed_cells,
+    t_quantile,
 )
+from batchscale.config import AnalysisConfig
+from batchscale.fits import as_floats, ensure_columns, matches, numeric_column, positive_pairs
 from batchscale.schemas import RunStatus
 
 PERFECT_SCALING_SLOPE = -0.8
@@ -37,6 +41,12 @@ DIMINISHING_RETURNS = "diminishing_returns"
 MAXIMAL_DATA_PARALLELISM = "maximal_data_parallelism"
 MIN_CRITICAL_FIT_BATCHES = 3
 """Two parameters fit any two points exactly: a third batch size is the first check."""
+SUPPORT_CONFIDENCE = 0.95
+"""B_crit is a number only if S_min and E_min are each above zero with this one-sided
+confidence (Student t on the fit's standard errors): the same as the two-sided 90 % interval
+being bounded."""
+DEFAULT_RANGE_FACTOR: float = AnalysisConfig.model_fields["b_crit_range_factor"].default
+"""A B_crit further than this factor outside the measured batches is reported as a bound."""
 BOOTSTRAP_CONFIDENCE = 0.90
 MIN_BOOTSTRAP_SUCCESS = 0.5
 """Share of bootstrap refits that must give an estimate for the interval to be reported."""
@@ -137,68 +147,95 @@ def steps_to_result(
 # --------------------------------------------------------------------------- critical batch
 
 
-def _fit_s_on_inverse_b(b: np.ndarray, s: np.ndarray) -> tuple[float, float, float]:
-    """Least squares S ≈ S_min + E_min·(1/B) with relative residuals (weights 1/S²).
-
-    Noise in steps-to-target is roughly multiplicative (a few % per seed at every batch), so
-    absolute residuals would let the small-batch points, with the most steps, set the fit.
-    """
-    return weighted_line(1.0 / b, s, 1.0 / s**2)
-
-
-def fit_critical_batch(batch: Iterable, steps: Iterable) -> CriticalBatchFit:
-    """S_min, E_min and B_crit = E_min/S_min from S(B) = S_min + E_min/B (McCandlish 2018).
+def fit_critical_batch(
+    batch: Iterable, steps: Iterable, *, range_factor: float = DEFAULT_RANGE_FACTOR
+) -> CriticalBatchFit:
+    """S_min, E_min and B_crit = E_min/S_min from S(B) = S_min + E_min/B (McCandlish 2018), or
+    the bound the data support instead of a number.
 
     Below B_crit doubling the batch almost halves the steps; above it, the steps approach
-    S_min and a bigger batch only spends more examples. A non-positive intercept means the
-    steps still fall like 1/B at the largest batch measured (B_crit lies above the range); a
-    non-positive slope means they do not fall at all (B_crit lies below it). Both give NaN with
-    the reason instead of a meaningless ratio.
+    S_min and a bigger batch only spends more examples. B_crit is a number only when
+    - S_min and E_min are each clearly positive: at least t(SUPPORT_CONFIDENCE, n − 2) of
+      their own standard errors (one-sided 95 %: 6.3 with 3 batch sizes, 2.0 with 7, 1.9 with
+      9), the scatter floored at round-off (`interval.ROUND_OFF_SCATTER`), and
+    - it lies within the measured batches widened by `range_factor` each way
+      (`analysis.b_crit_range_factor`).
+    Otherwise: E_min not clearly positive → bound "below" the smallest batch (no batch size
+    saved steps); S_min not clearly positive → bound "above" the largest (steps still fall
+    like 1/B); a number past the widened range → the bound on that side; neither clearly
+    positive → no number and no bound (the steps scatter too much to tell). Batches whose
+    steps are missing (the target was not reached) do not count; with fewer than
+    MIN_CRITICAL_FIT_BATCHES left there is no fit, and the reason says which reached.
     """
     b, s = positive_pairs(batch, steps)
-    if np.unique(b).size < MIN_CRITICAL_FIT_BATCHES:
-        reason = f"fewer than {MIN_CRITICAL_FIT_BATCHES} batch sizes reached the target"
-        return CriticalBatchFit(math.nan, math.nan, math.nan, math.nan, reason)
-    s_min, e_min, r2 = _fit_s_on_inverse_b(b, s)
-    if e_min <= 0:
-        reason = f"steps do not fall with batch size: B_crit is below {int(b.min())}"
-        return CriticalBatchFit(math.nan, math.nan, math.nan, r2, reason, "below", b.min())
-    if s_min <= 0:
-        reason = f"steps still fall like 1/B: B_crit is above {int(b.max())}"
-        return CriticalBatchFit(math.nan, math.nan, math.nan, r2, reason, "above", b.max())
-    return CriticalBatchFit(s_min, e_min, e_min / s_min, r2)
+    short = _too_few_reason(as_floats(batch), b)
+    if short:
+        return CriticalBatchFit(math.nan, math.nan, math.nan, math.nan, short)
+    fits = fit_lines(b, s)
+    r2, s_min, e_min = float(fits.r2), float(fits.s_min), float(fits.e_min)
+    needed = t_quantile(SUPPORT_CONFIDENCE, int(fits.dof))
+    smallest, largest = float(b.min()), float(b.max())
+    e_clear, s_clear = float(fits.t_e_min) >= needed, float(fits.t_s_min) >= needed
+    if not (e_clear or s_clear):
+        reason = (
+            f"the steps scatter too much (±{float(fits.scatter):.0%} about the fit) to tell"
+            " whether a bigger batch saves steps: B_crit not estimated"
+        )
+        return CriticalBatchFit(math.nan, math.nan, math.nan, r2, reason)
+    if not e_clear:
+        return _below(smallest, r2, f"no batch size saved steps: B_crit is below {smallest:,.0f}")
+    if not s_clear:
+        reason = f"steps still fall like 1/B up to {largest:,.0f}: B_crit is above {largest:,.0f}"
+        return _above(largest, r2, reason)
+    b_crit = e_min / s_min
+    if b_crit > range_factor * largest:
+        reason = (
+            f"steps still fall nearly like 1/B up to {largest:,.0f}: the fit puts B_crit near"
+            f" {b_crit:,.0f}, more than {range_factor:g}× the largest batch measured, so the"
+            f" data only show that B_crit is above {largest:,.0f}"
+        )
+        return _above(largest, r2, reason)
+    if b_crit < smallest / range_factor:
+        reason = (
+            f"no batch size saved steps: the fit puts B_crit near {b_crit:.3g}, less than"
+            f" 1/{range_factor:g} of the smallest batch measured, so the data only show that"
+            f" B_crit is below {smallest:,.0f}"
+        )
+        return _below(smallest, r2, reason)
+    return CriticalBatchFit(s_min, e_min, b_crit, r2)
 
 
-def _b_crit_or_limit(b: np.ndarray, s: np.ndarray) -> float:
-    """B_crit for the bootstrap: 0 / +inf where the refit says it lies below / above the range.
+def _too_few_reason(batches_run: np.ndarray, reached: np.ndarray) -> str:
+    """Why there are too few batch sizes to fit ("" when there are enough)."""
+    run = np.unique(batches_run[np.isfinite(batches_run) & (batches_run > 0)])
+    done = np.unique(reached)
+    if done.size >= MIN_CRITICAL_FIT_BATCHES:
+        return ""
+    if run.size == 0:
+        return "no trials with a batch size: nothing to fit"
+    if run.size == 1:
+        return (
+            f"one batch size measured ({run[0]:,.0f}): B_crit needs steps to target at"
+            f" {MIN_CRITICAL_FIT_BATCHES} or more batch sizes"
+        )
+    if done.size == 0:
+        return f"no batch size reached the target (of {run.size} run): no steps to fit"
+    listed = ", ".join(f"{value:,.0f}" for value in done)
+    return (
+        f"only {done.size} of {run.size} batch sizes reached the target ({listed}): B_crit"
+        f" needs {MIN_CRITICAL_FIT_BATCHES} or more"
+    )
 
-    Dropping those refits instead would pull the interval towards the middle of the range.
-    """
-    b, s = positive_pairs(b, s)
-    if np.unique(b).size < MIN_CRITICAL_FIT_BATCHES:
-        return math.nan
-    s_min, e_min, _ = _fit_s_on_inverse_b(b, s)
-    if e_min <= 0:
-        return 0.0
-    return e_min / s_min if s_min > 0 else math.inf
+
+def _above(largest: float, r2: float, reason: str) -> CriticalBatchFit:
+    return CriticalBatchFit(math.nan, math.nan, math.nan, r2, reason, "above", largest)
 
 
-def _bounded(low: float, high: float, batches: np.ndarray) -> tuple[float, float]:
-    """Clip the interval to the measured batch range: a refit's B_crit outside it (0, +inf, or
-    a near-zero S_min giving millions) is an extrapolation the data cannot support, so the
-    interval ends at the smallest / largest batch and `interval_note` says it runs past."""
-    smallest, largest = float(batches.min()), float(batches.max())
-    return min(max(low, smallest), largest), min(max(high, smallest), largest)
+def _below(smallest: float, r2: float, reason: str) -> CriticalBatchFit:
+    return CriticalBatchFit(math.nan, math.nan, math.nan, r2, reason, "below", smallest)
 
 
-def _seed_groups(runs: pd.DataFrame) -> list[tuple[float, np.ndarray, np.ndarray, list]]:
-    """Per batch size: (batch, trial steps, trial LRs, row indices of each seed)."""
-    groups = []
-    for batch, trials in runs.groupby("batch_size", sort=True):
-        seeds = trials["seed"].to_numpy()
-        by_seed = [np.flatnonzero(seeds == seed) for seed in np.unique(seeds)]
-        groups.append((float(batch), trial_steps(trials), numeric_column(trials, "lr"), by_seed))
-    return groups
+# --------------------------------------------------------------------------- its interval
 
 
 def bootstrap_critical_batch(
@@ -208,55 +245,95 @@ def bootstrap_critical_batch(
     seed: int = 0,
     reduce: Reduction = "median",
     confidence: float = BOOTSTRAP_CONFIDENCE,
+    *,
+    range_factor: float = DEFAULT_RANGE_FACTOR,
 ) -> tuple[float, float]:
-    """(low, high) `confidence` interval of B_crit for one LR rule from `n` resamples of seeds
-    (`analysis.bootstrap_samples` in the config).
+    """(low, high) `confidence` interval of B_crit for one LR rule, when B_crit is a number.
 
-    Each resample draws, per batch size, as many seeds as were run, with replacement (all LR
-    values of a drawn seed come along), recomputes S(B) and refits. Percentiles of the
-    empirical distribution, without interpolation, clipped to the measured batch range (see
-    `_b_crit_or_limit`, `_bounded`). NaN when no batch has two seeds
-    (nothing to resample) or when most refits fail.
+    The union of two intervals (why: `batchscale.analysis.interval`): percentiles of `n` seed
+    bootstrap refits (`analysis.bootstrap_samples`; per batch, seeds drawn with replacement,
+    all LRs of a drawn seed along), and Fieller's interval from the fit's own residuals, which
+    sees the scatter that resampled seeds miss (two seeds, whole-epoch steps that tie).
+    Calibrated by tests/test_calibration.py. The ends are cut at the measured batches widened
+    by `range_factor` (`interval_note` says so).
+
+    NaN, NaN when `fit_critical_batch` gives no number for these trials (a bound or too few
+    batch sizes: the bound is then the whole statement, with no interval), when no batch size
+    has two seeds (nothing to resample), or when fewer than MIN_BOOTSTRAP_SUCCESS of the
+    refits have three batch sizes that reached the target.
     """
     runs = ensure_columns(runs, schemas.RUNS)
-    groups = _seed_groups(runs[matches(runs, "lr_rule", rule)])
-    if not any(len(by_seed) > 1 for *_, by_seed in groups):
+    rule_runs = runs[matches(runs, "lr_rule", rule)]
+    table = steps_to_result(rule_runs, by=(), reduce=reduce)
+    batch, steps = positive_pairs(table["batch_size"], table["steps_to_target"])
+    if not math.isfinite(fit_critical_batch(batch, steps, range_factor=range_factor).b_crit):
+        return math.nan, math.nan
+    batches, cells = seed_cells(
+        numeric_column(rule_runs, "batch_size"),
+        trial_steps(rule_runs),
+        pd.factorize(rule_runs["lr"], use_na_sentinel=False)[0],
+        pd.factorize(rule_runs["seed"], use_na_sentinel=False)[0],
+    )
+    if all(cell.shape[1] < 2 for cell in cells):
         return math.nan, math.nan
     rng = np.random.default_rng(seed)
-    batches = np.array([batch for batch, *_ in groups])
-    estimates = []
-    for _ in range(n):
-        s = np.empty(batches.size)
-        for i, (_batch, steps, lrs, by_seed) in enumerate(groups):
-            drawn = rng.integers(len(by_seed), size=len(by_seed))
-            index = np.concatenate([by_seed[j] for j in drawn])
-            s[i] = _reduce_steps(steps[index], lrs[index], reduce)[0]
-        estimate = _b_crit_or_limit(batches, s)
-        if not math.isnan(estimate):
-            estimates.append(estimate)
-    if len(estimates) < MIN_BOOTSTRAP_SUCCESS * n:
+    estimates = seed_bootstrap(batches, cells, n, rng, reduce)
+    estimates = estimates[~np.isnan(estimates)]
+    if estimates.size < MIN_BOOTSTRAP_SUCCESS * n:
         return math.nan, math.nan
-    tail = 100.0 * (1.0 - confidence) / 2.0
-    values = np.array(estimates)
-    low, high = np.percentile(values, [tail, 100.0 - tail], method="inverted_cdf")
-    return _bounded(float(low), float(high), batches)
+    boot_low, boot_high = percentile_interval(estimates, confidence)
+    fit_low, fit_high = fieller_interval(fit_lines(batch, steps), confidence)
+    floor, ceiling = batch.min() / range_factor, batch.max() * range_factor
+    low, high = min(boot_low, fit_low), max(boot_high, fit_high)
+    return float(np.clip(low, floor, ceiling)), float(np.clip(high, floor, ceiling))
 
 
-def interval_note(runs: pd.DataFrame, rule: str, interval: tuple[float, float]) -> str:
-    """Why the B_crit interval is missing, or that it reaches an end of the measured range."""
+def interval_note(
+    runs: pd.DataFrame,
+    rule: str,
+    interval: tuple[float, float],
+    *,
+    range_factor: float = DEFAULT_RANGE_FACTOR,
+) -> str:
+    """Why the B_crit interval is missing, or where it leaves the measured batches ("" if it
+    lies inside them)."""
     low, high = interval
-    rule_runs = runs[matches(runs, "lr_rule", rule)]
+    rule_runs = ensure_columns(runs, schemas.RUNS)
+    rule_runs = rule_runs[matches(rule_runs, "lr_rule", rule)]
+    table = steps_to_result(rule_runs, by=())
+    batch, steps = positive_pairs(table["batch_size"], table["steps_to_target"])
     if math.isnan(low):
+        fit = fit_critical_batch(batch, steps, range_factor=range_factor)
+        if not math.isfinite(fit.b_crit):
+            return f"no interval without a number: {fit.reason}"
         seeds = rule_runs.groupby("batch_size")["seed"].nunique()
         if seeds.empty or seeds.max() < 2:
             return "one seed per batch size: nothing to resample"
-        return "most bootstrap refits failed"
-    batches = numeric_column(rule_runs, "batch_size")
-    if high >= np.nanmax(batches):
-        return "the interval reaches past the largest batch measured: its top is uncertain"
-    if low <= np.nanmin(batches):
-        return "the interval reaches below the smallest batch measured: its bottom is uncertain"
-    return ""
+        return "most bootstrap refits had fewer than three batch sizes reaching the target"
+    smallest, largest = float(batch.min()), float(batch.max())
+    floor, ceiling = smallest / range_factor, largest * range_factor
+    notes = []
+    if low <= floor:
+        notes.append(
+            f"its bottom is cut at {floor:,.3g}, 1/{range_factor:g} of the smallest batch"
+            " measured: B_crit may lie lower"
+        )
+    elif low < smallest:
+        notes.append(
+            f"its bottom ({low:,.3g}) is below the smallest batch measured ({smallest:,.0f}):"
+            " an extrapolation"
+        )
+    if high >= ceiling:
+        notes.append(
+            f"its top is cut at {ceiling:,.0f}, {range_factor:g}× the largest batch measured:"
+            " B_crit may lie higher"
+        )
+    elif high > largest:
+        notes.append(
+            f"its top ({high:,.0f}) is past the largest batch measured ({largest:,.0f}):"
+            " an extrapolation"
+        )
+    return "; ".join(notes)
 
 
 # --------------------------------------------------------------------------- regimes
@@ -273,20 +350,49 @@ def classify_slope(slope: float) -> str | None:
     return DIMINISHING_RETURNS
 
 
-def regimes(batch: Iterable, steps: Iterable) -> pd.DataFrame:
-    """Per batch: local slope d log S / d log B and its regime label.
+def fitted_slope(batch: np.ndarray, fit: CriticalBatchFit | None) -> np.ndarray:
+    """d log S / d log B of the fitted curve at `batch`: −B_crit/(B + B_crit) for a number;
+    −1 everywhere for a bound "above" (the data fall like 1/B), 0 for "below" (flat); NaN
+    without a fit."""
+    batch = np.asarray(batch, dtype=float)
+    if fit is None:
+        return np.full(batch.shape, np.nan)
+    if math.isfinite(fit.b_crit) and not fit.bound:
+        return -fit.b_crit / (batch + fit.b_crit)
+    limit = {"above": -1.0, "below": 0.0}.get(fit.bound, math.nan)
+    return np.full(batch.shape, limit)
 
-    The slope comes from finite differences with the neighbouring batches (central inside,
-    one-sided at the ends) on log–log axes: −1 means doubling the batch halves the steps
-    (perfect scaling), 0 means it saves none (maximal data parallelism). Batches without a
-    finite S get NaN and None. Batch sizes must be distinct.
+
+def measured_slopes(batch: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """d log S / d log B from finite differences with the neighbouring batches (central inside,
+    one-sided at the ends) on log–log axes; NaN where S is not finite."""
+    slope = np.full(batch.size, np.nan)
+    usable = np.isfinite(steps) & (steps > 0) & np.isfinite(batch) & (batch > 0)
+    if usable.sum() >= 2:
+        slope[usable] = np.gradient(np.log(steps[usable]), np.log(batch[usable]))
+    return slope
+
+
+def regimes(batch: Iterable, steps: Iterable, fit: CriticalBatchFit | None = None) -> pd.DataFrame:
+    """Per measured batch, sorted: batch_size, fit_slope, measured_slope, regime.
+
+    fit_slope is the local slope d log S / d log B of the fitted curve (`fitted_slope`), so the
+    labels agree with B_crit: perfect scaling (≤ −0.8) up to B_crit/4, maximal data
+    parallelism (≥ −0.2) from 4·B_crit. measured_slope is the finite difference of the
+    measured S(B), kept beside it. The regime comes from fit_slope when `fit` has a number or
+    a bound; without one (no fit given, or too few batch sizes) from measured_slope, whose
+    noise can flip labels between neighbours. Batches without a finite S get NaN slopes and
+    no regime. Batch sizes must be distinct.
     """
     b, s = as_floats(batch), as_floats(steps)
     order = np.argsort(b, kind="stable")
     b, s = b[order], s[order]
-    slope = np.full(b.size, np.nan)
-    usable = np.isfinite(s) & (s > 0) & np.isfinite(b) & (b > 0)
-    if usable.sum() >= 2:
-        slope[usable] = np.gradient(np.log(s[usable]), np.log(b[usable]))
-    labels = pd.Series([classify_slope(value) for value in slope], dtype=object)
-    return pd.DataFrame({"batch_size": b, "slope": slope, "regime": labels})
+    reached = np.isfinite(s) & (s > 0)
+    fit_slope = np.where(reached, fitted_slope(b, fit), np.nan)
+    measured = measured_slopes(b, s)
+    use_fit = fit is not None and (fit.bound != "" or math.isfinite(fit.b_crit))
+    chosen = fit_slope if use_fit else measured
+    labels = pd.Series([classify_slope(value) for value in chosen], dtype=object)
+    return pd.DataFrame(
+        {"batch_size": b, "fit_slope": fit_slope, "measured_slope": measured, "regime": labels}
+    )

@@ -6,21 +6,40 @@ from __future__ import annotations
 import math
 
 from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE
+from batchscale.analysis.quality import (
+    headline,
+    markdown_text,
+    stable_sentence,
+    what_to_do_text,
+)
 from batchscale.analysis.summary import (
     AnalysisSummary,
     CriticalBatchSummary,
+    MeasurementQuality,
     MemorySummary,
     NoiseScaleSummary,
     Recommendation,
     StepTimeSummary,
     ThroughputSummary,
 )
+from batchscale.analysis.timetotarget import StepTimeSource
 
 INPUT_BOTTLENECK_SHARE = 0.2
 """Real input losing more than this share of synthetic throughput: the input pipeline limits."""
 NOT_AVAILABLE = "n/a"
 NARRATIVE_TITLE = "Why doesn't training get faster with a bigger batch?"
 RECOMMENDATION_TITLE = "Recommendation"
+BOUND_WORDS = {
+    "above": "steps still fall like 1/B",
+    "below": "no batch size saved steps",
+}
+"""What a bound on B_crit means, in the words every output uses ("above 1,024: steps still
+fall like 1/B")."""
+SOURCE_WORDS = {
+    StepTimeSource.CONVERGENCE: "the convergence runs' own step times",
+    StepTimeSource.SWEEP: "the sweep's step times",
+    StepTimeSource.SWEEP_FIT: "the sweep's line t(B)",
+}
 
 
 def render_markdown(summary: AnalysisSummary) -> str:
@@ -28,11 +47,16 @@ def render_markdown(summary: AnalysisSummary) -> str:
     return narrative_markdown(summary) + recommendation_markdown(summary.recommendation)
 
 
-def narrative_markdown(summary: AnalysisSummary) -> str:
-    """The answer to "why doesn't my training get faster?", without the recommendation."""
-    lines = [
-        f"## {NARRATIVE_TITLE}",
-        "",
+def narrative_markdown(summary: AnalysisSummary, *, with_quality: bool = True) -> str:
+    """The answer to "why doesn't my training get faster?", without the recommendation.
+
+    `with_quality=False` leaves out the measurement-quality line (the HTML report shows it in
+    its own box at the top instead)."""
+    lines = [f"## {NARRATIVE_TITLE}", ""]
+    if with_quality:
+        text = markdown_text(quality_summary_text(summary.quality))
+        lines.append(f"- **Measurement quality.** {text}")
+    lines += [
         f"- **Throughput.** {_throughput_text(summary.throughput, summary.step_time)}",
         f"- **Memory.** {_memory_text(summary.memory)}",
     ]
@@ -44,9 +68,36 @@ def narrative_markdown(summary: AnalysisSummary) -> str:
     lines.append(f"- **Gradient noise scale.** {_b_simple_text(summary.noise_scale)}")
     if summary.recommendation.batch_size is not None:
         lines.append(
-            f"- **Fastest to target:** {_num(summary.min_time_to_target_s)} s of training."
+            f"- **Fastest to target:** {_num(summary.min_time_to_target_s)} s of training"
+            f" ({_sources_text(summary.step_time_sources)})."
         )
     return "\n".join(lines) + "\n"
+
+
+def quality_summary_text(quality: MeasurementQuality) -> str:
+    """The measurement quality in a few sentences (the report's box says it at length)."""
+    if not quality.flagged:
+        return stable_sentence(quality)
+    text = headline(quality)
+    if quality.excluded:
+        listed = ", ".join(f"{r.input_mode} {r.batch_size}" for r in quality.excluded[:6])
+        text += f" Left out: {listed}{' …' if len(quality.excluded) > 6 else ''}."
+    return f"{text} {what_to_do_text()}"
+
+
+def b_crit_text(b_crit: float, bound: str | None, bound_batch: float) -> str:
+    """B_crit as every output states it: "≈ 64", "above 1,024: steps still fall like 1/B",
+    "below 4: no batch size saved steps", or "not estimated"."""
+    if bound in BOUND_WORDS and math.isfinite(bound_batch):
+        return f"{bound} {_num(bound_batch)}: {BOUND_WORDS[bound]}"
+    if math.isfinite(b_crit):
+        return f"≈ {_num(b_crit)}"
+    return "not estimated"
+
+
+def _sources_text(sources: tuple[str, ...]) -> str:
+    words = [SOURCE_WORDS.get(source, source) for source in sources]
+    return "steps × " + (" and ".join(words) if words else "step time")
 
 
 def recommendation_markdown(recommendation: Recommendation) -> str:
@@ -141,8 +192,10 @@ def _memory_text(memory: MemorySummary) -> str:
 
 
 def _critical_text(fit: CriticalBatchSummary, cap: float) -> str:
-    if fit.reason:
-        return f"B_crit not estimated: {fit.reason}."
+    if fit.bound:
+        return _bound_text(fit)
+    if fit.reason or not math.isfinite(fit.b_crit):
+        return f"B_crit not estimated: {fit.reason or 'no fit'}."
     text = (
         f"S_min ≈ {_num(fit.s_min)} steps and E_min ≈ {_num(fit.e_min)} examples, so"
         f" B_crit = E_min/S_min ≈ {_num(fit.b_crit)}"
@@ -152,19 +205,40 @@ def _critical_text(fit: CriticalBatchSummary, cap: float) -> str:
     else:
         text += f" ({BOOTSTRAP_CONFIDENCE:.0%} interval {_interval_text(fit)})."
     text += " Past B_crit each doubling of the batch saves less than a quarter of the steps."
-    if fit.regimes:
-        parts = [
-            f"{r.regime.replace('_', ' ')} {r.first_batch}"
-            + (f"–{r.last_batch}" if r.last_batch != r.first_batch else "")
-            for r in fit.regimes
-        ]
-        text += f" Regimes: {', '.join(parts)}."
+    text += _regimes_text(fit)
     b_star = fit.optimal_batch
     if math.isfinite(b_star) and b_star >= cap:
         text += f" With t(B), time to target keeps falling up to batch {_num(cap)} (B* capped)."
     elif math.isfinite(b_star):
         text += f" With t(B), time to target is lowest near B* ≈ {_num(b_star)}."
     return text
+
+
+def _bound_text(fit: CriticalBatchSummary) -> str:
+    """A B_crit the data bound but do not pin down: the bound and what it means, no number."""
+    text = f"B_crit {b_crit_text(fit.b_crit, fit.bound, fit.bound_batch)}"
+    if fit.bound == "above":
+        text += (
+            " — doubling the batch still about halves the steps across the measured batches,"
+            " so a bigger batch may still save steps (measure one to find B_crit)."
+        )
+    else:
+        text += (
+            " — the steps to target hardly change across the measured batches, so a bigger"
+            " batch only spends more examples."
+        )
+    return text + _regimes_text(fit)
+
+
+def _regimes_text(fit: CriticalBatchSummary) -> str:
+    if not fit.regimes:
+        return ""
+    parts = [
+        f"{r.regime.replace('_', ' ')} {r.first_batch}"
+        + (f"–{r.last_batch}" if r.last_batch != r.first_batch else "")
+        for r in fit.regimes
+    ]
+    return f" Regimes: {', '.join(parts)}."
 
 
 def _interval_text(fit: CriticalBatchSummary) -> str:

@@ -85,13 +85,46 @@ def worker_counts(runs: pd.DataFrame) -> list[int]:
     return sorted({int(w) for w in workers[np.isfinite(workers)]})
 
 
-def worker_choice(runs: pd.DataFrame) -> tuple[int | None, str]:
-    """Workers = 1 unless trials with more workers reached the target faster (median time)."""
+def worker_choice(
+    runs: pd.DataFrame, cell: tuple[str, int] | None = None
+) -> tuple[int | None, str]:
+    """Workers = 1 unless trials with more workers reached the target faster, with both times.
+
+    Times are per (LR rule, batch, workers) cell (`_median_times`). They are compared like for
+    like at one cell run with one worker and more: `cell` (the recommended rule and batch) if
+    it was, else the fastest such cell; without one, each worker count's fastest cell is named
+    beside its time.
+    """
     runs = ensure_columns(runs, schemas.RUNS)
     counts = worker_counts(runs)
     if len(counts) <= 1:
         only = counts[0] if counts else 1
-        return only, f"only {only} worker{'s' if only != 1 else ''} measured"
+        return only, f"only {_workers(only)} measured"
+    medians = _median_times(runs)
+    if medians.empty:
+        return 1, "no trial reached the target"
+    fastest, place, where = _compared(medians, cell)
+    best = int(fastest.idxmin())
+    listing = place + "; ".join(
+        f"{_workers(int(n))}: {fastest[n]:.3g} s to target{where.get(n, '')}"
+        for n in fastest.index
+    )
+    if 1 not in fastest.index:
+        return best, f"{listing} — {_workers(best)} fastest; 1 worker did not reach the target"
+    if best == 1:
+        return 1, f"{listing} — more workers did not reach the target sooner than 1"
+    speedup = fastest[1] / fastest[best]
+    return best, (
+        f"{listing} — {_workers(best)} reached the target {speedup:.3g}× sooner than 1, for"
+        f" {best}× the workers ({speedup / best:.0%} data-parallel efficiency)"
+    )
+
+
+def _median_times(runs: pd.DataFrame) -> pd.Series:
+    """Time to target per (lr_rule, batch_size, workers), like S(B): per learning rate the
+    median over seeds with a trial that did not reach the target counted as never (+inf, so a
+    learning rate that fails on half the seeds does not count), then the best learning rate.
+    Cells no learning rate reached are left out."""
     time = numeric_column(runs, "time_to_target_s")
     reached = matches(runs, "status", RunStatus.REACHED) & np.isfinite(time)
     frame = pd.DataFrame(
@@ -99,17 +132,45 @@ def worker_choice(runs: pd.DataFrame) -> tuple[int | None, str]:
             "lr_rule": runs["lr_rule"].to_numpy(),
             "batch_size": numeric_column(runs, "batch_size"),
             "workers": numeric_column(runs, "workers"),
-            "time": time,
+            "lr": numeric_column(runs, "lr"),
+            "time": np.where(reached, time, np.inf),
         }
-    )[reached]
-    medians = frame.groupby(["lr_rule", "batch_size", "workers"])["time"].median()
-    fastest = medians.groupby(level="workers").min()
-    if fastest.empty:
-        return 1, "no trial reached the target"
-    if 1 not in fastest.index:
-        best = int(fastest.idxmin())
-        return best, f"{best} workers fastest to target ({fastest[best]:.3g} s); 1 worker not run"
-    best = int(fastest.idxmin())
-    if best == 1 or fastest[best] >= fastest[1]:
-        return 1, f"more workers did not reach the target faster than 1 ({fastest[1]:.3g} s)"
-    return best, f"{best} workers reached the target in {fastest[best]:.3g} s vs {fastest[1]:.3g} s"
+    )
+    keys = ["lr_rule", "batch_size", "workers"]
+    per_lr = frame.groupby([*keys, "lr"], dropna=False)["time"].median()
+    best = per_lr.groupby(level=keys).min()
+    return best[np.isfinite(best)]
+
+
+def _paired_cell(medians: pd.Series, cell: tuple[str, int] | None) -> tuple[str, float] | None:
+    """Where to compare worker counts like for like: the recommended cell if it ran with one
+    worker and more, else the fastest cell that did; None when no cell did."""
+    counts = medians.groupby(level=["lr_rule", "batch_size"]).apply(
+        lambda times: set(times.index.get_level_values("workers"))
+    )
+    paired = [key for key, workers in counts.items() if 1 in workers and len(workers) > 1]
+    if cell is not None and (cell[0], float(cell[1])) in paired:
+        return cell[0], float(cell[1])
+    if not paired:
+        return None
+    return min(paired, key=lambda key: medians.loc[key].min())
+
+
+def _compared(
+    medians: pd.Series, cell: tuple[str, int] | None
+) -> tuple[pd.Series, str, dict]:
+    """Per worker count the time compared; where all were measured ("at batch 64 (linear): ")
+    or, when no cell ran with one worker and more, where each was (" (linear, batch 64)")."""
+    paired = _paired_cell(medians, cell)
+    if paired is not None:
+        rule, batch = paired
+        times = medians.loc[(rule, batch)]
+        return times, f"at batch {int(batch)} ({rule}): ", {}
+    best = medians.groupby(level="workers").idxmin()
+    times = medians.groupby(level="workers").min()
+    where = {n: f" ({key[0]}, batch {int(key[1])})" for n, key in best.items()}
+    return times, "", where
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker{'s' if n != 1 else ''}"

@@ -9,7 +9,15 @@ import pandas as pd
 
 from batchscale.analysis.parallel import worker_choice
 from batchscale.analysis.summary import Recommendation
-from batchscale.fits import numeric_column
+from batchscale.analysis.timetotarget import StepTimeSource
+from batchscale.fits import ensure_columns, matches, numeric_column
+from batchscale.schemas import RUNS, RunStatus
+
+MEASURED_IN = {
+    StepTimeSource.CONVERGENCE: "measured in the convergence runs",
+    StepTimeSource.SWEEP: "from the sweep",
+    StepTimeSource.SWEEP_FIT: "from the sweep's line t(B)",
+}
 
 
 def recommend(
@@ -19,21 +27,24 @@ def recommend(
 
     Batch: the minimum measured time to target (S·t) over reached (rule, batch) cells; the
     model optimum B* of the chosen rule (`b_star`, per rule) is quoted to explain it, not to
-    override the measurement. LR rule: the smallest S at that batch. Workers: `worker_choice`.
-    `table` has lr_rule, batch_size, steps_to_target, step_time_s, time_to_target_s.
+    override the measurement. LR rule: the smallest S at that batch. Workers: `worker_choice`
+    at that rule and batch. `table` has lr_rule, batch_size, steps_to_target, step_time_s,
+    time_to_target_s (and step_time_source, where known).
     """
-    workers, workers_reason = worker_choice(runs)
     timed = (
         table[np.isfinite(numeric_column(table, "time_to_target_s"))] if not table.empty else table
     )
     if timed.empty:
-        reason = "no trial reached the target with a known step time"
+        workers, workers_reason = worker_choice(runs)
+        reason = _nothing_timed_reason(runs)
         return Recommendation(None, None, workers, reason, reason, workers_reason)
     best = timed.sort_values(["time_to_target_s", "batch_size"]).iloc[0]
     batch = int(best["batch_size"])
+    source = MEASURED_IN.get(best.get("step_time_source"), "")
     batch_reason = (
         f"fastest time to target: {best['time_to_target_s']:.3g} s "
-        f"({best['steps_to_target']:.0f} steps × {1e3 * best['step_time_s']:.3g} ms per step)"
+        f"({best['steps_to_target']:.0f} steps × {1e3 * best['step_time_s']:.3g} ms per step"
+        f"{' ' + source if source else ''})"
     )
     at_batch = timed[timed["batch_size"] == batch].sort_values(["steps_to_target", "lr_rule"])
     rule = str(at_batch.iloc[0]["lr_rule"])
@@ -45,4 +56,13 @@ def recommend(
         for r, s in zip(at_batch["lr_rule"], at_batch["steps_to_target"], strict=True)
     )
     rule_reason = f"fewest steps to target at batch {batch} ({listing})"
+    workers, workers_reason = worker_choice(runs, (rule, batch))
     return Recommendation(batch, rule, workers, batch_reason, rule_reason, workers_reason)
+
+
+def _nothing_timed_reason(runs: pd.DataFrame) -> str:
+    """Why there is no batch to recommend: every trial diverged, or none reached the target."""
+    runs = ensure_columns(runs, RUNS)
+    if len(runs) and matches(runs, "status", RunStatus.DIVERGED).all():
+        return f"every convergence trial diverged ({len(runs)} trials): nothing reached the target"
+    return "no trial reached the target with a known step time"

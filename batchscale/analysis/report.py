@@ -15,8 +15,9 @@ from markupsafe import Markup
 
 from batchscale import schemas
 from batchscale.analysis.analyze import AnalysisResult
-from batchscale.analysis.narrative import narrative_markdown, recommendation_list
+from batchscale.analysis.narrative import b_crit_text, narrative_markdown, recommendation_list
 from batchscale.analysis.plots import convergence_plots, parallel_plot, throughput_plots
+from batchscale.analysis.quality import quality_box_markdown, stable_sentence
 from batchscale.fits import ensure_columns
 from batchscale.html import environment, markdown_html, render_page
 
@@ -34,9 +35,19 @@ TABLE_COLUMNS = (
     ("step_time_s", "step time (s)"),
     ("time_to_target_s", "time to target (s)"),
     ("samples_per_s", "samples/s"),
+    ("step_time_source", "step time from"),
+    ("sweep_step_time_s", "sweep step time (s)"),
+    ("timing_flag", "timing"),
     ("regime", "regime"),
+    ("fit_slope", "slope (fit)"),
+    ("measured_slope", "slope (measured)"),
+    ("b_crit", "B_crit"),
     ("b_simple", "B_simple"),
 )
+"""Columns of the results table. B_crit is shown as `b_crit_text` says it (a number or a
+bound, from the b_crit, b_crit_bound and b_crit_bound_batch columns); a timing flag as the
+ratio of the two step times (its sentence is in the quality box); names without underscores,
+so they wrap."""
 
 
 def render_html(
@@ -53,13 +64,16 @@ def render_html(
     curves = ensure_columns(curves, schemas.CURVES)
     summary = result.summary
     table = pd.DataFrame(result.rows, columns=schemas.ANALYSIS.names)
+    box = quality_box_markdown(summary.quality)
     return render_page(
         TEMPLATE,
         title=title,
+        quality_box=markdown_html(box) if box else None,
+        quality_line=stable_sentence(summary.quality),
         recommendation=markdown_html(recommendation_list(summary.recommendation)),
-        narrative=markdown_html(narrative_markdown(summary)),
+        narrative=markdown_html(narrative_markdown(summary, with_quality=False)),
         regressions_slot=REGRESSIONS_SLOT,
-        throughput_plots=throughput_plots(sweep, summary),
+        throughput_plots=throughput_plots(sweep, summary, table),
         convergence_plots=convergence_plots(table, curves, summary),
         parallel_plot=parallel_plot(runs),
         table_headings=[heading for _, heading in TABLE_COLUMNS],
@@ -81,10 +95,28 @@ def add_regressions(page: str, markdown: str) -> str:
 
 def _table_cells(row: dict) -> list[tuple[str, bool]]:
     """(shown text, is text) per column of the results table; text cells align left."""
+    cells = dict(row, b_crit=_b_crit_cell(row), timing_flag=_timing_cell(row))
+    for key in ("regime", "step_time_source"):
+        if isinstance(cells[key], str):
+            cells[key] = cells[key].replace("_", " ")
     return [
-        (_fmt(row[key]), isinstance(row[key], str) or row[key] is None)
+        (_fmt(cells[key]), isinstance(cells[key], str) or cells[key] is None)
         for key, _ in TABLE_COLUMNS
     ]
+
+
+def _b_crit_cell(row: dict) -> str | float:
+    """The number where there is one (a float cell), else the bound in words."""
+    if row["b_crit_bound"]:
+        return b_crit_text(row["b_crit"], row["b_crit_bound"], row["b_crit_bound_batch"])
+    return row["b_crit"]
+
+
+def _timing_cell(row: dict) -> str | None:
+    """A flagged cell as "10× the sweep" (the full sentence is in the quality box)."""
+    if not row["timing_flag"]:
+        return None
+    return f"{row['step_time_s'] / row['sweep_step_time_s']:.2g}× the sweep"
 
 
 def _fmt(value: object) -> str:

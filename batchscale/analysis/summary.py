@@ -78,7 +78,12 @@ class CriticalBatchSummary:
     b_crit_high: float
     r2: float
     reason: str
-    """Why B_crit was not estimated ("" when it was)."""
+    """Why B_crit was not estimated ("" when it was): a bound, or an edge case (one batch size,
+    fewer than three reached the target, every trial diverged)."""
+    bound: str
+    """"above" / "below" when the data support only a bound on B_crit ("" otherwise)."""
+    bound_batch: float
+    """The batch size of the bound: B_crit lies above / below it (NaN without a bound)."""
     interval_note: str
     """Why the interval is missing, or that it reaches an end of the measured range."""
     batch_range: tuple[float, float]
@@ -110,6 +115,61 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
+class ExcludedRow:
+    """A sweep row flagged unstable and left out of every timing figure."""
+
+    input_mode: str
+    batch_size: int
+    reason: str
+    """The sweep's `quality_reason` (why its rounds or steps could not be trusted)."""
+
+
+@dataclass(frozen=True)
+class TimingFlag:
+    """A batch size whose convergence step time and sweep step time disagree."""
+
+    batch_size: int
+    text: str
+
+
+@dataclass(frozen=True)
+class MeasurementQuality:
+    """How far the run's timings can be trusted: what was left out, under which conditions."""
+
+    timed_rows: int
+    """Sweep rows that ran (status ok), stable or not."""
+    recorded_rows: int
+    """Of those, rows with a recorded quality (0: a table from before quality flags)."""
+    excluded: tuple[ExcludedRow, ...]
+    max_load_avg_1m: float
+    """Highest 1-minute load average over the timed rows (NaN: not recorded)."""
+    usable_cpus: int | None
+    """CPUs the sweep could use (its affinity mask / cgroup quota); None: not recorded."""
+    busy_rows: int
+    """Timed rows whose load average exceeded the usable CPUs (`quality.BUSY_LOAD_EXCESS`)."""
+    cpu_per_wall_range: tuple[float, float]
+    """Lowest and highest process CPU seconds per wall second over the timed rows."""
+    oversubscribed_rows: int
+    """Timed rows whose torch threads outnumbered the usable CPUs."""
+    gpu_shared_rows: int
+    """Timed rows with another process on the GPU (CUDA with NVML only)."""
+    gpu_clock_temperature: tuple[float, float]
+    """Lowest SM clock (MHz) and highest temperature (°C) over the timed rows (NaN: unknown)."""
+    timing_flags: tuple[TimingFlag, ...]
+
+    @property
+    def flagged(self) -> bool:
+        """Anything a user must know before trusting the figures."""
+        return bool(
+            self.excluded
+            or self.busy_rows
+            or self.oversubscribed_rows
+            or self.gpu_shared_rows
+            or self.timing_flags
+        )
+
+
+@dataclass(frozen=True)
 class AnalysisSummary:
     """Everything the narrative, the report and the metrics say about one run."""
 
@@ -123,6 +183,9 @@ class AnalysisSummary:
     noise_scale: NoiseScaleSummary
     recommendation: Recommendation
     min_time_to_target_s: float
+    step_time_sources: tuple[str, ...]
+    """Where the step times of T(B) came from (`timetotarget.StepTimeSource` values)."""
+    quality: MeasurementQuality
 
     def metrics(self) -> dict[str, float]:
         """Finite headline numbers, flat, for KFP Metrics (which cannot store NaN or inf)."""
@@ -141,19 +204,30 @@ class AnalysisSummary:
             "recommended_batch_size": self.recommendation.batch_size,
             "recommended_workers": self.recommendation.workers,
             "min_time_to_target_s": self.min_time_to_target_s,
+            "timing_flags": len(self.quality.timing_flags),
         }
+        if self.quality.recorded_rows:
+            values["sweep_rows_unstable"] = len(self.quality.excluded)
         for rule, fit in self.critical_batch.items():
-            values.update(
-                {
-                    f"s_min_{rule}": fit.s_min,
-                    f"e_min_{rule}": fit.e_min,
-                    f"b_crit_{rule}": fit.b_crit,
-                    f"b_crit_low_{rule}": fit.b_crit_low,
-                    f"b_crit_high_{rule}": fit.b_crit_high,
-                    f"optimal_batch_{rule}": fit.optimal_batch,
-                }
-            )
+            values.update(_critical_metrics(rule, fit))
         return {name: float(value) for name, value in values.items() if _is_finite_number(value)}
+
+
+def _critical_metrics(rule: str, fit: CriticalBatchSummary) -> dict[str, object]:
+    """B_crit and its fit only when the data support a number; otherwise the bound alone
+    (`b_crit_<rule>_above` = 1024), never a round-off ratio."""
+    if fit.bound:
+        return {f"b_crit_{rule}_{fit.bound}": fit.bound_batch}
+    if not math.isfinite(fit.b_crit):
+        return {}
+    return {
+        f"s_min_{rule}": fit.s_min,
+        f"e_min_{rule}": fit.e_min,
+        f"b_crit_{rule}": fit.b_crit,
+        f"b_crit_low_{rule}": fit.b_crit_low,
+        f"b_crit_high_{rule}": fit.b_crit_high,
+        f"optimal_batch_{rule}": fit.optimal_batch,
+    }
 
 
 def _is_finite_number(value: object) -> bool:

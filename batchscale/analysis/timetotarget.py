@@ -1,10 +1,19 @@
 """Time to target T(B) = S(B)·t(B): seconds per step at each batch size, where they came from,
-and the model optimum B* = sqrt(α·B_crit/β) under the step-time line t = α + βB."""
+and the model optimum B* = sqrt(α·B_crit/β) under the step-time line t = α + βB.
+
+Two measurements of t(B) exist. The convergence runs time the very steps that reach the target
+(real input, the trainer's own loop), so T(B) uses them when they are there (`cell_step_times`).
+The throughput sweep times steps on a quiet, synchronized window with synthetic input; its
+line α + βB is what B* uses (the convergence runs time only the batches they trained) and is
+shown beside T's step time, with a flag where the two disagree by more than
+`analysis.step_time_disagreement_factor`.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from enum import StrEnum
 
 import numpy as np
 import pandas as pd
@@ -19,6 +28,17 @@ from batchscale.fits import (
     throughput_curve,
     timing_mode,
 )
+
+
+class StepTimeSource(StrEnum):
+    """`step_time_source` of an analysis row: where the step time of T(B) came from."""
+
+    CONVERGENCE = "convergence"
+    """Median train time per step of the convergence trials at that batch."""
+    SWEEP = "sweep"
+    """The sweep's median step time at that batch (a row not flagged unstable)."""
+    SWEEP_FIT = "sweep_fit"
+    """The sweep's line α + βB at a batch it did not time (or timed only unstably)."""
 
 
 def time_to_target(steps: float | np.ndarray, step_time: float | np.ndarray) -> np.ndarray:
@@ -68,6 +88,117 @@ def step_times(
     if not measured:
         source = "none: no timed batch"
     return np.array(times, dtype=float), fit, source
+
+
+def convergence_step_times(runs: pd.DataFrame) -> dict[float, float]:
+    """Seconds per step measured in the convergence runs, per batch size.
+
+    train_time_s / steps_run of each trial (the trainer's own clock, evaluation excluded;
+    the wall clock is the maximum over ranks), then the median over the trials at that batch:
+    all LR rules and seeds together, because a step's work (forward, backward, update) does
+    not depend on the learning rate, and pooling gives the median more trials than one
+    (rule, batch) cell has. Only the trials with the fewest workers at that batch count (one
+    worker where it was run), like the single-process sweep they are compared with. Diverged
+    trials count too: their steps took as long as anyone's.
+    """
+    runs = ensure_columns(runs, schemas.RUNS)
+    frame = pd.DataFrame(
+        {
+            "batch_size": numeric_column(runs, "batch_size"),
+            "workers": numeric_column(runs, "workers"),
+            "t": numeric_column(runs, "train_time_s") / numeric_column(runs, "steps_run"),
+        }
+    )
+    frame = frame[np.isfinite(frame["t"]) & (frame["t"] > 0) & np.isfinite(frame["batch_size"])]
+    fewest = frame.groupby("batch_size")["workers"].transform("min")
+    frame = frame[frame["workers"].eq(fewest) | fewest.isna()]
+    return frame.groupby("batch_size")["t"].median().to_dict()
+
+
+def sweep_step_times(sweep: pd.DataFrame, batches: Iterable) -> tuple[np.ndarray, np.ndarray]:
+    """The sweep's seconds per step at each of `batches` and which (`StepTimeSource`): the
+    stable measured median, else its line α + βB; NaN and None when the sweep timed nothing."""
+    mode = timing_mode(sweep)
+    batches = as_floats(batches)
+    if mode is None:
+        return np.full(batches.size, math.nan), np.full(batches.size, None, dtype=object)
+    curve = throughput_curve(sweep, mode)
+    measured = dict(zip(curve["batch_size"], curve["step_time_median_s"], strict=True))
+    fit = fit_step_time(list(measured), list(measured.values()))
+    times, sources = [], []
+    for batch in batches:
+        value = measured.get(batch, math.nan)
+        if math.isfinite(value) and value > 0:
+            times.append(value)
+            sources.append(StepTimeSource.SWEEP.value)
+        else:
+            predicted = fit.predict(batch)
+            times.append(predicted)
+            sources.append(StepTimeSource.SWEEP_FIT.value if math.isfinite(predicted) else None)
+    return np.array(times, dtype=float), np.array(sources, dtype=object)
+
+
+def cell_step_times(
+    sweep: pd.DataFrame, runs: pd.DataFrame, batches: Iterable, disagreement_factor: float
+) -> pd.DataFrame:
+    """Per batch: the step time T(B) uses, its source, the sweep's figure and a timing flag.
+
+    Columns: step_time_s, step_time_source, sweep_step_time_s, timing_flag (None, or why the
+    two measurements cannot both be right: they differ by more than `disagreement_factor`
+    either way). The convergence runs' time wins where it exists (it is the time the steps
+    to target actually took); otherwise the sweep's.
+    """
+    batches = as_floats(batches)
+    converged = convergence_step_times(runs)
+    swept, swept_source = sweep_step_times(sweep, batches)
+    columns: dict[str, list] = {
+        "step_time_s": [], "step_time_source": [], "sweep_step_time_s": [], "timing_flag": []
+    }
+    for batch, sweep_time, sweep_source in zip(batches, swept, swept_source, strict=True):
+        own = converged.get(batch, math.nan)
+        if math.isfinite(own):
+            time, source = own, StepTimeSource.CONVERGENCE.value
+        else:
+            time, source = sweep_time, sweep_source
+        columns["step_time_s"].append(time)
+        columns["step_time_source"].append(source)
+        columns["sweep_step_time_s"].append(sweep_time)
+        columns["timing_flag"].append(
+            timing_flag(own, sweep_time, sweep_source, disagreement_factor)
+        )
+    # object Series keep None as None (a text column of the analysis table: null, not NaN)
+    return pd.DataFrame(
+        {
+            name: pd.Series(values, dtype=float if name.endswith("_s") else object)
+            for name, values in columns.items()
+        }
+    )
+
+
+def timing_flag(
+    convergence_s: float, sweep_s: float, sweep_source: str | None, factor: float
+) -> str | None:
+    """Plain words when the two step times differ by more than `factor` either way, else None."""
+    if not (math.isfinite(convergence_s) and math.isfinite(sweep_s) and sweep_s > 0):
+        return None
+    ratio = convergence_s / sweep_s
+    if 1.0 / factor <= ratio <= factor:
+        return None
+    what = "line" if sweep_source == StepTimeSource.SWEEP_FIT else "measurement"
+    if ratio > 1:
+        comparison = f"{ratio:.3g}× the sweep's {_ms(sweep_s)} ({what})"
+        cause = "training was slowed (a busy machine, or the input pipeline)"
+    else:
+        comparison = f"{1 / ratio:.3g}× less than the sweep's {_ms(sweep_s)} ({what})"
+        cause = "the sweep was slowed (a busy machine while it timed this batch)"
+    return (
+        f"the convergence runs took {_ms(convergence_s)} per step, {comparison}: more than the"
+        f" {factor:g}× allowed, so one of them is off, most likely {cause}"
+    )
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.3g} ms"
 
 
 def optimal_batch_cap(sweep: pd.DataFrame, table: pd.DataFrame, fitting: float) -> float:

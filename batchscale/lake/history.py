@@ -21,7 +21,11 @@ from batchscale.storage import ObjectStore
 
 SWEEP_COLUMNS = ["run_id", "date", "device_name", "precision", "input_mode", "batch_size",
                  "samples_per_s"]
-ANALYSIS_COLUMNS = ["run_id", "date", "lr_rule", "b_crit", "b_crit_low", "b_crit_high"]
+ANALYSIS_COLUMNS = ["run_id", "date", "lr_rule", "b_crit", "b_crit_low", "b_crit_high",
+                    "b_crit_bound", "b_crit_bound_batch"]
+"""The analysis columns history shows; the bound columns are absent from partitions published
+before B_crit could be a bound, and read as no bound there."""
+BOUND_SIGNS = {"above": ">", "below": "<"}
 SERIES_KEYS = ["device_name", "precision", "input_mode"]
 RUN_KEYS = ["published_at", "date", "run_id"]
 TIME_FORMAT = "%Y-%m-%d %H:%M"
@@ -42,7 +46,7 @@ class History:
     throughput: pd.DataFrame
     """RUN_KEYS, SERIES_KEYS, batch_size, samples_per_s (median of the run's ok rows)."""
     critical: pd.DataFrame
-    """RUN_KEYS, lr_rule, b_crit, b_crit_low, b_crit_high."""
+    """RUN_KEYS, lr_rule, b_crit, b_crit_low, b_crit_high, b_crit_bound, b_crit_bound_batch."""
 
 
 def load_history(store: ObjectStore, workload: str, device: str | None = None,
@@ -68,8 +72,9 @@ def load_history(store: ObjectStore, workload: str, device: str | None = None,
     if sweep.empty:
         raise BatchscaleError(f"no run of {workload!r} matches --device {device!r} "
                               f"--precision {precision!r}")
-    analysis = read_lake_table(store, "analysis", filter=ds.field("run_id").isin(runs.tolist()),
-                               columns=ANALYSIS_COLUMNS)
+    # Every column, not ANALYSIS_COLUMNS: naming a column that an older partition lacks makes
+    # pyarrow refuse the scan; `_critical` fills what is missing.
+    analysis = read_lake_table(store, "analysis", filter=ds.field("run_id").isin(runs.tolist()))
     return History(workload, _throughput(sweep), _critical(analysis))
 
 
@@ -86,9 +91,11 @@ def _throughput(sweep: pd.DataFrame) -> pd.DataFrame:
 
 
 def _critical(analysis: pd.DataFrame | None) -> pd.DataFrame:
-    columns = [*RUN_KEYS, "lr_rule", "b_crit", "b_crit_low", "b_crit_high"]
+    columns = [*RUN_KEYS, *ANALYSIS_COLUMNS[2:]]
     if analysis is None:
         return pd.DataFrame(columns=columns)
+    if "b_crit_bound" not in analysis:
+        analysis = analysis.assign(b_crit_bound=None, b_crit_bound_batch=math.nan)
     return analysis[columns].drop_duplicates([*RUN_KEYS, "lr_rule"])
 
 
@@ -125,11 +132,23 @@ def critical_lines(history: History) -> list[str]:
              f"  {'published (UTC)':16s}  {'run_id':28s}  {'LR rule':10s} {'B_crit':>10s}  "
              "interval"]
     for row in history.critical.itertuples(index=False):
-        interval = (f"[{_number(row.b_crit_low)}, {_number(row.b_crit_high)}]"
-                    if math.isfinite(row.b_crit_low) else "-")
-        lines.append(f"  {_run_label(row)}  {row.lr_rule:10s} {_number(row.b_crit):>10s}  "
-                     f"{interval}")
+        value, interval = _b_crit_cells(row)
+        lines.append(f"  {_run_label(row)}  {row.lr_rule:10s} {value:>10s}  {interval}")
     return lines
+
+
+def _b_crit_cells(row) -> tuple[str, str]:
+    """(B_crit, interval) as printed: a bound shows as "> 1,024" with its meaning in words
+    where the interval would be, as the report says it."""
+    from batchscale.analysis.narrative import b_crit_text
+
+    if isinstance(row.b_crit_bound, str) and row.b_crit_bound in BOUND_SIGNS:
+        sign = BOUND_SIGNS[row.b_crit_bound]
+        return (f"{sign} {_number(row.b_crit_bound_batch)}",
+                b_crit_text(math.nan, row.b_crit_bound, row.b_crit_bound_batch))
+    interval = (f"[{_number(row.b_crit_low)}, {_number(row.b_crit_high)}]"
+                if math.isfinite(row.b_crit_low) else "-")
+    return _number(row.b_crit), interval
 
 
 def default_plot_path(workload: str) -> Path:
@@ -146,6 +165,17 @@ def _run_axis(axis, history: History) -> dict[str, int]:
         f"{row.published_at.strftime(TIME_FORMAT)}\n{row.run_id[-RUN_ID_TAIL:]}"
         for row in shown.itertuples(index=False)], rotation=30, ha="right", fontsize="small")
     return {run_id: i for i, run_id in enumerate(runs["run_id"])}
+
+
+def _plot_bounds(axis, rows: pd.DataFrame, x: dict[str, int], color: str) -> None:
+    """Runs whose B_crit is only a bound: a hollow triangle at the bound pointing to the side
+    where B_crit lies (no point at a number the data did not support)."""
+    for bound, marker in (("above", "^"), ("below", "v")):
+        bounded = rows[rows["b_crit_bound"].eq(bound)]
+        if not bounded.empty:
+            axis.plot(bounded["run_id"].map(x), bounded["b_crit_bound_batch"], marker,
+                      markerfacecolor="none", color=color, linestyle="none",
+                      label=f"B_crit {bound} (bound)")
 
 
 def plot_history(history: History, path: Path) -> Path:
@@ -168,8 +198,9 @@ def plot_history(history: History, path: Path) -> Path:
     for rule, rows in history.critical.groupby("lr_rule", sort=True):
         low = (rows["b_crit"] - rows["b_crit_low"]).clip(lower=0).fillna(0)
         high = (rows["b_crit_high"] - rows["b_crit"]).clip(lower=0).fillna(0)
-        bottom.errorbar(rows["run_id"].map(x), rows["b_crit"], yerr=[low, high], fmt="o-",
-                        capsize=3, label=f"{rule} LR rule")
+        line = bottom.errorbar(rows["run_id"].map(x), rows["b_crit"], yerr=[low, high],
+                               fmt="o-", capsize=3, label=f"{rule} LR rule")
+        _plot_bounds(bottom, rows, x, line.lines[0].get_color())
     bottom.set_ylabel("B_crit")
     bottom.set_xlabel("run (published, UTC)")
     bottom.set_title("critical batch size (90 % bootstrap interval)")

@@ -68,15 +68,35 @@ def analysis_config(manifest: dict) -> AnalysisConfig:
 
 
 def throughput_lines(sweep: pa.Table) -> list[str]:
+    """One line per sweep row; a row flagged unstable says so (it is left out of the fits)."""
     lines = ["throughput (samples/s; median step; CV):",
              f"  {'input':9s} {'batch':>6s} {'samples/s':>11s} {'step ms':>9s} {'cv':>6s}"]
     for r in sorted(sweep.to_pylist(), key=lambda r: (r["input_mode"], r["batch_size"])):
         if r["status"] != "ok":
             lines.append(f"  {r['input_mode']:9s} {r['batch_size']:6d}  {r['status']}")
             continue
-        lines.append(f"  {r['input_mode']:9s} {r['batch_size']:6d} {r['samples_per_s']:11.0f} "
-                     f"{r['step_time_median_s'] * 1e3:9.3f} {r['step_time_cv']:6.3f}")
+        flag = "  unstable: left out" if r.get("quality") == "unstable" else ""
+        lines.append(f"  {r['input_mode']:9s} {r['batch_size']:6d} "
+                     f"{_fmt(r['samples_per_s'], '11.0f'):>11s} "
+                     f"{_fmt(_ms(r['step_time_median_s']), '9.3f'):>9s} "
+                     f"{_fmt(r['step_time_cv'], '6.3f'):>6s}{flag}")
     return lines
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1e3 * seconds
+
+
+def quality_lines(tables: dict[str, pa.Table]) -> list[str]:
+    """The measurement quality, as the report's box says it (from the published sweep and
+    analysis tables; tables from before quality flags read as "not recorded")."""
+    import pandas as pd
+
+    from batchscale.analysis.quality import measurement_quality
+    from batchscale.analysis.quality import quality_lines as lines_of
+
+    analysis = tables["analysis"].to_pandas() if "analysis" in tables else pd.DataFrame()
+    return lines_of(measurement_quality(tables["sweep"].to_pandas(), analysis))
 
 
 def saturation_line(sweep: pa.Table, tolerance: float) -> str:
@@ -89,7 +109,10 @@ def saturation_line(sweep: pa.Table, tolerance: float) -> str:
             f"{_fmt(batch, 'd')}")
 
 
-def convergence_lines(analysis: pa.Table) -> list[str]:
+def convergence_lines(analysis: pa.Table, runs: pa.Table | None = None) -> list[str]:
+    """S(B) per rule and batch, then B_crit per rule as the report states it: a number with its
+    interval, a bound ("above 1,024: steps still fall like 1/B"), or why there is none (the
+    edge cases, from the published `runs`)."""
     rows = analysis.to_pylist()
     if not rows:
         return ["steps to target S(B): no convergence results"]
@@ -103,10 +126,35 @@ def convergence_lines(analysis: pa.Table) -> list[str]:
             f"{_fmt(cell.get((rule, b), {}).get('steps_to_target')):>10s}" for rule in rules))
     for rule in rules:
         fit = next(r for r in rows if r["lr_rule"] == rule)
-        lines.append(f"  B_crit ({rule}): {_fmt(fit['b_crit'], '.1f')} "
-                     f"[{_fmt(fit['b_crit_low'], '.1f')}, {_fmt(fit['b_crit_high'], '.1f')}] "
-                     f"(S_min {_fmt(fit['s_min'], '.1f')}, E_min {_fmt(fit['e_min'], '.0f')})")
+        lines.append(f"  B_crit ({rule}): {_b_crit_line(fit, rule, rows, runs)}")
     return lines
+
+
+def _b_crit_line(fit: dict, rule: str, rows: list[dict], runs: pa.Table | None) -> str:
+    from batchscale.analysis.narrative import b_crit_text
+
+    if fit.get("b_crit_bound"):
+        return b_crit_text(math.nan, fit["b_crit_bound"], fit["b_crit_bound_batch"])
+    if fit["b_crit"] is not None and math.isfinite(fit["b_crit"]):
+        return (f"{_fmt(fit['b_crit'], '.1f')} "
+                f"[{_fmt(fit['b_crit_low'], '.1f')}, {_fmt(fit['b_crit_high'], '.1f')}] "
+                f"(S_min {_fmt(fit['s_min'], '.1f')}, E_min {_fmt(fit['e_min'], '.0f')})")
+    return f"not estimated ({_no_fit_reason(rule, rows, runs)})"
+
+
+def _no_fit_reason(rule: str, rows: list[dict], runs: pa.Table | None) -> str:
+    """The edge case that left `rule` without a fit, read from the published runs."""
+    import pandas as pd
+
+    from batchscale.analysis.critical_summary import edge_case_reason
+    from batchscale.fits import ensure_columns, matches
+    from batchscale.schemas import RUNS
+
+    if runs is None:
+        return "see the report"
+    frame = ensure_columns(runs.to_pandas(), RUNS)
+    cells = pd.DataFrame([r for r in rows if r["lr_rule"] == rule])
+    return edge_case_reason(frame[matches(frame, "lr_rule", rule)], cells) or "see the report"
 
 
 def regression_lines(regressions: pa.Table) -> list[str]:
@@ -132,10 +180,11 @@ def summary_lines(store: ObjectStore, run_id: str, manifest: dict,
     if "sweep" in tables:
         lines += throughput_lines(tables["sweep"])
     if "analysis" in tables:
-        lines += convergence_lines(tables["analysis"])
+        lines += convergence_lines(tables["analysis"], tables.get("runs"))
     if "sweep" in tables:
         lines.append(saturation_line(tables["sweep"],
                                      analysis_config(manifest).saturation_tolerance))
+        lines += quality_lines(tables)
     if "regressions" in tables:
         lines += regression_lines(tables["regressions"])
     lines.append("tables:")

@@ -1,0 +1,142 @@
+"""The critical batch of each LR rule as the summary carries it: the fit (a number only when the
+data support one, otherwise a bound), its bootstrap interval, the edge cases in plain words
+(one batch size, fewer than three reached the target, every trial diverged), the regimes from
+the fitted curve and B*. The fits themselves are in `critical`; this module decides what is
+reported."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from batchscale.analysis.critical import (
+    MIN_CRITICAL_FIT_BATCHES,
+    CriticalBatchFit,
+    bootstrap_critical_batch,
+    fit_critical_batch,
+    interval_note,
+    regimes,
+)
+from batchscale.analysis.summary import CriticalBatchSummary, RegimeRange
+from batchscale.analysis.timetotarget import optimal_batch
+from batchscale.config import AnalysisConfig
+from batchscale.fits import StepTimeFit, matches, numeric_column
+from batchscale.schemas import RunStatus
+
+
+def critical_by_rule(
+    runs: pd.DataFrame,
+    table: pd.DataFrame,
+    settings: AnalysisConfig,
+    step_fit: StepTimeFit,
+    b_cap: float,
+) -> tuple[dict[str, CriticalBatchSummary], dict[str, pd.DataFrame]]:
+    """Per LR rule (sorted): the summary and the `regimes` table (batch_size, fit_slope,
+    measured_slope, regime)."""
+    summaries, labels = {}, {}
+    for rule, cells in table.groupby("lr_rule", sort=True):
+        rule_runs = runs[matches(runs, "lr_rule", rule)]
+        fit = _fit(rule_runs, cells, settings.b_crit_range_factor)
+        labels[rule] = regimes(cells["batch_size"], cells["steps_to_target"], fit)
+        summaries[rule] = _summary(rule_runs, rule, fit, labels[rule], settings, step_fit, b_cap)
+    return summaries, labels
+
+
+def edge_case_reason(rule_runs: pd.DataFrame, cells: pd.DataFrame) -> str:
+    """Why no fit is possible for one rule's trials, in words a user can act on ("" if it is)."""
+    status = rule_runs["status"]
+    run_batches = sorted({int(b) for b in numeric_column(rule_runs, "batch_size") if b > 0})
+    if len(rule_runs) and status.eq(RunStatus.DIVERGED).all():
+        return (
+            f"every trial diverged ({_count(len(rule_runs), 'trial')} at"
+            f" {_count(len(run_batches), 'batch size')}): nothing reached the target, so there"
+            " are no steps to fit; a lower learning rate or a longer warm-up may converge"
+        )
+    if len(run_batches) == 1:
+        return (
+            f"one batch size measured ({run_batches[0]}): B_crit needs steps to target at"
+            f" {MIN_CRITICAL_FIT_BATCHES} or more batch sizes"
+        )
+    steps = numeric_column(cells, "steps_to_target")
+    reached = sorted(int(b) for b, s in zip(cells["batch_size"], steps, strict=True)
+                     if math.isfinite(s))
+    if not reached:
+        return f"no batch size reached the target (of {_count(len(run_batches), 'batch size')} run)"
+    if len(reached) < MIN_CRITICAL_FIT_BATCHES:
+        return (
+            f"only {len(reached)} of {len(run_batches)} batch sizes reached the target"
+            f" ({', '.join(map(str, reached))}): B_crit needs {MIN_CRITICAL_FIT_BATCHES} or more"
+        )
+    return ""
+
+
+def _fit(rule_runs: pd.DataFrame, cells: pd.DataFrame, range_factor: float) -> CriticalBatchFit:
+    reason = edge_case_reason(rule_runs, cells)
+    if reason:
+        return CriticalBatchFit(math.nan, math.nan, math.nan, math.nan, reason)
+    return fit_critical_batch(
+        cells["batch_size"], cells["steps_to_target"], range_factor=range_factor
+    )
+
+
+def _summary(
+    rule_runs: pd.DataFrame,
+    rule: str,
+    fit: CriticalBatchFit,
+    labels: pd.DataFrame,
+    settings: AnalysisConfig,
+    step_fit: StepTimeFit,
+    b_cap: float,
+) -> CriticalBatchSummary:
+    supported = math.isfinite(fit.b_crit) and not fit.bound
+    low, high = math.nan, math.nan
+    note = fit.reason
+    if supported:
+        low, high = bootstrap_critical_batch(rule_runs, rule, n=settings.bootstrap_samples)
+        note = interval_note(rule_runs, rule, (low, high))
+    batches = numeric_column(rule_runs, "batch_size")
+    batch_range = (
+        (float(np.nanmin(batches)), float(np.nanmax(batches)))
+        if np.isfinite(batches).any()
+        else (math.nan, math.nan)
+    )
+    # S_min and E_min are reported only beside a B_crit: where the data support a bound, one of
+    # them is indistinguishable from zero and their ratio is round-off.
+    return CriticalBatchSummary(
+        s_min=fit.s_min if supported else math.nan,
+        e_min=fit.e_min if supported else math.nan,
+        b_crit=fit.b_crit if supported else math.nan,
+        b_crit_low=low,
+        b_crit_high=high,
+        r2=fit.r2,
+        reason=fit.reason if not supported else "",
+        bound=fit.bound,
+        bound_batch=float(fit.bound_batch) if fit.bound else math.nan,
+        interval_note=note,
+        batch_range=batch_range,
+        optimal_batch=(
+            optimal_batch(step_fit.alpha_s, step_fit.beta_s, fit.b_crit, b_cap)
+            if supported
+            else math.nan
+        ),
+        regimes=regime_ranges(labels),
+    )
+
+
+def regime_ranges(labels: pd.DataFrame) -> tuple[RegimeRange, ...]:
+    """Consecutive batches with the same regime (batches of unknown regime skipped)."""
+    ranges: list[RegimeRange] = []
+    for batch, regime in zip(labels["batch_size"], labels["regime"], strict=True):
+        if not isinstance(regime, str):
+            continue
+        if ranges and ranges[-1].regime == regime:
+            ranges[-1] = RegimeRange(regime, ranges[-1].first_batch, int(batch))
+        else:
+            ranges.append(RegimeRange(regime, int(batch), int(batch)))
+    return tuple(ranges)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

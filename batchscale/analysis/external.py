@@ -1,0 +1,256 @@
+"""`batchscale analyze`: the analysis stage on tables a user brings — batchscale's own runs and
+sweep tables, or results from elsewhere (a benchmark's published reference convergence points,
+another team's training logs) — as Parquet or CSV. This is how a user checks batchscale against
+results they already trust.
+
+The files are read here (the type by extension), the user's columns renamed (`--column
+steps_to_target=their_name`), checked and completed into the `runs` and `sweep` schemas
+(`usertables`); the tables then go through the same `analyze` and
+`render_html` as the pipeline's analysis stage (docs/architecture.md, "Data flow"). The CLI
+validates the analysis table with the pipeline's suite (the checks package is another stage).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+import batchscale
+from batchscale import schemas
+from batchscale.analysis.usertables import (
+    RUNS_INPUT,
+    SWEEP_INPUT,
+    UserTable,
+    complete_runs,
+    complete_sweep,
+)
+from batchscale.config import ExperimentConfig
+from batchscale.envinfo import git_commit
+from batchscale.errors import BadInput
+from batchscale.names import quote
+from batchscale.storage import write_bytes_atomic, write_table_atomic
+from batchscale.storage.files import parse_parquet
+
+FILE_TYPES = (".parquet", ".csv")
+EXTERNAL = "external"
+"""workload, experiment and device_name of an analysis of tables batchscale did not measure."""
+RUN_ID_PREFIX = "external-"
+RUN_ID_DIGEST_CHARS = 12
+ANALYSIS_FILE = "analysis.parquet"
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.html"
+INPUT_SPECS = {"runs": RUNS_INPUT, "sweep": SWEEP_INPUT}
+MAPPABLE = sorted(set(RUNS_INPUT.columns) | set(SWEEP_INPUT.columns))
+"""Columns `--column NAME=SOURCE` may name (the runs and sweep schemas' columns)."""
+
+
+@dataclass(frozen=True)
+class ExternalInputs:
+    """The user's tables, read, renamed, checked and completed into batchscale's schemas."""
+
+    runs: UserTable
+    sweep: UserTable | None
+    mapping: dict[str, str]
+    """Our column name → the user's, as given with --column."""
+
+    @property
+    def notes(self) -> list[str]:
+        """What was assumed or derived, in plain words (printed, and kept in summary.json)."""
+        return [*self.runs.notes, *(self.sweep.notes if self.sweep else [])]
+
+    def default_run_id(self, config: ExperimentConfig) -> str:
+        """external-<digest of the input files, the mapping and the analysis settings>: the
+        same inputs analysed the same way land in the same directory."""
+        digest = hashlib.sha256()
+        for part in (self.runs.sha256, self.sweep.sha256 if self.sweep else "",
+                     json.dumps(self.mapping, sort_keys=True),
+                     config.analysis.model_dump_json()):
+            digest.update(part.encode() + b"\0")
+        return RUN_ID_PREFIX + digest.hexdigest()[:RUN_ID_DIGEST_CHARS]
+
+
+@dataclass(frozen=True)
+class ExternalAnalysis:
+    """What `batchscale analyze` writes: the analysis table, the summary and the report."""
+
+    run_id: str
+    table: pa.Table
+    """The analysis table (schema `analysis`, with the environment columns)."""
+    summary: dict
+    """summary.json: inputs, notes, settings, the typed summary, metrics and the narrative."""
+    markdown: str
+    report_html: str
+
+
+def parse_column_mapping(items: list[str] | None) -> dict[str, str]:
+    """`--column NAME=SOURCE` flags → {NAME: SOURCE}. NAME is a runs or sweep column, or
+    `runs.NAME` / `sweep.NAME` for one table only (when the two tables name it differently)."""
+    mapping: dict[str, str] = {}
+    for item in items or []:
+        name, sep, source = (part.strip() for part in item.partition("="))
+        if not sep or not name or not source:
+            raise BadInput(f"--column {quote(item)}: write NAME=SOURCE, e.g. "
+                           "--column steps_to_target=steps (NAME is batchscale's column, SOURCE "
+                           "the column in your file; sweep.NAME for the sweep table only)")
+        table, _, column = name.rpartition(".")
+        allowed = INPUT_SPECS[table].columns if table in INPUT_SPECS else MAPPABLE
+        if (table and table not in INPUT_SPECS) or column not in allowed:
+            raise BadInput(f"--column {quote(item)}: {quote(name)} is not a column batchscale "
+                           f"reads; allowed: {', '.join(MAPPABLE)}, each also as runs.NAME or "
+                           "sweep.NAME for one table only")
+        if name in mapping:
+            raise BadInput(f"--column: {quote(name)} is mapped twice ({quote(mapping[name])} "
+                           f"and {quote(source)}); give it once")
+        mapping[name] = source
+    return mapping
+
+
+def mapping_for(mapping: dict[str, str], kind: str) -> dict[str, str]:
+    """The --column mapping of one table: plain NAMEs, then `kind.NAME` (which wins)."""
+    plain = {name: source for name, source in mapping.items() if "." not in name}
+    prefix = f"{kind}."
+    return plain | {name.removeprefix(prefix): source for name, source in mapping.items()
+                    if name.startswith(prefix)}
+
+
+def read_inputs(runs_path: str, sweep_path: str | None,
+                mapping: dict[str, str]) -> ExternalInputs:
+    """Read, rename, check and complete the user's tables; BadInput (nothing written) naming
+    the file, the column and the rows on any problem."""
+    raw = {"runs": read_user_table(runs_path, "runs table")}
+    if sweep_path:
+        raw["sweep"] = read_user_table(sweep_path, "sweep table")
+    _check_mapping_sources(mapping, raw)
+    runs = complete_runs(raw["runs"].renamed(mapping_for(mapping, "runs")))
+    sweep = complete_sweep(raw["sweep"].renamed(mapping_for(mapping, "sweep"))) \
+        if sweep_path else None
+    return ExternalInputs(runs, sweep, mapping)
+
+
+def _check_mapping_sources(mapping: dict[str, str], raw: dict[str, UserTable]) -> None:
+    """Each SOURCE is a column of the table(s) its NAME is for."""
+    for name, source in mapping.items():
+        table, _, _ = name.rpartition(".")
+        if table and table not in raw:
+            raise BadInput(f"--column {name}={source}: no {table} table given (--sweep FILE)")
+        candidates = [raw[table]] if table else list(raw.values())
+        if not any(source in t.table.column_names for t in candidates):
+            found = "; ".join(f"{t.label}: {', '.join(t.table.column_names)}"
+                              for t in candidates)
+            raise BadInput(f"--column {name}={source}: no column {quote(source)} in the input "
+                           f"(columns found — {found})")
+
+
+def read_user_table(path_text: str, what: str) -> UserTable:
+    """A Parquet or CSV file (by extension), read whole; BadInput naming the file otherwise."""
+    path = Path(path_text)
+    label = f"{what} {quote(path_text)}"
+    suffix = path.suffix.lower()
+    if suffix not in FILE_TYPES:
+        raise BadInput(f"{label}: unknown file type {quote(suffix or '(no extension)')}; "
+                       f"allowed: {', '.join(FILE_TYPES)} (by extension)")
+    if not path.is_file():
+        raise BadInput(f"{label} does not exist or is not a file")
+    try:
+        with path.open("rb") as fh:
+            sha256 = hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError as err:
+        raise BadInput(f"{label} cannot be read: {err.strerror}") from None
+    table = parse_parquet(str(path), label) if suffix == ".parquet" else _read_csv(path, label)
+    duplicated = schemas.duplicated_columns(table)
+    if duplicated:
+        raise BadInput(f"{label} has duplicated columns {', '.join(map(quote, duplicated))}; "
+                       "each column name must appear once")
+    if table.num_rows == 0:
+        raise BadInput(f"{label} has no rows")
+    return UserTable(label, path, sha256, table, source_columns=tuple(table.column_names))
+
+
+def _read_csv(path: Path, label: str) -> pa.Table:
+    """A CSV with a header line; empty cells are empty (null) whatever the column's type."""
+    try:
+        table = pacsv.read_csv(str(path), convert_options=pacsv.ConvertOptions(
+            strings_can_be_null=True))
+        _ = table.column_names  # decoded only when asked: a non-UTF-8 header fails here
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
+        raise BadInput(f"{label} is not a readable CSV file (UTF-8 text, a header line, then "
+                       f"one line per row): {err}") from None
+    return table
+
+
+def external_env(run_id: str, config_hash: str) -> dict:
+    """The environment columns of an analysis of tables measured elsewhere: the analysis's own
+    code version, and "external" where the measuring machine is unknown. threads and
+    world_size must be ≥ 1 (schema and suite); 1 says nothing about the original runs."""
+    return {
+        "run_id": run_id,
+        "config_hash": config_hash,
+        "experiment": EXTERNAL,
+        "workload": EXTERNAL,
+        "git_commit": git_commit(),
+        "batchscale_version": batchscale.__version__,
+        "torch_version": EXTERNAL,
+        "python_version": platform.python_version(),
+        "device_name": EXTERNAL,
+        "threads": 1,
+        "world_size": 1,
+    }
+
+
+def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
+                   run_id: str) -> ExternalAnalysis:
+    """The pipeline's analysis (`analyze`, `render_html`) on the completed tables."""
+    from batchscale.analysis.analyze import analyze
+    from batchscale.analysis.report import render_html
+
+    env = external_env(run_id, config.config_hash)
+    runs = schemas.make_table("runs", inputs.runs.rows, env).to_pandas()
+    sweep = (schemas.make_table("sweep", inputs.sweep.rows, env).to_pandas()
+             if inputs.sweep else None)
+    result = analyze(sweep, runs, None, config.analysis)
+    table = schemas.make_table("analysis", result.rows, env)
+    title = f"batchscale analyze: {inputs.runs.path.name} ({run_id})"
+    page = render_html(result, sweep, runs, None, title=title)
+    summary = {
+        "run_id": run_id,
+        "inputs": {"runs": inputs.runs.describe(),
+                   "sweep": inputs.sweep.describe() if inputs.sweep else None},
+        "column_mapping": inputs.mapping,
+        "notes": inputs.notes,
+        "analysis_settings": config.analysis.model_dump(mode="json"),
+        "summary": json_safe(dataclasses.asdict(result.summary)),
+        "metrics": result.metrics,
+        "markdown": result.markdown,
+    }
+    return ExternalAnalysis(run_id, table, summary, result.markdown, page)
+
+
+def json_safe(value):
+    """`value` with NaN as null and ±inf as the strings "inf" / "-inf" (strict JSON has
+    neither), tuples as lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def write_outputs(analysis: ExternalAnalysis, out_dir: Path) -> dict[str, Path]:
+    """analysis.parquet, summary.json and report.html in `out_dir`, each written atomically."""
+    paths = {"analysis": out_dir / ANALYSIS_FILE, "summary": out_dir / SUMMARY_FILE,
+             "report": out_dir / REPORT_FILE}
+    write_table_atomic(paths["analysis"], analysis.table)
+    text = json.dumps(analysis.summary, indent=1, allow_nan=False, ensure_ascii=False)
+    write_bytes_atomic(paths["summary"], (text + "\n").encode())
+    write_bytes_atomic(paths["report"], analysis.report_html.encode())
+    return paths

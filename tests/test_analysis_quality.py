@@ -1,0 +1,199 @@
+"""Measurement quality end to end through `analyze` and the report: sweep rows flagged unstable
+are left out of t(B), the saturation batch, B* and time to target; the report opens with a
+quality box only when something is flagged; time to target uses the convergence runs' own step
+times, with a flag where they disagree with the sweep (batchscale.analysis.quality,
+batchscale.analysis.timetotarget)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from test_analyze import make_runs, make_sweep, run_row, sweep_line
+
+from batchscale.analysis.analyze import analyze
+from batchscale.analysis.report import render_html
+from batchscale.analysis.summary import ExcludedRow
+from batchscale.analysis.timetotarget import cell_step_times, convergence_step_times
+from batchscale.config import AnalysisConfig
+
+SETTINGS = AnalysisConfig(bootstrap_samples=20)
+DISTURBED_BATCH = 4
+DISTURBED_STEP_S = 9.2e-3  # the issue's busy-neighbour row: ~9× the quiet 1.0 ms
+REASON = "rounds disagree by 45 % (more than 15 %)"
+QUIET = {"quality": "ok", "quality_reason": None, "rounds": 2, "round_spread": 0.02,
+         "retries": 0, "load_avg_1m": 1.9, "usable_cpus": 2, "process_cpu_per_wall": 1.8,
+         "threads_oversubscribed": False}
+
+
+def measured_sweep(disturbed: bool, *, flagged: bool = True) -> pd.DataFrame:
+    """make_sweep's rows with the quality columns of a quiet sweep; `disturbed`: synthetic
+    batch 4 was timed under a busy neighbour (9.2 ms), flagged unstable unless not `flagged`
+    (a table from before quality flags: every quality column null)."""
+    sweep = make_sweep().assign(**QUIET)
+    if disturbed:
+        row = (sweep["input_mode"] == "synthetic") & (sweep["batch_size"] == DISTURBED_BATCH)
+        sweep.loc[row, "step_time_median_s"] = DISTURBED_STEP_S
+        sweep.loc[row, "samples_per_s"] = DISTURBED_BATCH / DISTURBED_STEP_S
+        sweep.loc[row, ["quality", "quality_reason", "retries", "load_avg_1m"]] = [
+            "unstable", REASON, 2, 3.1]
+    if not flagged:
+        sweep = sweep.assign(**{name: None for name in QUIET})
+    return sweep
+
+
+def untimed_runs() -> pd.DataFrame:
+    """Trials without train times: time to target can only use the sweep's step times."""
+    return make_runs(seeds=(0, 1)).assign(train_time_s=None)
+
+
+# --------------------------------------------------------------------------- unstable rows
+
+
+def test_unstable_rows_are_left_out_of_step_time_b_star_and_time_to_target():
+    runs = untimed_runs()
+    quiet = analyze(measured_sweep(False), runs, None, SETTINGS)
+    busy = analyze(measured_sweep(True), runs, None, SETTINGS)
+    unflagged = analyze(measured_sweep(True, flagged=False), runs, None, SETTINGS)
+    # the disturbed row would move the line if it counted: the test can fail
+    assert unflagged.summary.step_time.alpha_s != pytest.approx(quiet.summary.step_time.alpha_s)
+    assert busy.summary.step_time.alpha_s == pytest.approx(quiet.summary.step_time.alpha_s)
+    assert busy.summary.step_time.beta_s == pytest.approx(quiet.summary.step_time.beta_s)
+    assert busy.summary.throughput.saturation_batch == quiet.summary.throughput.saturation_batch
+    for rule, fit in busy.summary.critical_batch.items():
+        assert fit.optimal_batch == pytest.approx(quiet.summary.critical_batch[rule].optimal_batch)
+    at = {(r["lr_rule"], r["batch_size"]): r for r in busy.rows}
+    quiet_at = {(r["lr_rule"], r["batch_size"]): r for r in quiet.rows}
+    unflagged_at = {(r["lr_rule"], r["batch_size"]): r for r in unflagged.rows}
+    cell = ("linear", DISTURBED_BATCH)
+    assert at[cell]["step_time_source"] == "sweep_fit"  # the line, not the disturbed row
+    assert quiet_at[cell]["step_time_source"] == "sweep"
+    assert at[cell]["time_to_target_s"] == pytest.approx(quiet_at[cell]["time_to_target_s"])
+    assert unflagged_at[cell]["time_to_target_s"] > 5 * quiet_at[cell]["time_to_target_s"]
+    assert [r["steps_to_target"] for r in busy.rows] == [r["steps_to_target"] for r in quiet.rows]
+    assert busy.summary.quality.excluded == (ExcludedRow("synthetic", DISTURBED_BATCH, REASON),)
+    assert busy.metrics["sweep_rows_unstable"] == 1 and quiet.metrics["sweep_rows_unstable"] == 0
+
+
+def test_memory_keeps_the_unstable_rows():
+    """Peak memory does not depend on CPU load: the memory model is the same either way."""
+    quiet = analyze(measured_sweep(False), None, None, SETTINGS).summary.memory
+    busy = analyze(measured_sweep(True), None, None, SETTINGS).summary.memory
+    assert busy.per_sample_bytes == pytest.approx(quiet.per_sample_bytes)
+    assert busy.fixed_bytes == pytest.approx(quiet.fixed_bytes)
+
+
+def test_every_row_unstable_says_so():
+    sweep = measured_sweep(False).assign(quality="unstable", quality_reason=REASON)
+    result = analyze(sweep, None, None, SETTINGS)
+    assert result.summary.throughput.saturation_batch is None
+    assert "every timed batch size was flagged unstable" in result.markdown
+
+
+# --------------------------------------------------------------------------- the quality box
+
+
+def report_page(sweep: pd.DataFrame, runs: pd.DataFrame) -> str:
+    return render_html(analyze(sweep, runs, None, SETTINGS), sweep, runs, None)
+
+
+def test_the_report_opens_with_the_quality_box_when_rows_are_excluded():
+    runs = untimed_runs()
+    page = report_page(measured_sweep(True), runs)
+    box = page[page.index('<section class="quality"'):page.index("</section>")]
+    assert page.index('class="quality"') < page.index("<h2>Recommendation</h2>")
+    assert "1 of 12 timed sweep rows unstable (left out)" in box
+    assert f"ynthetic batch {DISTURBED_BATCH} — {REASON}" in box
+    assert "Load average (1 min) up to 3.1 on 2 usable CPUs" in box
+    assert "rerun on a quiet node" in box.lower() and "Guaranteed QoS" in box
+    assert "Measurements look stable" not in page
+    markdown = analyze(measured_sweep(True), runs, None, SETTINGS).markdown
+    assert "**Measurement quality.** Some timings cannot be trusted: 1 of 12" in markdown
+    assert f"Left out: synthetic {DISTURBED_BATCH}." in markdown
+
+
+def test_no_box_on_clean_data_only_a_line():
+    runs = untimed_runs()
+    page = report_page(measured_sweep(False), runs)
+    assert 'class="quality"' not in page
+    assert "Measurements look stable: none of the 12 timed sweep rows flagged" in page
+    old = report_page(measured_sweep(False, flagged=False), runs)
+    assert 'class="quality"' not in old
+    assert "Measurement quality was not recorded" in old
+
+
+def test_a_busy_machine_is_flagged_even_when_rows_agree():
+    """Load above the usable CPUs on every row slows all rounds alike: no row is unstable, but
+    the box says the machine was busy."""
+    sweep = measured_sweep(False).assign(load_avg_1m=3.4)
+    result = analyze(sweep, untimed_runs(), None, SETTINGS)
+    assert result.summary.quality.busy_rows == 12 and not result.summary.quality.excluded
+    page = render_html(result, sweep, untimed_runs(), None)
+    assert 'class="quality"' in page and "something else was running" in page
+
+
+# --------------------------------------------------------------------------- convergence timing
+
+
+def test_time_to_target_uses_the_convergence_runs_step_time():
+    """Convergence steps 1.5× the sweep's (inside the 2× allowed): T uses them, no flag."""
+    line = sweep_line()
+    runs = make_runs(seeds=(0, 1), step_time=lambda b: 1.5 * line(b))
+    result = analyze(make_sweep(), runs, None, SETTINGS)
+    for row in result.rows:
+        assert row["step_time_source"] == "convergence"
+        assert row["step_time_s"] == pytest.approx(1.5 * line(row["batch_size"]))
+        assert row["sweep_step_time_s"] == pytest.approx(line(row["batch_size"]))
+        assert row["time_to_target_s"] == pytest.approx(row["steps_to_target"] * row["step_time_s"])
+        assert row["timing_flag"] is None
+    assert not result.summary.quality.flagged
+    assert "measured in the convergence runs" in result.summary.recommendation.batch_reason
+
+
+def test_a_cell_whose_step_times_disagree_is_flagged():
+    line = sweep_line()
+    runs = make_runs(seeds=(0, 1), step_time=lambda b: line(b) * (10 if b == 16 else 1))
+    result = analyze(make_sweep(), runs, None, SETTINGS)
+    flagged = {r["batch_size"] for r in result.rows if r["timing_flag"]}
+    assert flagged == {16}
+    row = next(r for r in result.rows if r["batch_size"] == 16)
+    assert "10× the sweep's" in row["timing_flag"]
+    assert "more than the 2× allowed" in row["timing_flag"]
+    assert row["step_time_s"] == pytest.approx(10 * line(16))
+    assert [flag.batch_size for flag in result.summary.quality.timing_flags] == [16]
+    page = render_html(result, make_sweep(), runs, None)
+    assert 'class="quality"' in page and "<strong>Timing.</strong> At batch 16" in page
+    strict = analyze(make_sweep(), runs, None,
+                     AnalysisConfig(bootstrap_samples=20, step_time_disagreement_factor=20))
+    assert not any(r["timing_flag"] for r in strict.rows)
+
+
+def test_convergence_step_time_pools_rules_and_seeds_with_the_fewest_workers():
+    runs = pd.DataFrame(
+        [
+            run_row(64, "linear", 0.1, 0, 100, step_time=0.010),
+            run_row(64, "sqrt", 0.1, 1, 100, step_time=0.012),
+            run_row(64, "sqrt", 0.1, 2, 100, step_time=0.020, status="diverged"),
+            run_row(64, "linear", 0.1, 0, 100, step_time=0.004, workers=2),  # not like the sweep
+        ]
+    )
+    assert convergence_step_times(runs) == {64.0: pytest.approx(0.012)}
+    times = cell_step_times(None, runs, [64, 128], 2.0)
+    assert times["step_time_source"].tolist() == ["convergence", None]
+    assert math.isnan(times["sweep_step_time_s"][0]) and math.isnan(times["step_time_s"][1])
+
+
+def test_another_process_on_the_gpu_is_flagged_with_clock_and_temperature():
+    sweep = measured_sweep(False).assign(gpu_other_processes=0, gpu_sm_clock_mhz=1980.0,
+                                         gpu_temperature_c=55.0)
+    quiet = analyze(sweep, untimed_runs(), None, SETTINGS).summary.quality
+    assert not quiet.flagged and quiet.gpu_clock_temperature == (1980.0, 55.0)
+    shared = sweep.assign(gpu_other_processes=[1, 1] + [0] * (len(sweep) - 2),
+                          gpu_sm_clock_mhz=[1410.0] + [1980.0] * (len(sweep) - 1))
+    result = analyze(shared, untimed_runs(), None, SETTINGS)
+    assert result.summary.quality.gpu_shared_rows == 2
+    page = render_html(result, shared, untimed_runs(), None)
+    assert "other processes on the GPU" in page
+    assert "another process was on the GPU in 2 of 12 rows" in page
+    assert "the GPU ran at 1,410 MHz SM clock at the lowest and up to 55 °C" in page
