@@ -287,6 +287,38 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_analyze(args) -> int:
+    """The analysis stage on a runs (and sweep) table a user brings: the same analysis table,
+    summary and report as the pipeline, checked by the same suite."""
+    from batchscale.analysis.external import (
+        analyze_inputs,
+        parse_column_mapping,
+        read_inputs,
+        write_outputs,
+    )
+    from batchscale.checks.stage import check_tables
+
+    cfg = config_from_args(args)
+    mapping = parse_column_mapping(args.column)
+    if args.run_id is not None:
+        check_run_id(args.run_id)
+    if args.out is not None:
+        check_output_dir(args.out, "--out")
+    inputs = read_inputs(args.runs, args.sweep, mapping)
+    run_id = args.run_id or inputs.default_run_id(cfg)
+    out = check_output_dir(args.out or str(STATE_DIR / "analyze" / run_id), "--out")
+    for note in inputs.notes:
+        print(f"note: {note}", file=sys.stderr)
+    analysis = analyze_inputs(inputs, cfg, run_id)
+    paths = write_outputs(analysis, out)
+    print(analysis.markdown)
+    print("\n".join(f"{name}: {path}" for name, path in paths.items()))
+    # The pipeline's validate step on the analysis table: same suite, same pages, exit 3.
+    check_tables([("analysis", "analysis", analysis.table, {})],
+                 str(out / "validation.json"), str(out / "validation.html"))
+    return 0
+
+
 def cmd_workloads(args) -> int:
     from batchscale.workloads import WORKLOAD_NAMES, get_workload
 
@@ -329,6 +361,33 @@ def cmd_clean(args) -> int:
 CONFIG_HELP = "experiment YAML (default: the embedded digits config, `batchscale config show`)"
 CONFIG_FLAGS_NOTE = ("Flags named after a config field (--time-budget-s for sweep.time_budget_s) "
                      "replace that field's value in --config; see the README's Config reference.")
+
+
+ANALYZE_DESCRIPTION = """\
+Fit, recommend and report on training results you already have, as the pipeline does on its
+own: writes analysis.parquet, summary.json and report.html (and the analysis table's
+validation.json/.html) to --out.
+
+runs table, one row per training run:
+  required  batch_size; steps_to_target or examples_to_target (the other is derived:
+            steps = examples / batch, rounded up)
+  optional  seed (default: each row is one run), lr_rule (constant, linear, sqrt, grid;
+            default grid: the fewest steps over the learning rates given), lr, status
+            (reached, not_reached, diverged; default: reached where steps are given; an empty
+            or NaN step count is not reached), workers (1), time_to_target_s, train_time_s,
+            steps_run, and any other column of batchscale's runs table
+sweep table, one row per batch size:
+  required  batch_size; step_time_median_s or samples_per_s (the other is derived)
+  optional  input_mode (synthetic, real; default synthetic), status (ok, oom, error),
+            peak_memory_bytes, and any other column of batchscale's sweep table
+
+Columns with other names: --column NAME=SOURCE (sweep.NAME=SOURCE for the sweep only).
+Each (lr_rule, batch_size, lr, seed, workers) appears once. Tables written by batchscale are
+read as they are.
+
+Flags named after an analysis config field (--bootstrap-samples for
+analysis.bootstrap_samples) replace that field's value in --config.
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -433,6 +492,24 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--html", help="also write the readable result page here")
     val.add_argument("file", help="the table's Parquet file")
     val.set_defaults(func=cmd_validate)
+
+    an = sub.add_parser(
+        "analyze", help="the analysis (table, summary, report) on a runs table you bring, "
+        "from batchscale or elsewhere", description=ANALYZE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    an.add_argument("runs", help="runs table, .parquet or .csv: one row per training run")
+    an.add_argument("--sweep", help="sweep table, .parquet or .csv: step time per batch size")
+    an.add_argument("--column", action="append", metavar="NAME=SOURCE",
+                    help="read batchscale's column NAME from your column SOURCE, e.g. "
+                    "--column steps_to_target=steps (sweep.NAME or runs.NAME: that table only); "
+                    "repeat for more")
+    an.add_argument("--config", help=CONFIG_HELP + "; only its analysis section is used")
+    add_config_flags(an, "analysis", ["saturation_tolerance", "bootstrap_samples",
+                                      "b_crit_range_factor", "step_time_disagreement_factor"])
+    an.add_argument("--run-id", help="run id of the analysis rows (default: external-<digest "
+                    "of the inputs and settings>)")
+    an.add_argument("--out", help="output directory (default: .batchscale/analyze/<run id>)")
+    an.set_defaults(func=cmd_analyze)
 
     sub.add_parser("workloads", help="list the named workloads").set_defaults(func=cmd_workloads)
     sub.add_parser("datasets", help="list the named datasets").set_defaults(func=cmd_datasets)

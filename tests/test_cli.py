@@ -73,7 +73,8 @@ def test_sweep_refuses_bad_batch_list(tmp_path):
 def test_help_lists_every_command(tmp_path):
     result = run_cli(["--help"], cwd=tmp_path)
     assert result.returncode == 0
-    for command in ("run", "compile", "store", "sweep", "converge", "validate", "workloads"):
+    for command in ("run", "compile", "store", "sweep", "converge", "validate", "analyze",
+                    "workloads"):
         assert command in result.stdout
 
 
@@ -248,6 +249,7 @@ def _fifo(tmp_path: Path) -> Path:
     ("history", lambda d: d / "afile" / "h.png", "is a file"),
     ("validate", lambda d: d / "adir", "is a directory"),
     ("compile", lambda d: d / "afile" / "p.yaml", "is a file"),
+    ("analyze", lambda d: d / "afile", "is a file, not a directory"),
 ])
 def test_unwritable_output_paths_are_refused_before_any_work(tmp_path, command, make_out,
                                                              needle):
@@ -258,7 +260,8 @@ def test_unwritable_output_paths_are_refused_before_any_work(tmp_path, command, 
     flag = {"report": "--out", "history": "--plot", "validate": "--html",
             "compile": "--output"}.get(command, "--out")
     args = {"report": ["--run-id", "r1"], "history": ["--workload", "digits-mlp"],
-            "validate": ["--table", "sweep", "missing.parquet"]}.get(command, [])
+            "validate": ["--table", "sweep", "missing.parquet"],
+            "analyze": ["missing.csv"]}.get(command, [])
     started = time.monotonic()
     result = run_cli([command, *args, flag, str(out)], cwd=tmp_path, timeout_s=120)
     assert result.returncode == 2, result.stderr

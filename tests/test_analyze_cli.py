@@ -1,0 +1,333 @@
+"""`batchscale analyze` on tables a user brings: batchscale's own tables read back as Parquet and
+CSV give the analysis rows `analyze()` gives on the originals; a foreign CSV with other column
+names is read through --column; steps come from examples; every bad input is refused with exit
+2, a message naming the problem, and nothing written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+from test_analyze import make_runs, make_sweep
+
+from batchscale import cli, schemas
+from batchscale.analysis.analyze import analyze
+from batchscale.analysis.external import RUN_ID_PREFIX, read_user_table
+from batchscale.analysis.usertables import (
+    KNOWN_LR_RULES,
+    complete_runs,
+)
+from batchscale.checks.suites import load_suite
+from batchscale.config import AnalysisConfig
+from batchscale.storage import read_table_file, write_table_atomic
+
+BOOTSTRAP = 20  # resamples: enough to exercise the interval, few enough to stay fast
+ENV = {field.name: "orig" if field.type == "string" else 1 for field in schemas.ENV_FIELDS}
+INSTALLED = Path(sys.executable).with_name("batchscale")
+
+
+def analysis_frame(rows: list[dict] | pa.Table) -> pd.DataFrame:
+    """The analysis rows without the environment columns, for comparing two analyses."""
+    table = rows if isinstance(rows, pa.Table) else schemas.make_table("analysis", rows, ENV)
+    return table.select(schemas.ANALYSIS.names).to_pandas()
+
+
+def records(frame: pd.DataFrame, kind: str) -> list[dict]:
+    """`frame`'s rows for make_table: NaN as null, and integer columns as ints (pandas turned
+    those with a gap into floats)."""
+    schema = schemas.TABLES[kind]
+    whole = {f.name for f in schema if pa.types.is_integer(f.type)}
+    return [{k: None if pd.isna(v) else int(v) if k in whole else v for k, v in row.items()}
+            for row in frame.to_dict("records")]
+
+
+def batchscale_tables() -> tuple[pa.Table, pa.Table]:
+    """A runs and a sweep table as the pipeline writes them (every schema column)."""
+    runs = make_runs(seeds=(0, 1)).assign(target_val_accuracy=0.9, final_val_accuracy=0.91)
+    sweep = make_sweep().assign(precision="fp32", timed_steps=20)
+    return (schemas.make_table("runs", records(runs, "runs"), ENV),
+            schemas.make_table("sweep", records(sweep, "sweep"), ENV))
+
+
+def save(table: pa.Table, path: Path) -> Path:
+    if path.suffix == ".csv":
+        pacsv.write_csv(table, path)
+    else:
+        write_table_atomic(path, table)
+    return path
+
+
+def run_analyze(args: list[str], capsys) -> tuple[int, str, str]:
+    code = cli.main(["analyze", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ------------------------------------------------------------------------------ round trips
+@pytest.fixture(scope="module")
+def originals() -> tuple[pa.Table, pa.Table, pd.DataFrame]:
+    runs, sweep = batchscale_tables()
+    result = analyze(sweep.to_pandas(), runs.to_pandas(), None,
+                     AnalysisConfig(bootstrap_samples=BOOTSTRAP))
+    return runs, sweep, analysis_frame(result.rows)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_batchscale_tables_give_the_pipelines_analysis(tmp_path, capsys, originals, suffix):
+    runs, sweep, expected = originals
+    out = tmp_path / "out"
+    code, stdout, stderr = run_analyze(
+        [str(save(runs, tmp_path / f"runs{suffix}")), "--sweep",
+         str(save(sweep, tmp_path / f"sweep{suffix}")), "--bootstrap-samples", str(BOOTSTRAP),
+         "--out", str(out)], capsys)
+    assert code == 0, stderr
+    table = read_table_file(out / "analysis.parquet")
+    pd.testing.assert_frame_equal(analysis_frame(table), expected)
+    assert set(table.column("workload").to_pylist()) == {"external"}
+    run_id = table.column("run_id")[0].as_py()
+    assert run_id.startswith(RUN_ID_PREFIX)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run_id"] == run_id and summary["notes"] == []  # nothing assumed
+    assert summary["analysis_settings"]["bootstrap_samples"] == BOOTSTRAP
+    assert summary["markdown"] in stdout  # the printed lines are the stage's narrative
+    assert "validate analysis: passed" in stdout and f"report: {out / 'report.html'}" in stdout
+    assert "<html" in (out / "report.html").read_text()[:200].lower()
+
+
+def test_the_same_inputs_land_in_the_same_default_directory(tmp_path, capsys, monkeypatch,
+                                                            originals):
+    """No --out: .batchscale/analyze/<external-digest>/, a digest of inputs and settings; the
+    settings come from --config's analysis section."""
+    runs, sweep, _ = originals
+    monkeypatch.chdir(tmp_path)
+    save(runs, tmp_path / "runs.parquet")
+    (tmp_path / "mine.yaml").write_text("name: mine\nanalysis:\n  bootstrap_samples: 7\n")
+    code, stdout, stderr = run_analyze(["runs.parquet", "--config", "mine.yaml"], capsys)
+    assert code == 0, stderr
+    (made,) = (tmp_path / ".batchscale" / "analyze").iterdir()
+    assert made.name.startswith(RUN_ID_PREFIX) and f"analysis: {made}" in stdout
+    assert sorted(p.name for p in made.iterdir()) == [
+        "analysis.parquet", "report.html", "summary.json", "validation.html", "validation.json"]
+    summary = json.loads((made / "summary.json").read_text())
+    assert summary["analysis_settings"]["bootstrap_samples"] == 7
+
+
+# ------------------------------------------------------------------------------ other tables
+S_MIN, E_MIN = 1000.0, 64000.0  # B_crit = 64
+FOREIGN_BATCHES = (16, 32, 64, 128, 256, 512, 1024)
+
+
+def foreign_runs_csv(path: Path) -> pd.DataFrame:
+    """Another team's log: their column names, three runs per batch size, 3 % noise, time
+    0.01 s per step at batch 512 growing with B."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for batch in FOREIGN_BATCHES:
+        for run in range(3):
+            steps = round((S_MIN + E_MIN / batch) * (1 + rng.uniform(-0.03, 0.03)))
+            rows.append({"bs": batch, "run": run, "steps": steps,
+                         "secs": round(steps * 0.01 * (1 + batch / 512), 3)})
+    frame = pd.DataFrame(rows)
+    frame.to_csv(path, index=False)
+    return frame
+
+
+def test_a_foreign_csv_is_read_through_column_mapping(tmp_path, capsys):
+    frame = foreign_runs_csv(tmp_path / "theirs.csv")
+    pd.DataFrame({"batch": FOREIGN_BATCHES, "throughput": [1e4 * b / (b + 64)
+                                                          for b in FOREIGN_BATCHES]}) \
+        .to_csv(tmp_path / "speed.csv", index=False)
+    out = tmp_path / "out"
+    code, _, stderr = run_analyze(
+        [str(tmp_path / "theirs.csv"), "--sweep", str(tmp_path / "speed.csv"),
+         "--column", "batch_size=bs", "--column", "seed=run", "--column", "steps_to_target=steps",
+         "--column", "time_to_target_s=secs", "--column", "sweep.batch_size=batch",
+         "--column", "samples_per_s=throughput", "--bootstrap-samples", str(BOOTSTRAP),
+         "--out", str(out)], capsys)
+    assert code == 0, stderr
+    rows = read_table_file(out / "analysis.parquet").to_pandas()
+    medians = frame.groupby("bs")["steps"].median()
+    assert rows["batch_size"].tolist() == list(FOREIGN_BATCHES)
+    assert rows["steps_to_target"].tolist() == medians.loc[list(FOREIGN_BATCHES)].tolist()
+    assert set(rows["lr_rule"]) == {"grid"}
+    assert rows["b_crit"].iloc[0] == pytest.approx(E_MIN / S_MIN, rel=0.25)
+    notes = json.loads((out / "summary.json").read_text())["notes"]
+    assert any("labelled 'grid'" in n for n in notes) and any("no lr column" in n for n in notes)
+    assert "note: runs: no lr column" in stderr  # what was assumed is said, not hidden
+
+
+def test_examples_to_target_alone_gives_the_steps_analysis(tmp_path, capsys):
+    runs = make_runs(rules=("sqrt",), seeds=(0, 1))
+    given = runs[["batch_size", "lr_rule", "lr", "seed"]].assign(
+        examples_to_target=runs["steps_to_target"] * runs["batch_size"])
+    given.to_csv(tmp_path / "examples.csv", index=False)
+    out = tmp_path / "out"
+    code, _, stderr = run_analyze([str(tmp_path / "examples.csv"), "--bootstrap-samples",
+                                   str(BOOTSTRAP), "--out", str(out)], capsys)
+    assert code == 0, stderr
+    assert "steps_to_target = examples_to_target ÷ batch_size" in stderr
+    by_steps = runs[["batch_size", "lr_rule", "lr", "seed", "status", "steps_to_target"]]
+    expected = analyze(None, by_steps, None, AnalysisConfig(bootstrap_samples=BOOTSTRAP))
+    pd.testing.assert_frame_equal(
+        analysis_frame(read_table_file(out / "analysis.parquet")), analysis_frame(expected.rows))
+
+
+def completed(tmp_path: Path, text: str):
+    path = tmp_path / "runs.csv"
+    path.write_text(text)
+    return complete_runs(read_user_table(str(path), "runs table"))
+
+
+def test_fractional_examples_round_up_to_whole_steps(tmp_path):
+    runs = completed(tmp_path, "batch_size,examples_to_target\n10,1000.5\n10,1000\n")
+    assert [r["steps_to_target"] for r in runs.rows] == [101, 100]
+    assert any("rounded up" in note for note in runs.notes)
+
+
+def test_empty_or_nan_steps_count_as_not_reached_and_say_so(tmp_path):
+    runs = completed(tmp_path, "batch_size,steps_to_target\n8,100\n8,\n8,NaN\n")
+    assert [r["status"] for r in runs.rows] == ["reached", "not_reached", "not_reached"]
+    assert any("rows 2, 3" in n and "counted as not reached" in n for n in runs.notes)
+    runs = completed(tmp_path, "batch_size,steps_to_target,status\n8,,reached\n8,5,reached\n")
+    assert [r["status"] for r in runs.rows] == ["not_reached", "reached"]
+    assert any("say reached" in n for n in runs.notes)
+    assert [r["seed"] for r in runs.rows] == [0, 1]  # no seed column: each row is one run
+
+
+def test_the_lr_rules_read_are_the_ones_the_suites_allow():
+    for kind in ("runs", "analysis"):
+        (allowed,) = [e["kwargs"]["value_set"] for e in load_suite(kind)["expectations"]
+                      if e["kwargs"].get("column") == "lr_rule" and "value_set" in e["kwargs"]]
+        assert set(allowed) == set(KNOWN_LR_RULES), kind
+
+
+# ------------------------------------------------------------------------------ refusals
+GOOD = "batch_size,seed,steps_to_target\n4,0,100\n8,0,60\n"
+REFUSALS = {
+    "missing file": ({}, ["does not exist"]),
+    "unknown extension": ({"runs.xlsx": GOOD}, ["unknown file type '.xlsx'",
+                                                "allowed: .parquet, .csv"]),
+    "corrupt parquet": ({"runs.parquet": "PAR1 not really"}, ["not a valid Parquet file"]),
+    "not utf-8": ({"runs.csv": b"\xff\xfe\x00batch\n1\n"}, ["not a readable CSV", "UTF-8"]),
+    "empty file": ({"runs.csv": ""}, ["not a readable CSV"]),
+    "header only": ({"runs.csv": "batch_size,steps_to_target\n"}, ["has no rows"]),
+    "directory": ({"runs.csv/": ""}, ["not a file"]),
+    "columns missing": ({"runs.csv": "bs,steps\n4,10\n"}, [
+        "lacks batch_size; steps_to_target or examples_to_target",
+        "Required: batch_size, and steps_to_target or examples_to_target",
+        "Optional: seed, lr_rule, lr, status", "Columns found: bs, steps", "--column"]),
+    "text in batch_size": ({"runs.csv": "batch_size,steps_to_target\n4,10\nabc,12\n"},
+                           ["column 'batch_size' holds 'abc'", "whole numbers"]),
+    "fractional batch": ({"runs.csv": "batch_size,steps_to_target\n4.5,10\n"},
+                         ["'batch_size' holds 4.5", "row 1", "whole numbers"]),
+    "non-positive batch": ({"runs.csv": "batch_size,steps_to_target\n4,10\n0,12\n-8,3\n"},
+                           ["'batch_size' is not positive", "rows 2, 3", "≥ 1"]),
+    "empty batch": ({"runs.csv": "batch_size,steps_to_target\n,10\n"},
+                    ["'batch_size' is empty in row 1"]),
+    "infinite steps": ({"runs.csv": "batch_size,steps_to_target\n4,inf\n"}, ["not finite"]),
+    "negative steps": ({"runs.csv": "batch_size,steps_to_target\n4,-3\n"},
+                       ["'steps_to_target' is not positive"]),
+    "duplicate runs": ({"runs.csv": "batch_size,seed,steps_to_target\n4,0,10\n4,0,12\n"},
+                       ["rows 1, 2", "repeat the same run (batch_size 4, seed 0)",
+                        "different seeds"]),
+    "unknown lr rule": ({"runs.csv": "batch_size,lr_rule,steps_to_target\n4,cosine,10\n"},
+                        ["'cosine'", "constant, linear, sqrt, grid"]),
+    "unknown status": ({"runs.csv": "batch_size,status,steps_to_target\n4,done,10\n"},
+                       ["'done'", "reached, not_reached, diverged"]),
+    "steps and examples disagree": (
+        {"runs.csv": "batch_size,steps_to_target,examples_to_target\n4,10,400\n"},
+        ["'examples_to_target' disagrees with steps_to_target × batch_size"]),
+    "lr with gaps": ({"runs.csv": "batch_size,lr,steps_to_target\n4,0.1,10\n8,,6\n"},
+                     ["'lr' is empty in row 2"]),
+    "sweep without times": ({"runs.csv": GOOD, "sweep.csv": "batch_size,foo\n4,1\n"},
+                            ["sweep table", "step_time_median_s or samples_per_s"]),
+    "text in a sweep time": ({"runs.csv": GOOD, "sweep.csv": "batch_size,samples_per_s\n4,fast\n"},
+                             ["'samples_per_s' holds 'fast'", "expected numbers"]),
+    "unknown input mode": ({"runs.csv": GOOD,
+                            "sweep.csv": "batch_size,samples_per_s,input_mode\n4,9,disk\n"},
+                           ["'disk'", "synthetic, real"]),
+}
+COLUMN_REFUSALS = {
+    "no equals sign": (["--column", "steps"], ["write NAME=SOURCE"]),
+    "unknown name": (["--column", "epochs=seed"], ["'epochs' is not a column batchscale reads"]),
+    "unknown source": (["--column", "steps_to_target=nope"], ["no column 'nope'",
+                                                               "seed, steps_to_target"]),
+    "mapped twice": (["--column", "seed=a", "--column", "seed=b"], ["mapped twice"]),
+    "sweep not given": (["--column", "sweep.batch_size=seed"], ["no sweep table given"]),
+    "both columns": (["--column", "steps_to_target=seed"], ["has both 'steps_to_target'"]),
+    "bad setting": (["--bootstrap-samples", "0"], ["analysis.bootstrap_samples"]),
+    "bad run id": (["--run-id", "../x"], ["run id '../x' is not allowed"]),
+    "missing config": (["--config", "nope.yaml"], ["cannot read config nope.yaml"]),
+}
+
+
+def assert_refused(tmp_path: Path, code: int, stdout: str, stderr: str, needles: list[str]):
+    assert code == 2, stderr
+    assert stderr.startswith("batchscale: error: ") and "Traceback" not in stderr
+    for needle in needles:
+        assert needle in stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / ".batchscale").exists()
+    assert "analysis:" not in stdout
+
+
+def write_files(tmp_path: Path, files: dict) -> None:
+    for name, content in files.items():
+        path = tmp_path / name.rstrip("/")
+        if name.endswith("/"):
+            path.mkdir()
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_bad_tables_are_refused_naming_the_problem(tmp_path, capsys, monkeypatch, case):
+    files, needles = REFUSALS[case]
+    monkeypatch.chdir(tmp_path)
+    write_files(tmp_path, files)
+    runs = next((n.rstrip("/") for n in files if n.startswith("runs")), "runs.csv")
+    sweep = ["--sweep", "sweep.csv"] if "sweep.csv" in files else []
+    assert_refused(tmp_path, *run_analyze([runs, *sweep], capsys), needles)
+
+
+@pytest.mark.parametrize("case", COLUMN_REFUSALS)
+def test_bad_column_mappings_and_settings_are_refused(tmp_path, capsys, monkeypatch, case):
+    args, needles = COLUMN_REFUSALS[case]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs.csv").write_text(GOOD)
+    assert_refused(tmp_path, *run_analyze(["runs.csv", *args, "--out", "out"], capsys), needles)
+
+
+def test_help_documents_the_columns(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["analyze", "--help"])
+    text = capsys.readouterr().out
+    for needle in ("steps_to_target or examples_to_target", "--column NAME=SOURCE", "--sweep",
+                   "lr_rule (constant, linear, sqrt, grid", "--bootstrap-samples", "--out"):
+        assert needle in text
+
+
+def test_installed_command_exit_codes(tmp_path):
+    """The real `.venv/bin/batchscale` process: 2 on a bad table, 0 on a foreign CSV (and no
+    abort at interpreter exit after reading CSV with pyarrow's threads)."""
+    (tmp_path / "bad.csv").write_text("batch_size,steps_to_target\nabc,3\n")
+    bad = subprocess.run([str(INSTALLED), "analyze", "bad.csv"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "holds 'abc'" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / ".batchscale").exists()
+    foreign_runs_csv(tmp_path / "theirs.csv")
+    good = subprocess.run(
+        [str(INSTALLED), "analyze", "theirs.csv", "--column", "batch_size=bs", "--column",
+         "steps_to_target=steps", "--bootstrap-samples", "5", "--out", "out"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert good.returncode == 0, good.stderr
+    assert (tmp_path / "out" / "analysis.parquet").is_file()
+    assert "validate analysis: passed" in good.stdout
