@@ -2,9 +2,10 @@
 
 Rules: warm-up steps are excluded; the device is synchronized at the edges of every
 timed window (never inside one, so the host may queue work ahead as a real training loop does);
-per-step times are kept; timing repeats until the coefficient of variation is below a target or
-the budget is spent. On CUDA, steps are delimited by CUDA events recorded on the stream, so a
-step's time is the device's time between its edges, free of host launch jitter.
+per-step times are kept, with the process's CPU time over the timed span (a trial that did not
+get the CPU it asked for shows it); timing repeats until the coefficient of variation is below a
+target or the budget is spent. On CUDA, steps are delimited by CUDA events recorded on the
+stream, so a step's time is the device's time between its edges, free of host launch jitter.
 """
 
 from __future__ import annotations
@@ -38,6 +39,19 @@ class StepTimes:
     """Per-step seconds of the timed steps, with the usual summaries."""
 
     seconds: tuple[float, ...]
+    process_cpu_s: float | None = None
+    """CPU seconds this process (all its threads) used while the steps were timed."""
+    wall_s: float | None = None
+    """Wall-clock seconds of the same span (the timed windows and the checks between them)."""
+
+    @property
+    def cpu_per_wall(self) -> float | None:
+        """CPU time over wall time of the timed span: about the number of threads kept busy.
+        Lower than usual means the threads waited for a CPU (another process had it). On CUDA
+        it describes the host thread only (it may sleep or spin while the device works)."""
+        if self.process_cpu_s is None or not self.wall_s:
+            return None
+        return self.process_cpu_s / self.wall_s
 
     @property
     def median_s(self) -> float:
@@ -141,6 +155,7 @@ def time_steps(
         step()
     clock.sync()
     seconds: list[float] = []
+    cpu_started = time.process_time()  # all threads of this process
     started = time.perf_counter()
     while len(seconds) < max_steps:
         seconds += clock.time_window(step, _next_window(seconds, min_steps, max_steps))
@@ -155,4 +170,5 @@ def time_steps(
         if elapsed >= min(min_time_s, time_budget_s) and coefficient_of_variation(
                 recent) <= target_cv:
             break
-    return StepTimes(tuple(seconds))
+    return StepTimes(tuple(seconds), process_cpu_s=time.process_time() - cpu_started,
+                     wall_s=time.perf_counter() - started)

@@ -4,10 +4,17 @@
    share of the step (DDP step minus a `no_sync()` compute-only step, over the DDP step) and the
    data-parallel efficiency throughput(2) / (2 x throughput(1)). Every rank runs one thread, so
    the figures show communication and scheduling, not a thread-count change. The step time of
-   a group is the maximum over ranks of each rank's median.
+   a group is the maximum over ranks of each rank's median. A sub-millisecond step against a
+   loopback all-reduce is noisy: the groups are launched DDP_ROUNDS times (1 and 2 workers
+   alternating which goes first) and each figure is the median over rounds with its bootstrap
+   90 % interval and range (benchmarks/stats.py); no goal, reported.
 2. The training script (batchscale/convergence/train.py, a Trial on one process) vs a bare
-   SGD loop on the same model, data and batch: samples/s of each, evaluation excluded, with the
-   gradient-noise measurement every step, every 10th (the default) and off. Target: >= 0.95x.
+   SGD loop on the same model, learning rate, data gather and batch, in the same process with
+   the same single thread: samples/s of each, evaluation excluded, with the gradient-noise
+   measurement every step, every 10th (the default) and off. Paired and interleaved: each round
+   runs script and bare loop for every setting, the side going first alternating between
+   rounds; the figure is the median of per-round ratios with its bootstrap 90 % interval and a
+   verdict against the goal >= 0.95.
 
     python -m benchmarks.run bench_convergence
 """
@@ -23,11 +30,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import scaled
+from benchmarks.stats import Goal, median_figure, paired_round, ratio_figure
+
 BATCH_PER_WORKER = 256
 DDP_TIMED_STEPS = 200
 DDP_WARMUP_STEPS = 20
+# Each launch alternates DDP and no_sync() timings this many times; the launch's figures are
+# the medians (one number per launch: rounds, not inner repeats, carry the interval).
+DDP_INNER_REPEATS = 3
+DDP_ROUNDS = scaled(3, 1)
 TRAIN_STEPS = 400
-REPEATS = 5  # interleaved script/bare runs; the median ratio is reported
+OVERHEAD_ROUNDS = scaled(10, 2)
+OVERHEAD_GOAL = Goal(0.95)
 GNS_SETTINGS = {"gns_every_step": 1, "gns_every_10_steps_default": 10, "gns_off": TRAIN_STEPS + 1}
 WORKLOAD = "digits-mlp"
 RUN_TIMEOUT_S = 600
@@ -44,7 +59,8 @@ def _timed_median_s(step) -> float:
 
 
 def worker(out_path: str) -> None:
-    """One rank: time a synchronized DDP step and a no_sync() step; rank 0 writes the maxima."""
+    """One rank: time a synchronized DDP step and a no_sync() step, alternating
+    DDP_INNER_REPEATS times; rank 0 writes the maxima over ranks."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -71,15 +87,20 @@ def worker(out_path: str) -> None:
         with model.no_sync():
             step()
 
-    times = [_timed_median_s(step)]
+    steps, computes = [], []
+    for _ in range(DDP_INNER_REPEATS):
+        steps.append(_timed_median_s(step))
+        computes.append(_timed_median_s(compute_only) if world > 1 else steps[-1])
     if world > 1:
-        times.append(_timed_median_s(compute_only))
-        maxima = torch.tensor(times, dtype=torch.float64)
+        maxima = torch.tensor(steps + computes, dtype=torch.float64)
         dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
-        times = maxima.tolist()
+        values = maxima.tolist()
+        steps, computes = values[:DDP_INNER_REPEATS], values[DDP_INNER_REPEATS:]
         dist.destroy_process_group()
     if int(os.environ.get("RANK", "0")) == 0:
-        Path(out_path).write_text(json.dumps({"step_s": times[0], "compute_step_s": times[-1]}))
+        Path(out_path).write_text(json.dumps({
+            "step_s": statistics.median(steps), "compute_step_s": statistics.median(computes),
+            "comm_shares": [max(s - c, 0.0) / s for s, c in zip(steps, computes, strict=True)]}))
 
 
 def _group_step_times(workers: int) -> dict:
@@ -94,17 +115,23 @@ def _group_step_times(workers: int) -> dict:
 
 
 def ddp_figures() -> dict:
-    one, two = _group_step_times(1), _group_step_times(2)
-    comm_s = max(two["step_s"] - two["compute_step_s"], 0.0)
+    """DDP_ROUNDS launches of 1 and of 2 workers, alternating which goes first."""
+    pairs = [paired_round(r, lambda: _group_step_times(1), lambda: _group_step_times(2))
+             for r in range(DDP_ROUNDS)]
+    one = [p[0]["step_s"] for p in pairs]
+    two = [p[1]["step_s"] for p in pairs]
+    shares = [statistics.median(p[1]["comm_shares"]) for p in pairs]
+    efficiency = ratio_figure(one, two)
     return {
-        "batch_per_worker": BATCH_PER_WORKER,
-        "step_1_worker_s": one["step_s"],
-        "step_2_workers_ddp_s": two["step_s"],
-        "step_2_workers_no_sync_s": two["compute_step_s"],
-        "communication_share": comm_s / two["step_s"],
-        "samples_per_s_1_worker": BATCH_PER_WORKER / one["step_s"],
-        "samples_per_s_2_workers": 2 * BATCH_PER_WORKER / two["step_s"],
-        "data_parallel_efficiency": one["step_s"] / two["step_s"],
+        "batch_per_worker": BATCH_PER_WORKER, "rounds": DDP_ROUNDS,
+        "step_1_worker_s": median_figure(one),
+        "step_2_workers_ddp_s": median_figure(two),
+        "step_2_workers_no_sync_s": median_figure([p[1]["compute_step_s"] for p in pairs]),
+        "communication_share": median_figure(shares),
+        "data_parallel_efficiency": efficiency,
+        "range": {"communication_share": [min(shares), max(shares)],
+                  "data_parallel_efficiency": [min(a / b for a, b in zip(one, two, strict=True)),
+                                               max(a / b for a, b in zip(one, two, strict=True))]},
     }
 
 
@@ -119,27 +146,33 @@ def _digits(tmp: Path):
     return load_data(str(tmp), get_workload(WORKLOAD).input_shape)
 
 
-def script_samples_per_s(data, tmp: Path, gns_every_steps: int) -> float:
-    """A Trial of the training script on one process; its own train time excludes evaluation."""
+def _spec(tmp: Path, gns_every_steps: int):
     from batchscale.config import parse_config
-    from batchscale.convergence import runner, train
-    from batchscale.convergence.distributed import Dist
-    from batchscale.location import LocalLocation
+    from batchscale.convergence import runner
 
     cfg = parse_config({"convergence": {
         "batch_sizes": [BATCH_PER_WORKER], "lr_rules": ["constant"], "seeds": [0],
         "target_val_accuracy": 1.0, "max_steps": TRAIN_STEPS, "eval_every_steps": TRAIN_STEPS,
         "checkpoint_every_steps": TRAIN_STEPS, "gns_every_steps": gns_every_steps}})
-    spec = runner.build_spec(cfg, [BATCH_PER_WORKER], data_dir="unused", out_dir=str(tmp),
+    return runner.build_spec(cfg, [BATCH_PER_WORKER], data_dir="unused", out_dir=str(tmp),
                              run_id="bench")
+
+
+def script_samples_per_s(data, tmp: Path, gns_every_steps: int) -> float:
+    """A Trial of the training script on one process; its own train time excludes evaluation."""
+    from batchscale.convergence import train
+    from batchscale.convergence.distributed import Dist
+    from batchscale.location import LocalLocation
+
+    spec = _spec(tmp, gns_every_steps)
     trial = train.Trial(spec, spec.trials[0], data, Dist(0, 1, "cpu"),
                         LocalLocation(tmp / f"ckpt-{time.monotonic_ns()}"))
     summary = trial.run()
     return summary["steps_run"] * BATCH_PER_WORKER / summary["train_time_s"]
 
 
-def bare_samples_per_s(data) -> float:
-    """The same model, optimizer, data gather and batch in the plainest loop."""
+def bare_samples_per_s(data, lr: float) -> float:
+    """The same model, optimizer, learning rate, data gather and batch in the plainest loop."""
     import torch
     import torch.nn.functional as F
 
@@ -148,7 +181,7 @@ def bare_samples_per_s(data) -> float:
     (x, y), _ = data
     torch.manual_seed(0)
     model = get_workload(WORKLOAD).build()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     order = torch.randperm(len(y)).repeat(TRAIN_STEPS * BATCH_PER_WORKER // len(y) + 1)
     start = time.perf_counter()
     for step in range(TRAIN_STEPS):
@@ -160,27 +193,48 @@ def bare_samples_per_s(data) -> float:
 
 
 def overhead_figures() -> dict:
+    """OVERHEAD_ROUNDS rounds; in each, every gns setting is paired with its own bare run."""
     import torch
 
     torch.set_num_threads(1)  # as one torchrun rank; also steadier on a shared machine
     with tempfile.TemporaryDirectory() as tmp:
         data = _digits(Path(tmp) / "data")
-        ratios: dict[str, list[float]] = {name: [] for name in GNS_SETTINGS}
-        bare = []
-        for _ in range(REPEATS):
-            bare.append(bare_samples_per_s(data))
+        lr = _spec(Path(tmp), 1).trials[0].lr
+        script: dict[str, list[float]] = {name: [] for name in GNS_SETTINGS}
+        bare: dict[str, list[float]] = {name: [] for name in GNS_SETTINGS}
+        for r in range(OVERHEAD_ROUNDS):
             for name, every in GNS_SETTINGS.items():
-                ratios[name].append(script_samples_per_s(data, Path(tmp), every) / bare[-1])
-    return {"batch": BATCH_PER_WORKER, "steps": TRAIN_STEPS,
-            "bare_samples_per_s": statistics.median(bare),
-            **{f"script_vs_bare_{name}": statistics.median(r) for name, r in ratios.items()},
-            "ratios": ratios}
+                s, b = paired_round(r, lambda every=every: script_samples_per_s(
+                    data, Path(tmp), every), lambda: bare_samples_per_s(data, lr))
+                script[name].append(s)
+                bare[name].append(b)
+    return {"batch": BATCH_PER_WORKER, "steps": TRAIN_STEPS, "rounds": OVERHEAD_ROUNDS,
+            "bare_samples_per_s": median_figure([v for b in bare.values() for v in b]),
+            **{f"script_vs_bare_{name}": ratio_figure(script[name], bare[name], OVERHEAD_GOAL)
+               for name in GNS_SETTINGS},
+            "script_runs": script, "bare_runs": bare}
+
+
+def _plain(value):
+    return value.as_dict() if hasattr(value, "as_dict") else value
 
 
 def run() -> dict:
-    figures = {"ddp_loopback": ddp_figures(), "script_overhead": overhead_figures()}
-    print(json.dumps(figures, indent=1))
-    return figures
+    ddp = ddp_figures()
+    overhead = overhead_figures()
+    print(f"DDP on loopback, digits-mlp at {BATCH_PER_WORKER} per worker, {DDP_ROUNDS} launches "
+          "each (median [90 % interval]; no goal, reported):")
+    for key in ("communication_share", "data_parallel_efficiency", "step_1_worker_s",
+                "step_2_workers_ddp_s", "step_2_workers_no_sync_s"):
+        digits = 5 if key.endswith("_s") else 3
+        print(f"   {key:26s} {ddp[key].text(digits)}")
+    print(f"   ranges over launches: {ddp['range']}")
+    print(f"training script ÷ bare loop at batch {BATCH_PER_WORKER}, {TRAIN_STEPS} steps, "
+          f"paired over {OVERHEAD_ROUNDS} rounds:")
+    for name in GNS_SETTINGS:
+        print(f"   {name:28s} {overhead[f'script_vs_bare_{name}'].text()}")
+    return {"ddp_loopback": {k: _plain(v) for k, v in ddp.items()},
+            "script_overhead": {k: _plain(v) for k, v in overhead.items()}}
 
 
 if __name__ == "__main__":

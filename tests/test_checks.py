@@ -15,6 +15,7 @@ import pytest
 from batchscale import schemas
 from batchscale.checks import gx, rules, suites, validate_table
 from batchscale.checks.report import validation_page
+from batchscale.config import SweepConfig
 from batchscale.errors import BadInput
 from batchscale.schemas import TABLES, RunStatus, TrialStatus, make_table, schema_for
 
@@ -66,9 +67,13 @@ def sweep_row(mode: str, batch: int, status: str = TrialStatus.OK, **changes) ->
         "timed_steps": 20, "step_time_median_s": 0.01 * batch, "step_time_p10_s": 0.009 * batch,
         "step_time_p90_s": 0.012 * batch, "step_time_cv": 0.05, "samples_per_s": 100.0,
         "peak_memory_bytes": 1000 * batch, "achieved_flops_per_s": 1e9, "mfu": 0.1,
+        "rounds": 2, "retries": 0, "round_spread": 0.02, "quality": "ok",
+        "process_cpu_per_wall": 1.9,
     }
     row = {"input_mode": mode, "batch_size": batch, "status": status, "precision": "fp32",
-           "timed_steps": 0, "train_flops_per_sample": 1e6, "peak_flops_per_s": 1e10}
+           "timed_steps": 0, "train_flops_per_sample": 1e6, "peak_flops_per_s": 1e10,
+           "rounds": 0, "retries": 0, "load_avg_1m": 0.4, "usable_cpus": 2,
+           "threads_oversubscribed": False}
     if status == TrialStatus.OK:
         row.update(timed)
     else:
@@ -353,6 +358,69 @@ def test_missing_timing_on_ok_row_is_refused():
     rows[0] = sweep_row("synthetic", 4, step_time_median_s=None)
     refused("sweep", table("sweep", rows), "expect_column_values_to_not_be_null",
             "(step_time_median_s)", "status == 'ok'")
+
+
+def unstable(rows: list[dict], *indices: int) -> list[dict]:
+    for i in indices:
+        rows[i].update(quality="unstable", quality_reason="rounds disagree by 34% (> 15%)")
+    return rows
+
+
+def test_more_unstable_rows_than_allowed_fail_the_sweep():
+    """Two of the four timed rows unstable (50 %) with at most 25 % allowed."""
+    ctx = {**context("sweep"), "max_unstable_share": 0.25}
+    message = refused("sweep", table("sweep", unstable(sweep_rows(), 0, 3)),
+                      "expect_unstable_share_to_be_at_most(quality)", "2 of 4 unexpected",
+                      "synthetic batch 4: rounds disagree by 34% (> 15%)",
+                      '"unstable_share": 0.5', ctx=ctx)
+    assert "rerun on a quiet node" in message
+
+
+def test_unstable_rows_within_the_share_pass_with_a_warning():
+    report = validate_table("sweep", table("sweep", unstable(sweep_rows(), 2)),
+                            context={**context("sweep"), "max_unstable_share": 0.25})
+    assert report.success, report.failure_message()
+    [warning] = report.warnings()
+    assert warning.startswith("expect_unstable_share_to_be_at_most(quality): 1 of 4 timed rows "
+                              "unstable (25%, at most 25% allowed): the analysis leaves them out")
+    assert "real batch 4: rounds disagree" in warning
+    assert report.statistics["warnings"] == 1
+    assert "pass, with a warning" in report.to_html()
+
+
+def test_sweep_share_defaults_to_the_config_and_old_tables_are_named():
+    """Without context (`batchscale validate` on a file) the config's default applies; timed
+    rows without a quality (a table from before it was recorded) pass, named in a warning."""
+    rows = sweep_rows()
+    rows[1]["quality"] = None
+    report = validate_table("sweep", table("sweep", rows))
+    assert report.success, report.failure_message()
+    assert report.parameters["max_unstable_share"] == {
+        "value": SweepConfig().max_unstable_share, "source": "config default"}
+    assert report.warnings() == ["expect_unstable_share_to_be_at_most(quality): 1 of 4 timed "
+                                 "rows carry no quality (a table from before batchscale judged "
+                                 "its measurements): counted as ok"]
+    assert validate_table("sweep", table("sweep")).warnings() == []
+
+
+def test_quality_outside_the_set_or_unstable_without_reason_is_refused():
+    rows = sweep_rows()
+    rows[0]["quality"] = "great"
+    refused("sweep", table("sweep", rows), "expect_column_values_to_be_in_set(quality)", "great")
+    rows = unstable(sweep_rows(), 0)
+    rows[0]["quality_reason"] = None
+    refused("sweep", table("sweep", rows), "expect_column_values_to_not_be_null(quality_reason)")
+
+
+@pytest.mark.parametrize(("value", "allowed"), [(1.5, False), (-0.1, False), (True, False),
+                                                (0, True), (1, True)])
+def test_unstable_share_context_must_be_a_share(value, allowed):
+    ctx = {**context("sweep"), "max_unstable_share": value}
+    if allowed:
+        assert validate_table("sweep", table("sweep"), context=ctx).success
+    else:
+        with pytest.raises(BadInput, match="max_unstable_share must be a number from 0 to 1"):
+            validate_table("sweep", table("sweep"), context=ctx)
 
 
 @pytest.mark.parametrize(

@@ -129,3 +129,19 @@ def test_cuda_events_time_device_work():
     torch.cuda.synchronize()
     host_per_step = (time.perf_counter() - start) / 5
     assert times.median_s == pytest.approx(host_per_step, rel=0.2)
+
+
+def test_process_cpu_time_over_the_timed_steps_is_recorded():
+    """A step that sleeps uses almost no CPU; one that computes uses some. The ratio is what
+    the sweep records as process_cpu_per_wall (no speed is asserted, only where CPU went)."""
+    sleeping = time_steps(CountingStep(STEP_SLEEP_S), warmup_steps=1, min_steps=10,
+                          max_steps=10)
+    assert sleeping.wall_s >= sum(sleeping.seconds) > 0
+    assert 0 <= sleeping.cpu_per_wall < 0.5
+
+    def compute() -> None:
+        sum(i * i for i in range(20_000))
+
+    computing = time_steps(compute, warmup_steps=1, min_steps=10, max_steps=10)
+    assert computing.process_cpu_s > 0 and computing.cpu_per_wall > sleeping.cpu_per_wall
+    assert StepTimes((1.0,)).cpu_per_wall is None

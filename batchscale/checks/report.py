@@ -27,6 +27,11 @@ class ValidationReport:
     def failures(self) -> list[dict]:
         return [r for r in self.results if not r["success"]]
 
+    def warnings(self) -> list[str]:
+        """One line per passing check that carries a warning (shown, never failing)."""
+        return [f"{r['expectation']}({_column_text(r) or 'table'}): {r['warning']}"
+                for r in self.results if r["success"] and r.get("warning")]
+
     def failure_message(self) -> str:
         """One line per failed expectation, naming the column(s) and up to 5 offending values."""
         failed = self.failures()
@@ -55,6 +60,7 @@ def make_report(kind: str, results: list[dict], parameters: dict) -> ValidationR
         "evaluated_expectations": len(results),
         "successful_expectations": len(results) - failed,
         "unsuccessful_expectations": failed,
+        "warnings": sum(bool(r["success"] and r.get("warning")) for r in results),
         "success_percent": round(100.0 * (len(results) - failed) / len(results), 2)
         if results else 100.0,
     }
@@ -131,9 +137,11 @@ def _section(name: str, report: ValidationReport) -> dict:
 
 
 def _row(r: dict) -> dict:
-    """One table row: result, expectation, column, expected, settings, found (failures only)."""
-    cells = [
-        "pass" if r["success"] else "FAIL", r["expectation"], _column_text(r), r["description"],
-        _settings(r), "" if r["success"] else _found(r),
-    ]
+    """One table row: result, expectation, column, expected, settings, found (failures and
+    warnings only)."""
+    warning = r["success"] and r.get("warning")
+    result_text = ("pass, with a warning" if warning else "pass") if r["success"] else "FAIL"
+    found = f"warning: {r['warning']}" if warning else "" if r["success"] else _found(r)
+    cells = [result_text, r["expectation"], _column_text(r), r["description"], _settings(r),
+             found]
     return {"success": r["success"], "cells": cells}

@@ -1,6 +1,8 @@
 """One result row per expectation, the same shape whoever checked it (schema, GX, Python rule).
 
-Rows are plain JSON-safe dicts: they go straight into the validation JSON artifact.
+Rows are plain JSON-safe dicts: they go straight into the validation JSON artifact. A passing
+row may carry a `warning`: something a reader must see although it does not fail the table
+(e.g. a few sweep rows flagged unstable, below the share that fails it).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def result(
         "unexpected_rows": [],
         "observed_value": None,
         "error": None,
+        "warning": None,
     }
     base.update(details)
     return plain(base)

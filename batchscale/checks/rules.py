@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from batchscale.checks.results import MAX_SHOWN, SOURCE_PYTHON, plain, result
 from batchscale.errors import BadInput
-from batchscale.schemas import RunStatus
+from batchscale.schemas import Quality, RunStatus, TrialStatus
 
 # ---------------------------------------------------------------- finite numbers
 
@@ -203,10 +203,50 @@ def _curve_points(curves: pa.Table, columns: list[str]) -> pd.DataFrame:
     return curves.select(columns).to_pandas()
 
 
+# ---------------------------------------------------------------- sweep measurement quality
+
+
+def unstable_share(
+    table: pa.Table, df: pd.DataFrame, parameters: dict, context: dict,
+) -> list[dict]:
+    """At most `max_unstable_share` of the timed (ok) sweep rows are flagged unstable; any
+    unstable row below that share passes with a warning naming the rows and why."""
+    limit = parameters["max_unstable_share"]
+    rows = table.select(["input_mode", "batch_size", "status", "quality",
+                         "quality_reason"]).to_pylist()
+    timed = [r for r in rows if r["status"] == TrialStatus.OK]
+    unstable = [r for r in timed if r["quality"] == Quality.UNSTABLE]
+    unjudged = sum(r["quality"] is None for r in timed)
+    share = len(unstable) / len(timed) if timed else 0.0
+    named = [f"{r['input_mode']} batch {r['batch_size']}: {r['quality_reason']}"
+             for r in unstable]
+    success = share <= limit
+    warnings = []
+    if unstable and success:
+        warnings.append(f"{len(unstable)} of {len(timed)} timed rows unstable ({share:.0%}, at "
+                        f"most {limit:.0%} allowed): the analysis leaves them out; "
+                        + "; ".join(named[:MAX_SHOWN]))
+    if unjudged:
+        warnings.append(f"{unjudged} of {len(timed)} timed rows carry no quality (a table from "
+                        "before batchscale judged its measurements): counted as ok")
+    return [result(
+        "expect_unstable_share_to_be_at_most", "quality", success, SOURCE_PYTHON,
+        description=f"at most {limit:.0%} of the timed rows flagged unstable "
+        "(sweep.max_unstable_share): more means the machine was too busy to trust the sweep; "
+        "rerun on a quiet node, pin CPUs or request Guaranteed QoS",
+        kwargs={"max_unstable_share": limit},
+        element_count=len(timed), unexpected_count=len(unstable),
+        unexpected_values=named[:MAX_SHOWN],
+        observed_value={"unstable_share": round(share, 4)},
+        warning="; ".join(warnings) or None,
+    )]
+
+
 PYTHON_CHECKS: dict[str, Callable[..., list[dict]]] = {
     "class_balance": class_balance,
     "histogram_class_balance": histogram_class_balance,
     "shard_checksums": shard_checksums,
     "steps_to_target_matches_curves": steps_to_target_matches_curves,
     "reached_trials_have_finite_losses": reached_trials_have_finite_losses,
+    "unstable_share": unstable_share,
 }

@@ -30,6 +30,8 @@ def check_tables(checks: list[tuple[str, str, pa.Table, dict]], json_path: str,
         print(f"validate {label}: {'passed' if r.success else 'FAILED'} "
               f"({r.statistics.get('successful_expectations', '?')}/"
               f"{r.statistics.get('evaluated_expectations', '?')} expectations)")
+        for warning in r.warnings():
+            print(f"validate {label}: warning: {warning}")
     if failed:
         raise ValidationFailed("\n".join(f"[{label}] {r.failure_message()}" for label, r in failed))
 
@@ -67,6 +69,7 @@ def validate_sweep(config_json: str, sweep_path: str, json_path: str, html_path:
     table = read_table_file(sweep_path)
     # With `batch_sizes: auto` the search picks the batches: there is no list to check against.
     ctx = {} if cfg.sweep.batch_sizes == "auto" else {"batch_sizes": list(cfg.sweep.batch_sizes)}
+    ctx["max_unstable_share"] = cfg.sweep.max_unstable_share
     check_tables([("sweep", "sweep", table, ctx)], json_path, html_path)
 
 

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchscale import schemas
+from batchscale.config import SweepConfig
 from batchscale.errors import BadInput
 
 SUITES_DIR = Path(schemas.__file__).parent / "expectations"
@@ -71,6 +72,12 @@ def _arrow_table(kind: str, key: str, value: Any) -> None:
         raise BadInput(f"validate {kind}: context {key} must be a pyarrow Table")
 
 
+def _share(kind: str, key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise BadInput(f"validate {kind}: context {key} must be a number from 0 to 1, "
+                       f"got {value!r}")
+
+
 def _str_dict(kind: str, key: str, value: Any) -> None:
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
@@ -84,6 +91,7 @@ CONTEXT_TYPES: dict[str, Callable[[str, str, Any], None]] = {
     "batch_sizes": _positive_int_list,
     "curves": _arrow_table,
     "shard_checksums": _str_dict,
+    "max_unstable_share": _share,
 }
 
 
@@ -91,7 +99,8 @@ CONTEXT_TYPES: dict[str, Callable[[str, str, Any], None]] = {
 
 
 def resolve_parameters(declared: dict, context: dict, df: pd.DataFrame) -> dict:
-    """Each suite parameter's value, from context or else derived from the data."""
+    """Each suite parameter's value, from context or else its default: derived from the data,
+    or the config's default for a setting (CONFIG_DEFAULT_PARAMETERS)."""
     out = {}
     for name in declared:
         if name in context:
@@ -99,7 +108,8 @@ def resolve_parameters(declared: dict, context: dict, df: pd.DataFrame) -> dict:
             out[name] = {"value": list(value) if isinstance(value, tuple) else value,
                          "source": "context"}
         else:
-            out[name] = {"value": PARAMETER_DEFAULTS[name](df), "source": "table"}
+            source = "config default" if name in CONFIG_DEFAULT_PARAMETERS else "table"
+            out[name] = {"value": PARAMETER_DEFAULTS[name](df), "source": source}
     return out
 
 
@@ -117,10 +127,19 @@ def _default_batch_sizes(df: pd.DataFrame) -> list[int]:
     return sorted(int(b) for b in df["batch_size"].dropna().unique())
 
 
+def _config_default(model: type, field: str) -> Callable[[pd.DataFrame], Any]:
+    """A setting's default from the config model (defined once there), whatever the table."""
+    return lambda df: model.model_fields[field].default
+
+
+CONFIG_DEFAULT_PARAMETERS = {"max_unstable_share": (SweepConfig, "max_unstable_share")}
+"""Parameters that are settings: without context (`batchscale validate` on a file), the
+config's default applies."""
 PARAMETER_DEFAULTS: dict[str, Callable[[pd.DataFrame], Any]] = {
     "num_classes": _default_num_classes,
     "feature_length": _default_feature_length,
     "batch_sizes": _default_batch_sizes,
+    **{name: _config_default(*where) for name, where in CONFIG_DEFAULT_PARAMETERS.items()},
 }
 
 

@@ -1,25 +1,31 @@
 """throughput_sweep core: samples/s, step-time spread, peak memory and MFU per batch size.
 
-One trial = one (input mode, batch size), measured in its own process (isolation.py, trial.py).
-Trials run one at a time (measurements never overlap), in ascending batch order or as the
-largest-batch search (search.py) asks, and the table is rewritten atomically after every trial
-so a sweep interrupted with Ctrl-C keeps every row it measured.
+One trial = one (input mode, batch size) timed once, in its own process (isolation.py,
+trial.py). Trials run one at a time (measurements never overlap), in interleaved rounds
+(rounds.py: ascending, then descending, ...; the first round of an "auto" sweep is the
+largest-batch search, search.py), then retries of the rows whose rounds disagree or whose steps
+scatter. A row combines its cell's trials (cells.py). The table is rewritten atomically after
+every trial, so a sweep interrupted with Ctrl-C keeps every row it measured.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchscale.conditions import busy_warning, host_conditions
 from batchscale.config import SweepConfig
 from batchscale.errors import BadInput
-from batchscale.schemas import TrialStatus, make_table
+from batchscale.schemas import Quality, TrialStatus, make_table
 from batchscale.storage import write_table_atomic
+from batchscale.sweep.cells import Cell, measured_columns
 from batchscale.sweep.isolation import run_isolated
+from batchscale.sweep.rounds import trial_min_time_s, trial_share, visit_order
 from batchscale.sweep.search import (
     DOES_NOT_FIT,
     FAILED,
@@ -27,10 +33,8 @@ from batchscale.sweep.search import (
     SearchResult,
     search_largest_batch,
 )
-from batchscale.sweep.trial import (
-    TrialResult,
-    TrialSpec,
-)
+from batchscale.sweep.summary import summarize, summary_lines
+from batchscale.sweep.trial import TrialSpec
 from batchscale.workloads import Workload, get_workload
 
 # Square fp32 matmul used to measure a CPU's attainable peak FLOP/s on the spot.
@@ -137,7 +141,7 @@ def memory_cap_bytes(device: str, cfg: SweepConfig) -> int | None:
 # ------------------------------------------------------------------------------ rows
 @dataclass
 class _Sweep:
-    """One sweep's fixed context and the rows measured so far."""
+    """One sweep's fixed context and its cells (one table row each, in first-measured order)."""
 
     cfg: SweepConfig
     workload: Workload
@@ -149,66 +153,108 @@ class _Sweep:
     threads: int
     cap_bytes: int | None
     peak_flops: float
-    expected_trials: int | None
+    planned_trials: int | None
     modes: list[str]
-    rows: list[dict] = field(default_factory=list)
+    cells: dict[tuple[str, int], Cell] = field(default_factory=dict)
+    trials_run: int = 0
+    gpu_warned: bool = False
 
-    def trial(self, input_mode: str, batch_size: int, phase: str) -> dict:
-        """Measure one trial in its own process, record its row, rewrite the table."""
-        spec = TrialSpec(self.workload.name, input_mode, batch_size, self.device, self.cfg,
-                         self.threads, self.cap_bytes, self.dataset_dir, sys.stderr.isatty())
+    @property
+    def rows(self) -> list[dict]:
+        return [self.row(cell) for cell in self.cells.values()]
+
+    def trial(self, input_mode: str, batch_size: int, phase: str, label: str, *,
+              retry: bool = False) -> Cell:
+        """Measure one trial in its own process, add it to its cell, rewrite the table. Each
+        trial gets its row's budget split over the rounds (warm-up is per trial)."""
+        cfg = self.cfg
+        spec = TrialSpec(self.workload.name, input_mode, batch_size, self.device,
+                         trial_share(cfg), self.threads, self.cap_bytes, self.dataset_dir,
+                         sys.stderr.isatty(), min_time_s=trial_min_time_s(cfg),
+                         own_pids=(os.getpid(),))
         preload = ("torchvision",) if self.workload.uses_torchvision else ()
+        before = host_conditions(self.threads)
         result = run_isolated(spec, preload)
         if result.refused:  # before its row is written: a refusal leaves no table behind
             raise BadInput(result.error)
-        row = self.row(spec, result, phase)
-        self.rows.append(row)
+        cell = self.cells.setdefault((input_mode, batch_size),
+                                     Cell(input_mode, batch_size, phase))
+        cell.add(result, before, label, retry=retry)
+        self.trials_run += 1
+        row = self.row(cell)
         write_table_atomic(self.out_path, make_table("sweep", self.rows, self.env))
-        self.log(_progress_line(len(self.rows), self.expected_trials, row))
-        return row
+        self.log(progress_line(self.trials_run, self.planned_trials, label, row))
+        self._warn_gpu_once(row)
+        return cell
 
     def probe(self, batch_size: int, phase: str) -> str:
-        """A trial seen by the largest-batch search."""
-        status = self.trial(self.modes[0], batch_size, phase)["status"]
-        if status == TrialStatus.OK:
+        """A trial seen by the largest-batch search (the first round)."""
+        cell = self.trial(self.modes[0], batch_size, phase, self.round_label(0))
+        if cell.timed:
             return FITS
-        return DOES_NOT_FIT if status == TrialStatus.OOM else FAILED
+        return DOES_NOT_FIT if cell.failure.status == TrialStatus.OOM else FAILED
 
-    def row(self, spec: TrialSpec, result: TrialResult, phase: str) -> dict:
-        row = {
-            "input_mode": spec.input_mode, "batch_size": spec.batch_size,
-            "status": result.status, "precision": self.cfg.precision, "timed_steps": 0,
-            "peak_memory_bytes": result.peak_memory_bytes,
-            "train_flops_per_sample": result.flops_per_sample,
-            "peak_flops_per_s": self.peak_flops, "error": result.error,
-            "memory_source": result.memory_source, "memory_cap_bytes": self.cap_bytes,
-            "channels_last": self.cfg.channels_last, "compiled": self.cfg.torch_compile,
+    def round_label(self, round_index: int) -> str:
+        return f"round {round_index + 1}/{self.cfg.rounds}"
+
+    def ordered_cells(self) -> list[Cell]:
+        """Every cell, ascending: input mode as configured, then batch size."""
+        return sorted(self.cells.values(),
+                      key=lambda c: (self.modes.index(c.input_mode), c.batch_size))
+
+    def remeasure_rounds(self, first_round: int) -> None:
+        """Rounds `first_round`.. over the cells timed so far (failed ones are not measured
+        again), each in its round's order."""
+        for r in range(first_round, self.cfg.rounds):
+            for cell in visit_order(self.ordered_cells(), r):
+                if cell.timed:
+                    self.trial(cell.input_mode, cell.batch_size, cell.phase, self.round_label(r))
+
+    def retry_unstable(self) -> None:
+        """Re-measure unstable rows, one more trial per pass, at most max_retries passes; the
+        passes alternate direction like the rounds, so a burst does not hit one row's retries."""
+        cfg = self.cfg
+        for attempt in range(1, cfg.max_retries + 1):
+            unstable = [c for c in self.ordered_cells()
+                        if c.timed and c.quality(cfg.max_round_spread, cfg.max_cv)[0]
+                        == Quality.UNSTABLE]
+            for cell in visit_order(unstable, cfg.rounds + attempt - 1):
+                self.trial(cell.input_mode, cell.batch_size, cell.phase,
+                           f"retry {attempt}/{cfg.max_retries}", retry=True)
+
+    def row(self, cell: Cell) -> dict:
+        cfg = self.cfg
+        return {
+            "precision": cfg.precision, "peak_flops_per_s": self.peak_flops,
+            "memory_cap_bytes": self.cap_bytes, "channels_last": cfg.channels_last,
+            "compiled": cfg.torch_compile,
             "image_size_px": self.workload.input_shape[-1] if self.workload.is_image else None,
-            "search_phase": phase,
+            **measured_columns(cell, cfg.max_round_spread, cfg.max_cv, self.peak_flops),
         }
-        times = result.times
-        if times is not None:
-            samples_per_s = spec.batch_size / times.median_s
-            achieved = result.flops_per_sample * samples_per_s if result.flops_per_sample else None
-            row.update({
-                "timed_steps": len(times.seconds), "step_time_median_s": times.median_s,
-                "step_time_p10_s": times.quantile_s(0.1),
-                "step_time_p90_s": times.quantile_s(0.9), "step_time_cv": times.cv,
-                "samples_per_s": samples_per_s, "achieved_flops_per_s": achieved,
-                "mfu": achieved / self.peak_flops if achieved and self.peak_flops else None,
-            })
-        return row
+
+    def _warn_gpu_once(self, row: dict) -> None:
+        """Other processes on the GPU are only seen from inside a trial: warn at the first."""
+        if row.get("gpu_other_processes") and not self.gpu_warned:
+            self.gpu_warned = True
+            self.log(busy_warning({**row, "load_avg_1m": None,
+                                   "threads_oversubscribed": False}, self.threads))
 
 
-def _progress_line(done: int, total: int | None, row: dict) -> str:
-    head = (f"[{done}/{total if total else '?'}] {row['input_mode']:9s} batch "
-            f"{row['batch_size']:6d}")
+def progress_line(done: int, planned: int | None, label: str, row: dict) -> str:
+    """The row as the table now holds it, after trial `done` (`label`: its round or retry)."""
+    counter = f"[{done}/{planned}]" if planned and done <= planned else f"[{done}]"
+    head = (f"{counter} {label:11s} {row['input_mode']:9s} batch {row['batch_size']:6d}")
     if row["status"] != TrialStatus.OK:
         return f"{head}  {row['status']}: {row['error']}"
     memory = row["peak_memory_bytes"]
+    spread = row["round_spread"]
+    spread_text = "  n/a" if spread is None else f"{spread:5.1%}"
+    quality = ("ok" if row["quality"] == Quality.OK
+               else f"UNSTABLE: {row['quality_reason']}")
     return (f"{head}  {row['samples_per_s']:10.1f} samples/s  median step "
             f"{row['step_time_median_s'] * 1e3:9.3f} ms  cv {row['step_time_cv']:.3f}  "
-            f"peak {memory / 2**20 if memory else float('nan'):8.1f} MiB")
+            f"spread {spread_text} over {row['rounds'] + row['retries']} trial(s)  "
+            f"peak {memory / 2**20 if memory else float('nan'):8.1f} MiB  {quality}")
 
 
 # ------------------------------------------------------------------------------ the sweep
@@ -245,111 +291,45 @@ def sweep(cfg: SweepConfig, workload_name: str, env: dict, out_path: str | Path,
     grid = cfg.batch_sizes != "auto"
     run = _Sweep(cfg, workload, device, env, Path(out_path), dataset_dir, log,
                  torch.get_num_threads(), cap, peak,
-                 len(modes) * len(cfg.batch_sizes) if grid else None, modes)
+                 len(modes) * len(cfg.batch_sizes) * cfg.rounds if grid else None, modes)
     log(f"sweep {workload.name} on {device} ({cfg.precision}, {run.threads} threads); peak "
         f"{peak / 1e9:.1f} GFLOP/s ({peak_source}); memory cap "
-        f"{'none' if cap is None else f'{cap / 2**30:.2f} GiB'}")
+        f"{'none' if cap is None else f'{cap / 2**30:.2f} GiB'}; {cfg.rounds} round(s) per "
+        f"row of at most {trial_share(cfg).time_budget_s:g} s each, up to {cfg.max_retries} "
+        f"retries of rows "
+        f"whose rounds disagree by more than {cfg.max_round_spread:.0%} or whose CV exceeds "
+        f"{cfg.max_cv:g}")
+    warning = busy_warning(host_conditions(run.threads), run.threads)
+    if warning:
+        log(warning)
     if grid:
-        for mode in modes:
-            for batch_size in cfg.batch_sizes:
-                run.trial(mode, batch_size, PHASE_GRID)
-        return run.rows
+        for mode, batch_size in [(m, b) for m in modes for b in cfg.batch_sizes]:
+            run.trial(mode, batch_size, PHASE_GRID, run.round_label(0))
+    else:
+        _search_first_round(run)
+    run.remeasure_rounds(1)
+    run.retry_unstable()
+    return run.rows
+
+
+def _search_first_round(run: _Sweep) -> None:
+    """Round 1 of an "auto" sweep: the search (within its trial bound) on the first input mode,
+    then the batches that fit in the other modes. Later rounds re-measure what fit; they never
+    search again."""
+    cfg = run.cfg
     result = search_largest_batch(run.probe, max_batch=cfg.max_batch_size,
                                   tolerance=cfg.search_tolerance)
-    log(search_line(result))
-    fitting = sorted(r["batch_size"] for r in run.rows if r["status"] == TrialStatus.OK)
-    for mode in modes[1:]:
+    run.log(search_line(result))
+    fitting = sorted(c.batch_size for c in run.cells.values() if c.timed)
+    for mode in run.modes[1:]:
         for batch_size in fitting:
-            run.trial(mode, batch_size, PHASE_GRID)
-    return run.rows
+            run.trial(mode, batch_size, PHASE_GRID, run.round_label(0))
 
 
 def search_line(result: SearchResult) -> str:
     return (f"largest batch that fits: {result.largest_fitting} (smallest failing: "
             f"{result.smallest_failing}); {result.trials} trials of at most "
             f"{result.trial_budget}; stopped: {result.stopped_by}")
-
-
-def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> dict:
-    """Saturation batch (within `saturation_tolerance` of the best samples/s: the config's
-    `analysis.saturation_tolerance`, its default when None), best throughput, measured and
-    predicted largest batch under the rows' memory cap (the fits the analysis uses too, so
-    the sweep and the report agree)."""
-    import pandas as pd
-
-    from batchscale.fits import (
-        DEFAULT_SATURATION_TOLERANCE,
-        fit_memory,
-        largest_fitting_batch,
-        saturation_batch,
-        throughput_curve,
-        timing_mode,
-    )
-
-    if saturation_tolerance is None:
-        saturation_tolerance = DEFAULT_SATURATION_TOLERANCE
-    table = pd.DataFrame(rows)
-    mode = timing_mode(table)
-    if mode is None:
-        return {"timed": False}
-    curve = throughput_curve(table, mode)
-    best = curve.loc[curve["samples_per_s"].idxmax()]
-    fit = fit_memory(curve["batch_size"], curve["peak_memory_bytes"],
-                     table["memory_cap_bytes"].max())
-    measured, measured_reason = largest_fitting_batch(table)
-    return {
-        "timed": True, "input_mode": mode,
-        "saturation_batch": saturation_batch(table, saturation_tolerance, mode),
-        "saturation_tolerance": saturation_tolerance,
-        "best_samples_per_s": float(best["samples_per_s"]),
-        "best_batch": int(best["batch_size"]), "best_mfu": float(best["mfu"]),
-        "largest_fitting_batch": measured, "largest_fitting_reason": measured_reason,
-        "memory_fixed_bytes": fit.fixed_bytes, "memory_per_sample_bytes": fit.per_sample_bytes,
-        "memory_fit_r2": fit.r2, "predicted_largest_batch": fit.b_max,
-        "predicted_reason": fit.reason,
-    }
-
-
-def summary_lines(summary: dict) -> list[str]:
-    if not summary["timed"]:
-        return ["no batch size was timed successfully"]
-    mfu = summary["best_mfu"]
-    return [
-        f"best: {summary['best_samples_per_s']:.1f} samples/s at batch {summary['best_batch']} "
-        f"({f'MFU {mfu:.2%}' if _finite(mfu) else 'MFU not known'}); the device saturates at "
-        f"batch ≈ {summary['saturation_batch']} (smallest batch within "
-        f"{summary['saturation_tolerance']:.0%} of the best, {summary['input_mode']} input)",
-        _memory_line(summary),
-        _measured_wall_line(summary),
-    ]
-
-
-def _finite(value) -> bool:
-    return value is not None and math.isfinite(value)
-
-
-def _memory_line(summary: dict) -> str:
-    """The memory model, or why there is none (one batch size, no measured peaks) instead of
-    NaN figures."""
-    if not (_finite(summary["memory_fixed_bytes"])
-            and _finite(summary["memory_per_sample_bytes"])):
-        return f"memory: no model fitted ({summary['predicted_reason']})"
-    line = (f"memory: peak ≈ {summary['memory_fixed_bytes'] / 2**20:.1f} MiB + "
-            f"{summary['memory_per_sample_bytes'] / 2**10:.1f} KiB × batch "
-            f"(r² {summary['memory_fit_r2']:.3f}); predicted largest batch under the cap: ")
-    predicted = summary["predicted_largest_batch"]
-    if not _finite(predicted):
-        return line + f"none ({summary['predicted_reason']})"
-    return (line + f"{predicted:.0f} {summary['predicted_reason']}").rstrip()
-
-
-def _measured_wall_line(summary: dict) -> str:
-    measured, reason = summary["largest_fitting_batch"], summary["largest_fitting_reason"]
-    if measured == math.inf:
-        return f"largest batch measured to fit: no wall found ({reason})"
-    if not _finite(measured):
-        return f"largest batch measured to fit: none ({reason})"
-    return f"largest batch measured to fit: {measured:.0f} ({reason})"
 
 
 def run_stage(config_json: str, run_id: str, dataset_dir: str | None, out_path: str) -> list[dict]:

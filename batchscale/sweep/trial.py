@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from batchscale.conditions import gpu_conditions
 from batchscale.config import SweepConfig
 from batchscale.errors import BadInput
 from batchscale.schemas import TrialStatus
-from batchscale.timing import StepTimes, time_steps
+from batchscale.timing import MIN_TIMED_S, StepTimes, time_steps
 from batchscale.workloads import Workload, get_workload
 
 # The optimizer every trial uses: SGD with momentum keeps one buffer per parameter, like most
@@ -53,10 +55,16 @@ class TrialSpec:
     batch_size: int
     device: str
     cfg: SweepConfig
+    """The trial's settings (the sweep passes rounds.trial_share: a row's limits split over its
+    rounds)."""
     threads: int
     memory_cap_bytes: int | None = None
     dataset_dir: str | None = None
     show_progress: bool = False
+    min_time_s: float = MIN_TIMED_S
+    """Timed work required before a met CV target ends the timing, seconds."""
+    own_pids: tuple[int, ...] = ()
+    """Processes of this sweep that may hold a context on the GPU (told apart from others)."""
 
 
 @dataclass(frozen=True)
@@ -72,10 +80,17 @@ class TrialResult:
     refused: bool = False
     """The trial refused its input (e.g. a factory that returned no nn.Module): the sweep stops
     with that message instead of recording a row per batch size."""
+    process_cpu_s: float | None = None
+    wall_s: float | None = None
+    """CPU and wall seconds of the timed span (timing.StepTimes)."""
+    gpu_conditions: dict = field(default_factory=dict)
+    """On CUDA, conditions.gpu_conditions read right after the timed steps."""
 
     @property
     def times(self) -> StepTimes | None:
-        return StepTimes(self.seconds) if self.seconds else None
+        if not self.seconds:
+            return None
+        return StepTimes(self.seconds, self.process_cpu_s, self.wall_s)
 
 
 def is_oom(err: BaseException) -> bool:
@@ -221,8 +236,12 @@ def _measure(spec: TrialSpec, memory: PeakMemory) -> TrialResult:
         times = time_steps(step, device=spec.device, warmup_steps=cfg.warmup_steps,
                            min_steps=cfg.min_timed_steps, max_steps=cfg.max_timed_steps,
                            target_cv=cfg.target_cv, time_budget_s=cfg.time_budget_s,
-                           on_window=lambda n: bar.update(n - bar.n))
-    return TrialResult(TrialStatus.OK, times.seconds, flops, memory.peak_bytes(), memory.source)
+                           min_time_s=spec.min_time_s, on_window=lambda n: bar.update(n - bar.n))
+    gpu = (gpu_conditions(torch.device(spec.device).index or 0, spec.own_pids + (os.getpid(),))
+           if memory.is_cuda else {})
+    return TrialResult(TrialStatus.OK, times.seconds, flops, memory.peak_bytes(), memory.source,
+                       process_cpu_s=times.process_cpu_s, wall_s=times.wall_s,
+                       gpu_conditions=gpu)
 
 
 def steady_state_malloc() -> None:

@@ -1,0 +1,235 @@
+"""The conditions a measurement ran under, so a disturbed timing can be recognized.
+
+A timing taken while other processes compete for the CPUs (or the GPU) looks as authoritative as
+a quiet one. Each sweep trial therefore records (schemas.SWEEP, "The conditions the trial ran
+under"):
+
+- `load_avg_1m`: the kernel's 1-minute load average just before the trial. It counts every
+  runnable thread on the machine, the sweep's own included (a trial's threads raise it for about
+  a minute), so it is a coarse signal: compare it with `usable_cpus`.
+- `usable_cpus`: CPUs this process may run on: its affinity mask, capped by the cgroup's CPU
+  quota (v2 `cpu.max`, v1 `cpu.cfs_quota_us`), rounded down (1.5 CPUs of quota throttle two busy
+  threads a quarter of the time).
+- `threads_oversubscribed`: torch's intra-op threads exceed the usable CPUs.
+- on CUDA, through NVML when `pynvml` is importable: other processes on the device, SM clock and
+  temperature read right after the timed steps (the idle clock between trials would say nothing).
+  `process_cpu_per_wall` comes from the timing helper (`timing.StepTimes.cpu_per_wall`).
+
+Everything here is best effort: what this machine cannot tell is None, never a guess.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_SELF_CGROUP = Path("/proc/self/cgroup")
+BUSY_LOAD_SHARE = 0.5
+"""Warn before measuring when the load average is at least this share of the usable CPUs: the
+sweep itself has not started its trials yet, so that load is someone else's."""
+WHAT_TO_DO = ("rerun on a quiet node, pin the sweep to CPUs nothing else uses (taskset or a "
+              "cpuset), or on Kubernetes request Guaranteed QoS (integer CPU requests equal to "
+              "limits)")
+OTHERS_LOAD_SHARE = 1.0
+"""A trial ran on an overloaded machine when the load average before it, less the CPUs the
+trial itself kept busy (its process_cpu_per_wall), is at least this share of the usable CPUs:
+other processes kept every usable CPU busy. Measured on a 2-CPU VM (digits-mlp, 2 torch
+threads, the default run's sweep): quiet sweeps saw load 0.35-1.0 with trials using 1.0-2.0
+CPUs (others' load <= 0); with a spinning process pinned to one CPU while another job ran, load
+4.3-4.6 with trials using 0.6-0.7 CPUs (others' load about 3.7). There the two OpenMP threads
+waited 100-300 ms at every barrier: steps 50-300x slower, yet steady (CV <= 0.3) and the same
+in every round, so only this condition showed it. Lower shares would flag quiet rows right
+after a busy trial (the load average lags by about a minute)."""
+GPU_NOT_KNOWN = {"gpu_other_processes": None, "gpu_sm_clock_mhz": None, "gpu_temperature_c": None}
+
+
+# ------------------------------------------------------------------------------ CPUs
+def load_average_1m() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def affinity_cpus() -> int:
+    """CPUs in this process's affinity mask (all CPUs where the platform has no masks)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def parse_cpu_max(text: str) -> float | None:
+    """cgroup v2 `cpu.max` ("<quota> <period>" in microseconds, or "max <period>") as CPUs."""
+    parts = text.split()
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    try:
+        quota, period = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def parse_cfs_quota(quota_text: str, period_text: str) -> float | None:
+    """cgroup v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us` as CPUs (-1: no quota)."""
+    try:
+        quota, period = int(quota_text), int(period_text)
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def _own_cgroup_dirs(root: Path, proc_cgroup: Path) -> list[Path]:
+    """The directories whose CPU quota applies to this process: its v2 cgroup and every
+    ancestor up to the root, and its v1 `cpu` controller's directory and the controller's root.
+    A container usually sees its own cgroup as the root."""
+    dirs = [root, root / "cpu"]
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return dirs
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            base = root
+        elif "cpu" in controllers.split(","):
+            base = root / "cpu"
+        else:
+            continue
+        here = base / path.lstrip("/")
+        while here != base and base in here.parents:
+            dirs.append(here)
+            here = here.parent
+    return dirs
+
+
+def cgroup_cpu_quota(root: Path = CGROUP_ROOT,
+                     proc_cgroup: Path = PROC_SELF_CGROUP) -> float | None:
+    """The tightest CPU quota (in CPUs) over the cgroups that contain this process; None when
+    there is none."""
+    quotas = []
+    for directory in _own_cgroup_dirs(root, proc_cgroup):
+        try:
+            quotas.append(parse_cpu_max((directory / "cpu.max").read_text()))
+        except OSError:
+            pass
+        try:
+            quotas.append(parse_cfs_quota((directory / "cpu.cfs_quota_us").read_text(),
+                                          (directory / "cpu.cfs_period_us").read_text()))
+        except OSError:
+            pass
+    found = [q for q in quotas if q is not None]
+    return min(found) if found else None
+
+
+def usable_cpus(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGROUP) -> int:
+    """Affinity CPUs, capped by the cgroup quota rounded down (at least 1)."""
+    cpus = affinity_cpus()
+    quota = cgroup_cpu_quota(root, proc_cgroup)
+    if quota is not None:
+        cpus = min(cpus, max(1, math.floor(quota)))
+    return cpus
+
+
+def others_load(load_avg_1m: float | None, cpu_per_wall: float | None) -> float | None:
+    """Runnable threads of other processes, roughly: the load average less the CPUs this
+    trial kept busy (the sweep's own threads are in the load average too)."""
+    if load_avg_1m is None or cpu_per_wall is None:
+        return None
+    return load_avg_1m - cpu_per_wall
+
+
+def overloaded(load_avg_1m: float | None, cpu_per_wall: float | None,
+               usable: int | None) -> bool:
+    """Other processes kept every usable CPU busy while the trial ran (OTHERS_LOAD_SHARE)."""
+    others = others_load(load_avg_1m, cpu_per_wall)
+    return others is not None and usable is not None and others >= OTHERS_LOAD_SHARE * usable
+
+
+def host_conditions(threads: int) -> dict:
+    """The CPU side of a trial's conditions, as sweep-table columns."""
+    cpus = usable_cpus()
+    return {"load_avg_1m": load_average_1m(), "usable_cpus": cpus,
+            "threads_oversubscribed": threads > cpus}
+
+
+# ------------------------------------------------------------------------------ GPU (NVML)
+def _nvml() -> Any | None:
+    """The NVML bindings (package nvidia-ml-py, module pynvml), initialized; None without."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # not installed, no driver, no device: the columns stay unknown
+        return None
+    return pynvml
+
+
+def nvml_handle(nvml: Any, device_index: int, visible: str | None) -> Any:
+    """NVML's handle for torch's device index: CUDA_VISIBLE_DEVICES renumbers devices (by index
+    or UUID), NVML does not."""
+    entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
+    if device_index < len(entries):
+        entry = entries[device_index]
+        if entry.isdigit():
+            return nvml.nvmlDeviceGetHandleByIndex(int(entry))
+        return nvml.nvmlDeviceGetHandleByUUID(entry)
+    return nvml.nvmlDeviceGetHandleByIndex(device_index)
+
+
+def read_gpu_conditions(nvml: Any, handle: Any, own_pids: Collection[int]) -> dict:
+    """Other compute processes on the device, SM clock (MHz) and temperature (°C).
+
+    A process in a container with its own PID namespace sees host PIDs in NVML's list; when
+    none of `own_pids` (which hold a context on this device) is in it, ours cannot be told
+    apart from the others, and the count is unknown rather than wrong."""
+    pids = {p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+    others = len(pids - set(own_pids)) if pids & set(own_pids) else None
+    return {
+        "gpu_other_processes": others,
+        "gpu_sm_clock_mhz": float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+        "gpu_temperature_c": float(nvml.nvmlDeviceGetTemperature(handle,
+                                                                 nvml.NVML_TEMPERATURE_GPU)),
+    }
+
+
+def gpu_conditions(device_index: int, own_pids: Collection[int]) -> dict:
+    """The GPU side of a trial's conditions; all None when NVML is not available."""
+    nvml = _nvml()
+    if nvml is None:
+        return dict(GPU_NOT_KNOWN)
+    try:
+        handle = nvml_handle(nvml, device_index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return read_gpu_conditions(nvml, handle, own_pids)
+    except Exception:  # an NVML error (unsupported query, vanished device): unknown
+        return dict(GPU_NOT_KNOWN)
+
+
+# ------------------------------------------------------------------------------ warning
+def busy_reasons(conditions: dict, threads: int) -> list[str]:
+    """What makes the machine visibly busy, with the figures; empty when it looks quiet."""
+    reasons = []
+    load, cpus = conditions.get("load_avg_1m"), conditions["usable_cpus"]
+    if load is not None and load >= BUSY_LOAD_SHARE * cpus:
+        reasons.append(f"load average {load:.2f} with {cpus} usable CPUs (warn at "
+                       f"{BUSY_LOAD_SHARE * cpus:g})")
+    if conditions.get("threads_oversubscribed"):
+        reasons.append(f"{threads} torch threads on {cpus} usable CPUs")
+    others = conditions.get("gpu_other_processes")
+    if others:
+        reasons.append(f"{others} other process(es) on the GPU")
+    return reasons
+
+
+def busy_warning(conditions: dict, threads: int) -> str | None:
+    """One line for stderr before measuring, or None when the machine looks quiet."""
+    reasons = busy_reasons(conditions, threads)
+    if not reasons:
+        return None
+    return (f"warning: the machine is busy before measuring ({'; '.join(reasons)}): timings "
+            f"will be disturbed and rows may be flagged unstable; {WHAT_TO_DO}")

@@ -1,0 +1,147 @@
+"""Interleaved rounds, and how a row's trials combine into its figures and its quality.
+
+Pure functions (no torch, no processes), so they are tested on their own.
+
+Each (input mode, batch size) cell is timed once per round; round r visits the cells in
+ascending order when r is even and descending when odd, so drift (caches and clocks settling,
+thermal throttling) and bursts of load from other processes land on every batch size alike
+instead of on whichever came last. A row's figures combine its trials (its rounds, then any
+retries):
+
+- `step_time_median_s` is the median of the trials' medians. Each trial gets one vote whatever
+  its number of steps: a trial stops early once its CV target is met and runs to its budget when
+  its steps scatter, so pooled steps would let a disturbed trial (the one with the most steps)
+  outvote the quiet ones.
+- `step_time_p10_s`, `step_time_p90_s`, `step_time_cv` are the median over trials of each
+  trial's own figure, for the same reason; and because the median is monotone, p10 <= median <=
+  p90 holds for the combined figures as it does within each trial (pooled quantiles could leave
+  the median of medians outside them). The trials' disagreement is `round_spread`, kept out of
+  the CV so each column measures one thing: scatter within a trial, disagreement between trials.
+- `round_spread` is (max - min) / median of the trials' medians over their closest majority:
+  with two trials (the default) that is both of them; after retries, the closest 2 of 3, 3 of 4,
+  and so on, so one disturbed trial can be outvoted by re-measurements (the combined median always
+  lies inside that majority's range). It is at most 2 by construction.
+
+`judge` then calls a row unstable when its trials disagree, its steps scatter, or most of its
+trials ran while other processes kept every usable CPU busy (conditions.OTHERS_LOAD_SHARE: the
+case where steps are steadily slow in every round, which neither figure can see).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from batchscale.config import SweepConfig
+from batchscale.schemas import Quality
+from batchscale.timing import MIN_TIMED_S, StepTimes
+
+T = TypeVar("T")
+
+
+def visit_order(cells: Sequence[T], round_index: int) -> list[T]:
+    """`cells` (given ascending) in round `round_index`'s order: ascending on even rounds
+    (0, 2, ...), descending on odd ones."""
+    return list(cells) if round_index % 2 == 0 else list(reversed(cells))
+
+
+def trial_share(cfg: SweepConfig) -> SweepConfig:
+    """The settings of one trial: a row's `time_budget_s` and `max_timed_steps` split evenly
+    over its rounds, so a sweep takes about as long as with one round (warm-up and
+    `min_timed_steps` stay per trial: each trial needs its own median)."""
+    return cfg.model_copy(update={
+        "time_budget_s": cfg.time_budget_s / cfg.rounds,
+        "max_timed_steps": max(cfg.min_timed_steps, cfg.max_timed_steps // cfg.rounds),
+    })
+
+
+def trial_min_time_s(cfg: SweepConfig) -> float:
+    """timing.MIN_TIMED_S split over the rounds too: its purpose (not trusting a few steps
+    that fell in a quiet moment) is served better by rounds at different moments."""
+    return MIN_TIMED_S / cfg.rounds
+
+
+def majority_spread(medians: Sequence[float]) -> float | None:
+    """(max - min) / median over the closest strict majority of `medians`; None for fewer than
+    two (one trial cannot disagree with itself)."""
+    if len(medians) < 2:
+        return None
+    ordered = sorted(medians)
+    k = len(ordered) // 2 + 1
+    width = min(ordered[i + k - 1] - ordered[i] for i in range(len(ordered) - k + 1))
+    center = statistics.median(ordered)
+    return width / center if center > 0 else None
+
+
+def _median_of_finite(values: Sequence[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return statistics.median(finite) if finite else math.nan
+
+
+@dataclass(frozen=True)
+class Combined:
+    """A row's timing figures, combined over its trials as the module docstring says."""
+
+    median_s: float
+    p10_s: float
+    p90_s: float
+    cv: float
+    """NaN when no trial timed two steps."""
+    timed_steps: int
+    trials: int
+    round_spread: float | None
+    cpu_per_wall: float | None
+    """The lowest over the trials: the one that got the least CPU."""
+
+
+def combine(trials: Sequence[StepTimes]) -> Combined:
+    """The row's figures from its trials (at least one, each with at least one timed step)."""
+    if not trials:
+        raise ValueError("combine needs at least one timed trial")
+    medians = [t.median_s for t in trials]
+    cpu = [t.cpu_per_wall for t in trials if t.cpu_per_wall is not None]
+    return Combined(
+        median_s=statistics.median(medians),
+        p10_s=statistics.median(t.quantile_s(0.1) for t in trials),
+        p90_s=statistics.median(t.quantile_s(0.9) for t in trials),
+        cv=_median_of_finite([t.cv for t in trials]),
+        timed_steps=sum(len(t.seconds) for t in trials),
+        trials=len(trials),
+        round_spread=majority_spread(medians),
+        cpu_per_wall=min(cpu) if cpu else None,
+    )
+
+
+@dataclass(frozen=True)
+class Overload:
+    """How many of a row's trials ran while other processes kept every usable CPU busy
+    (conditions.overloaded), with the highest such load for the reason."""
+
+    trials: int = 0
+    others_load: float = 0.0
+    usable_cpus: int = 0
+
+
+def judge(combined: Combined, *, max_round_spread: float, max_cv: float,
+          overload: Overload = Overload()) -> tuple[str, str | None]:
+    """(quality, reason): "unstable" with the figures in plain words when the trials disagree by
+    more than `max_round_spread`, the steps scatter with a CV above `max_cv`, or most trials ran
+    on an overloaded machine (steady but slow steps that agree across rounds: see
+    conditions.OTHERS_LOAD_SHARE); else "ok". A figure that cannot be computed (one trial;
+    fewer than two steps) does not flag a row."""
+    reasons = []
+    spread = combined.round_spread
+    if spread is not None and spread > max_round_spread:
+        reasons.append(f"rounds disagree by {spread:.0%} (> {max_round_spread:.0%})")
+    if math.isfinite(combined.cv) and combined.cv > max_cv:
+        reasons.append(f"step times scatter: CV {combined.cv:.2f} (> {max_cv:.2f})")
+    if 2 * overload.trials > combined.trials:
+        reasons.append(f"other processes kept all {overload.usable_cpus} usable CPUs busy in "
+                       f"{overload.trials} of {combined.trials} trials (load beyond this "
+                       f"trial's own up to {overload.others_load:.1f})")
+    if reasons:
+        return Quality.UNSTABLE, "; ".join(reasons)
+    return Quality.OK, None

@@ -1,0 +1,160 @@
+"""The sweep's own summary: best throughput, saturation batch, memory model and wall, and how far
+the measurements can be trusted (quality flags, rounds, the conditions they ran under).
+
+The throughput figures come from the fits the analysis uses too (batchscale.fits), so the sweep
+and the report agree; those fits leave rows flagged unstable out of every timing figure.
+"""
+
+from __future__ import annotations
+
+import math
+
+from batchscale.conditions import WHAT_TO_DO
+from batchscale.schemas import Quality, TrialStatus
+
+
+def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> dict:
+    """Saturation batch (within `saturation_tolerance` of the best samples/s: the config's
+    `analysis.saturation_tolerance`, its default when None), best throughput, measured and
+    predicted largest batch under the rows' memory cap (the fits the analysis uses too, so
+    the sweep and the report agree), and the measurements' quality (quality_summary)."""
+    import pandas as pd
+
+    from batchscale.fits import (
+        DEFAULT_SATURATION_TOLERANCE,
+        fit_memory,
+        largest_fitting_batch,
+        saturation_batch,
+        throughput_curve,
+        timing_mode,
+    )
+
+    if saturation_tolerance is None:
+        saturation_tolerance = DEFAULT_SATURATION_TOLERANCE
+    quality = quality_summary(rows)
+    table = pd.DataFrame(rows)
+    mode = timing_mode(table)
+    if mode is None:
+        return {"timed": False, **quality}
+    curve = throughput_curve(table, mode)
+    best = curve.loc[curve["samples_per_s"].idxmax()]
+    # Memory does not depend on how busy the CPU was: unstable rows count for the model.
+    memory = throughput_curve(table, mode, include_unstable=True)
+    fit = fit_memory(memory["batch_size"], memory["peak_memory_bytes"],
+                     table["memory_cap_bytes"].max())
+    measured, measured_reason = largest_fitting_batch(table)
+    return {
+        "timed": True, "input_mode": mode, **quality,
+        "saturation_batch": saturation_batch(table, saturation_tolerance, mode),
+        "saturation_tolerance": saturation_tolerance,
+        "best_samples_per_s": float(best["samples_per_s"]),
+        "best_batch": int(best["batch_size"]), "best_mfu": float(best["mfu"]),
+        "largest_fitting_batch": measured, "largest_fitting_reason": measured_reason,
+        "memory_fixed_bytes": fit.fixed_bytes, "memory_per_sample_bytes": fit.per_sample_bytes,
+        "memory_fit_r2": fit.r2, "predicted_largest_batch": fit.b_max,
+        "predicted_reason": fit.reason,
+    }
+
+
+def summary_lines(summary: dict) -> list[str]:
+    if not summary["timed"]:
+        if summary.get("timed_rows"):
+            return ["every timed row was flagged unstable: no throughput figure is given",
+                    *quality_lines(summary)]
+        return ["no batch size was timed successfully"]
+    mfu = summary["best_mfu"]
+    return [
+        f"best: {summary['best_samples_per_s']:.1f} samples/s at batch {summary['best_batch']} "
+        f"({f'MFU {mfu:.2%}' if _finite(mfu) else 'MFU not known'}); the device saturates at "
+        f"batch ≈ {summary['saturation_batch']} (smallest batch within "
+        f"{summary['saturation_tolerance']:.0%} of the best, {summary['input_mode']} input)",
+        _memory_line(summary),
+        _measured_wall_line(summary),
+        *quality_lines(summary),
+    ]
+
+
+def _finite(value) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _memory_line(summary: dict) -> str:
+    """The memory model, or why there is none (one batch size, no measured peaks) instead of
+    NaN figures."""
+    if not (_finite(summary["memory_fixed_bytes"])
+            and _finite(summary["memory_per_sample_bytes"])):
+        return f"memory: no model fitted ({summary['predicted_reason']})"
+    line = (f"memory: peak ≈ {summary['memory_fixed_bytes'] / 2**20:.1f} MiB + "
+            f"{summary['memory_per_sample_bytes'] / 2**10:.1f} KiB × batch "
+            f"(r² {summary['memory_fit_r2']:.3f}); predicted largest batch under the cap: ")
+    predicted = summary["predicted_largest_batch"]
+    if not _finite(predicted):
+        return line + f"none ({summary['predicted_reason']})"
+    return (line + f"{predicted:.0f} {summary['predicted_reason']}").rstrip()
+
+
+def _measured_wall_line(summary: dict) -> str:
+    measured, reason = summary["largest_fitting_batch"], summary["largest_fitting_reason"]
+    if measured == math.inf:
+        return f"largest batch measured to fit: no wall found ({reason})"
+    if not _finite(measured):
+        return f"largest batch measured to fit: none ({reason})"
+    return f"largest batch measured to fit: {measured:.0f} ({reason})"
+
+
+# ------------------------------------------------------------------------------ quality
+def quality_summary(rows: list[dict]) -> dict:
+    """How far the timed rows can be trusted: unstable rows with their reasons, rounds and
+    retries, the largest round spread and CV among the stable rows, the worst conditions."""
+    timed = [r for r in rows if r["status"] == TrialStatus.OK]
+    stable = [r for r in timed if r.get("quality") != Quality.UNSTABLE]
+    return {
+        "timed_rows": len(timed),
+        "unstable": [(r["input_mode"], r["batch_size"], r.get("quality_reason"))
+                     for r in timed if r.get("quality") == Quality.UNSTABLE],
+        "rounds": sorted({r["rounds"] for r in timed if r.get("rounds") is not None}),
+        "retried_rows": sum(bool(r.get("retries")) for r in timed),
+        "largest_round_spread": _largest(r.get("round_spread") for r in stable),
+        "largest_cv": _largest(r.get("step_time_cv") for r in stable),
+        "load_avg_max": _largest(r.get("load_avg_1m") for r in rows),
+        "usable_cpus": min((r["usable_cpus"] for r in rows if r.get("usable_cpus")),
+                           default=None),
+        "cpu_per_wall_min": min((r["process_cpu_per_wall"] for r in timed
+                                 if _finite(r.get("process_cpu_per_wall"))), default=None),
+        "oversubscribed": any(r.get("threads_oversubscribed") for r in rows),
+    }
+
+
+def _largest(values) -> float | None:
+    return max((v for v in values if _finite(v)), default=None)
+
+
+def quality_lines(summary: dict) -> list[str]:
+    """The quality flags in plain words (and what to do about them), the rounds, then the
+    conditions the trials ran under."""
+    if not summary.get("timed_rows"):
+        return []
+    timed, unstable = summary["timed_rows"], summary["unstable"]
+    lines = [f"measurement quality: all {timed} timed rows ok"]
+    if unstable:
+        rows = "; ".join(f"{mode} batch {batch} ({reason})" for mode, batch, reason in unstable)
+        lines = [f"measurement quality: {len(unstable)} of {timed} timed rows UNSTABLE, left "
+                 f"out of the throughput figures: {rows}", f"  what to do: {WHAT_TO_DO}"]
+    rounds = "/".join(str(r) for r in summary["rounds"]) or "?"
+    spread, cv = summary["largest_round_spread"], summary["largest_cv"]
+    lines.append(f"rounds: {rounds} per row, {summary['retried_rows']} row(s) re-measured; "
+                 f"stable rows: rounds agree within "
+                 f"{'n/a' if spread is None else f'{spread:.1%}'}, CV at most "
+                 f"{'n/a' if cv is None else f'{cv:.2f}'}")
+    return [*lines, _conditions_line(summary)]
+
+
+def _conditions_line(summary: dict) -> str:
+    load, cpus, cpu = (summary["load_avg_max"], summary["usable_cpus"],
+                       summary["cpu_per_wall_min"])
+    parts = [f"load average up to {'unknown' if load is None else f'{load:.2f}'} on "
+             f"{cpus or '?'} usable CPUs",
+             f"trial CPU time / wall time down to {'unknown' if cpu is None else f'{cpu:.2f}'}"]
+    if summary["oversubscribed"]:
+        parts.append("torch threads oversubscribed the usable CPUs")
+    return "conditions: " + "; ".join(parts)
