@@ -282,6 +282,8 @@ def cmd_validate(args) -> int:
         write_bytes_atomic(args.html, report.to_html().encode())
     if not report.success:
         raise ValidationFailed(f"{args.file}: {report.failure_message()}")
+    for warning in report.warnings():
+        print(f"{args.file}: warning: {warning}")
     print(f"{args.file}: {args.table} table passed "
           f"{report.statistics.get('evaluated_expectations', '?')} expectations")
     return 0

@@ -145,10 +145,12 @@ def others_load(load_avg_1m: float | None, cpu_per_wall: float | None) -> float 
 
 
 def overloaded(load_avg_1m: float | None, cpu_per_wall: float | None,
-               usable: int | None) -> bool:
-    """Other processes kept every usable CPU busy while the trial ran (OTHERS_LOAD_SHARE)."""
+               usable: int | None, share: float | None = None) -> bool:
+    """Other processes kept `share` (default OTHERS_LOAD_SHARE) of the usable CPUs busy while
+    the trial ran; `share` None in the config (sweep.overload_cpu_share) is passed as inf."""
+    share = OTHERS_LOAD_SHARE if share is None else share
     others = others_load(load_avg_1m, cpu_per_wall)
-    return others is not None and usable is not None and others >= OTHERS_LOAD_SHARE * usable
+    return others is not None and usable is not None and others >= share * usable
 
 
 def host_conditions(threads: int) -> dict:

@@ -175,3 +175,18 @@ def test_gpu_conditions_on_a_real_gpu():
         return
     assert found["gpu_sm_clock_mhz"] > 0 and 0 < found["gpu_temperature_c"] < 150
     assert found["gpu_other_processes"] is None or found["gpu_other_processes"] >= 0
+
+
+def test_the_overload_share_setting_moves_or_turns_off_the_check():
+    """sweep.overload_cpu_share reaches conditions.overloaded: null in the config is inf."""
+    import math
+
+    from batchscale.config import SweepConfig
+    from batchscale.sweep.sweep import _overload_share
+
+    assert conditions.overloaded(4.5, 0.5, 2, share=1.0)
+    assert not conditions.overloaded(4.5, 0.5, 2, share=2.5)
+    assert not conditions.overloaded(4.5, 0.5, 2, share=_overload_share(
+        SweepConfig(overload_cpu_share=None)))
+    assert _overload_share(SweepConfig()) == 1.0 and math.isinf(
+        _overload_share(SweepConfig(overload_cpu_share=None)))

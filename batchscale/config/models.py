@@ -268,6 +268,10 @@ class SweepConfig(_Strict):
     unstable."""
     max_retries: Annotated[NonNegativeInt, Field(le=10)] = 2
     """Re-measurements of a disagreeing or scattered row before it is kept as unstable."""
+    overload_cpu_share: float | None = Field(1.0, gt=0.0)
+    """A row is also unstable when most of its trials ran while other processes' load (the
+    load average less the trial's own CPUs) reached this share of the usable CPUs: steady but
+    slow steps that agree across rounds. null turns this check off."""
     max_unstable_share: float = Field(0.25, ge=0.0, le=1.0)
     """The sweep's validation fails when more than this share of timed rows are unstable (and
     warns below it)."""

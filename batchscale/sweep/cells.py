@@ -43,6 +43,8 @@ class Cell:
     failure: TrialResult | None = None
     failure_label: str = ""
     overload: Overload = Overload()
+    overload_share: float | None = None
+    """sweep.overload_cpu_share (inf when the check is off); None: conditions' default."""
 
     @property
     def timed(self) -> bool:
@@ -68,7 +70,7 @@ class Cell:
 
     def _count_overload(self, conditions: dict, cpu_per_wall: float | None) -> None:
         load, usable = conditions.get("load_avg_1m"), conditions.get("usable_cpus")
-        if overloaded(load, cpu_per_wall, usable):
+        if overloaded(load, cpu_per_wall, usable, self.overload_share):
             others = max(self.overload.others_load, others_load(load, cpu_per_wall))
             self.overload = Overload(self.overload.trials + 1, others, usable)
 

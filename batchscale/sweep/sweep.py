@@ -178,7 +178,8 @@ class _Sweep:
         if result.refused:  # before its row is written: a refusal leaves no table behind
             raise BadInput(result.error)
         cell = self.cells.setdefault((input_mode, batch_size),
-                                     Cell(input_mode, batch_size, phase))
+                                     Cell(input_mode, batch_size, phase,
+                                          overload_share=_overload_share(self.cfg)))
         cell.add(result, before, label, retry=retry)
         self.trials_run += 1
         row = self.row(cell)
@@ -238,6 +239,11 @@ class _Sweep:
             self.gpu_warned = True
             self.log(busy_warning({**row, "load_avg_1m": None,
                                    "threads_oversubscribed": False}, self.threads))
+
+
+def _overload_share(cfg: SweepConfig) -> float:
+    """The config's overload threshold; off (None) never flags a row."""
+    return math.inf if cfg.overload_cpu_share is None else cfg.overload_cpu_share
 
 
 def progress_line(done: int, planned: int | None, label: str, row: dict) -> str:
