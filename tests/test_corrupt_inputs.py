@@ -185,8 +185,10 @@ def test_sweep_with_negative_throughput(tmp_path):
 # Clean tables and the pipeline's context come from tests/test_checks.py. Each extreme below is
 # injected into numeric columns of a clean table; validation must fail naming every column it
 # should refuse. What is not refused is stated here, one reason each:
-UNBOUNDED_ABOVE = {"b_simple", "train_loss"}  # a noise ratio; a diverging loss grows without end
-SIGNED = {"b_simple"}  # a noisy estimate of tr(Sigma)/|G|^2 can come out negative
+# a noise ratio; a diverging loss grows without end; a measured slope of noisy steps
+UNBOUNDED_ABOVE = {"b_simple", "train_loss", "measured_slope"}
+# a noisy estimate of tr(Sigma)/|G|^2 can come out negative; slopes d log S / d log B are <= 0
+SIGNED = {"b_simple", "measured_slope", "fit_slope"}
 NAN_MEANS_NOT_MEASURED = {
     "dataset": set(), "manifest": set(),
     "sweep": {"step_time_cv"},
@@ -194,7 +196,8 @@ NAN_MEANS_NOT_MEASURED = {
     "runs": {"b_simple"},
     "analysis": {"steps_to_target", "examples_to_target", "step_time_s", "time_to_target_s",
                  "samples_per_s", "s_min", "e_min", "b_crit", "b_crit_low", "b_crit_high",
-                 "b_simple"},
+                 "b_simple", "b_crit_bound_batch", "fit_slope", "measured_slope",
+                 "sweep_step_time_s"},
 }
 ROWS_TO_CORRUPT = {"curves": [0, 1, 2, 4, 5, 7]}  # not a trial's last row (diverged may be NaN)
 EXTREMES = ("inf", "-inf", "nan", "huge", "negative")
