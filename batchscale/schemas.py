@@ -109,6 +109,7 @@ SWEEP = pa.schema(
         pa.field("load_avg_1m", pa.float64()),
         pa.field("usable_cpus", pa.int64()),
         pa.field("process_cpu_per_wall", pa.float64()),
+        pa.field("cpu_wait_share", pa.float64()),
         pa.field("threads_oversubscribed", pa.bool_()),
         pa.field("gpu_other_processes", pa.int64()),
         pa.field("gpu_sm_clock_mhz", pa.float64()),

@@ -2,10 +2,11 @@
 
 Rules: warm-up steps are excluded; the device is synchronized at the edges of every
 timed window (never inside one, so the host may queue work ahead as a real training loop does);
-per-step times are kept, with the process's CPU time over the timed span (a trial that did not
-get the CPU it asked for shows it); timing repeats until the coefficient of variation is below a
-target or the budget is spent. On CUDA, steps are delimited by CUDA events recorded on the
-stream, so a step's time is the device's time between its edges, free of host launch jitter.
+per-step times are kept, with the process's CPU time and its threads' run-queue wait over the
+timed span (a trial that did not get the CPU it asked for shows it); timing repeats until the
+coefficient of variation is below a target or the budget is spent. On CUDA, steps are delimited
+by CUDA events recorded on the stream, so a step's time is the device's time between its edges,
+free of host launch jitter.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 
+from batchscale.conditions import run_queue_wait_s
 from batchscale.config import SweepConfig
 
 # The stop rules' defaults are the sweep's, defined once in its config model; callers timing
@@ -43,6 +45,9 @@ class StepTimes:
     """CPU seconds this process (all its threads) used while the steps were timed."""
     wall_s: float | None = None
     """Wall-clock seconds of the same span (the timed windows and the checks between them)."""
+    cpu_wait_s: float | None = None
+    """Seconds this process's threads spent runnable but waiting for a CPU over the same span
+    (the kernel's run-queue delay, conditions.run_queue_wait_s); None where not reported."""
 
     @property
     def cpu_per_wall(self) -> float | None:
@@ -52,6 +57,16 @@ class StepTimes:
         if self.process_cpu_s is None or not self.wall_s:
             return None
         return self.process_cpu_s / self.wall_s
+
+    @property
+    def cpu_wait_share(self) -> float | None:
+        """The share of the threads' runnable time spent waiting for a CPU: wait / (wait + CPU
+        time). Near 0 when the process had the CPUs it asked for, whatever its thread count;
+        about 0.5 for a thread that shares its CPU with one busy process."""
+        if self.cpu_wait_s is None or self.process_cpu_s is None:
+            return None
+        runnable = self.cpu_wait_s + self.process_cpu_s
+        return self.cpu_wait_s / runnable if runnable > 0 else None
 
     @property
     def median_s(self) -> float:
@@ -156,6 +171,7 @@ def time_steps(
     clock.sync()
     seconds: list[float] = []
     cpu_started = time.process_time()  # all threads of this process
+    wait_started = run_queue_wait_s()
     started = time.perf_counter()
     while len(seconds) < max_steps:
         seconds += clock.time_window(step, _next_window(seconds, min_steps, max_steps))
@@ -170,5 +186,8 @@ def time_steps(
         if elapsed >= min(min_time_s, time_budget_s) and coefficient_of_variation(
                 recent) <= target_cv:
             break
+    wait_ended = run_queue_wait_s()
+    waited = (None if wait_started is None or wait_ended is None
+              else max(0.0, wait_ended - wait_started))
     return StepTimes(tuple(seconds), process_cpu_s=time.process_time() - cpu_started,
-                     wall_s=time.perf_counter() - started)
+                     wall_s=time.perf_counter() - started, cpu_wait_s=waited)

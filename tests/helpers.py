@@ -47,6 +47,7 @@ sweep:
   max_cv: 1000000.0
   max_round_spread: 2.0
   overload_cpu_share: null
+  max_cpu_wait_share: null
 convergence:
   batch_sizes: [16, 64, 256]
   lr_rules: [sqrt]

@@ -179,14 +179,44 @@ def test_gpu_conditions_on_a_real_gpu():
 
 def test_the_overload_share_setting_moves_or_turns_off_the_check():
     """sweep.overload_cpu_share reaches conditions.overloaded: null in the config is inf."""
-    import math
 
     from batchscale.config import SweepConfig
-    from batchscale.sweep.sweep import _overload_share
+    from batchscale.sweep.sweep import _off_as_inf
 
     assert conditions.overloaded(4.5, 0.5, 2, share=1.0)
     assert not conditions.overloaded(4.5, 0.5, 2, share=2.5)
-    assert not conditions.overloaded(4.5, 0.5, 2, share=_overload_share(
-        SweepConfig(overload_cpu_share=None)))
-    assert _overload_share(SweepConfig()) == 1.0 and math.isinf(
-        _overload_share(SweepConfig(overload_cpu_share=None)))
+    assert not conditions.overloaded(4.5, 0.5, 2, share=_off_as_inf(
+        SweepConfig(overload_cpu_share=None).overload_cpu_share))
+    assert _off_as_inf(SweepConfig().overload_cpu_share) == 1.0
+
+
+def test_the_cpu_wait_setting_moves_or_turns_off_the_starvation_check():
+    """sweep.max_cpu_wait_share reaches conditions.starved: null in the config is inf."""
+    from batchscale.config import SweepConfig
+    from batchscale.sweep.sweep import _off_as_inf
+
+    assert conditions.starved(0.36) and not conditions.starved(0.003)
+    assert not conditions.starved(None)
+    assert not conditions.starved(0.36, share=0.5)
+    assert SweepConfig().max_cpu_wait_share == conditions.CPU_WAIT_SHARE
+    assert not conditions.starved(0.99, share=_off_as_inf(
+        SweepConfig(max_cpu_wait_share=None).max_cpu_wait_share))
+
+
+def test_run_queue_wait_sums_the_threads_and_skips_what_it_cannot_read(tmp_path):
+    """schedstat's second field is the thread's run-queue delay in nanoseconds."""
+    for tid, text in (("101", "5000 1500000000 7\n"), ("102", "10 500000000 2\n"),
+                      ("103", "garbage\n")):
+        (tmp_path / tid).mkdir()
+        (tmp_path / tid / "schedstat").write_text(text)
+    (tmp_path / "104").mkdir()  # a thread that ended between the listing and the read
+    assert conditions.run_queue_wait_s(tmp_path) == pytest.approx(2.0)
+    assert conditions.run_queue_wait_s(tmp_path / "missing") is None
+    (tmp_path / "empty").mkdir()
+    assert conditions.run_queue_wait_s(tmp_path / "empty") is None
+
+
+@pytest.mark.skipif(conditions.run_queue_wait_s() is None,
+                    reason="the kernel reports no per-thread run-queue delay here")
+def test_this_kernel_reports_run_queue_wait():
+    assert conditions.run_queue_wait_s() >= 0

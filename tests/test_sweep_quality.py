@@ -15,7 +15,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchscale import conditions
 from batchscale.checks.stage import validate_sweep
 from batchscale.config import ExperimentConfig, SweepConfig
 from batchscale.errors import ValidationFailed
@@ -37,18 +36,14 @@ from batchscale.sweep.trial import TrialResult
 from batchscale.timing import StepTimes
 
 FAST = {"warmup_steps": 1, "min_timed_steps": 3, "max_timed_steps": 20, "time_budget_s": 0.05}
-NEVER_FLAG = {"max_round_spread": 1e6, "max_cv": 1e6}
+NO_NEIGHBOUR_CHECKS = {"overload_cpu_share": None, "max_cpu_wait_share": None}
+"""Whether other processes load this machine is not up to the test: those signals are tested on
+known conditions (test_*overloaded*, test_*starved*), the real sweeps here without them, so their
+outcome depends only on their settings."""
+NEVER_FLAG = {"max_round_spread": 1e6, "max_cv": 1e6, **NO_NEIGHBOUR_CHECKS}
 ENV = {"run_id": "t", "config_hash": "h", "experiment": "test", "workload": "w",
        "git_commit": "c", "batchscale_version": "0", "torch_version": torch.__version__,
        "python_version": "3", "device_name": "cpu", "threads": 1, "world_size": 1}
-
-
-@pytest.fixture
-def no_overload_flag(monkeypatch):
-    """Whether other processes overload this machine is not up to the test: the overload
-    signal is tested on known conditions (test_*overloaded*), the real sweeps here without it,
-    so their outcome depends only on their settings."""
-    monkeypatch.setattr(conditions, "OTHERS_LOAD_SHARE", math.inf)
 
 
 def steps(*seconds: float, cpu_per_wall: float | None = None) -> StepTimes:
@@ -168,6 +163,38 @@ def test_a_cell_counts_its_trials_that_ran_overloaded():
     assert cell.overload.trials == 2 and cell.quality(0.15, 0.5) == ("ok", None)
 
 
+def test_most_trials_starved_of_cpu_flag_a_row_whose_rounds_agree():
+    """The trial's own account of a busy neighbour (run-queue wait), which the load average
+    reports a minute late: steady steps, agreeing rounds, and still flagged."""
+    steady = combine([steps(0.4, 0.41), steps(0.41, 0.4)])
+    starved = Overload(starved_trials=2, cpu_wait_share=0.38)
+    assert judge(steady, max_round_spread=0.15, max_cv=0.5, overload=starved) == (
+        "unstable", "its threads waited for a CPU up to 38% of the time they were runnable, in "
+        "2 of 2 trials (other processes held the CPUs)")
+    once = Overload(starved_trials=1, cpu_wait_share=0.38)
+    assert judge(steady, max_round_spread=0.15, max_cv=0.5, overload=once) == ("ok", None)
+
+
+def test_a_cell_counts_its_starved_trials_and_keeps_the_longest_wait():
+    cell = Cell("synthetic", 64, "grid")
+    quiet = {"load_avg_1m": 0.4, "usable_cpus": 2}
+    starved = TrialResult(TrialStatus.OK, (0.4, 0.41), 1e6, 1000, "cpu", process_cpu_s=1.0,
+                          wall_s=0.81, cpu_wait_s=0.6)
+    fed = TrialResult(TrialStatus.OK, (0.4, 0.41), 1e6, 1000, "cpu", process_cpu_s=1.6,
+                      wall_s=0.81, cpu_wait_s=0.005)
+    cell.add(starved, quiet, "round 1/2", retry=False)
+    cell.add(fed, quiet, "round 2/2", retry=False)
+    assert cell.overload.starved_trials == 1 and cell.quality(0.15, 0.5) == ("ok", None)
+    cell.add(starved, quiet, "retry 1/2", retry=True)
+    assert cell.overload.cpu_wait_share == pytest.approx(0.6 / 1.6)
+    assert cell.quality(0.15, 0.5)[0] == "unstable"
+    assert cell.combined().cpu_wait_share == pytest.approx(0.6 / 1.6)
+    off = Cell("synthetic", 64, "grid", wait_share=math.inf)
+    for label in ("round 1/2", "round 2/2"):
+        off.add(starved, quiet, label, retry=False)
+    assert off.overload.starved_trials == 0 and off.quality(0.15, 0.5) == ("ok", None)
+
+
 def test_a_single_step_cannot_be_judged_for_scatter():
     combined = combine([steps(0.5)])
     assert math.isnan(combined.cv)
@@ -221,7 +248,6 @@ def table_rows(path) -> list[dict]:
     return check_schema("sweep", read_table_file(path)).to_pylist()
 
 
-@pytest.mark.usefixtures("no_overload_flag")
 def test_two_rounds_give_one_row_per_cell_visited_in_alternating_order(tmp_path):
     cfg = SweepConfig(batch_sizes=[1, 64], input_modes=["synthetic"], rounds=2, max_retries=2,
                       **NEVER_FLAG, **FAST)
@@ -241,6 +267,7 @@ def test_two_rounds_give_one_row_per_cell_visited_in_alternating_order(tmp_path)
         # The conditions it ran under, as this machine reports them.
         assert r["load_avg_1m"] >= 0 and r["usable_cpus"] >= 1
         assert r["process_cpu_per_wall"] > 0
+        assert r["cpu_wait_share"] is None or 0 <= r["cpu_wait_share"] <= 1
         assert r["threads_oversubscribed"] == (torch.get_num_threads() > r["usable_cpus"])
         assert r["gpu_other_processes"] is r["gpu_sm_clock_mhz"] is None
     text = "\n".join(summary_lines(summarize(rows)))
@@ -249,13 +276,12 @@ def test_two_rounds_give_one_row_per_cell_visited_in_alternating_order(tmp_path)
     assert "conditions: load average up to" in text
 
 
-@pytest.mark.usefixtures("no_overload_flag")
 def test_a_cv_limit_no_timing_meets_retries_every_row_then_flags_it(tmp_path):
     """max_cv 1e-9: every timed row is re-measured max_retries times, then kept as unstable
     with its reason; the sweep's validation then fails (exit 3) above max_unstable_share and
     passes with a visible warning at or below it."""
     cfg = SweepConfig(batch_sizes=[1, 16], input_modes=["synthetic"], rounds=2, max_retries=2,
-                      max_round_spread=1e6, max_cv=1e-9, **FAST)
+                      max_round_spread=1e6, max_cv=1e-9, **NO_NEIGHBOUR_CHECKS, **FAST)
     log = Log()
     out = tmp_path / "s.parquet"
     rows = sweep(cfg, "digits-mlp", ENV, out, log=log)
@@ -286,7 +312,6 @@ def test_a_cv_limit_no_timing_meets_retries_every_row_then_flags_it(tmp_path):
     assert "pass, with a warning" in (tmp_path / "w.html").read_text()
 
 
-@pytest.mark.usefixtures("no_overload_flag")
 def test_search_keeps_its_trial_bound_and_later_rounds_only_remeasure(tmp_path):
     """Round 1 is the search as before (within its bound); round 2 re-measures what fit, in
     the reverse order, and never searches again."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import os
 import time
 
 import pytest
 
+from batchscale.conditions import run_queue_wait_s
 from batchscale.config import SweepConfig
 from batchscale.timing import (
     StepTimes,
@@ -145,3 +147,38 @@ def test_process_cpu_time_over_the_timed_steps_is_recorded():
     computing = time_steps(compute, warmup_steps=1, min_steps=10, max_steps=10)
     assert computing.process_cpu_s > 0 and computing.cpu_per_wall > sleeping.cpu_per_wall
     assert StepTimes((1.0,)).cpu_per_wall is None
+
+
+def _spin_pinned(cpu: int):
+    """A real busy neighbour: a Python process spinning on one CPU."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c",
+                             f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or run_queue_wait_s() is None,
+                    reason="needs CPU affinity and the kernel's per-thread run-queue delay")
+def test_a_step_sharing_its_cpu_with_a_busy_process_reports_the_wait():
+    """Measured, not simulated: this thread and a spinning process pinned to the same CPU each
+    get about half of it, so the steps' threads wait for the CPU about half their runnable time.
+    No speed is asserted, only where the time went."""
+    def compute() -> None:
+        sum(i * i for i in range(20_000))
+
+    cpu = min(os.sched_getaffinity(0))
+    previous = os.sched_getaffinity(0)
+    neighbour = _spin_pinned(cpu)
+    try:
+        time.sleep(0.3)  # let the neighbour start spinning
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        shared = time_steps(compute, warmup_steps=2, min_steps=40, max_steps=40)
+    finally:
+        os.sched_setaffinity(0, previous)
+        neighbour.kill()
+        neighbour.wait()
+    assert shared.cpu_wait_s > 0
+    assert shared.cpu_wait_share > 0.2  # CPU_WAIT_SHARE is 0.1; fair sharing gives about 0.5
+    assert StepTimes((1.0,), process_cpu_s=1.0).cpu_wait_share is None
+    assert StepTimes((1.0,), 1.0, 2.0, 1.0).cpu_wait_share == pytest.approx(0.5)

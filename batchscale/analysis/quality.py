@@ -46,6 +46,7 @@ def measurement_quality(sweep: pd.DataFrame | None, cells: pd.DataFrame) -> Meas
     cpus = numeric_column(timed, "usable_cpus")
     cpu_per_wall = numeric_column(timed, "process_cpu_per_wall")
     cpu_per_wall = cpu_per_wall[np.isfinite(cpu_per_wall)]
+    wait = numeric_column(timed, "cpu_wait_share")
     oversubscribed = timed["threads_oversubscribed"].eq(True).to_numpy(dtype=bool, na_value=False)
     return MeasurementQuality(
         timed_rows=len(timed),
@@ -59,6 +60,7 @@ def measurement_quality(sweep: pd.DataFrame | None, cells: pd.DataFrame) -> Meas
             if cpu_per_wall.size
             else (math.nan, math.nan)
         ),
+        max_cpu_wait_share=float(np.nanmax(wait)) if np.isfinite(wait).any() else math.nan,
         oversubscribed_rows=int(oversubscribed.sum()),
         gpu_shared_rows=int(np.sum(numeric_column(timed, "gpu_other_processes") > 0)),
         gpu_clock_temperature=(
@@ -174,6 +176,9 @@ def conditions_text(quality: MeasurementQuality) -> str:
     if math.isfinite(low):
         spread = f"{low:.2g}" if high - low < 0.05 else f"{low:.2g}–{high:.2g}"
         parts.append(f"the trial processes used {spread} CPU-seconds per wall second")
+    if math.isfinite(quality.max_cpu_wait_share):
+        parts.append(f"their threads waited for a CPU up to {quality.max_cpu_wait_share:.1%}"
+                     " of their runnable time")
     if quality.oversubscribed_rows:
         parts.append(
             f"torch threads outnumbered the usable CPUs in {quality.oversubscribed_rows} rows"

@@ -149,6 +149,9 @@ class MeasurementQuality:
     """Timed rows whose load average exceeded the usable CPUs (`quality.BUSY_LOAD_EXCESS`)."""
     cpu_per_wall_range: tuple[float, float]
     """Lowest and highest process CPU seconds per wall second over the timed rows."""
+    max_cpu_wait_share: float
+    """Longest share of runnable time the trials' threads waited for a CPU (NaN: not
+    recorded: not Linux, or a table from before it was)."""
     oversubscribed_rows: int
     """Timed rows whose torch threads outnumbered the usable CPUs."""
     gpu_shared_rows: int

@@ -272,6 +272,11 @@ class SweepConfig(_Strict):
     """A row is also unstable when most of its trials ran while other processes' load (the
     load average less the trial's own CPUs) reached this share of the usable CPUs: steady but
     slow steps that agree across rounds. null turns this check off."""
+    max_cpu_wait_share: float | None = Field(0.1, gt=0.0, lt=1.0)
+    """A row is also unstable when, in most of its trials, the trial's threads spent at least
+    this share of their runnable time waiting for a CPU (the kernel's run-queue delay; Linux
+    only): the trial's own view of a busy neighbour, which the load average sees late. null
+    turns this check off."""
     max_unstable_share: float = Field(0.25, ge=0.0, le=1.0)
     """The sweep's validation fails when more than this share of timed rows are unstable (and
     warns below it)."""

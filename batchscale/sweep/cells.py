@@ -12,9 +12,9 @@ does not fit), its error text saying what the earlier rounds had timed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from batchscale.conditions import others_load, overloaded
+from batchscale.conditions import others_load, overloaded, starved
 from batchscale.schemas import TrialStatus
 from batchscale.sweep.rounds import Combined, Overload, combine, judge
 from batchscale.sweep.trial import TrialResult
@@ -45,6 +45,8 @@ class Cell:
     overload: Overload = Overload()
     overload_share: float | None = None
     """sweep.overload_cpu_share (inf when the check is off); None: conditions' default."""
+    wait_share: float | None = None
+    """sweep.max_cpu_wait_share (inf when the check is off); None: conditions' default."""
 
     @property
     def timed(self) -> bool:
@@ -58,7 +60,7 @@ class Cell:
             self.failure, self.failure_label = result, label
             return
         self.trials.append(result.times)
-        self._count_overload(conditions, result.times.cpu_per_wall)
+        self._count_overload(conditions, result.times)
         if retry:
             self.retries += 1
         else:
@@ -68,11 +70,17 @@ class Cell:
         self.memory_source = result.memory_source
         self.flops_per_sample = result.flops_per_sample
 
-    def _count_overload(self, conditions: dict, cpu_per_wall: float | None) -> None:
+    def _count_overload(self, conditions: dict, times: StepTimes) -> None:
         load, usable = conditions.get("load_avg_1m"), conditions.get("usable_cpus")
+        cpu_per_wall, wait = times.cpu_per_wall, times.cpu_wait_share
         if overloaded(load, cpu_per_wall, usable, self.overload_share):
             others = max(self.overload.others_load, others_load(load, cpu_per_wall))
-            self.overload = Overload(self.overload.trials + 1, others, usable)
+            self.overload = replace(self.overload, trials=self.overload.trials + 1,
+                                    others_load=others, usable_cpus=usable)
+        if starved(wait, self.wait_share):
+            self.overload = replace(self.overload,
+                                    starved_trials=self.overload.starved_trials + 1,
+                                    cpu_wait_share=max(self.overload.cpu_wait_share, wait))
 
     def combined(self) -> Combined | None:
         return combine(self.trials) if self.timed else None
@@ -135,4 +143,5 @@ def measured_columns(cell: Cell, max_round_spread: float, max_cv: float,
         "rounds": cell.rounds, "retries": cell.retries, "round_spread": timing.round_spread,
         "quality": quality, "quality_reason": reason,
         "process_cpu_per_wall": timing.cpu_per_wall,
+        "cpu_wait_share": timing.cpu_wait_share,
     }

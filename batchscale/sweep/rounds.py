@@ -23,8 +23,9 @@ retries):
   lies inside that majority's range). It is at most 2 by construction.
 
 `judge` then calls a row unstable when its trials disagree, its steps scatter, or most of its
-trials ran while other processes kept every usable CPU busy (conditions.OTHERS_LOAD_SHARE: the
-case where steps are steadily slow in every round, which neither figure can see).
+trials ran while other processes kept every usable CPU busy (conditions.OTHERS_LOAD_SHARE) or
+starved its threads of CPU (conditions.CPU_WAIT_SHARE): the case where steps are steadily slow
+in every round, which neither figure can see.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ class Combined:
     round_spread: float | None
     cpu_per_wall: float | None
     """The lowest over the trials: the one that got the least CPU."""
+    cpu_wait_share: float | None = None
+    """The highest over the trials: the one whose threads waited longest for a CPU."""
 
 
 def combine(trials: Sequence[StepTimes]) -> Combined:
@@ -103,6 +106,7 @@ def combine(trials: Sequence[StepTimes]) -> Combined:
         raise ValueError("combine needs at least one timed trial")
     medians = [t.median_s for t in trials]
     cpu = [t.cpu_per_wall for t in trials if t.cpu_per_wall is not None]
+    waits = [t.cpu_wait_share for t in trials if t.cpu_wait_share is not None]
     return Combined(
         median_s=statistics.median(medians),
         p10_s=statistics.median(t.quantile_s(0.1) for t in trials),
@@ -112,26 +116,30 @@ def combine(trials: Sequence[StepTimes]) -> Combined:
         trials=len(trials),
         round_spread=majority_spread(medians),
         cpu_per_wall=min(cpu) if cpu else None,
+        cpu_wait_share=max(waits) if waits else None,
     )
 
 
 @dataclass(frozen=True)
 class Overload:
     """How many of a row's trials ran while other processes kept every usable CPU busy
-    (conditions.overloaded), with the highest such load for the reason."""
+    (conditions.overloaded), with the highest such load for the reason; and how many were
+    starved of CPU by their own account (conditions.starved), with the longest wait."""
 
     trials: int = 0
     others_load: float = 0.0
     usable_cpus: int = 0
+    starved_trials: int = 0
+    cpu_wait_share: float = 0.0
 
 
 def judge(combined: Combined, *, max_round_spread: float, max_cv: float,
           overload: Overload = Overload()) -> tuple[str, str | None]:
     """(quality, reason): "unstable" with the figures in plain words when the trials disagree by
     more than `max_round_spread`, the steps scatter with a CV above `max_cv`, or most trials ran
-    on an overloaded machine (steady but slow steps that agree across rounds: see
-    conditions.OTHERS_LOAD_SHARE); else "ok". A figure that cannot be computed (one trial;
-    fewer than two steps) does not flag a row."""
+    on an overloaded machine or starved of CPU (steady but slow steps that agree across rounds:
+    see conditions.OTHERS_LOAD_SHARE, conditions.CPU_WAIT_SHARE); else "ok". A figure that
+    cannot be computed (one trial; fewer than two steps) does not flag a row."""
     reasons = []
     spread = combined.round_spread
     if spread is not None and spread > max_round_spread:
@@ -142,6 +150,10 @@ def judge(combined: Combined, *, max_round_spread: float, max_cv: float,
         reasons.append(f"other processes kept all {overload.usable_cpus} usable CPUs busy in "
                        f"{overload.trials} of {combined.trials} trials (load beyond this "
                        f"trial's own up to {overload.others_load:.1f})")
+    if 2 * overload.starved_trials > combined.trials:
+        reasons.append(f"its threads waited for a CPU up to {overload.cpu_wait_share:.0%} of "
+                       f"the time they were runnable, in {overload.starved_trials} of "
+                       f"{combined.trials} trials (other processes held the CPUs)")
     if reasons:
         return Quality.UNSTABLE, "; ".join(reasons)
     return Quality.OK, None

@@ -121,6 +121,7 @@ def quality_summary(rows: list[dict]) -> dict:
                            default=None),
         "cpu_per_wall_min": min((r["process_cpu_per_wall"] for r in timed
                                  if _finite(r.get("process_cpu_per_wall"))), default=None),
+        "cpu_wait_share_max": _largest(r.get("cpu_wait_share") for r in timed),
         "oversubscribed": any(r.get("threads_oversubscribed") for r in rows),
     }
 
@@ -155,6 +156,9 @@ def _conditions_line(summary: dict) -> str:
     parts = [f"load average up to {'unknown' if load is None else f'{load:.2f}'} on "
              f"{cpus or '?'} usable CPUs",
              f"trial CPU time / wall time down to {'unknown' if cpu is None else f'{cpu:.2f}'}"]
+    wait = summary.get("cpu_wait_share_max")
+    if wait is not None:
+        parts.append(f"threads waited for a CPU up to {wait:.1%} of their runnable time")
     if summary["oversubscribed"]:
         parts.append("torch threads oversubscribed the usable CPUs")
     return "conditions: " + "; ".join(parts)

@@ -179,7 +179,8 @@ class _Sweep:
             raise BadInput(result.error)
         cell = self.cells.setdefault((input_mode, batch_size),
                                      Cell(input_mode, batch_size, phase,
-                                          overload_share=_overload_share(self.cfg)))
+                                          overload_share=_off_as_inf(cfg.overload_cpu_share),
+                                          wait_share=_off_as_inf(cfg.max_cpu_wait_share)))
         cell.add(result, before, label, retry=retry)
         self.trials_run += 1
         row = self.row(cell)
@@ -241,9 +242,9 @@ class _Sweep:
                                    "threads_oversubscribed": False}, self.threads))
 
 
-def _overload_share(cfg: SweepConfig) -> float:
-    """The config's overload threshold; off (None) never flags a row."""
-    return math.inf if cfg.overload_cpu_share is None else cfg.overload_cpu_share
+def _off_as_inf(threshold: float | None) -> float:
+    """A quality threshold from the config; off (None) never flags a row."""
+    return math.inf if threshold is None else threshold
 
 
 def progress_line(done: int, planned: int | None, label: str, row: dict) -> str:

@@ -82,7 +82,8 @@ class TrialResult:
     with that message instead of recording a row per batch size."""
     process_cpu_s: float | None = None
     wall_s: float | None = None
-    """CPU and wall seconds of the timed span (timing.StepTimes)."""
+    cpu_wait_s: float | None = None
+    """CPU, wall and run-queue wait seconds of the timed span (timing.StepTimes)."""
     gpu_conditions: dict = field(default_factory=dict)
     """On CUDA, conditions.gpu_conditions read right after the timed steps."""
 
@@ -90,7 +91,7 @@ class TrialResult:
     def times(self) -> StepTimes | None:
         if not self.seconds:
             return None
-        return StepTimes(self.seconds, self.process_cpu_s, self.wall_s)
+        return StepTimes(self.seconds, self.process_cpu_s, self.wall_s, self.cpu_wait_s)
 
 
 def is_oom(err: BaseException) -> bool:
@@ -241,7 +242,7 @@ def _measure(spec: TrialSpec, memory: PeakMemory) -> TrialResult:
            if memory.is_cuda else {})
     return TrialResult(TrialStatus.OK, times.seconds, flops, memory.peak_bytes(), memory.source,
                        process_cpu_s=times.process_cpu_s, wall_s=times.wall_s,
-                       gpu_conditions=gpu)
+                       cpu_wait_s=times.cpu_wait_s, gpu_conditions=gpu)
 
 
 def steady_state_malloc() -> None:
