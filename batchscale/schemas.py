@@ -150,6 +150,9 @@ RUNS = pa.schema(
         pa.field("target_val_accuracy", pa.float64(), nullable=False),
         pa.field("b_simple", pa.float64()),
         pa.field("train_time_s", pa.float64(), nullable=False),
+        # Share of the trial threads' runnable time spent waiting for a CPU (a busy machine;
+        # docs/architecture.md, "Measurement rules"); null where the kernel does not say.
+        pa.field("cpu_wait_share", pa.float64()),
     ]
 )
 

@@ -13,6 +13,7 @@ import pytest
 from test_analyze import make_runs, make_sweep, run_row, sweep_line
 
 from batchscale.analysis.analyze import analyze
+from batchscale.analysis.quality import headline
 from batchscale.analysis.report import render_html
 from batchscale.analysis.summary import ExcludedRow
 from batchscale.analysis.timetotarget import cell_step_times, convergence_step_times
@@ -197,3 +198,42 @@ def test_another_process_on_the_gpu_is_flagged_with_clock_and_temperature():
     assert "other processes on the GPU" in page
     assert "another process was on the GPU in 2 of 12 rows" in page
     assert "the GPU ran at 1,410 MHz SM clock at the lowest and up to 55 °C" in page
+
+
+def test_convergence_runs_starved_of_cpu_flag_their_cells_and_the_recommendation():
+    """Convergence trials that waited for a CPU (a busy neighbour) time their steps slower than
+    the machine can: the cells they time are flagged, and a recommendation made from them says
+    it is not trusted, even where their step times agree with the sweep's."""
+    line = sweep_line()
+    runs = make_runs(seeds=(0, 1), step_time=line)
+    quiet = analyze(make_sweep(), runs.assign(cpu_wait_share=0.004), None, SETTINGS)
+    assert not any(r["timing_flag"] for r in quiet.rows) and not quiet.summary.quality.flagged
+    assert "NOT TRUSTED" not in quiet.summary.recommendation.batch_reason
+    waits = runs["batch_size"].map(lambda b: 0.38 if b == 16 else 0.004)
+    busy = analyze(make_sweep(), runs.assign(cpu_wait_share=waits), None, SETTINGS)
+    flagged = {r["batch_size"]: r["timing_flag"] for r in busy.rows if r["timing_flag"]}
+    assert set(flagged) == {16}
+    assert "waited for a CPU up to 38% of their runnable time" in flagged[16]
+    assert [flag.batch_size for flag in busy.summary.quality.timing_flags] == [16]
+    assert "1 batch size whose convergence step times are flagged" in headline(
+        busy.summary.quality)
+    assert "NOT TRUSTED: convergence trials' threads waited for a CPU up to 38%" in \
+        busy.summary.recommendation.workers_reason
+    everywhere = analyze(make_sweep(), runs.assign(cpu_wait_share=0.38), None, SETTINGS)
+    assert "NOT TRUSTED: the convergence runs' threads waited" in \
+        everywhere.summary.recommendation.batch_reason
+    off = analyze(make_sweep(), runs.assign(cpu_wait_share=0.38), None,
+                  AnalysisConfig(bootstrap_samples=20, max_cpu_wait_share=None))
+    assert not any(r["timing_flag"] for r in off.rows)
+    assert "NOT TRUSTED" not in off.summary.recommendation.workers_reason
+
+
+def test_one_stable_batch_size_gives_no_saturation_batch():
+    """Every row but the smallest batch flagged: where throughput stops growing is unknown."""
+    sweep = measured_sweep(False)
+    smallest = sweep["batch_size"].min()
+    others = sweep["batch_size"] != smallest
+    sweep.loc[others, ["quality", "quality_reason"]] = ["unstable", REASON]
+    throughput = analyze(sweep, untimed_runs(), None, SETTINGS).summary.throughput
+    assert throughput.saturation_batch is None
+    assert f"only batch {smallest} was measured stable" in throughput.saturation_reason

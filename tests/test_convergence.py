@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from batchscale.conditions import run_queue_wait_s
 from batchscale.config import parse_config
 from batchscale.convergence import checkpoint, runner, train
 from batchscale.convergence.distributed import Dist
@@ -129,6 +130,11 @@ def test_trial_reaches_the_target_and_records_its_curve(tmp_path, digits_dir):
     assert trial.state.curve[-1]["val_accuracy"] >= 0.9
     assert summary["b_simple"] is not None and summary["b_simple"] > 0
     assert [r["step"] for r in trial.state.curve][:3] == [0, 5, 10]
+    # how long its threads waited for a CPU (the kernel's run-queue delay; None off Linux)
+    if run_queue_wait_s() is None:
+        assert summary["cpu_wait_share"] is None
+    else:
+        assert 0 <= summary["cpu_wait_share"] < 1
 
 
 def test_accumulation_gives_the_same_updates_as_one_big_batch(tmp_path, digits_dir):
@@ -242,6 +248,8 @@ def test_converge_cli_runs_the_grid_on_two_workers(tmp_path, digits_dir):
     runs = pq.read_table(tmp_path / "out" / "runs.parquet").to_pylist()
     assert sorted(r["lr"] for r in runs) == [0.05, 0.2]
     assert {(r["lr_rule"], r["workers"], r["world_size"]) for r in runs} == {("grid", 2, 2)}
+    # the worst of the two ranks' waits for a CPU, reduced over the process group
+    assert all(r["cpu_wait_share"] is None or 0 <= r["cpu_wait_share"] < 1 for r in runs)
     curves = pq.read_table(tmp_path / "out" / "curves.parquet").to_pylist()
     assert {c["world_size"] for c in curves} == {2}
     assert all(c["examples_seen"] == 64 * c["step"] for c in curves)

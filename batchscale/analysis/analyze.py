@@ -85,7 +85,7 @@ def analyze(
     curves = ensure_columns(curves, schemas.CURVES)
     throughput = _throughput_summary(sweep, settings.saturation_tolerance)
     memory = _memory_summary(sweep)
-    table, step_fit, source = _cell_table(sweep, runs, settings.step_time_disagreement_factor)
+    table, step_fit, source = _cell_table(sweep, runs, settings)
     cap = optimal_batch_cap(sweep, table, memory.largest_fitting_batch)
     critical, labels = critical_by_rule(runs, table, settings, step_fit, cap)
     b_simple, noise = noise_scale(runs, curves)
@@ -100,7 +100,7 @@ def analyze(
         optimal_batch_cap=cap,
         critical_batch=critical,
         noise_scale=noise,
-        recommendation=recommend(table, runs, b_star),
+        recommendation=recommend(table, runs, b_star, settings.max_cpu_wait_share),
         min_time_to_target_s=float(np.nanmin(times)) if np.isfinite(times).any() else math.nan,
         step_time_sources=_sources(table),
         quality=measurement_quality(sweep, table),
@@ -127,13 +127,17 @@ def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSumm
     curve = throughput_curve(sweep, mode)
     best = curve.loc[curve["samples_per_s"].idxmax()]
     best_batch = int(best["batch_size"])
-    saturation = saturation_batch(sweep, tolerance, mode)
     smallest = int(curve["batch_size"].min())
+    # One stable batch size says nothing about where throughput stops growing.
+    saturation = saturation_batch(sweep, tolerance, mode) if len(curve) > 1 else None
+    reason = (f"smallest batch within {tolerance:.0%} of the best samples/s" if len(curve) > 1
+              else f"only batch {smallest} was measured stable ({mode} input): a saturation"
+                   " batch needs at least two")
     share = input_pipeline_share(sweep).set_index("batch_size")["share"]
     return ThroughputSummary(
         timing_input_mode=mode,
         saturation_batch=saturation,
-        saturation_reason=f"smallest batch within {tolerance:.0%} of the best samples/s",
+        saturation_reason=reason,
         saturation_tolerance=tolerance,
         saturated_at_smallest_batch=saturation == smallest and len(curve) > 1,
         best_samples_per_s=float(best["samples_per_s"]),
@@ -169,13 +173,14 @@ def _memory_summary(sweep: pd.DataFrame) -> MemorySummary:
 
 
 def _cell_table(
-    sweep: pd.DataFrame, runs: pd.DataFrame, disagreement_factor: float
+    sweep: pd.DataFrame, runs: pd.DataFrame, settings: AnalysisConfig
 ) -> tuple[pd.DataFrame, StepTimeFit, str]:
     """Per (lr_rule, batch): S, E, the step time and its source, the sweep's step time, the
     timing flag, time to target and samples/s; and the sweep's t(B) line that B* uses."""
     table = steps_to_result(runs)
     _, fit, source = step_times(sweep, runs, table["batch_size"])
-    timing = cell_step_times(sweep, runs, table["batch_size"], disagreement_factor)
+    timing = cell_step_times(sweep, runs, table["batch_size"],
+                             settings.step_time_disagreement_factor, settings.max_cpu_wait_share)
     table = pd.concat([table.reset_index(drop=True), timing], axis=1)
     times = numeric_column(table, "step_time_s")
     table = table.assign(

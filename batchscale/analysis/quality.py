@@ -119,8 +119,8 @@ def headline(quality: MeasurementQuality) -> str:
     if quality.timing_flags:
         count = len(quality.timing_flags)
         parts.append(
-            f"{count} batch size{'s' if count > 1 else ''} whose convergence and sweep step"
-            " times disagree"
+            f"{count} batch size{'s' if count > 1 else ''} whose convergence step times are"
+            " flagged"
         )
     return "Some timings cannot be trusted: " + "; ".join(parts) + "."
 

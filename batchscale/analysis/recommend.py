@@ -21,7 +21,10 @@ MEASURED_IN = {
 
 
 def recommend(
-    table: pd.DataFrame, runs: pd.DataFrame, b_star: dict[str, float] | None = None
+    table: pd.DataFrame,
+    runs: pd.DataFrame,
+    b_star: dict[str, float] | None = None,
+    max_cpu_wait_share: float | None = None,
 ) -> Recommendation:
     """Batch size, LR rule and worker count, each with a one-line reason.
 
@@ -29,7 +32,9 @@ def recommend(
     model optimum B* of the chosen rule (`b_star`, per rule) is quoted to explain it, not to
     override the measurement. LR rule: the smallest S at that batch. Workers: `worker_choice`
     at that rule and batch. `table` has lr_rule, batch_size, steps_to_target, step_time_s,
-    time_to_target_s (and step_time_source, where known).
+    time_to_target_s (and step_time_source, timing_flag, where known). A choice made from
+    flagged timings says so in its reason: a timing flag on the chosen cell, or trials that
+    waited for a CPU at least `max_cpu_wait_share` of their runnable time behind the workers.
     """
     timed = (
         table[np.isfinite(numeric_column(table, "time_to_target_s"))] if not table.empty else table
@@ -56,8 +61,24 @@ def recommend(
         for r, s in zip(at_batch["lr_rule"], at_batch["steps_to_target"], strict=True)
     )
     rule_reason = f"fewest steps to target at batch {batch} ({listing})"
+    if isinstance(best.get("timing_flag"), str):
+        batch_reason += f" — NOT TRUSTED: {best['timing_flag']}"
     workers, workers_reason = worker_choice(runs, (rule, batch))
-    return Recommendation(batch, rule, workers, batch_reason, rule_reason, workers_reason)
+    return Recommendation(batch, rule, workers, batch_reason, rule_reason,
+                          workers_reason + _starved_note(runs, max_cpu_wait_share))
+
+
+def _starved_note(runs: pd.DataFrame, max_share: float | None) -> str:
+    """" — NOT TRUSTED: …" when any convergence trial waited for a CPU at least `max_share` of
+    its runnable time (the worker comparison's times come from all of them), else ""."""
+    waits = numeric_column(ensure_columns(runs, RUNS), "cpu_wait_share")
+    waits = waits[np.isfinite(waits)]
+    if max_share is None or not waits.size or waits.max() < max_share:
+        return ""
+    return (
+        f" — NOT TRUSTED: convergence trials' threads waited for a CPU up to {waits.max():.0%}"
+        f" of their runnable time (over {max_share:.0%}: a busy machine slowed them)"
+    )
 
 
 def _nothing_timed_reason(runs: pd.DataFrame) -> str:

@@ -6,7 +6,9 @@ Two measurements of t(B) exist. The convergence runs time the very steps that re
 The throughput sweep times steps on a quiet, synchronized window with synthetic input; its
 line α + βB is what B* uses (the convergence runs time only the batches they trained) and is
 shown beside T's step time, with a flag where the two disagree by more than
-`analysis.step_time_disagreement_factor`.
+`analysis.step_time_disagreement_factor`, or where the convergence trials' threads waited for a
+CPU for at least `analysis.max_cpu_wait_share` of their runnable time (a busy machine slowed
+them: docs/architecture.md, "Measurement rules").
 """
 
 from __future__ import annotations
@@ -109,10 +111,34 @@ def convergence_step_times(runs: pd.DataFrame) -> dict[float, float]:
             "t": numeric_column(runs, "train_time_s") / numeric_column(runs, "steps_run"),
         }
     )
+    frame = _fewest_workers(frame)
+    return frame.groupby("batch_size")["t"].median().to_dict()
+
+
+def convergence_cpu_waits(runs: pd.DataFrame) -> dict[float, float]:
+    """Per batch size, the longest share of runnable time the threads of the trials that
+    `convergence_step_times` uses waited for a CPU (batches where no trial could tell are
+    left out)."""
+    runs = ensure_columns(runs, schemas.RUNS)
+    frame = pd.DataFrame(
+        {
+            "batch_size": numeric_column(runs, "batch_size"),
+            "workers": numeric_column(runs, "workers"),
+            "t": numeric_column(runs, "train_time_s") / numeric_column(runs, "steps_run"),
+            "wait": numeric_column(runs, "cpu_wait_share"),
+        }
+    )
+    frame = _fewest_workers(frame)
+    frame = frame[np.isfinite(frame["wait"])]
+    return frame.groupby("batch_size")["wait"].max().to_dict()
+
+
+def _fewest_workers(frame: pd.DataFrame) -> pd.DataFrame:
+    """Timed trials (finite, positive seconds per step `t`) with the fewest workers at their
+    batch size."""
     frame = frame[np.isfinite(frame["t"]) & (frame["t"] > 0) & np.isfinite(frame["batch_size"])]
     fewest = frame.groupby("batch_size")["workers"].transform("min")
-    frame = frame[frame["workers"].eq(fewest) | fewest.isna()]
-    return frame.groupby("batch_size")["t"].median().to_dict()
+    return frame[frame["workers"].eq(fewest) | fewest.isna()]
 
 
 def sweep_step_times(sweep: pd.DataFrame, batches: Iterable) -> tuple[np.ndarray, np.ndarray]:
@@ -139,17 +165,23 @@ def sweep_step_times(sweep: pd.DataFrame, batches: Iterable) -> tuple[np.ndarray
 
 
 def cell_step_times(
-    sweep: pd.DataFrame, runs: pd.DataFrame, batches: Iterable, disagreement_factor: float
+    sweep: pd.DataFrame,
+    runs: pd.DataFrame,
+    batches: Iterable,
+    disagreement_factor: float,
+    max_cpu_wait_share: float | None = None,
 ) -> pd.DataFrame:
     """Per batch: the step time T(B) uses, its source, the sweep's figure and a timing flag.
 
     Columns: step_time_s, step_time_source, sweep_step_time_s, timing_flag (None, or why the
     two measurements cannot both be right: they differ by more than `disagreement_factor`
-    either way). The convergence runs' time wins where it exists (it is the time the steps
-    to target actually took); otherwise the sweep's.
+    either way), or their threads waited for a CPU for at least `max_cpu_wait_share` of their
+    runnable time (None: not checked). The convergence runs' time wins where it exists (it is
+    the time the steps to target actually took); otherwise the sweep's.
     """
     batches = as_floats(batches)
     converged = convergence_step_times(runs)
+    waits = convergence_cpu_waits(runs) if max_cpu_wait_share is not None else {}
     swept, swept_source = sweep_step_times(sweep, batches)
     columns: dict[str, list] = {
         "step_time_s": [], "step_time_source": [], "sweep_step_time_s": [], "timing_flag": []
@@ -163,15 +195,29 @@ def cell_step_times(
         columns["step_time_s"].append(time)
         columns["step_time_source"].append(source)
         columns["sweep_step_time_s"].append(sweep_time)
-        columns["timing_flag"].append(
-            timing_flag(own, sweep_time, sweep_source, disagreement_factor)
-        )
+        flags = [
+            starved_flag(waits.get(batch), max_cpu_wait_share) if math.isfinite(own) else None,
+            timing_flag(own, sweep_time, sweep_source, disagreement_factor),
+        ]
+        columns["timing_flag"].append("; ".join(f for f in flags if f) or None)
     # object Series keep None as None (a text column of the analysis table: null, not NaN)
     return pd.DataFrame(
         {
             name: pd.Series(values, dtype=float if name.endswith("_s") else object)
             for name, values in columns.items()
         }
+    )
+
+
+def starved_flag(wait_share: float | None, max_share: float | None) -> str | None:
+    """Plain words when the convergence trials waited for a CPU at least `max_share` of their
+    runnable time, else None."""
+    if wait_share is None or max_share is None or wait_share < max_share:
+        return None
+    return (
+        f"the convergence runs' threads waited for a CPU up to {wait_share:.0%} of their"
+        f" runnable time (over {max_share:.0%}: other processes held the CPUs), so their step"
+        " time is slower than this machine can do"
     )
 
 

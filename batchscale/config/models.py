@@ -424,6 +424,10 @@ class AnalysisConfig(_Strict):
     step_time_disagreement_factor: float = Field(2.0, gt=1.0)
     """Flag a cell whose step time measured in the convergence runs differs from the sweep's by
     more than this factor (either way)."""
+    max_cpu_wait_share: float | None = Field(0.1, gt=0.0, lt=1.0)
+    """Flag a cell's time to target, and the worker recommendation, when its convergence
+    trials' threads waited for a CPU at least this share of their runnable time (a busy machine;
+    Linux only). null turns the check off."""
 
 
 class PublishConfig(_Strict):

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from batchscale.conditions import run_queue_wait_s
 from batchscale.convergence import checkpoint
 from batchscale.convergence.distributed import Dist, all_reduce, barrier, init_distributed
 from batchscale.convergence.noise import NoiseScale, grad_list, sq_norm
@@ -67,6 +68,33 @@ def maybe_inject_fault(step: int, rank: int) -> None:
 
 
 # ------------------------------------------------------------------------------ one trial
+class CpuContention:
+    """How long this process's threads waited for a CPU while the trial ran (the kernel's
+    run-queue delay, conditions.run_queue_wait_s), as a share of their runnable time. A trial
+    resumed from a checkpoint covers only its last segment. Evaluation and checkpoints are in
+    the span: they run under the same conditions, and the share is about the machine, not the
+    steps (docs/architecture.md, "Measurement rules")."""
+
+    def __init__(self) -> None:
+        self.wait_started = run_queue_wait_s()
+        self.cpu_started = time.process_time()
+
+    def share(self, d: Dist) -> float | None:
+        """The worst share over the ranks (a collective: every rank calls it); None where the
+        kernel does not report the wait."""
+        wait_now = run_queue_wait_s()
+        if self.wait_started is None or wait_now is None:
+            local = -1.0  # unknown on this rank; the max over ranks keeps any known value
+        else:
+            waited = max(0.0, wait_now - self.wait_started)
+            runnable = waited + (time.process_time() - self.cpu_started)
+            local = waited / runnable if runnable > 0 else -1.0
+        worst = all_reduce(torch.tensor([local], dtype=torch.float64), d,
+                           dist.ReduceOp.MAX if d.world_size > 1 else None)
+        value = float(worst[0])
+        return value if value >= 0 else None
+
+
 @dataclass
 class TrialState:
     """The training loop's state: everything a resumed trial needs besides the model, the
@@ -254,6 +282,7 @@ class Trial:
             return self.finished
         s = self.state
         sync = torch.cuda.synchronize if self.d.device.startswith("cuda") else (lambda: None)
+        contention = CpuContention()
         status, acc = None, None
         if s.step == 0:
             status, acc = self.record_eval()  # the untrained model, step 0
@@ -278,12 +307,13 @@ class Trial:
                     self.save_checkpoint()
         self.log(f"{status} at step {s.step} (val acc {acc:.3f}, {s.train_time_s:.2f} s)")
         summary = self.summary(status, acc)
+        summary["cpu_wait_share"] = contention.share(self.d)
         self.save_checkpoint(summary)
         return summary
 
     def summary(self, status: RunStatus, acc: float) -> dict:
-        """The trial's runs-table row, of plain values (it is stored in the final checkpoint,
-        which loads only plain containers)."""
+        """The trial's runs-table row (but `cpu_wait_share`, which `run` adds), of plain values
+        (it is stored in the final checkpoint, which loads only plain containers)."""
         s, t = self.state, self.t
         reached = status == RunStatus.REACHED
         last = s.curve[-1]
