@@ -237,3 +237,19 @@ def test_one_stable_batch_size_gives_no_saturation_batch():
     throughput = analyze(sweep, untimed_runs(), None, SETTINGS).summary.throughput
     assert throughput.saturation_batch is None
     assert f"only batch {smallest} was measured stable" in throughput.saturation_reason
+
+
+def test_no_step_time_line_from_starved_convergence_runs():
+    """Every sweep row flagged and every convergence trial starved of CPU: no t(B) line, so no
+    B* — not a line through times a busy machine slowed (seen beside a spinning neighbour: B*
+    ≈ 130 from such times)."""
+    sweep = measured_sweep(False).assign(quality="unstable", quality_reason=REASON)
+    runs = make_runs(seeds=(0, 1), step_time=sweep_line())
+    fed = analyze(sweep, runs.assign(cpu_wait_share=0.004), None, SETTINGS).summary
+    assert fed.step_time.source == "convergence runs (train time per step)"
+    assert all(math.isfinite(fit.optimal_batch) for fit in fed.critical_batch.values())
+    starved = analyze(sweep, runs.assign(cpu_wait_share=0.5), None, SETTINGS).summary
+    assert "every convergence trial waited for a CPU" in starved.step_time.source
+    assert math.isnan(starved.step_time.alpha_s)
+    assert all(math.isnan(fit.optimal_batch) for fit in starved.critical_batch.values())
+    assert "model optimum" not in starved.recommendation.batch_reason

@@ -178,7 +178,7 @@ def _cell_table(
     """Per (lr_rule, batch): S, E, the step time and its source, the sweep's step time, the
     timing flag, time to target and samples/s; and the sweep's t(B) line that B* uses."""
     table = steps_to_result(runs)
-    _, fit, source = step_times(sweep, runs, table["batch_size"])
+    _, fit, source = step_times(sweep, runs, table["batch_size"], settings.max_cpu_wait_share)
     timing = cell_step_times(sweep, runs, table["batch_size"],
                              settings.step_time_disagreement_factor, settings.max_cpu_wait_share)
     table = pd.concat([table.reset_index(drop=True), timing], axis=1)

@@ -62,13 +62,18 @@ def optimal_batch(alpha: float, beta: float, b_crit: float, b_max: float = math.
 
 
 def step_times(
-    sweep: pd.DataFrame, runs: pd.DataFrame, batches: Iterable
+    sweep: pd.DataFrame,
+    runs: pd.DataFrame,
+    batches: Iterable,
+    max_cpu_wait_share: float | None = None,
 ) -> tuple[np.ndarray, StepTimeFit, str]:
     """Seconds per step at each of `batches`, the α + βB fit, and where the times came from.
 
     The sweep's synthetic-input timing is the clean measurement (warm-up excluded, device
     synchronized); the batch sizes it timed use their median, the others the fitted line.
-    Without a sweep, the convergence runs' wall time per step stands in.
+    Without a stable sweep row, the convergence runs' wall time per step stands in, except
+    trials whose threads waited for a CPU at least `max_cpu_wait_share` of their runnable time
+    (a line through times a busy machine slowed would put B* anywhere).
     """
     mode = timing_mode(sweep)
     if mode is not None:
@@ -78,10 +83,18 @@ def step_times(
     else:
         runs = ensure_columns(runs, schemas.RUNS)
         per_step = numeric_column(runs, "train_time_s") / numeric_column(runs, "steps_run")
-        frame = pd.DataFrame({"batch_size": numeric_column(runs, "batch_size"), "t": per_step})
+        frame = pd.DataFrame({"batch_size": numeric_column(runs, "batch_size"), "t": per_step,
+                              "wait": numeric_column(runs, "cpu_wait_share")})
         frame = frame[np.isfinite(frame["t"]) & (frame["t"] > 0)]
+        timed = len(frame)
+        if max_cpu_wait_share is not None:
+            frame = frame[~(frame["wait"] >= max_cpu_wait_share)]  # NaN (unknown) is kept
         measured = frame.groupby("batch_size")["t"].median().to_dict()
         source = "convergence runs (train time per step)"
+        if timed and frame.empty:
+            return (np.full(len(as_floats(batches)), math.nan),
+                    StepTimeFit(math.nan, math.nan, math.nan, STARVED_REASON),
+                    "none: " + STARVED_REASON)
     fit = fit_step_time(list(measured), list(measured.values()))
     times = []
     for batch in as_floats(batches):
@@ -90,6 +103,10 @@ def step_times(
     if not measured:
         source = "none: no timed batch"
     return np.array(times, dtype=float), fit, source
+
+
+STARVED_REASON = ("no stable sweep row, and every convergence trial waited for a CPU beyond "
+                  "analysis.max_cpu_wait_share (a busy machine)")
 
 
 def convergence_step_times(runs: pd.DataFrame) -> dict[float, float]:
