@@ -192,16 +192,18 @@ def cmd_submit(args) -> int:
 
 
 def cmd_schedule(args) -> int:
-    from batchscale.kfp_client import check_cron, create_schedule, kfp_errors
+    from batchscale.cron import check_cron
+    from batchscale.kfp_client import create_schedule, kfp_errors
 
     cfg = load_config(args.config)
     cron = check_cron(args.cron)
     name = args.name or f"batchscale {cfg.name}"
     with kfp_errors(args.host):
-        job = create_schedule(_kfp_client(args), cfg, args.experiment, name, cron,
-                              args.namespace)
+        job, replaced = create_schedule(_kfp_client(args), cfg, args.experiment, name, cron,
+                                        args.namespace, replace=args.replace)
     print(f"created recurring run {job.recurring_run_id} ({name}): cron '{cron}', one run at a "
-          "time, no catch-up, caching off, a throughput regression fails the run")
+          "time, no catch-up, caching off, a throughput regression fails the run"
+          + "".join(f"; replaced {old}" for old in replaced))
     return 0
 
 
@@ -447,7 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="6-field KFP cron, seconds first: '0 0 2 * * *' = 02:00 daily")
     sched.add_argument("--experiment", default="batchscale",
                        help="KFP experiment the runs go in")
-    sched.add_argument("--name", help="recurring run name (default: batchscale <config name>)")
+    sched.add_argument("--name", help="recurring run name (default: batchscale <config name>); "
+                       "one per name in an experiment")
+    sched.add_argument("--replace", action="store_true",
+                       help="swap the recurring run of the same name in the experiment for this "
+                       "one (paused first, deleted once the new one exists); without it, an "
+                       "existing one is refused")
     sched.set_defaults(func=cmd_schedule)
     scheds = sub.add_parser("schedules", parents=[kfp_conn],
                             help="list, pause, resume or delete recurring runs")

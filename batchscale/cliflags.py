@@ -131,15 +131,17 @@ def parse_integer(text: str) -> int:
 
 
 def parse_number(text: str) -> float:
-    """An ASCII decimal number, finite (ValueError naming the text otherwise)."""
+    """An ASCII decimal number, finite and within int64's size like every number on the command
+    line (ValueError naming the text otherwise)."""
     digits = text.strip()
     if digits.lower().lstrip("+-") in NOT_FINITE:
         raise ValueError(f"{quote(text)} is not a finite number")
     if not ASCII_DECIMAL.fullmatch(digits):
         raise ValueError(f"{quote(text)} is not a number (digits 0-9, '.', an exponent)")
     value = float(digits)
-    if not math.isfinite(value):
-        raise ValueError(f"{quote(text)} is beyond the numbers allowed (not a finite float)")
+    if not math.isfinite(value) or abs(value) > INT64_MAX:
+        raise ValueError(f"{quote(text)} is beyond the numbers allowed (finite, at most "
+                         "2**63-1 in size)")
     return value
 
 

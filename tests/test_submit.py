@@ -22,12 +22,10 @@ from hypothesis import strategies as st
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
+from batchscale.cron import CRON_FIELDS, CRON_NAMES, check_cron
 from batchscale.errors import BadInput
 from batchscale.kfp_client import (
-    CRON_FIELDS,
-    CRON_NAMES,
     Auth,
-    check_cron,
     check_host,
     connect,
     resolve_auth,
@@ -43,11 +41,15 @@ class StandInKfpApi:
     """Stand-in for the KFP v2beta1 REST API (no KFP server can run here): keeps experiments and
     recurring runs in memory and answers like the API server; `requests` is what it received."""
 
+    DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 20, 200  # KFP backend/src/apiserver/list/list.go
+
     def __init__(self, server: HTTPServer, required_token: str | None = None) -> None:
         self.server, self.required_token = server, required_token
         self.url = server.url_for("").rstrip("/")
         self.experiments: dict[str, dict] = {}
         self.recurring_runs: dict[str, dict] = {}
+        self.ignores_filters = False  # like an old server: lists every recurring run
+        self.fail_creates = False  # answer the next recurring-run creations with an error
         routes = [
             ("GET", f"{API}/healthz", lambda req: {"multi_user": False}),
             ("GET", f"{API}/experiments", self._list_experiments),
@@ -55,9 +57,7 @@ class StandInKfpApi:
             ("POST", f"{API}/runs", lambda req: {**req.json, "run_id": str(uuid.uuid4()),
                                                  "state": "PENDING"}),
             ("POST", f"{API}/recurringruns", self._create_recurring),
-            ("GET", f"{API}/recurringruns", lambda req: {  # camelCase here, as KFP sends it
-                "recurringRuns": list(self.recurring_runs.values()),
-                "total_size": len(self.recurring_runs)}),
+            ("GET", f"{API}/recurringruns", self._list_recurring),
             ("POST", re.compile(rf"{API}/recurringruns/[\w-]+:(enable|disable)$"), self._set_mode),
             ("DELETE", re.compile(rf"{API}/recurringruns/[\w-]+$"), self._delete_recurring),
         ]
@@ -78,7 +78,8 @@ class StandInKfpApi:
                     f"Bearer {self.required_token}":
                 return json_response({"code": 16, "message":
                                       "Unauthenticated: invalid bearer token"}, 401)
-            return json_response(answer(req))
+            answered = answer(req)
+            return answered if isinstance(answered, Response) else json_response(answered)
         return respond
 
     def _list_experiments(self, req: Request) -> dict:
@@ -92,10 +93,31 @@ class StandInKfpApi:
         self.experiments[experiment["experiment_id"]] = experiment
         return experiment
 
-    def _create_recurring(self, req: Request) -> dict:
+    def _create_recurring(self, req: Request) -> dict | Response:
+        if self.fail_creates:
+            return json_response({"code": 13, "message": "Internal error: stand-in failure"},
+                                 500)
         job = {**req.json, "recurring_run_id": str(uuid.uuid4()), "status": "ENABLED"}
         self.recurring_runs[job["recurring_run_id"]] = job
         return job
+
+    def _list_recurring(self, req: Request) -> dict:
+        """Filtered by experiment and by a display_name EQUALS predicate, paged with an offset
+        as the page token, as the API server answers (recurringRuns in camelCase, as KFP's
+        proto names it)."""
+        found = list(self.recurring_runs.values())
+        if req.args.get("experiment_id"):
+            found = [r for r in found if r["experiment_id"] == req.args["experiment_id"]]
+        if req.args.get("filter") and not self.ignores_filters:
+            (predicate,) = json.loads(req.args["filter"])["predicates"]
+            assert (predicate["operation"], predicate["key"]) == ("EQUALS", "display_name")
+            found = [r for r in found if r["display_name"] == predicate["stringValue"]]
+        start = int(req.args.get("page_token") or 0)
+        size = min(int(req.args.get("page_size") or self.DEFAULT_PAGE_SIZE), self.MAX_PAGE_SIZE)
+        page = {"recurringRuns": found[start:start + size], "total_size": len(found)}
+        if start + size < len(found):
+            page["next_page_token"] = str(start + size)
+        return page
 
     def _set_mode(self, req: Request) -> dict:
         job_id, action = req.path.rsplit("/", 1)[1].split(":")
@@ -154,7 +176,7 @@ def test_submit_creates_experiment_and_run_with_bearer_token(kfp_api, workdir):
     assert all(r.headers.get("authorization") == f"Bearer {TOKEN}" for r in kfp_api.requests)
     assert TOKEN not in "".join(r.get_data(as_text=True) for r in kfp_api.requests) \
         + result.stdout
-    assert "run_id=" in result.stdout and "s3://mlpipeline/batchscale/" in result.stdout
+    assert "run_id=" in result.stdout and "s3://mlpipeline/shared/batchscale/" in result.stdout
 
 
 def test_schedule_creates_one_at_a_time_recurring_run_that_fails_on_regression(
@@ -190,7 +212,8 @@ def test_schedules_list_pause_resume_delete(kfp_api, workdir):
                      workdir)
     assert listed.returncode == 0, listed.stderr
     assert job_id in listed.stdout and CRON in listed.stdout
-    assert kfp_api.sent("GET", f"{API}/recurringruns")[0].args.getlist("namespace") == ["team-a"]
+    # [-1]: `schedule` listed the experiment's recurring runs first, looking for its name
+    assert kfp_api.sent("GET", f"{API}/recurringruns")[-1].args.getlist("namespace") == ["team-a"]
 
     for action, method, suffix, mode in (("pause", "POST", ":disable", "DISABLE"),
                                          ("resume", "POST", ":enable", "ENABLE")):
@@ -203,6 +226,70 @@ def test_schedules_list_pause_resume_delete(kfp_api, workdir):
     assert kfp_api.sent("DELETE", f"{API}/recurringruns/{job_id}")
     assert not kfp_api.recurring_runs
     assert not any("authorization" in r.headers for r in kfp_api.requests)
+
+
+def schedule(kfp_api, workdir: Path, *more: str):
+    return kfp_cli(["schedule", "--host", kfp_api.url, "--config", "tiny.yaml", "--cron", CRON,
+                    *more], workdir)
+
+
+def test_a_second_schedule_of_the_same_name_is_refused_naming_it_and_replace(kfp_api, workdir):
+    """Two recurring runs of one benchmark would measure at the same moments."""
+    assert schedule(kfp_api, workdir).returncode == 0
+    (first,) = kfp_api.recurring_runs
+    again = schedule(kfp_api, workdir, "--cron", "0 0 3 * * *")
+    assert again.returncode == 2, again.stderr
+    assert "a recurring run named 'batchscale tiny' already exists in experiment " \
+        f"'batchscale' ({first})" in again.stderr
+    assert "--replace" in again.stderr and "Traceback" not in again.stderr
+    assert list(kfp_api.recurring_runs) == [first]
+    assert len(kfp_api.sent("POST", f"{API}/recurringruns")) == 1
+    other_name = schedule(kfp_api, workdir, "--name", "nightly-2")
+    other_experiment = schedule(kfp_api, workdir, "--experiment", "other")
+    assert other_name.returncode == other_experiment.returncode == 0
+    assert len(kfp_api.recurring_runs) == 3
+
+
+def test_replace_pauses_the_old_schedule_creates_the_new_then_deletes_the_old(kfp_api, workdir):
+    assert schedule(kfp_api, workdir).returncode == 0
+    (old,) = kfp_api.recurring_runs
+    replaced = schedule(kfp_api, workdir, "--cron", "0 30 4 * * *", "--replace")
+    assert replaced.returncode == 0, replaced.stderr
+    (new,) = kfp_api.recurring_runs
+    assert new != old and f"replaced {old}" in replaced.stdout
+    assert kfp_api.recurring_runs[new]["trigger"] == {"cron_schedule": {"cron": "0 30 4 * * *"}}
+    changes = [(r.method, r.path) for r in kfp_api.requests if r.method in ("POST", "DELETE")
+               and "recurringruns" in r.path]
+    assert changes == [("POST", f"{API}/recurringruns"),
+                       ("POST", f"{API}/recurringruns/{old}:disable"),
+                       ("POST", f"{API}/recurringruns"),
+                       ("DELETE", f"{API}/recurringruns/{old}")]
+
+
+def test_a_failed_replace_resumes_the_old_schedule(kfp_api, workdir):
+    assert schedule(kfp_api, workdir).returncode == 0
+    (old,) = kfp_api.recurring_runs
+    kfp_api.fail_creates = True
+    failed = schedule(kfp_api, workdir, "--replace")
+    assert failed.returncode == 1 and "answered 500" in failed.stderr
+    assert list(kfp_api.recurring_runs) == [old]
+    assert kfp_api.recurring_runs[old]["mode"] == "ENABLE"
+    assert kfp_api.sent("POST", f"{API}/recurringruns/{old}:enable")
+    assert not kfp_api.sent("DELETE", f"{API}/recurringruns/{old}")
+
+
+def test_the_name_is_found_on_a_later_page_of_a_server_that_ignores_the_filter(kfp_api,
+                                                                              workdir):
+    exp_id = str(uuid.uuid4())
+    kfp_api.experiments[exp_id] = {"experiment_id": exp_id, "display_name": "batchscale"}
+    for i in range(150):
+        kfp_api.recurring_runs[f"other-{i}"] = {"recurring_run_id": f"other-{i}",
+                                                "display_name": f"other {i}",
+                                                "experiment_id": exp_id, "mode": "ENABLE"}
+    kfp_api.ignores_filters = True
+    assert schedule(kfp_api, workdir, "--name", "other 149").returncode == 2
+    pages = kfp_api.sent("GET", f"{API}/recurringruns")
+    assert [r.args.get("page_token", "") for r in pages] == ["", "100"]
 
 
 @pytest.mark.parametrize(("args", "needle"), [

@@ -1,15 +1,10 @@
 """`launcher: kubeflow`: the convergence component submits a Kubeflow Trainer TrainJob through the
-real `kubeflow` SDK (TrainerClient) and the real `kubernetes` client.
-
-No Kubernetes API exists on our machines, so `StandInKubernetesApi` — routes on
-pytest-httpserver in this file, clearly a stand-in — plays the API server and the Trainer/JobSet
-controllers for the trainer.kubeflow.org/v1alpha1 `trainjobs` resource: the server logs every
-request, the stand-in serves the `torch-distributed` ClusterTrainingRuntime and "schedules" a
-created TrainJob by running its trainer command as one local process per node, with the
-container's env (Secret references resolved from the stand-in's secrets) plus the PET_*
-variables Trainer injects. Everything else is real: the SDK's requests, torchrun, the training
-script, the SeaweedFS object store the pods exchange the dataset, spec, checkpoints and results
-through.
+real `kubeflow` SDK and the real `kubernetes` client, against `StandInKubernetesApi`
+(trainer_standin.py), a stand-in for the API server, the Trainer's CRD schema and webhook, and
+its controllers, which cannot run here. The stand-in refuses on CREATE whatever the real ones
+would, so every test that gets past submission proves the body is admitted; it then runs the
+job's nodes as local processes. Everything else is real: torchrun, the training script, the
+SeaweedFS object store, a real SIGTERM to a real launcher process.
 """
 
 from __future__ import annotations
@@ -18,221 +13,41 @@ import datetime as dt
 import json
 import os
 import re
-import socket
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pytest_httpserver import HTTPServer
-from werkzeug import Request, Response
 
 from batchscale.config import parse_config
 from batchscale.convergence import runner, trainjob
+from batchscale.convergence.trainjob_wait import WaitLimits
 from batchscale.data.prep import prepare
 from batchscale.errors import BadInput, BatchscaleError
-from helpers import json_response
+from trainer_rules import schema_problems, webhook_problems, world_size
+from trainer_standin import NAMESPACE, TRAINER_API, UNSCHEDULABLE, StandInKubernetesApi
 
-TRAINER_API = "/apis/trainer.kubeflow.org/v1alpha1"
-NAMESPACE = "team-a"
 SECRET = "mlpipeline-minio-artifact"
-LOG_POLL_S = 0.2
+IMAGE = "registry.example/batchscale-cuda:test"  # what the compiled pipeline would set
+POD = {"BATCHSCALE_POD_NAME": "convergence-pod-0", "BATCHSCALE_POD_UID": "pod-uid-0",
+       "BATCHSCALE_POD_NAMESPACE": NAMESPACE}
 SETTINGS = {"batch_sizes": [64], "lr_rules": ["sqrt"], "seeds": [0], "max_steps": 300,
             "target_val_accuracy": 0.9, "eval_every_steps": 5, "launcher": "kubeflow",
             "max_restarts": 0, "timeout_s": 300}
-RUNTIME = {
-    "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
-    "metadata": {"name": "torch-distributed",
-                 "labels": {"trainer.kubeflow.org/framework": "torch"}},
-    "spec": {"mlPolicy": {"numNodes": 1, "torch": {"numProcPerNode": "auto"}},
-             "template": {"spec": {"replicatedJobs": [{
-                 "name": "node",
-                 "template": {"metadata": {"labels": {
-                     "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                     "spec": {"template": {"spec": {"containers": [
-                         {"name": "node", "image": "pytorch/pytorch:2.7.1"}]}}}}}]}}},
-}
+PLACEMENT = {"node_selector": {"pool": "train"},
+             "gpu_node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+             "gpu_tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                  "effect": "NoSchedule"}],
+             "service_account": "batchscale-trainer", "image_pull_secrets": ["regcred"],
+             "measure_cpus": 1, "measure_memory_gib": 2}
+FAST = WaitLimits(poll_interval_s=0.2, api_timeout_s=5, trainer_grace_s=1, log_drain_s=2,
+                  pod_reserve_s=2)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class StandInKubernetesApi:
-    """A stand-in for the Kubernetes API server plus the Trainer controller (see the module
-    docstring), served by pytest-httpserver: enough of /api/v1 and trainer.kubeflow.org/v1alpha1
-    for TrainerClient. A request it does not know fails the test."""
-
-    def __init__(self, server: HTTPServer, secrets: dict[str, dict[str, str]], work_dir: Path,
-                 nproc_per_node: int = 1):
-        self.server, self.url = server, server.url_for("").rstrip("/")
-        self.secrets, self.work_dir, self.nproc_per_node = secrets, work_dir, nproc_per_node
-        self.jobs: dict[str, dict] = {}
-        self.nodes: dict[str, list[subprocess.Popen]] = {}
-        jobs = f"{TRAINER_API}/namespaces/{NAMESPACE}/trainjobs"
-        pods = f"/api/v1/namespaces/{NAMESPACE}/pods"
-        one_job = re.compile(rf"{jobs}/[^/]+$")
-        routes = [
-            ("GET", f"{TRAINER_API}/clustertrainingruntimes/torch-distributed",
-             lambda req: json_response(RUNTIME)),
-            ("GET", f"{TRAINER_API}/namespaces/{NAMESPACE}/trainingruntimes/torch-distributed",
-             lambda req: not_found("trainingruntimes torch-distributed")),  # SDK looks here first
-            ("GET", "/api/v1/namespaces/kubeflow-system/configmaps/kubeflow-trainer-public",
-             lambda req: json_response({"kind": "ConfigMap", "apiVersion": "v1", "metadata": {
-                 "name": "kubeflow-trainer-public"}, "data": {
-                 "kubeflow_trainer_version": "v2.1.0"}})),
-            ("POST", jobs, lambda req: json_response(self.create(req.json), 201)),
-            ("GET", one_job, lambda req: self.if_known(req, self.job_object)),
-            ("DELETE", one_job, lambda req: self.if_known(req, self.delete)),
-            ("GET", pods, lambda req: json_response(self.pods(req.args["labelSelector"]))),
-            ("GET", re.compile(rf"{pods}/[^/]+/log$"), self.stream_log),
-            ("GET", f"/api/v1/namespaces/{NAMESPACE}/events",
-             lambda req: json_response({"kind": "EventList", "apiVersion": "v1",
-                                        "items": self.events()})),
-        ]
-        for method, path, respond in routes:
-            server.expect_request(path, method=method).respond_with_handler(respond)
-
-    @property
-    def requests(self) -> list[tuple[str, str, dict | None]]:
-        """(method, path, JSON body or None) of every request received, in order."""
-        return [(r.method, r.path, r.get_json(silent=True)) for r, _ in self.server.log]
-
-    # -- plumbing -----------------------------------------------------------------------------
-    def close(self) -> None:
-        for procs in self.nodes.values():
-            for p in procs:
-                p.kill()
-                p.wait()
-
-    def kubeconfig(self, path: Path) -> Path:
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
-            "clusters": [{"name": "stand-in", "cluster": {"server": self.url}}],
-            "users": [{"name": "u", "user": {"token": "stand-in-token"}}],
-            "contexts": [{"name": "stand-in", "context": {
-                "cluster": "stand-in", "user": "u", "namespace": NAMESPACE}}]}))
-        return path
-
-    def if_known(self, req: Request, answer: Callable[[str], dict]) -> Response:
-        """`answer` for the TrainJob the path ends with, or Kubernetes' 404 when there is none."""
-        name = req.path.rsplit("/", 1)[1]
-        return json_response(answer(name)) if name in self.jobs else \
-            not_found(f"trainjobs {name}")
-
-    # -- the API server and controllers -------------------------------------------------------
-    def create(self, job: dict) -> dict:
-        """Store the TrainJob and start its nodes, as Trainer + JobSet would."""
-        name = job["metadata"]["name"]
-        job = {**job, "metadata": {**job["metadata"], "namespace": NAMESPACE,
-                                   "creationTimestamp": now(), "uid": name}}
-        self.jobs[name] = job
-        trainer = job["spec"]["trainer"]
-        nodes, port = trainer["numNodes"], free_port()
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("BATCHSCALE_S3_", "AWS_", "KUBECONFIG"))}
-        env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
-        env.update(self.container_env(job))
-        self.nodes[name] = []
-        for rank in range(nodes):
-            pet = {"PET_NNODES": str(nodes), "PET_NPROC_PER_NODE": str(self.nproc_per_node),
-                   "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": "127.0.0.1",
-                   "PET_MASTER_PORT": str(port)}
-            log = open(self.work_dir / f"{name}-node-{rank}.log", "wb")  # noqa: SIM115
-            self.nodes[name].append(subprocess.Popen(
-                trainer["command"], env={**env, **pet}, stdout=log, stderr=subprocess.STDOUT,
-                cwd=self.work_dir))
-        return job
-
-    def container_env(self, job: dict) -> dict[str, str]:
-        """trainer.env plus the runtime patch's env for container `node` (secretKeyRef
-        resolved from the stand-in's secrets, as the kubelet would)."""
-        env = {e["name"]: e["value"] for e in job["spec"]["trainer"].get("env", [])}
-        for patch in job["spec"].get("runtimePatches", []):
-            for rjob in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
-                for c in rjob["template"]["spec"]["template"]["spec"]["containers"]:
-                    for e in c.get("env", []):
-                        ref = e["valueFrom"]["secretKeyRef"]
-                        env[e["name"]] = self.secrets[ref["name"]][ref["key"]]
-        return env
-
-    def delete(self, name: str) -> dict:
-        for p in self.nodes.pop(name, []):
-            p.kill()
-            p.wait()
-        return {"kind": "Status", "apiVersion": "v1", "status": "Success"}
-
-    def exit_codes(self, name: str) -> list[int | None]:
-        return [p.poll() for p in self.nodes.get(name, [])]
-
-    def job_object(self, name: str) -> dict:
-        codes = self.exit_codes(name)
-        job = dict(self.jobs[name])
-        if codes and all(c is not None for c in codes):
-            failed = [i for i, c in enumerate(codes) if c != 0]
-            condition = ({"type": "Failed", "status": "True", "reason": "JobSetFailed",
-                          "message": f"node-{failed[0]} exited with status {codes[failed[0]]}"}
-                         if failed else {"type": "Complete", "status": "True",
-                                         "reason": "JobSetCompleted", "message": "done"})
-            job["status"] = {"conditions": [{**condition, "lastTransitionTime": now()}]}
-        return job
-
-    def pods(self, selector: str) -> dict:
-        name = re.search(r"jobset-name=([^,]+)", selector).group(1)
-        items = []
-        for rank, code in enumerate(self.exit_codes(name)):
-            phase = "Running" if code is None else "Succeeded" if code == 0 else "Failed"
-            items.append({
-                "metadata": {"name": f"{name}-node-0-{rank}", "namespace": NAMESPACE,
-                             "creationTimestamp": self.jobs[name]["metadata"]
-                             ["creationTimestamp"],
-                             "labels": {"jobset.sigs.k8s.io/jobset-name": name,
-                                        "jobset.sigs.k8s.io/replicatedjob-name": "node",
-                                        "batch.kubernetes.io/job-completion-index": str(rank)}},
-                "spec": {"containers": [{"name": "node", "image": "stand-in"}]},
-                "status": {"phase": phase}})
-        return {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
-
-    def events(self) -> list[dict]:
-        return [{"metadata": {"name": f"{name}.1", "namespace": NAMESPACE},
-                 "involvedObject": {"kind": "TrainJob", "name": name},
-                 "reason": "JobSetFailed", "message": "stand-in: a node exited non-zero",
-                 "firstTimestamp": now(), "type": "Warning"}
-                for name in self.jobs if any(c not in (None, 0) for c in self.exit_codes(name))]
-
-    def stream_log(self, req: Request) -> Response:
-        """The node's output as it is written; with follow=true until the process ends."""
-        name, rank = re.search(r"/pods/(.+)-node-0-(\d+)/log$", req.path).groups()
-        path, proc = self.work_dir / f"{name}-node-{rank}.log", self.nodes[name][int(rank)]
-        return Response(follow_file(path, proc), content_type="text/plain")
-
-
-def not_found(what: str) -> Response:
-    return json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                          "reason": "NotFound", "code": 404, "message": f"{what} not found"}, 404)
-
-
-def follow_file(path: Path, proc: subprocess.Popen) -> Iterator[bytes]:
-    with open(path, "rb") as fh:
-        while True:
-            chunk = fh.read()
-            if chunk:
-                yield chunk
-            elif proc.poll() is not None:
-                return
-            else:
-                time.sleep(LOG_POLL_S)
-
-
-# ----------------------------------------------------------------------------------- tests
 @pytest.fixture(scope="module")
 def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("digits")
@@ -241,20 +56,41 @@ def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def cluster(httpserver, object_store, tmp_path, monkeypatch) -> Iterator[StandInKubernetesApi]:
-    """The stand-in API with a KUBECONFIG pointing at it, and the component's S3 env (the
-    pipeline sets it from the same Secret)."""
-    s = object_store.settings
+def threaded_server() -> Iterator[HTTPServer]:
+    """pytest-httpserver answering requests concurrently, as an API server does: a followed log
+    stays open while the launcher keeps polling the job's status."""
+    server = HTTPServer(host="127.0.0.1", port=0, threaded=True)
+    server.start()
+    yield server
+    server.clear()
+    server.stop()
+
+
+@pytest.fixture
+def cluster(threaded_server, object_store, tmp_path,
+            monkeypatch) -> Iterator[StandInKubernetesApi]:
+    """The stand-in API with a KUBECONFIG pointing at it, and the convergence pod's env as the
+    compiled pipeline sets it: the S3 settings and Secret, the TrainJob's image, the pod's
+    identity (the pod itself served by the stand-in) and its deadline."""
+    httpserver, s = threaded_server, object_store.settings
     api = StandInKubernetesApi(httpserver, {SECRET: {"accesskey": s.access_key,
                                                      "secretkey": s.secret_key}}, tmp_path)
+    api.launcher_pods[POD["BATCHSCALE_POD_NAME"]] = started_ago(0)
     monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path / "kubeconfig")))
     for name, value in {"BATCHSCALE_S3_ENDPOINT": s.endpoint_url, "BATCHSCALE_S3_BUCKET":
                         s.bucket, "BATCHSCALE_S3_PREFIX": s.prefix, "AWS_ACCESS_KEY_ID":
-                        s.access_key, "AWS_SECRET_ACCESS_KEY": s.secret_key}.items():
+                        s.access_key, "AWS_SECRET_ACCESS_KEY": s.secret_key,
+                        "BATCHSCALE_TRAINJOB_IMAGE": IMAGE, "BATCHSCALE_POD_DEADLINE_S": "3600",
+                        **POD}.items():
         monkeypatch.setenv(name, value)
     yield api
     api.close()
     httpserver.check()  # no request the stand-in did not expect, no error in its handlers
+
+
+def started_ago(seconds: float) -> str:
+    start = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+    return start.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def created_job(api: StandInKubernetesApi) -> dict:
@@ -262,16 +98,29 @@ def created_job(api: StandInKubernetesApi) -> dict:
     return body
 
 
-def expected_request(name: str, spec_uri: str, workers: int) -> dict:
-    """The exact TrainJob the component must create."""
-    from batchscale.envinfo import git_commit
-    from batchscale.images import GPU_IMAGE
+def deleted(api: StandInKubernetesApi, name: str) -> bool:
+    return ("DELETE", f"{TRAINER_API}/namespaces/{NAMESPACE}/trainjobs/{name}", None) in \
+        api.requests
 
+
+def expected_request(name: str, spec_uri: str, workers: int) -> dict:
+    """The exact TrainJob the component must create for SETTINGS with PLACEMENT."""
+    from batchscale.envinfo import git_commit
+
+    def secret_ref(env: str, key: str) -> dict:
+        return {"name": env, "valueFrom": {"secretKeyRef": {"name": SECRET, "key": key}}}
+
+    node = {"cpu": "1", "memory": "2048Mi", "nvidia.com/gpu": "1"}
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-        "metadata": {"name": name, "labels": trainjob.JOB_LABELS},
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "batchscale",
+                                              "app.kubernetes.io/component": "convergence"},
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "Pod",
+                                          "name": "convergence-pod-0", "uid": "pod-uid-0",
+                                          "controller": False, "blockOwnerDeletion": False}]},
         "spec": {
             "runtimeRef": {"name": "torch-distributed", "kind": "ClusterTrainingRuntime"},
+            "activeDeadlineSeconds": 300,
             "trainer": {
                 "command": ["torchrun", "--max-restarts=0", "-m",
                             "batchscale.convergence.train", "--spec", spec_uri],
@@ -281,26 +130,30 @@ def expected_request(name: str, spec_uri: str, workers: int) -> dict:
                          "value": os.environ["BATCHSCALE_S3_BUCKET"]},
                         {"name": "BATCHSCALE_S3_PREFIX",
                          "value": os.environ["BATCHSCALE_S3_PREFIX"]},
-                        {"name": "BATCHSCALE_GIT_COMMIT", "value": git_commit()}],
-                "image": GPU_IMAGE, "numNodes": workers,
-                "resourcesPerNode": {"limits": {"nvidia.com/gpu": "1"},
-                                     "requests": {"nvidia.com/gpu": "1"}},
+                        {"name": "BATCHSCALE_GIT_COMMIT", "value": git_commit()},
+                        {"name": "OMP_NUM_THREADS", "value": "1"},
+                        secret_ref("AWS_ACCESS_KEY_ID", "accesskey"),
+                        secret_ref("AWS_SECRET_ACCESS_KEY", "secretkey")],
+                "image": IMAGE, "numNodes": workers, "numProcPerNode": 1,
+                "resourcesPerNode": {"limits": node, "requests": node},
             },
             "runtimePatches": [{
-                "manager": "trainer.kubeflow.org/kubeflow-sdk",
+                "manager": "batchscale/convergence",
                 "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
                     "name": "node", "template": {"spec": {"template": {"spec": {
-                        "containers": [{"name": "node", "env": [
-                            {"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {
-                                "name": SECRET, "key": "accesskey"}}},
-                            {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {
-                                "name": SECRET, "key": "secretkey"}}}]}]}}}}}]}}}}],
+                        "nodeSelector": {"pool": "train", "nvidia.com/gpu.product":
+                                         "NVIDIA-H100-80GB-HBM3"},
+                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                         "effect": "NoSchedule"}],
+                        "serviceAccountName": "batchscale-trainer",
+                        "imagePullSecrets": [{"name": "regcred"}]}}}}}]}}}}],
         },
     }
 
 
+# ------------------------------------------------------------------------- the whole run
 def test_trainjob_trains_two_nodes_and_returns_their_tables(cluster, digits_dir, capfd):
-    cfg = parse_config({"convergence": SETTINGS})
+    cfg = parse_config({"convergence": SETTINGS, "kubernetes": PLACEMENT})
     curves, runs = runner.run_convergence(cfg, [64], data_dir=str(digits_dir),
                                           out_dir="unused", run_id="k8s", workers=2)
     [run] = runs.to_pylist()
@@ -312,24 +165,39 @@ def test_trainjob_trains_two_nodes_and_returns_their_tables(cluster, digits_dir,
     assert re.fullmatch(r"s3://[^/]+/.+/convergence/k8s/b64-w2/spec-[0-9a-f]{12}\.json",
                         spec_uri)
     assert body == expected_request(name, spec_uri, workers=2)
-    assert ("DELETE", f"{TRAINER_API}/namespaces/{NAMESPACE}/trainjobs/{name}", None) in \
-        cluster.requests
-    assert f"[{name}] [b64-sqrt-s0-w2] reached at step" in capfd.readouterr().err
+    # What the stand-in admitted, said out loud: the CRD keeps every field, the webhook
+    # accepts it, and the Torch plugin's world size is the configured workers.
+    assert schema_problems(body) == []
+    assert webhook_problems(body, cluster.runtime) == []
+    assert world_size(body, cluster.runtime) == 2
+    assert deleted(cluster, name)
+    err = capfd.readouterr().err
+    assert f"[{name}] [b64-sqrt-s0-w2] reached at step" in err
+    assert f"deleted TrainJob {NAMESPACE}/{name}" in err
+    assert [line for line in err.splitlines() if line.startswith("warning:")] == []
 
 
 def test_failed_trainjob_fails_the_step_with_its_reason(cluster, digits_dir, capfd):
-    cluster.nproc_per_node = 2  # a runtime giving 2 processes per node: world size 2, not 1
+    """The nodes get the credentials only from the Secret the job references: a Secret with a
+    wrong key makes them fail, and the step reports the job's own reason and log. The log's
+    connection stays open after the pod ended (hang_logs): the step stops reading it after
+    log_drain_s instead of hanging."""
+    cluster.secrets[SECRET]["secretkey"] = "not-the-key"
+    cluster.hang_logs = True
     cfg = parse_config({"convergence": SETTINGS})
+    started = time.monotonic()
     with pytest.raises(BatchscaleError) as err:
-        runner.run_convergence(cfg, [64], data_dir=str(digits_dir), out_dir="unused",
-                               run_id="k8s-fail", workers=1)
+        trainjob.run_on_kubeflow(cfg, [64], data_dir=str(digits_dir), run_id="k8s-fail",
+                                 workers=1, limits=FAST)
     name = created_job(cluster)["metadata"]["name"]
     assert str(err.value).startswith(
         f"TrainJob {name} failed: JobSetFailed: node-0 exited with status 1 (events: "
         f"TrainJob/{name} JobSetFailed: stand-in: a node exited non-zero)")
-    assert "world size is 2 but the spec asks for 1 workers" in capfd.readouterr().err
-    assert any(m == "DELETE" and p.endswith(f"/trainjobs/{name}")
-               for m, p, _ in cluster.requests)
+    log = capfd.readouterr().err
+    assert f"[{name}] " in log  # the node's log reached the step's log
+    assert f"warning: the log of TrainJob {name} was still open 2 s after the job ended" in log
+    assert deleted(cluster, name)
+    assert time.monotonic() - started < 60
 
 
 def test_local_checkpoint_path_is_refused_with_kubeflow(cluster, digits_dir):
@@ -338,3 +206,157 @@ def test_local_checkpoint_path_is_refused_with_kubeflow(cluster, digits_dir):
         runner.run_convergence(cfg, [64], data_dir=str(digits_dir), out_dir="unused",
                                run_id="k8s-bad", workers=1)
     assert cluster.requests == []
+
+
+def test_wait_limits_fit_the_job_inside_the_pods_deadline(capsys):
+    limits = WaitLimits()  # 60 + 15 + 2 x 30 + 120 s kept after the job
+    assert limits.after_job_s == 255
+    assert limits.job_deadline_s(1800.2, None) == 1801  # no pod deadline: timeout_s
+    assert limits.job_deadline_s(1800, 1800 + 900) == 1800  # the default margin fits
+    assert capsys.readouterr().err == ""
+    assert limits.job_deadline_s(1800, 1800 + 100) == 1800 + 100 - 255
+    assert "the TrainJob's deadline is 1645 s, not convergence.timeout_s (1800 s)" in \
+        capsys.readouterr().err
+    with pytest.raises(BatchscaleError, match="has 255 s left before its deadline, less than "
+                                              "the 255 s kept"):
+        limits.job_deadline_s(1800, 255)
+
+
+# ----------------------------------------------------------------- what a cluster refuses
+def test_trainer_older_than_2_2_is_refused_with_the_version_it_needs(cluster, digits_dir):
+    """A cluster with Trainer v2.1.0's CRD (the pinned upstream copy) does not know
+    runtimePatches or activeDeadlineSeconds: with fieldValidation=Strict its API server refuses
+    the job instead of dropping them, and the step names the version it needs."""
+    cluster.crd_version = "v2.1.0"
+    cfg = parse_config({"convergence": SETTINGS, "kubernetes": PLACEMENT})
+    with pytest.raises(BatchscaleError) as err:
+        trainjob.run_on_kubeflow(cfg, [64], data_dir=str(digits_dir), run_id="k8s-old",
+                                 workers=1, limits=FAST)
+    message = str(err.value)
+    assert "does not know spec.activeDeadlineSeconds, spec.runtimePatches" in message
+    assert "needs Kubeflow Trainer v2.2 or newer" in message
+    assert cluster.jobs == {}
+
+
+def test_a_non_torch_runtime_is_refused_before_anything_is_staged(cluster, digits_dir):
+    cluster.runtime = json.loads(json.dumps(cluster.runtime))
+    cluster.runtime["metadata"]["labels"]["trainer.kubeflow.org/framework"] = "jax"
+    cfg = parse_config({"convergence": SETTINGS})
+    with pytest.raises(BadInput, match="'torch-distributed' is a 'jax' runtime"):
+        trainjob.run_on_kubeflow(cfg, [64], data_dir=str(digits_dir), run_id="k8s-jax",
+                                 workers=1, limits=FAST)
+    assert not any(method == "POST" for method, _, _ in cluster.requests)
+
+
+# --------------------------------------------------------------- no orphans, bounded waits
+def test_pending_pods_end_at_the_jobs_deadline_with_what_to_check(cluster, digits_dir):
+    """Pods that cannot be placed: Trainer fails the job at its activeDeadlineSeconds
+    (timeout_s), and the step says they never ran and what to look at."""
+    cluster.start_nodes = False
+    cfg = parse_config({"convergence": {**SETTINGS, "timeout_s": 2}})
+    started = time.monotonic()
+    with pytest.raises(BatchscaleError) as err:
+        trainjob.run_on_kubeflow(cfg, [64], data_dir=str(digits_dir), run_id="k8s-pending",
+                                 workers=1, limits=FAST)
+    body = created_job(cluster)
+    name, message = body["metadata"]["name"], str(err.value)
+    assert body["spec"]["activeDeadlineSeconds"] == 2
+    assert message.startswith(f"TrainJob {name} failed: DeadlineExceeded: TrainJob exceeded "
+                              "its active deadline")
+    assert UNSCHEDULABLE in message
+    assert "never ran on all its nodes" in message and IMAGE in message
+    assert "kubernetes.node_selector" in message
+    assert deleted(cluster, name)
+    assert time.monotonic() - started < 30
+
+
+def test_the_launcher_stops_waiting_when_trainer_does_not_end_the_job(cluster, digits_dir):
+    """A job nobody ends (the stand-in's controller ignores the deadline): the launcher's own
+    bound, deadline + trainer_grace_s, ends the wait, deletes the job and says what timed out."""
+    cluster.start_nodes, cluster.enforce_deadline = False, False
+    cfg = parse_config({"convergence": {**SETTINGS, "timeout_s": 2}})
+    started = time.monotonic()
+    with pytest.raises(BatchscaleError) as err:
+        trainjob.run_on_kubeflow(cfg, [64], data_dir=str(digits_dir), run_id="k8s-stuck",
+                                 workers=1, limits=FAST)
+    name, message = created_job(cluster)["metadata"]["name"], str(err.value)
+    assert re.match(rf"TrainJob {name} did not start running within [34] s \(node-0 Pending\)",
+                    message)
+    assert "Pods that stay Pending are not placed or cannot pull their image" in message
+    assert f"FailedScheduling: {UNSCHEDULABLE}" in message
+    assert deleted(cluster, name)
+    assert time.monotonic() - started < 30
+
+
+def test_the_jobs_deadline_fits_inside_the_pods_deadline(cluster, digits_dir, monkeypatch,
+                                                          capfd):
+    """The step's pod started 2 s ago with a 26 s deadline, and the launcher keeps 17 s for
+    after the job: the job gets what is left (about 6 s), not timeout_s, so it ends and the
+    step reports inside the pod's deadline."""
+    cluster.start_nodes = False
+    cluster.launcher_pods[POD["BATCHSCALE_POD_NAME"]] = started_ago(2)
+    monkeypatch.setenv("BATCHSCALE_POD_DEADLINE_S", "26")
+    limits = WaitLimits(poll_interval_s=0.2, api_timeout_s=2, trainer_grace_s=1,
+                        log_drain_s=2, pod_reserve_s=10)
+    cfg = parse_config({"convergence": SETTINGS})
+    started = time.monotonic()
+    with pytest.raises(BatchscaleError, match="DeadlineExceeded"):
+        trainjob.run_on_kubeflow(cfg, [64], data_dir=str(digits_dir), run_id="k8s-tight",
+                                 workers=1, limits=limits)
+    deadline = created_job(cluster)["spec"]["activeDeadlineSeconds"]
+    assert 1 <= deadline <= 26 - 2 - limits.after_job_s
+    assert time.monotonic() - started < 26 - 2
+    assert f"the TrainJob's deadline is {deadline} s, not convergence.timeout_s (300 s)" in \
+        capfd.readouterr().err
+
+
+def test_no_time_left_in_the_pod_is_refused_before_submitting(cluster, digits_dir,
+                                                              monkeypatch):
+    cluster.launcher_pods[POD["BATCHSCALE_POD_NAME"]] = started_ago(50)
+    monkeypatch.setenv("BATCHSCALE_POD_DEADLINE_S", "60")
+    cfg = parse_config({"convergence": SETTINGS})
+    with pytest.raises(BatchscaleError, match=rf"pod has \d+ s left before its deadline, less "
+                                              rf"than the {FAST.after_job_s:.0f} s kept .* "
+                                              r"raise kubernetes\.convergence_timeout_margin_s"):
+        trainjob.run_on_kubeflow(cfg, [64], data_dir=str(digits_dir), run_id="k8s-late",
+                                 workers=1, limits=FAST)
+    assert not any(method == "POST" for method, _, _ in cluster.requests)
+
+
+LAUNCHER = """
+import json, sys
+from batchscale.config import parse_config
+from batchscale.convergence.trainjob import run_on_kubeflow
+from batchscale.convergence.trainjob_wait import WaitLimits
+
+cfg = parse_config(json.loads(sys.argv[1]))
+run_on_kubeflow(cfg, [64], data_dir=sys.argv[2], run_id="k8s-term", workers=1,
+                limits=WaitLimits(poll_interval_s=0.2))
+"""
+
+
+def test_sigterm_deletes_the_job(cluster, digits_dir):
+    """A real launcher process, a real SIGTERM (what the kubelet sends before killing the
+    pod): the job is deleted before the process ends, and the step says why it stopped."""
+    cluster.start_nodes = False
+    config = json.dumps({"convergence": SETTINGS})
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, config, str(digits_dir)],
+                            env=dict(os.environ), stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: cluster.jobs, 60, "the launcher to create its TrainJob")
+        [name] = cluster.jobs
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    assert f"stopped by SIGTERM (the step's pod is being deleted or ran past its deadline); " \
+           f"TrainJob {name} was deleted" in err
+    assert deleted(cluster, name) and cluster.jobs == {}
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    end = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.1)

@@ -1,22 +1,37 @@
 """Run a convergence spec as a Kubeflow Trainer v2 TrainJob (`launcher: kubeflow`).
 
 The convergence component's pod does not train: it stages the dataset and the spec in the
-object store, submits a TrainJob on the `torch-distributed` runtime with the project image
-through the `kubeflow` SDK's TrainerClient, streams the first node's log into the step's log,
-waits for the job, deletes it, and reads the trial tables the job's pods wrote to the store.
-The pods run the same entry point as local torchrun (`torchrun -m ...convergence.train`, which
-picks up the PET_* variables Trainer injects), so both executors share one training script.
-A failed job fails the step with the job's own reason, its events and the log above.
+object store, submits a TrainJob on the `torch-distributed` runtime (its body: trainjob_body.py),
+copies the first node's log into the step's log, waits for the job, deletes it, and reads the
+trial tables the job's pods wrote to the store. The pods run the same entry point as local
+torchrun (`torchrun -m ...convergence.train`, which picks up the PET_* variables Trainer
+injects), so both executors share one training script. A failed job fails the step with the
+job's own reason, its events and the log above.
 
-The pipeline's service account needs the RBAC in manifests/rbac-trainjob.yaml.
+No orphans: the job ends by itself at its activeDeadlineSeconds (convergence.timeout_s, cut so
+it ends before the step pod's own deadline), is owned by the step's pod (deleted with it), is
+deleted when the step ends for any reason, including SIGTERM from the kubelet, and every wait
+here is bounded so that all of it fits inside the pod's deadline (WaitLimits).
+
+Needs Kubeflow Trainer >= v2.2 (runtimePatches, activeDeadlineSeconds); the job is created with
+`fieldValidation=Strict`, so an older Trainer's API server refuses it (instead of silently
+dropping those fields) and the step says which version it needs. The pipeline's service
+account needs the RBAC in manifests/ (README, "Run on Kubeflow").
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import hashlib
 import os
+import re
 import secrets
+import signal
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -29,19 +44,29 @@ from batchscale.convergence.runner import (
     collect,
 )
 from batchscale.convergence.spec import ConvergenceSpec
+from batchscale.convergence.trainjob_body import (
+    JobRequest,
+    LaunchingPod,
+    build_trainjob,
+    trainer_env,
+    trainjob_image,
+)
+from batchscale.convergence.trainjob_wait import WaitLimits, await_job, warn
 from batchscale.envinfo import git_commit
 from batchscale.errors import BadInput, BatchscaleError
-from batchscale.images import GPU_IMAGE
 from batchscale.location import LocalLocation, S3Location, copy_files, is_s3_uri
 from batchscale.storage import ObjectStore, S3Settings
 
-NODE = "node"  # the trainer's replicated job and container in the torch-distributed runtime
-COMPLETE, FAILED, RUNNING = "Complete", "Failed", "Running"
-POLL_INTERVAL_S = 5
 JOB_NAME_PREFIX = "batchscale-"
 SPEC_HASH_CHARS = 12
-JOB_LABELS = {"app.kubernetes.io/part-of": "batchscale",
-              "app.kubernetes.io/component": "convergence"}
+DEFAULT_LIMITS = WaitLimits()
+MIN_TRAINER_VERSION = "v2.2"  # runtimePatches and activeDeadlineSeconds appeared in v2.2.0
+
+
+class Terminated(BaseException):
+    """SIGTERM: the kubelet is stopping the step's pod (a deleted run, the pod's deadline). A
+    BaseException, like KeyboardInterrupt, so no `except Exception` on the way (the SDK wraps
+    every error of its own calls) swallows it before the job is deleted."""
 
 
 @dataclass(frozen=True)
@@ -79,50 +104,7 @@ def trainjob_command(spec_uri: str, max_restarts: int) -> list[str]:
             "--spec", spec_uri]
 
 
-def trainjob_arguments(cfg: ExperimentConfig, staged: StagedRun, job_name: str,
-                       settings: S3Settings) -> dict:
-    """Keyword arguments of TrainerClient.train: runtime, trainer and options. One process per
-    node (the runtime's numProcPerNode 'auto' gives 1 on CPU, one per GPU requested)."""
-    from kubeflow.trainer import CustomTrainerContainer
-    from kubeflow.trainer.options import (
-        ContainerPatch,
-        JobSetSpecPatch,
-        JobSetTemplatePatch,
-        JobSpecPatch,
-        JobTemplatePatch,
-        Labels,
-        Name,
-        PodSpecPatch,
-        PodTemplatePatch,
-        ReplicatedJobPatch,
-        RuntimePatch,
-        TrainerCommand,
-        TrainingRuntimeSpecPatch,
-    )
-
-    c, k8s = cfg.convergence, cfg.kubernetes
-    secret_env = [{"name": env_name, "valueFrom": {"secretKeyRef": {
-        "name": k8s.s3_secret_name, "key": secret_key}}}
-        for secret_key, env_name in sorted(k8s.s3_secret_env.items())]
-    credentials = RuntimePatch(training_runtime_spec=TrainingRuntimeSpecPatch(
-        template=JobSetTemplatePatch(spec=JobSetSpecPatch(replicated_jobs=[ReplicatedJobPatch(
-            name=NODE, template=JobTemplatePatch(spec=JobSpecPatch(template=PodTemplatePatch(
-                spec=PodSpecPatch(containers=[ContainerPatch(name=NODE, env=secret_env)])))))]))))
-    trainer = CustomTrainerContainer(
-        image=GPU_IMAGE,
-        num_nodes=staged.spec.training.workers,
-        # A string quantity, as kubectl writes it (an int would be sent as 1.0).
-        resources_per_node={k8s.gpu_resource: str(k8s.gpus_per_worker)}
-        if k8s.gpus_per_worker else None,
-        env={"BATCHSCALE_S3_ENDPOINT": settings.endpoint_url or "",
-             "BATCHSCALE_S3_BUCKET": settings.bucket, "BATCHSCALE_S3_PREFIX": settings.prefix,
-             "BATCHSCALE_GIT_COMMIT": git_commit()},
-    )
-    options = [Name(job_name), Labels(dict(JOB_LABELS)),
-               TrainerCommand(trainjob_command(staged.spec_uri, c.max_restarts)), credentials]
-    return {"runtime": c.trainjob_runtime, "trainer": trainer, "options": options}
-
-
+# ------------------------------------------------------------------------- the API, bounded
 def trainer_client(namespace: str | None):
     """In a pod: the in-cluster service account and namespace. Elsewhere: the kubeconfig named
     by $KUBECONFIG now (the kubernetes client reads that variable once, at import) and its
@@ -143,69 +125,188 @@ def kubeconfig_namespace(path: str) -> str | None:
     return current.get("context", {}).get("namespace")
 
 
-def failure_reason(client, name: str) -> str:
-    """The Failed condition's reason and message, plus the job's warning events."""
+def torch_runtime(client, name: str):
+    """The runtime (namespaced first, as the SDK looks), which must be a torch one: the job's
+    command is torchrun, fed by the Torch plugin's PET_* variables."""
+    try:
+        runtime = client.get_runtime(name)
+    except (RuntimeError, TimeoutError) as err:
+        cause = f": {err.__cause__}" if err.__cause__ else ""
+        raise BatchscaleError(f"convergence.trainjob_runtime: could not read the training "
+                              f"runtime {name!r}: {err}{cause}") from None
+    if runtime.trainer.framework != "torch":
+        raise BadInput(f"convergence.trainjob_runtime: {name!r} is a "
+                       f"{runtime.trainer.framework!r} runtime; the convergence job needs a "
+                       "torch one (trainer.kubeflow.org/framework: torch), e.g. "
+                       "torch-distributed")
+    return runtime
+
+
+def pod_seconds_left(client, pod: LaunchingPod | None, timeout_s: float) -> float | None:
+    """Seconds until the step pod's activeDeadlineSeconds, which counts from the pod's
+    status.startTime (image pull included); None without a pod deadline. If the pod cannot be
+    read, the count starts now, with a warning (pod_reserve_s then also covers the time before
+    this process started)."""
+    if pod is None or pod.deadline_s is None:
+        return None
+    try:
+        started = client.backend.core_api.read_namespaced_pod(
+            pod.name, pod.namespace, _request_timeout=timeout_s).status.start_time
+    except Exception as err:  # noqa: BLE001 - any failure only loosens the bound, with a warning
+        started, why = None, str(err)
+    else:
+        why = "it has no status.startTime"
+    if started is None:
+        warn(f"could not read when pod {pod.namespace}/{pod.name} started ({why}); its "
+             "deadline is counted from now")
+        return pod.deadline_s
+    return pod.deadline_s - max(0.0, (dt.datetime.now(dt.UTC) - started).total_seconds())
+
+
+def api_message(err) -> str:
+    """The Status message of a refused request, else its reason."""
+    import json
+
+    try:
+        return json.loads(err.body).get("message") or err.reason
+    except (TypeError, ValueError, AttributeError):
+        return str(err.reason)
+
+
+def refusal(name: str, err) -> str:
+    """Why the API server refused the job, and what to do about it."""
+    message = api_message(err)
+    unknown = re.findall(r'unknown field "([^"]+)"', message)
+    if err.status == 400 and unknown:
+        return (f"could not create TrainJob {name}: this cluster's TrainJob API does not know "
+                f"{', '.join(unknown)}; batchscale needs Kubeflow Trainer {MIN_TRAINER_VERSION} "
+                f"or newer (runtimePatches and activeDeadlineSeconds appeared in v2.2.0): "
+                f"upgrade Trainer (the API server said: {message})")
+    hint = (" (the step's service account needs the RBAC in manifests/)"
+            if err.status == 403 and "forbidden" in message else "")
+    return f"could not create TrainJob {name}: {err.status} {err.reason}: {message}{hint}"
+
+
+def create_job(client, job, timeout_s: float) -> None:
+    """Create through the SDK backend's CustomObjectsApi, refusing fields the cluster's CRD
+    would prune (fieldValidation=Strict) rather than running a job without its deadline."""
     from kubeflow.trainer.constants import constants
+    from kubernetes.client.exceptions import ApiException
+
+    backend, name = client.backend, job.metadata.name
+    try:
+        backend.custom_api.create_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, backend.namespace, constants.TRAINJOB_PLURAL,
+            job.to_dict(), field_validation="Strict", _request_timeout=timeout_s)
+    except ApiException as err:
+        raise BatchscaleError(refusal(name, err)) from None
+    except Exception as err:  # noqa: BLE001 - network errors of urllib3, named in the message
+        raise BatchscaleError(f"could not create TrainJob {name}: {err}") from None
+
+
+def delete_job(client, name: str, timeout_s: float) -> bool:
+    """Delete the job (its JobSet and pods follow by garbage collection); never raises, so it
+    cannot hide why the step ended. False when it may still exist."""
+    from kubeflow.trainer.constants import constants
+    from kubernetes.client.exceptions import ApiException
 
     backend = client.backend
-    job = backend.custom_api.get_namespaced_custom_object(
-        constants.GROUP, constants.VERSION, backend.namespace, constants.TRAINJOB_PLURAL, name)
-    conditions = [c for c in job.get("status", {}).get("conditions", [])
-                  if c.get("type") == FAILED and c.get("status") == "True"]
-    reason = "; ".join(f"{c.get('reason', '?')}: {c.get('message', '')}" for c in conditions)
-    events = [f"{e.involved_object_kind}/{e.involved_object_name} {e.reason}: {e.message}"
-              for e in client.get_job_events(name)]
-    return (reason or "no Failed condition recorded") + (
-        f" (events: {' | '.join(events)})" if events else "")
-
-
-def stream_logs(client, name: str) -> None:
-    """Copy node-0's log to this step's log as it is produced (it ends when the pod ends)."""
-    for line in client.get_job_logs(name, follow=True):
-        print(f"[{name}] {line}", file=sys.stderr, flush=True)
-
-
-def await_job(client, name: str, timeout_s: float, poll_interval_s: int) -> None:
-    """Wait until the job runs, stream its log, then wait for Complete; Failed or a timeout
-    raise BatchscaleError with the job's reason."""
-    timeout = max(int(timeout_s), poll_interval_s + 1)
     try:
-        job = client.wait_for_job_status(name, {RUNNING, COMPLETE, FAILED}, timeout,
-                                         poll_interval_s)
-        if job.status != FAILED:
-            stream_logs(client, name)
-            job = client.wait_for_job_status(name, {COMPLETE, FAILED}, timeout,
-                                             poll_interval_s)
-    except TimeoutError:
-        raise BatchscaleError(f"TrainJob {name} did not finish within {timeout_s:.0f} s "
-                              "(convergence.timeout_s); it was deleted") from None
-    if job.status == FAILED:
-        raise BatchscaleError(f"TrainJob {name} failed: {failure_reason(client, name)}")
+        backend.custom_api.delete_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, backend.namespace, constants.TRAINJOB_PLURAL,
+            name, _request_timeout=timeout_s)
+    except ApiException as err:
+        if err.status == 404:
+            return True
+        warn(f"could not delete TrainJob {name}: {err.status} {api_message(err)}; it ends at "
+             "its activeDeadlineSeconds")
+        return False
+    except Exception as err:  # noqa: BLE001 - the step's own error matters more
+        warn(f"could not delete TrainJob {name}: {err}; it ends at its activeDeadlineSeconds")
+        return False
+    print(f"deleted TrainJob {backend.namespace}/{name}", file=sys.stderr, flush=True)
+    return True
 
 
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises Terminated in the main thread, so the `finally` that deletes the job runs
+    (the default action ends the process on the spot). Later SIGTERMs are ignored until the
+    cleanup is done.
+
+    How the signal gets here on Kubeflow Pipelines: Argo's emissary (the container's PID 1)
+    forwards the kubelet's SIGTERM to the whole process group of the step's command
+    (argo-workflows cmd/argoexec/commands/emissary.go, osspecific.Kill to -pgid), which holds
+    the KFP launcher and this Python process. The KFP launcher has no handler
+    (kubeflow/pipelines backend/src/v2/component/launcher_v2.go) and exits at once; the
+    emissary reaps it within about a second (osspecific.Wait polls each second) and the
+    container then ends, taking this process with it. So the delete, one request, has about a
+    second: enough on a healthy API server, and where it is not, the owner reference and the
+    job's own activeDeadlineSeconds still end the job."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set in the main thread
+        return
+
+    def on_sigterm(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# ------------------------------------------------------------------------------ the launch
 def run_on_kubeflow(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str,
                     run_id: str, workers: int,
-                    poll_interval_s: int = POLL_INTERVAL_S) -> tuple[pa.Table, pa.Table]:
+                    limits: WaitLimits = DEFAULT_LIMITS) -> tuple[pa.Table, pa.Table]:
     """Stage, submit, await, delete; (curves, runs) of the trials the job's pods wrote."""
     ckpt = cfg.convergence.checkpoint_uri
     if ckpt and not is_s3_uri(ckpt):
         raise BadInput(f"convergence.checkpoint_uri: {ckpt!r} is a local path, which a "
                        "TrainJob's pods cannot share; use s3://bucket/prefix or leave it unset")
+    pod = LaunchingPod.from_env()
+    image = trainjob_image(cfg.kubernetes.gpus_per_worker)
+    client = trainer_client(cfg.convergence.trainjob_namespace)
+    pod_left = pod_seconds_left(client, pod, limits.api_timeout_s)
+    limits.room_s(pod_left)  # no room: say so before copying anything
+    pod_end = None if pod_left is None else time.monotonic() + pod_left
+    runtime = torch_runtime(client, cfg.convergence.trainjob_runtime)
     settings = S3Settings.from_env()
     staged = stage_inputs(cfg, batch_sizes, data_dir=data_dir, run_id=run_id, workers=workers,
                           store=ObjectStore(settings))
     check_checkpoints(staged.spec)
-    client = trainer_client(cfg.convergence.trainjob_namespace)
-    job_name = f"{JOB_NAME_PREFIX}{secrets.token_hex(6)}"
-    try:
-        client.train(**trainjob_arguments(cfg, staged, job_name, settings))
-    except (RuntimeError, TimeoutError, ValueError) as err:
-        cause = f": {err.__cause__}" if err.__cause__ else ""
-        raise BatchscaleError(f"could not create TrainJob {job_name}: {err}{cause}") from None
-    print(f"submitted TrainJob {client.backend.namespace}/{job_name} ({workers} nodes)",
-          file=sys.stderr, flush=True)
-    try:
-        await_job(client, job_name, cfg.convergence.timeout_s, poll_interval_s)
-    finally:
-        client.delete_job(job_name)
+    deadline_s = limits.job_deadline_s(
+        cfg.convergence.timeout_s, None if pod_end is None else pod_end - time.monotonic())
+    request = JobRequest(
+        name=f"{JOB_NAME_PREFIX}{secrets.token_hex(6)}", namespace=client.backend.namespace,
+        runtime_name=runtime.name, runtime_kind=runtime.kind.value,
+        command=trainjob_command(staged.spec_uri, cfg.convergence.max_restarts),
+        workers=workers, deadline_s=deadline_s, image=image,
+        env=trainer_env(cfg.kubernetes, settings, git_commit()), owner=pod)
+    submit_and_await(client, build_trainjob(cfg, request), limits)
     return collect(staged.spec, staged.root.child("out"))
+
+
+def submit_and_await(client, job, limits: WaitLimits) -> None:
+    """Create the job, wait for it, delete it whatever happens (SIGTERM included)."""
+    name, deadline_s = job.metadata.name, job.spec.active_deadline_seconds
+    deleted = False
+    try:
+        with sigterm_raises():
+            try:
+                create_job(client, job, limits.api_timeout_s)
+                created = time.monotonic()  # the job's deadline runs from its creation
+                print(f"submitted TrainJob {client.backend.namespace}/{name} "
+                      f"({job.spec.trainer.num_nodes} nodes x 1 process, deadline "
+                      f"{deadline_s} s)", file=sys.stderr, flush=True)
+                await_job(client, job, until=created + deadline_s + limits.trainer_grace_s,
+                          limits=limits)
+            finally:
+                deleted = delete_job(client, name, limits.api_timeout_s)
+    except Terminated:
+        fate = "was deleted" if deleted else "could not be deleted (see above)"
+        raise BatchscaleError(f"stopped by SIGTERM (the step's pod is being deleted or ran past "
+                              f"its deadline); TrainJob {name} {fate}") from None
