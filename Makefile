@@ -9,7 +9,7 @@ CONFIG ?=
 REGISTRY ?= ghcr.io/batchscale
 TAG ?= 0.1.0
 
-.PHONY: venv local-run test test-fast bench compile lint clean images
+.PHONY: venv local-run test test-fast bench compile lint clean images images-check
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,15 +38,25 @@ compile: venv
 
 # Builds both images from this checkout (context: the repository root) and pushes them to
 # $(REGISTRY) with $(TAG); `make compile` with the same REGISTRY and TAG points the YAML at them.
+# BASE_IMAGE (optional) replaces the Dockerfiles' upstream Python base, e.g. with a mirror of it.
 DOCKER ?= docker
+BASE_IMAGE ?=
 GIT_COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+IMAGE_BUILD_ARGS = --build-arg BATCHSCALE_GIT_COMMIT=$(GIT_COMMIT) \
+	$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE))
 images:
-	$(DOCKER) build -f images/Dockerfile.cpu --build-arg BATCHSCALE_GIT_COMMIT=$(GIT_COMMIT) \
+	$(DOCKER) build -f images/Dockerfile.cpu $(IMAGE_BUILD_ARGS) \
 		-t $(REGISTRY)/batchscale-cpu:$(TAG) .
-	$(DOCKER) build -f images/Dockerfile.cuda --build-arg BATCHSCALE_GIT_COMMIT=$(GIT_COMMIT) \
+	$(DOCKER) build -f images/Dockerfile.cuda $(IMAGE_BUILD_ARGS) \
 		-t $(REGISTRY)/batchscale-cuda:$(TAG) .
 	$(DOCKER) push $(REGISTRY)/batchscale-cpu:$(TAG)
 	$(DOCKER) push $(REGISTRY)/batchscale-cuda:$(TAG)
+
+# Builds the CPU image (FLAVOURS="cpu cuda": both) for real with buildah (no Docker engine) FROM a
+# local Debian base and runs a pipeline component in it as KFP would (images/check.sh says how
+# and what it needs). Slow, needs root: not part of `make test` or CI.
+images-check:
+	images/check.sh
 
 lint: venv
 	$(VENV)/bin/ruff check .

