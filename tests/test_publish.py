@@ -200,3 +200,23 @@ def test_a_run_id_that_cannot_be_a_partition_is_refused():
         with pytest.raises(BadInput, match="run id"):
             check_run_id(bad)
     assert check_run_id("20261129T000000Z-abc123") == "20261129T000000Z-abc123"
+
+
+@pytest.mark.parametrize("damage, why", [
+    (b"{not json", "is not JSON"),
+    (b'["a list"]', 'is not a JSON object with a string "date"'),
+    (b'{"objects": []}', 'is not a JSON object with a string "date"'),
+])
+def test_a_damaged_manifest_is_named_not_a_traceback_and_nothing_is_written(
+        object_store, monkeypatch, tmp_path, damage, why):
+    """A retry of a run whose manifest is damaged (a foreign or truncated file in the lake)
+    stops naming the manifest's key, before writing anything."""
+    run_id = "20260301T120000Z-damage"
+    object_store.put_bytes(run_manifest_key(object_store, run_id), damage)
+    before = snapshot(object_store)
+    with pytest.raises(BadInput) as err:
+        publish_synthetic_run(object_store, monkeypatch, tmp_path, run_id, {4: 1000.0})
+    message = str(err.value)
+    assert f"the manifest of run {run_id}" in message and why in message
+    assert run_manifest_key(object_store, run_id) in message
+    assert snapshot(object_store) == before

@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from batchscale.config import config_from_json
-from batchscale.errors import ObjectExists
+from batchscale.errors import BadInput, ObjectExists
 from batchscale.lake.regression import (
     RegressionFound,
     check_regressions,
@@ -67,12 +67,29 @@ def table_key(store: ObjectStore, table: str, date: str, run_id: str) -> str:
     return store.key(table, f"date={date}", f"run_id={run_id}", "part-0.parquet")
 
 
+def published_manifest(store: ObjectStore, run_id: str) -> dict | None:
+    """The run's manifest if it was published (None if not); BadInput naming its key when the
+    file is damaged (not a JSON object with a string `date`), never a traceback."""
+    key = run_manifest_key(store, run_id)
+    if not store.exists(key):
+        return None
+    try:
+        manifest = json.loads(store.get_bytes(key))
+    except ValueError as err:  # not JSON, or not UTF-8
+        manifest, why = None, f"is not JSON ({err})"
+    else:
+        why = "is not a JSON object with a string \"date\""
+    if isinstance(manifest, dict) and isinstance(manifest.get("date"), str):
+        return manifest
+    raise BadInput(f"the manifest of run {run_id}, s3://{store.settings.bucket}/{key}, {why}; "
+                   "the run's publication is damaged: publish it under a new run id (nothing "
+                   "was overwritten)")
+
+
 def publish_date(store: ObjectStore, run_id: str) -> str:
     """The run's date partition: the one already published, else `run_date`."""
-    manifest_key = run_manifest_key(store, run_id)
-    if store.exists(manifest_key):
-        return json.loads(store.get_bytes(manifest_key))["date"]
-    return run_date(run_id)
+    manifest = published_manifest(store, run_id)
+    return manifest["date"] if manifest else run_date(run_id)
 
 
 def publish_run(store: ObjectStore, run_id: str, files: dict[str, str | Path],
@@ -171,10 +188,9 @@ def gate_stage(config_json: str, regressions_path: str) -> None:
 
 def published_regressions(store: ObjectStore, run_id: str) -> list[str]:
     """The regressed cells recorded in a published run's manifest (none if unpublished)."""
-    key = run_manifest_key(store, run_id)
-    if not store.exists(key):
-        return []
-    return json.loads(store.get_bytes(key)).get("regressions", [])
+    manifest = published_manifest(store, run_id)
+    cells = manifest.get("regressions", []) if manifest else []
+    return [c for c in cells if isinstance(c, str)] if isinstance(cells, list) else []
 
 
 def regression_message(cells: list[str]) -> str:
