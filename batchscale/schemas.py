@@ -130,6 +130,10 @@ CURVES = pa.schema(
         pa.field("val_accuracy", pa.float64()),
         pa.field("lr", pa.float64(), nullable=False),
         pa.field("b_simple", pa.float64()),
+        # The trial's optimizer (sgd, adamw) and compute precision (fp32, bf16); null in rows
+        # written before they were recorded (then sgd and fp32) or in a user's table.
+        pa.field("optimizer", pa.string()),
+        pa.field("precision", pa.string()),
     ]
 )
 
@@ -153,6 +157,9 @@ RUNS = pa.schema(
         # Share of the trial threads' runnable time spent waiting for a CPU (a busy machine;
         # docs/architecture.md, "Measurement rules"); null where the kernel does not say.
         pa.field("cpu_wait_share", pa.float64()),
+        # As in `curves`: the trial's optimizer and precision; null where not recorded.
+        pa.field("optimizer", pa.string()),
+        pa.field("precision", pa.string()),
     ]
 )
 

@@ -18,6 +18,7 @@ from batchscale.convergence import checkpoint, runner, train
 from batchscale.convergence.distributed import Dist
 from batchscale.convergence.noise import NoiseScale
 from batchscale.convergence.schedule import DataOrder, lr_at, scaled_lr
+from batchscale.convergence.spec import LATER_SETTINGS
 from batchscale.data.prep import prepare
 from batchscale.errors import BadInput
 from batchscale.location import LocalLocation
@@ -206,9 +207,12 @@ def test_spec_round_trips_through_json(tmp_path, digits_dir):
                              out_dir=str(tmp_path), run_id="t")
     (tmp_path / "spec.json").write_bytes(spec.to_json())
     assert train.read_spec(str(tmp_path / "spec.json")) == spec
+    # the settings added later (optimizer, decay, precision) are None at their defaults, as
+    # in a checkpoint written before they existed (tests/test_optimizers.py)
     assert spec.identity(spec.trials[1]) == {
-        **spec.training.model_dump(), "trial_id": "b16-sqrt-s0-w1", "batch_size": 16,
-        "lr_rule": "sqrt", "lr": spec.trials[1].lr, "seed": 0}
+        **spec.training.model_dump(), **dict.fromkeys(LATER_SETTINGS),
+        "trial_id": "b16-sqrt-s0-w1", "batch_size": 16, "lr_rule": "sqrt",
+        "lr": spec.trials[1].lr, "seed": 0}
 
 
 @pytest.mark.parametrize(("edit", "message"), [
@@ -217,6 +221,10 @@ def test_spec_round_trips_through_json(tmp_path, digits_dir):
     (lambda d: d["trials"][0].pop("seed"), r"trials\.0\.seed: Field required"),
     (lambda d: d.update(workers=2), r"workers: Extra inputs are not permitted"),
     (lambda d: d["training"].update(workers=0), r"training\.workers: Input should be greater"),
+    (lambda d: d["training"].update(optimizer="adam"),
+     r"training\.optimizer: Input should be 'sgd' or 'adamw'"),
+    (lambda d: d["training"].update(precision="fp16"),
+     r"training\.precision: Input should be 'fp32' or 'bf16'"),
 ])
 def test_malformed_spec_is_refused_naming_the_field(tmp_path, digits_dir, edit, message):
     spec = runner.build_spec(config(batch_sizes=[64]), [64], data_dir=str(digits_dir),

@@ -262,3 +262,21 @@ def test_run_summary_states_bounds_edge_cases_and_quality():
     assert quality_lines({"sweep": quiet}) == [
         "measurement quality: Measurements look stable: none of the 2 timed sweep rows"
         " flagged; load average up to 1.8 on 2 usable CPUs."]
+
+
+def test_columns_added_since_an_old_partition_are_read_from_the_newer_ones(lake):
+    """A partition written before a column existed, read first, must not drop that column from
+    the newer files (a dataset takes its schema from its first file): old rows get nulls."""
+    from batchscale.lake.lake import read_lake_table
+
+    old = pa.table({"run_id": [RUN_IDS[0]], "workload": [WORKLOAD], "device_name": ["test cpu"],
+                    "input_mode": ["synthetic"], "batch_size": [2], "status": ["ok"],
+                    "samples_per_s": [500.0]})
+    key = lake.key("sweep", f"date={DATE}", f"run_id={RUN_IDS[0]}", "a-old-format.parquet")
+    lake.put_bytes(key, parquet_bytes(old))
+    frame = read_lake_table(lake, "sweep")
+    old_rows = frame[frame["batch_size"] == 2]
+    assert len(old_rows) == 1 and old_rows["threads"].isna().all()
+    newer = frame[(frame["run_id"] == RUN_IDS[1]) & (frame["batch_size"] == 64)]
+    assert newer["threads"].tolist() == [2]  # a column the first file lacks, kept
+    assert "cpu_wait_share" in frame.columns  # today's schema, null where never written

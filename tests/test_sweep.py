@@ -38,10 +38,12 @@ from helpers import BATCHSCALE
 
 TESTS_DIR = Path(__file__).parent
 # Short trials: a warm-up step, a handful of timed steps, a small budget; quality limits no
-# timing can exceed, so these tiny noisy timings are never flagged or retried (what is tested
-# here does not depend on it; tests/test_sweep_quality.py tests the flags).
+# timing can exceed and no check of other processes' load, so these tiny noisy timings are never
+# flagged or retried, however busy the machine running the tests (what is tested here does not
+# depend on it; tests/test_sweep_quality.py tests the flags).
 FAST = {"warmup_steps": 1, "min_timed_steps": 3, "max_timed_steps": 20, "time_budget_s": 0.05,
-        "max_round_spread": 1e6, "max_cv": 1e6}
+        "max_round_spread": 1e6, "max_cv": 1e6, "overload_cpu_share": None,
+        "max_cpu_wait_share": None}
 ENV = {"run_id": "t", "config_hash": "h", "experiment": "test", "workload": "w",
        "git_commit": "c", "batchscale_version": "0", "torch_version": torch.__version__,
        "python_version": "3", "device_name": "cpu", "threads": 1, "world_size": 1}

@@ -303,7 +303,11 @@ class ConvergenceConfig(_Strict):
     ] = ["linear", "sqrt"]
     """Learning-rate rules: constant, linear or sqrt scaling from the reference batch size, or
     grid (every LR of `lr_grid` at every batch size; S(B) is the per-batch minimum, Shallue et
-    al. 2018)."""
+    al. 2018). Each applies to either optimizer. The usual rule is linear for SGD (Goyal et al.
+    2017: k times the batch averages k times the gradients, so k times the LR keeps the update
+    per example seen) and sqrt for AdamW (Malladi et al. 2022, from the SDE of adaptive methods,
+    whose rule also moves the betas and eps, which batchscale keeps; Granziol et al. 2022: Adam's
+    largest stable LR grows as sqrt(B)); the default runs both whatever the optimizer."""
     lr_grid: list[LearningRate] = []
     """Learning rates the `grid` rule tries at every batch size (required with `grid`), each
     finite and at most 1e6."""
@@ -311,13 +315,41 @@ class ConvergenceConfig(_Strict):
     """Micro-batches accumulated per optimizer step: global batch = micro-batch x
     accumulation_steps x workers (each batch size must divide evenly)."""
     base_lr: LearningRate = 0.05
-    """Learning rate at `reference_batch_size` (SGD with momentum), at most 1e6."""
+    """Peak learning rate at `reference_batch_size`, at most 1e6. The default suits SGD with
+    momentum on digits; AdamW usually wants ~1e-3."""
     reference_batch_size: BatchSize = 32
     """Batch size at which `base_lr` applies."""
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    """sgd (torch.optim.SGD with `momentum`) or adamw (torch.optim.AdamW with `adam_beta1`,
+    `adam_beta2`, `adam_eps`); both take `weight_decay`."""
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
-    """SGD momentum."""
+    """SGD momentum (heavy ball, the fraction of the previous update kept); sgd only."""
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    """Weight decay coefficient, applied every optimizer step and scaled by the LR: sgd adds
+    weight_decay x weights to the gradient (L2; momentum carries it); adamw multiplies the
+    weights by 1 - lr x weight_decay, decoupled from the adaptive step (Loshchilov & Hutter
+    2019). 0 (the default, for both) turns it off; torch's AdamW default of 0.01 is not used."""
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    """AdamW: decay rate of the gradient's running mean (Adam's momentum); adamw only."""
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0)
+    """AdamW: decay rate of the squared gradient's running mean; adamw only."""
+    adam_eps: float = Field(1e-8, gt=0.0, le=1.0)
+    """AdamW: added to the root of the squared-gradient average before dividing (in gradient
+    units); adamw only."""
     warmup_steps: NonNegativeInt = 20
-    """Linear learning-rate warm-up, optimizer steps."""
+    """Linear learning-rate warm-up from peak/warmup_steps to the peak, optimizer steps."""
+    lr_decay: Literal["none", "cosine", "linear"] = "none"
+    """After the warm-up: none (constant peak), or a cosine or linear decay from the peak to
+    `min_lr_ratio` x peak at step `decay_steps`, constant after it."""
+    decay_steps: PositiveInt | None = None
+    """Optimizer step (counted from step 0, warm-up included) at which `lr_decay` reaches its
+    minimum; must exceed `warmup_steps`. Unset: `max_steps`. A stated horizon, the same for every
+    batch size, so a trial that reaches the target early never sees the end of the decay."""
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """Learning rate at the end of the decay, as a share of the peak."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """Compute precision of the forward pass and loss (training and evaluation): bf16 runs them
+    under torch.autocast; parameters, gradients and optimizer state stay fp32 either way."""
     seeds: Annotated[list[Seed], Field(min_length=1)] = [0, 1]
     """Seeds of the model initialization and data order, 0..2**32-1; one trial each."""
     workers: PositiveInt = 1
@@ -395,6 +427,13 @@ class ConvergenceConfig(_Strict):
             raise ValueError("scaling_workers: must be given together with scaling_batch_sizes")
         if "grid" in self.lr_rules and not self.lr_grid:
             raise ValueError("lr_grid: the grid rule needs at least one learning rate")
+        horizon = self.decay_steps or self.max_steps
+        if self.lr_decay != "none" and horizon <= self.warmup_steps:
+            field = "decay_steps" if self.decay_steps else "max_steps"
+            unset = "" if self.decay_steps else " (decay_steps is unset, so max_steps)"
+            raise ValueError(f"{field}: the {self.lr_decay} decay would end at step {horizon}"
+                             f"{unset}, within the {self.warmup_steps} warmup_steps; set "
+                             "decay_steps above warmup_steps")
         cells = [(b, self.workers) for b in self.batch_sizes] + [
             (b, w) for w in self.scaling_workers for b in self.scaling_batch_sizes]
         for b, w in cells:

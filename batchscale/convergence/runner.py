@@ -54,6 +54,17 @@ def build_trials(cfg: ExperimentConfig, batch_sizes: list[int],
     ]
 
 
+def optimization_settings(c) -> dict:
+    """The optimizer, LR decay and precision of `c` (ConvergenceConfig) as spec settings; the
+    decay's horizon is stated in the spec (max_steps unless decay_steps is set) and left out
+    without a decay, where it changes nothing."""
+    decay_steps = (c.decay_steps or c.max_steps) if c.lr_decay != "none" else None
+    return {"optimizer": c.optimizer, "weight_decay": c.weight_decay,
+            "adam_beta1": c.adam_beta1, "adam_beta2": c.adam_beta2, "adam_eps": c.adam_eps,
+            "lr_decay": c.lr_decay, "decay_steps": decay_steps,
+            "min_lr_ratio": c.min_lr_ratio, "precision": c.precision}
+
+
 def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, out_dir: str,
                run_id: str, workers: int | None = None,
                checkpoint_dir: str | None = None) -> ConvergenceSpec:
@@ -72,7 +83,8 @@ def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, 
         momentum=c.momentum, warmup_steps=c.warmup_steps,
         target_val_accuracy=c.target_val_accuracy, max_steps=c.max_steps,
         eval_every_steps=c.eval_every_steps, divergence_factor=c.divergence_factor,
-        patience_evals=c.patience_evals, gns_every_steps=c.gns_every_steps)
+        patience_evals=c.patience_evals, gns_every_steps=c.gns_every_steps,
+        **optimization_settings(c))
     return ConvergenceSpec(
         run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name,
         data_dir=str(data_dir), out_dir=str(out_dir), checkpoint_dir=str(checkpoint_dir),

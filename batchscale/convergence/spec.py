@@ -9,11 +9,12 @@ checkpoint interval sit outside that group: they do not change the result.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from batchscale.errors import BadInput
+from batchscale.location import open_file
 
 # Counts the trainer divides by or takes a step modulo of; the config checks every other range.
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -53,6 +54,27 @@ class TrainingSettings(_StrictModel):
     """SGD momentum."""
     warmup_steps: int
     """Optimizer steps of linear learning-rate warm-up."""
+    # Settings added after checkpoint format 2. Their defaults are what every trial did before
+    # they existed, and the identity records a default as None (the value a checkpoint written
+    # before them lacks), so such a checkpoint still resumes with the defaults, and only then.
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    """sgd (with `momentum`) or adamw (with the adam_* settings)."""
+    weight_decay: float = 0.0
+    """Weight decay (L2 for sgd, decoupled for adamw)."""
+    adam_beta1: float = 0.9
+    """AdamW's first-moment decay rate."""
+    adam_beta2: float = 0.999
+    """AdamW's second-moment decay rate."""
+    adam_eps: float = 1e-8
+    """AdamW's denominator epsilon."""
+    lr_decay: Literal["none", "cosine", "linear"] = "none"
+    """LR decay after the warm-up."""
+    decay_steps: PositiveInt | None = None
+    """Step at which the decay reaches its minimum (set whenever lr_decay is not none)."""
+    min_lr_ratio: float = 0.0
+    """LR at the end of the decay, as a share of the peak."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """Compute precision of the forward pass and loss (bf16: autocast)."""
     target_val_accuracy: float
     """Validation accuracy that counts as reaching the target."""
     max_steps: PositiveInt
@@ -65,6 +87,11 @@ class TrainingSettings(_StrictModel):
     """Evaluations without improvement after which a trial stops as not_reached."""
     gns_every_steps: PositiveInt
     """Optimizer steps between gradient-noise-scale measurements."""
+
+
+LATER_SETTINGS = {name: f.default for name, f in TrainingSettings.model_fields.items()
+                  if not f.is_required()}
+"""The settings added after checkpoint format 2, with the defaults older trials trained with."""
 
 
 class ConvergenceSpec(_StrictModel):
@@ -91,8 +118,13 @@ class ConvergenceSpec(_StrictModel):
 
     def identity(self, trial: TrialSpec) -> dict[str, object]:
         """What a checkpoint of `trial` must agree on to be resumed: the training settings and
-        the trial, as one flat mapping of plain values."""
-        return {**self.training.model_dump(mode="json"), **trial.model_dump(mode="json")}
+        the trial, as one flat mapping of plain values; a later setting at its default is None
+        (see TrainingSettings), as in a checkpoint written before the setting existed."""
+        settings = self.training.model_dump(mode="json")
+        for name, default in LATER_SETTINGS.items():
+            if settings[name] == default:
+                settings[name] = None
+        return {**settings, **trial.model_dump(mode="json")}
 
     def to_json(self) -> bytes:
         return self.model_dump_json(indent=1).encode()
@@ -108,3 +140,9 @@ class ConvergenceSpec(_StrictModel):
                 for e in err.errors(include_url=False))
             raise BadInput(f"spec {where} is not a valid convergence spec ({problems}); write "
                            "it again with this version of batchscale") from None
+
+
+def read_spec(uri: str) -> ConvergenceSpec:
+    """The spec from a local path or an S3 URI; BadInput naming a malformed field."""
+    location, name = open_file(uri)
+    return ConvergenceSpec.parse(location.get_bytes(name), uri)

@@ -3,14 +3,14 @@ Kubeflow Trainer v2 on a cluster (both set RANK, WORLD_SIZE, MASTER_ADDR, ... in
 
     torchrun --standalone --nproc-per-node=N train.py --spec spec.json
 
-The spec (spec.py) lists trials (global batch size, LR rule, LR, seed); each trains with
-SGD+momentum to a validation-accuracy target and rank 0 writes
-`trials/<trial_id>.{curves,run}.parquet`. Trials whose result files exist are skipped, and each
-trial checkpoints atomically every N steps, so a restarted group (torchrun --max-restarts)
-resumes where it stopped and reaches the target at exactly the same step as an uninterrupted
-run (data order is a function of the step). The spec, the dataset, the results and the
-checkpoints may each be a local path or an `s3://bucket/prefix` (a TrainJob's pods share nothing
-but the object store).
+The spec (spec.py) lists trials (global batch size, LR rule, LR, seed); each trains with the
+spec's optimizer (SGD+momentum or AdamW), LR schedule and precision (fp32, or bf16 autocast) to
+a validation-accuracy target and rank 0 writes `trials/<trial_id>.{curves,run}.parquet`. Trials
+whose result files exist are skipped, and each trial checkpoints atomically every N steps, so a
+restarted group (torchrun --max-restarts) resumes where it stopped and reaches the target at
+exactly the same step as an uninterrupted run (data order is a function of the step). The spec,
+the dataset, the results and the checkpoints may each be a local path or an
+`s3://bucket/prefix` (a TrainJob's pods share nothing but the object store).
 
 Global batch = micro-batch x accumulation_steps x workers; the world size is fixed for a run
 (a group that comes back with another size fails instead of silently changing the batch).
@@ -26,6 +26,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -36,11 +37,12 @@ from batchscale.conditions import run_queue_wait_s
 from batchscale.convergence import checkpoint
 from batchscale.convergence.distributed import Dist, all_reduce, barrier, init_distributed
 from batchscale.convergence.noise import NoiseScale, grad_list, sq_norm
-from batchscale.convergence.schedule import DataOrder, lr_at
-from batchscale.convergence.spec import ConvergenceSpec, TrialSpec
+from batchscale.convergence.schedule import DataOrder, LrSchedule, build_optimizer
+from batchscale.convergence.spec import ConvergenceSpec, TrialSpec, read_spec
 from batchscale.envinfo import environment
 from batchscale.errors import BadInput, BatchscaleError
-from batchscale.location import Location, open_file, open_location
+from batchscale.location import Location, open_location
+from batchscale.precision import autocast
 from batchscale.schemas import RunStatus, make_table
 from batchscale.shards import load_split
 from batchscale.workloads import get_workload
@@ -132,7 +134,10 @@ class Trial:
         if d.world_size > 1:
             model = torch.nn.parallel.DistributedDataParallel(model)
         self.model = model
-        self.opt = torch.optim.SGD(self.params, lr=trial.lr, momentum=self.settings.momentum)
+        self.schedule = LrSchedule.of(trial.lr, self.settings)
+        self.opt = build_optimizer(self.params, self.settings, trial.lr)
+        # the trial's precision for a forward pass and loss (training and evaluation alike)
+        self.autocast = partial(autocast, d.device, self.settings.precision)
         self.order = DataOrder(len(self.y), trial.seed)
         self.state = TrialState()
         self.finished: dict | None = None
@@ -194,7 +199,7 @@ class Trial:
         idx = self.local_indices(step)
         x, y = self.x[idx].to(self.d.device), self.y[idx].to(self.d.device)
         for group in self.opt.param_groups:
-            group["lr"] = lr_at(step, self.t.lr, self.settings.warmup_steps)
+            group["lr"] = self.schedule.at(step)
         self.opt.zero_grad(set_to_none=True)
         measure = step % self.settings.gns_every_steps == 0
         ddp_noise = measure and self.d.world_size > 1
@@ -206,7 +211,8 @@ class Trial:
         for i, (xb, yb) in enumerate(zip(xs, ys, strict=True)):
             weight = len(yb) / len(y)
             with self._sync_context(i == parts - 1, ddp_noise):
-                loss = F.cross_entropy(self.model(xb), yb)
+                with self.autocast():  # the forward and loss only; backward outside, as advised
+                    loss = F.cross_entropy(self.model(xb), yb)
                 (loss if parts == 1 else loss * weight).backward()
             loss_value += float(loss.detach()) * weight
             if local_noise:  # this micro-batch's mean gradient: (g_now - g_before) / weight
@@ -245,7 +251,9 @@ class Trial:
         correct = 0
         for xb, yb in zip(self.vx.split(EVAL_CHUNK_ROWS), self.vy.split(EVAL_CHUNK_ROWS),
                           strict=True):
-            correct += int((model(xb.to(self.d.device)).argmax(1) == yb.to(self.d.device)).sum())
+            with self.autocast():
+                logits = model(xb.to(self.d.device))
+            correct += int((logits.argmax(1) == yb.to(self.d.device)).sum())
         model.train()
         return correct / len(self.vy)
 
@@ -261,7 +269,7 @@ class Trial:
         s.curve.append({
             "step": s.step, "examples_seen": s.step * self.t.batch_size,
             "train_time_s": float(wall[0]), "train_loss": mean_loss, "val_accuracy": acc,
-            "lr": lr_at(max(s.step - 1, 0), self.t.lr, self.settings.warmup_steps),
+            "lr": self.schedule.at(max(s.step - 1, 0)),
             "b_simple": s.noise.b_simple,
         })
         s.loss_sum, s.loss_count = 0.0, 0
@@ -348,10 +356,11 @@ def write_trial_results(out: Location, trial: TrialSpec, runner: Trial, summary:
     trial done. Both derive from the final checkpoint, so a rewrite after a restart produces
     the same bytes (S3 keys are create-only)."""
     ident = trial.model_dump(include={"trial_id", "batch_size", "lr_rule", "seed"})
-    rows = [{**ident, **row} for row in runner.state.curve]
+    labels = {"optimizer": runner.settings.optimizer, "precision": runner.settings.precision}
+    rows = [{**ident, **labels, **row} for row in runner.state.curve]
     curves_name, run_name = trial_files(trial.trial_id)
     out.put_table(curves_name, make_table("curves", rows, env))
-    out.put_table(run_name, make_table("runs", [summary], env))
+    out.put_table(run_name, make_table("runs", [{**summary, **labels}], env))
 
 
 def run_spec(spec: ConvergenceSpec) -> None:
@@ -373,12 +382,6 @@ def run_spec(spec: ConvergenceSpec) -> None:
         barrier(d)
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def read_spec(uri: str) -> ConvergenceSpec:
-    """The spec from a local path or an S3 URI; BadInput naming a malformed field."""
-    location, name = open_file(uri)
-    return ConvergenceSpec.parse(location.get_bytes(name), uri)
 
 
 def main(argv: list[str] | None = None) -> int:

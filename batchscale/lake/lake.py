@@ -25,12 +25,15 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
+from batchscale.schemas import TABLES, schema_for
 from batchscale.storage import ObjectStore
 
 RUNS_FOLDER = "_runs"
 MANIFEST_NAME = "manifest.json"
 RUN_PARTITION = "run_id="
 PUBLISHED_AT = "published_at"
+LAKE_TABLE_KINDS = {"dataset_manifest": "manifest"}
+"""Lake table name -> its table kind in schemas.py, where the two differ."""
 PARTITIONING = ds.partitioning(
     pa.schema([("date", pa.string()), ("run_id", pa.string())]), flavor="hive"
 )
@@ -137,9 +140,34 @@ def _run_files(store: ObjectStore, table: str, run_ids: set[str]) -> list[str]:
 
 def _scan(store: ObjectStore, table: str, files: list[str], where: pc.Expression,
           columns: list[str] | None) -> pa.Table:
-    dataset = ds.dataset(files, filesystem=store.pyarrow_filesystem(), format="parquet",
-                         partitioning=PARTITIONING, partition_base_dir=lake_path(store, table))
+    """The files as one table under the union of the first file's schema and today's schema of
+    the table: a dataset alone takes the first file's, so columns added since an old partition
+    was written would be dropped from every newer one; old rows get nulls there."""
+    options = {"filesystem": store.pyarrow_filesystem(), "format": "parquet",
+               "partitioning": PARTITIONING, "partition_base_dir": lake_path(store, table)}
+    dataset = ds.dataset(files, **options)
+    current = current_schema(table)
+    if current is not None:
+        try:
+            unified = pa.unify_schemas([dataset.schema, current])
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            unified = None  # a column changed type: the checks that read it will say so
+        if unified is not None:
+            dataset = ds.dataset(files, schema=unified, **options)
     return dataset.to_table(columns=columns, filter=where)
+
+
+def current_schema(table: str) -> pa.Schema | None:
+    """Today's schema of a lake table (with its partition columns); None for a table whose
+    schema lives outside schemas.py."""
+    kind = LAKE_TABLE_KINDS.get(table, table)
+    if kind not in TABLES:
+        return None
+    schema = schema_for(kind)
+    for partition in PARTITIONING.schema:
+        if partition.name not in schema.names:
+            schema = schema.append(partition)
+    return schema
 
 
 def _scan_skipping_strays(store: ObjectStore, table: str, files: list[str],

@@ -11,7 +11,6 @@ forkserver, so each trial process starts with torch already imported.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import sys
@@ -25,6 +24,7 @@ import torch
 from batchscale.conditions import gpu_conditions
 from batchscale.config import SweepConfig
 from batchscale.errors import BadInput
+from batchscale.precision import autocast as precision_autocast
 from batchscale.schemas import TrialStatus
 from batchscale.timing import MIN_TIMED_S, StepTimes, time_steps
 from batchscale.workloads import Workload, get_workload
@@ -202,14 +202,6 @@ def _progress(spec: TrialSpec):
                 file=sys.stderr, disable=not spec.show_progress)
 
 
-def _autocast(device: str, precision: str):
-    """bf16 autocast, or no context at all for fp32: even a disabled torch.autocast costs
-    microseconds per step, a few per cent of a small model's step."""
-    if precision == "bf16":
-        return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 def _measure(spec: TrialSpec, memory: PeakMemory) -> TrialResult:
     torch.manual_seed(0)
     cfg = spec.cfg
@@ -221,7 +213,7 @@ def _measure(spec: TrialSpec, memory: PeakMemory) -> TrialResult:
     forward = torch.compile(model) if cfg.torch_compile else model
     opt = torch.optim.SGD(model.parameters(), lr=SGD_LR, momentum=SGD_MOMENTUM)
     batches = _batches(spec, workload)
-    autocast = _autocast(spec.device, cfg.precision)
+    autocast = precision_autocast(spec.device, cfg.precision)
 
     def step() -> None:
         batch = next(batches)
