@@ -488,7 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(cv, None, ["workload"])
     add_config_flags(cv, "convergence", ["batch_sizes", "lr_rules", "lr_grid", "workers",
                                          "accumulation_steps", "checkpoint_uri",
-                                         "max_restarts"])
+                                         "max_restarts", "optimizer", "precision", "lr_decay",
+                                         "weight_decay"])
     cv.add_argument("--dataset-dir", help="prepared dataset (default: prepare the config's)")
     cv.add_argument("--run-id", help="reuse a run id to resume from its checkpoints")
     cv.add_argument("--out", required=True, help="output directory")

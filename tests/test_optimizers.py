@@ -288,7 +288,7 @@ def test_checkpoint_from_before_the_settings_resumes_with_the_defaults_only(tmp_
                            ("weight_decay", 0.01)):
         changed = spec.model_copy(update={
             "training": spec.training.model_copy(update={setting: value})})
-        with pytest.raises(BadInput, match=f"{setting}: checkpoint has None, this run has "
+        with pytest.raises(BadInput, match=f"{setting}: checkpoint has the default, this run has "
                                            f"{value!r}"):
             runner.check_checkpoints(changed)
 
@@ -299,7 +299,8 @@ def test_an_adamw_checkpoint_is_not_resumed_by_an_sgd_run(tmp_path, digits_dir):
     spec = trial.spec.model_copy(update={
         "checkpoint_dir": str(tmp_path / "ckpt"),
         "training": trial.spec.training.model_copy(update={"optimizer": "sgd"})})
-    with pytest.raises(BadInput, match="optimizer: checkpoint has 'adamw', this run has None"):
+    with pytest.raises(BadInput,
+                       match="optimizer: checkpoint has 'adamw', this run has the default"):
         runner.check_checkpoints(spec)
 
 

@@ -94,13 +94,19 @@ def load(location: Location, name: str, identity: dict[str, Any],
 
 def check_identity(stored: dict[str, Any], expected: dict[str, Any], where: str) -> None:
     """BadInput naming every field where the checkpoint differs from this run's settings."""
-    diffs = [f"{k}: checkpoint has {stored.get(k)!r}, this run has {expected[k]!r}"
-             for k in expected if stored.get(k) != expected[k]]
+    diffs = [f"{k}: checkpoint has {_setting(stored.get(k))}, this run has "
+             f"{_setting(expected[k])}" for k in expected if stored.get(k) != expected[k]]
     if diffs:
         hint = ("a change of worker count would change the global batch; "
                 if any(d.startswith("workers:") for d in diffs) else "")
         raise BadInput(f"checkpoint {where} does not match this run ({'; '.join(diffs)}); "
                        f"{hint}{START_AGAIN}, or restore the settings it was written with")
+
+
+def _setting(value: Any) -> str:
+    """A setting of a checkpoint's identity in words: settings at their default are recorded as
+    None (as checkpoints written before the setting existed hold them)."""
+    return "the default" if value is None else repr(value)
 
 
 def drop_older(location: Location, trial_id: str, keep: str) -> None:
