@@ -209,10 +209,17 @@ REGRESSIONS = pa.schema(
         pa.field("allowed_drop", pa.float64()),
         pa.field("change", pa.float64()),
         pa.field("verdict", pa.string(), nullable=False),
+        # Why a cell got its verdict where the figures do not say it (not_judged: the row's
+        # quality reason or "measurement disturbed: ..."; environment_changed: the fingerprint
+        # fields that differ; insufficient_history), and the speed fingerprint it was judged
+        # under ("field=value; ..."; batchscale/lake/comparable.py). Null in older tables.
+        pa.field("reason", pa.string()),
+        pa.field("fingerprint", pa.string()),
     ]
 )
-"""One row per cell of this run's sweep; `change` is current / median − 1, `allowed_drop` the
-noise threshold in samples/s."""
+"""One row per cell of this run's sweep; `verdict` is regression, ok, insufficient_history,
+not_judged or environment_changed; `change` is current / median − 1 (for environment_changed,
+against the previous environment's baseline), `allowed_drop` the noise threshold in samples/s."""
 
 RESULT_TABLES = {
     "sweep": SWEEP,

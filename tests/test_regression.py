@@ -12,21 +12,28 @@ from test_publish import (
     env_columns,
     publish_synthetic_run,
     sweep_row,
+    write_run_files,
 )
 
-from batchscale.lake.publish import gate_stage, run_manifest_key, table_key
+from batchscale.lake.publish import gate_stage, run_manifest_key, run_stage, table_key
 from batchscale.lake.regression import (
+    ENVIRONMENT_CHANGED,
     INSUFFICIENT_HISTORY,
     MIN_HISTORY_RUNS,
     NO_REGRESSION,
+    NOT_JUDGED,
     REGRESSION,
     RegressionFound,
     check_regressions,
     read_history,
     regressed_cells,
+    regressions_markdown,
+    regressions_table,
+    verdict_lines,
 )
-from batchscale.schemas import make_table
-from batchscale.storage import parquet_bytes
+from batchscale.schemas import REGRESSIONS, SWEEP, make_table
+from batchscale.storage import parquet_bytes, read_table_file, write_table_atomic
+from helpers import store_env
 
 MEAN_RATE = 10_000.0
 NOISE_SHARE = 0.02
@@ -193,3 +200,290 @@ def test_a_stray_object_and_a_damaged_manifest_do_not_stop_the_next_publish(
     bucket = object_store.settings.bucket
     assert f"s3://{bucket}/{stray}" in warnings
     assert f"s3://{bucket}/{run_manifest_key(object_store, damaged)}" in warnings
+
+
+# ------------------------------------- judge only what was measured well, like with like (#18)
+
+QUIET_CV = 0.02
+BATCHES = (16, 256, 1024)
+
+
+def measured_row(batch: int, rate: float, *, quality: str | None = "ok",
+                 reason: str | None = None, cpu_wait: float | None = 0.01) -> dict:
+    """A sweep row with the quality flags and conditions the sweep records (issue 12)."""
+    return {**sweep_row(batch, rate), "quality": quality, "quality_reason": reason,
+            "cpu_wait_share": cpu_wait, "rounds": 2, "usable_cpus": 2, "load_avg_1m": 0.3}
+
+
+def run_frame(run_id: str, rows: list[dict], **env) -> pd.DataFrame:
+    return make_table("sweep", rows, {**env_columns(run_id), **env}).to_pandas()
+
+
+def quiet_run(run_id: str, scale: float = 1.0, **env) -> pd.DataFrame:
+    return run_frame(run_id, [measured_row(b, scale * MEAN_RATE * (1 + 0.01 * i))
+                              for i, b in enumerate(BATCHES)], **env)
+
+
+BUSY_REASON = "rounds disagree by 180 % (more than 15 %); threads waited for a CPU 45 %"
+
+
+def busy_run(run_id: str) -> pd.DataFrame:
+    """The fourth run of the issue's scenario: a busy neighbour on one core, so every row is
+    slow and the sweep flagged it unstable."""
+    return run_frame(run_id, [measured_row(b, 0.05 * MEAN_RATE, quality="unstable",
+                                           reason=BUSY_REASON, cpu_wait=0.45)
+                              for b in BATCHES])
+
+
+def three_quiet_runs(**env) -> pd.DataFrame:
+    return pd.concat([quiet_run(f"q{i}", **env) for i in range(3)], ignore_index=True)
+
+
+def by_batch(table: pd.DataFrame, column: str = "verdict") -> dict:
+    return dict(zip(table["batch_size"], table[column], strict=True))
+
+
+def gate(table: pd.DataFrame, tmp_path, fail: bool = True) -> None:
+    path = tmp_path / "regressions.parquet"
+    write_table_atomic(path, regressions_table(table))
+    gate_stage(config_json(fail_on_regression=fail), str(path))
+
+
+def test_a_disturbed_fourth_run_is_not_judged_says_why_and_fails_nothing(tmp_path):
+    table = check_regressions(busy_run("busy"), three_quiet_runs(), HISTORY)
+    assert set(table["verdict"]) == {NOT_JUDGED}
+    assert table["reason"].str.startswith("measurement disturbed: 3 of 3 timed rows").all()
+    assert regressed_cells(table) == []
+    [line] = verdict_lines(table)
+    assert "not judged: measurement disturbed" in line
+    assert "**Not judged: measurement disturbed" in regressions_markdown(table)
+    gate(table, tmp_path, fail=True)  # --fail-on-regression: no exception
+
+
+def test_the_same_slow_figures_without_the_flags_are_regressions(tmp_path):
+    """The control of the test above: it is the flags, not the figures, that spare the run."""
+    slow = run_frame("slow", [measured_row(b, 0.05 * MEAN_RATE) for b in BATCHES])
+    table = check_regressions(slow, three_quiet_runs(), HISTORY)
+    assert set(table["verdict"]) == {REGRESSION}
+    with pytest.raises(RegressionFound, match="batch 1024"):
+        gate(table, tmp_path)
+
+
+def test_one_unstable_row_is_not_judged_with_its_reason_and_the_rest_are():
+    rows = [measured_row(16, 0.05 * MEAN_RATE, quality="unstable", reason=BUSY_REASON),
+            measured_row(256, MEAN_RATE), measured_row(1024, 0.5 * MEAN_RATE)]
+    # One of three rows is more than the sweep's default 25 %: allow half here.
+    table = check_regressions(run_frame("now", rows), three_quiet_runs(), HISTORY,
+                              max_unstable_share=0.5)
+    assert by_batch(table) == {16: NOT_JUDGED, 256: NO_REGRESSION, 1024: REGRESSION}
+    assert by_batch(table, "reason")[16] == f"unstable: {BUSY_REASON}"
+    assert any("not judged" in line and "batch 16" in line for line in verdict_lines(table))
+
+
+def test_a_run_whose_threads_waited_for_a_cpu_is_disturbed_even_if_rows_passed():
+    rows = [measured_row(b, 0.5 * MEAN_RATE, cpu_wait=0.3) for b in BATCHES]
+    table = check_regressions(run_frame("now", rows), three_quiet_runs(), HISTORY)
+    assert set(table["verdict"]) == {NOT_JUDGED}
+    assert "waited for a CPU 30%" in table["reason"].iloc[0]
+    off = check_regressions(run_frame("now", rows), three_quiet_runs(), HISTORY,
+                            max_cpu_wait_share=None)
+    assert set(off["verdict"]) == {REGRESSION}
+
+
+def test_unstable_rows_and_disturbed_runs_of_earlier_runs_are_no_baseline():
+    """Slow earlier figures that were flagged would drag the median down and hide the drop."""
+    flagged_rows = [measured_row(16, 0.3 * MEAN_RATE, quality="unstable", reason="cv 0.9"),
+                    measured_row(256, MEAN_RATE), measured_row(1024, MEAN_RATE)]
+    history = pd.concat([three_quiet_runs(), busy_run("busy1"), busy_run("busy2"),
+                         run_frame("one-bad-row-1", flagged_rows),
+                         run_frame("one-bad-row-2", flagged_rows)], ignore_index=True)
+    current = run_frame("now", [measured_row(b, 0.6 * MEAN_RATE) for b in BATCHES])
+    table = check_regressions(current, history, HISTORY, max_unstable_share=0.5)
+    # Cell 16: the three quiet runs only; cells 256/1024 also the two runs with one bad row.
+    assert by_batch(table, "history_runs") == {16: 3, 256: 5, 1024: 5}
+    assert set(table["verdict"]) == {REGRESSION}
+    assert by_batch(table, "history_median")[16] == pytest.approx(MEAN_RATE)
+    # With the sweep's default limit (25 %) one unstable row of three disturbs a run.
+    strict = check_regressions(current, history, HISTORY)
+    assert by_batch(strict, "history_runs") == {16: 3, 256: 3, 1024: 3}
+
+
+def test_another_thread_count_is_environment_changed_naming_threads(tmp_path):
+    current = quiet_run("now", scale=0.55, threads=1)
+    table = check_regressions(current, three_quiet_runs(), HISTORY)
+    assert set(table["verdict"]) == {ENVIRONMENT_CHANGED}
+    assert set(table["reason"]) == {"threads 2 -> 1: new baseline"}
+    assert by_batch(table, "change")[16] == pytest.approx(-0.45)  # the step, shown
+    assert "threads=1" in table["fingerprint"].iloc[0]
+    assert table["fingerprint"].iloc[0].endswith("python_version=3.11")  # not 3.11.9
+    markdown = regressions_markdown(table)
+    assert "Environment changed: new baseline" in markdown and "−45.0%" in markdown
+    gate(table, tmp_path, fail=True)  # not a regression: nothing fails
+
+
+def test_a_new_torch_is_named_and_the_new_environment_builds_its_own_baseline():
+    old = three_quiet_runs()
+    new_env = {"torch_version": "2.15.0"}
+    first = check_regressions(quiet_run("n0", scale=0.8, **new_env), old, HISTORY)
+    assert set(first["reason"]) == {"torch_version 2.14.1 -> 2.15.0: new baseline"}
+    history = pd.concat([old, quiet_run("n0", scale=0.8, **new_env)], ignore_index=True)
+    second = check_regressions(quiet_run("n1", scale=0.8, **new_env), history, HISTORY)
+    assert set(second["verdict"]) == {INSUFFICIENT_HISTORY}
+    assert second["reason"].iloc[0].startswith("1 earlier run judged well with this fingerprint")
+    newer = pd.concat([history, *(quiet_run(f"n{i}", scale=0.8, **new_env) for i in (1, 2))],
+                      ignore_index=True)
+    steady = check_regressions(quiet_run("n3", scale=0.8, **new_env), newer, HISTORY)
+    assert set(steady["verdict"]) == {NO_REGRESSION}
+    assert set(steady["history_runs"]) == {3}  # the new torch's runs only
+    slower = check_regressions(quiet_run("n3", scale=0.5, **new_env), newer, HISTORY)
+    assert set(slower["verdict"]) == {REGRESSION}
+
+
+def test_a_genuine_slowdown_on_the_same_fingerprint_with_stable_rows_fails_the_gate(tmp_path):
+    """A code change (another git commit) is what the check is for: not in the fingerprint;
+    nor is a Python patch release (compared by major.minor)."""
+    current = quiet_run("now", scale=0.7, git_commit="def456", python_version="3.11.10")
+    table = check_regressions(current, three_quiet_runs(), HISTORY)
+    assert set(table["verdict"]) == {REGRESSION}
+    assert table["reason"].isna().all()
+    with pytest.raises(RegressionFound, match="3 throughput regression"):
+        gate(table, tmp_path)
+
+
+# ------------------------------------------------------------------------ through the lake
+
+
+def publish_rows(store, monkeypatch, tmp_path, run_id: str, rows: list[dict],
+                 drop: tuple[str, ...] = ()) -> dict:
+    """Publish one run whose sweep rows are `rows`; `drop` removes sweep columns first, as in
+    partitions published before those columns existed."""
+    for name, value in store_env(store).items():
+        monkeypatch.setenv(name, value)
+    paths = write_run_files(tmp_path / run_id, run_id, {}, sweep=rows)
+    if drop:
+        sweep = read_table_file(paths["sweep_path"])
+        write_table_atomic(paths["sweep_path"], sweep.drop_columns(list(drop)))
+    out = tmp_path / run_id / "out"
+    out.mkdir(exist_ok=True)
+    return run_stage(config_json(fail_on_regression=True), run_id,
+                     regressions_path=str(out / "regressions.parquet"),
+                     markdown_path=str(out / "regressions.md"), **paths)
+
+
+NEWER_COLUMNS = ("rounds", "round_spread", "retries", "quality", "quality_reason",
+                 "load_avg_1m", "usable_cpus", "process_cpu_per_wall", "cpu_wait_share",
+                 "threads_oversubscribed", "gpu_other_processes", "gpu_sm_clock_mhz",
+                 "gpu_temperature_c", "channels_last", "compiled", "image_size_px")
+
+
+def test_four_runs_through_the_lake_the_busy_one_is_recorded_not_judged(
+        object_store, monkeypatch, tmp_path):
+    quiet = [measured_row(b, MEAN_RATE) for b in BATCHES]
+    for i in range(3):
+        publish_rows(object_store, monkeypatch, tmp_path, f"20260801T00000{i}Z-q", quiet)
+    run_id = "20260801T000009Z-busy"
+    busy = [measured_row(b, 0.05 * MEAN_RATE, quality="unstable", reason=BUSY_REASON,
+                         cpu_wait=0.45) for b in BATCHES]
+    manifest = publish_rows(object_store, monkeypatch, tmp_path, run_id, busy)
+    assert manifest["regressions"] == []
+    stored = object_store.get_table(table_key(object_store, "regressions", "2026-08-01",
+                                              run_id))
+    assert stored.schema == REGRESSIONS
+    frame = stored.to_pandas()
+    assert set(frame["verdict"]) == {NOT_JUDGED}
+    assert frame["reason"].str.contains("measurement disturbed").all()
+    gate_stage(config_json(fail_on_regression=True),
+               str(tmp_path / run_id / "out" / "regressions.parquet"))
+    page = object_store.get_bytes(next(o["key"] for o in manifest["objects"]
+                                       if o["key"].endswith(".html"))).decode()
+    assert "Not judged: measurement disturbed" in page
+    # The busy run is no baseline for the next one: a 30 % drop is judged against quiet runs.
+    slow = publish_rows(object_store, monkeypatch, tmp_path, "20260801T000010Z-slow",
+                        [measured_row(b, 0.7 * MEAN_RATE) for b in BATCHES])
+    assert len(slow["regressions"]) == len(BATCHES)
+    assert all("over 3 runs" in cell for cell in slow["regressions"])
+
+
+def test_old_partitions_without_the_quality_columns_count_as_stable(
+        object_store, monkeypatch, tmp_path):
+    """Rows published before issue 12 carry no quality, conditions or sweep-setting columns:
+    read as null, they are stable and match any fingerprint value (not recorded then)."""
+    assert set(NEWER_COLUMNS) <= set(SWEEP.names)
+    old = [sweep_row(b, MEAN_RATE) for b in BATCHES]
+    for i in range(3):
+        publish_rows(object_store, monkeypatch, tmp_path, f"20260901T00000{i}Z-old", old,
+                     drop=NEWER_COLUMNS)
+    history = read_history(object_store, "20260902T000000Z-x", [WORKLOAD])
+    assert history["quality"].isna().all() and len(history) == 3 * len(BATCHES)
+    manifest = publish_rows(object_store, monkeypatch, tmp_path, "20260902T000000Z-new",
+                            [measured_row(b, 0.7 * MEAN_RATE) for b in BATCHES])
+    assert len(manifest["regressions"]) == len(BATCHES)
+    assert all("over 3 runs" in cell for cell in manifest["regressions"])
+
+
+def test_unstable_rows_are_no_baseline_in_a_lake_that_also_holds_older_partitions(
+        object_store, monkeypatch, tmp_path):
+    """An upgraded lake: old partitions first, then runs with quality flags. The flags of the
+    newer runs are still read (the lake reads under today's schema), so they leave the
+    baseline."""
+    publish_rows(object_store, monkeypatch, tmp_path, "20261001T000000Z-old",
+                 [sweep_row(b, MEAN_RATE) for b in BATCHES], drop=NEWER_COLUMNS)
+    busy = [measured_row(b, 0.05 * MEAN_RATE, quality="unstable", reason=BUSY_REASON)
+            for b in BATCHES]
+    publish_rows(object_store, monkeypatch, tmp_path, "20261001T000001Z-busy", busy)
+    history = read_history(object_store, "20261002T000000Z-x", [WORKLOAD])
+    assert history["quality"].isna().tolist() == [True] * len(BATCHES) + [False] * len(BATCHES)
+    assert set(history["quality"].dropna()) == {"unstable"}
+    for i in (2, 3):
+        publish_rows(object_store, monkeypatch, tmp_path, f"20261001T00000{i}Z-q",
+                     [measured_row(b, MEAN_RATE) for b in BATCHES])
+    manifest = publish_rows(object_store, monkeypatch, tmp_path, "20261002T000000Z-slow",
+                            [measured_row(b, 0.7 * MEAN_RATE) for b in BATCHES])
+    # Baseline: the old run and the two quiet ones, never the busy one.
+    assert all("over 3 runs" in cell for cell in manifest["regressions"])
+    assert len(manifest["regressions"]) == len(BATCHES)
+
+
+# ------------------------------------------------------------ the regressions table's suite
+
+
+@pytest.fixture
+def regressions_suite_registered(monkeypatch):
+    """`regressions` as a validated table kind. Stand-in for the registration in
+    schemas.TABLES, which belongs to the lead (see /work/notes/readme18_judge.md); once it is
+    there this fixture changes nothing."""
+    from batchscale import schemas
+    from batchscale.checks import suites
+
+    monkeypatch.setitem(schemas.TABLES, "regressions", REGRESSIONS)
+    suites.load_suite.cache_clear()
+    yield suites.load_suite("regressions")
+    suites.load_suite.cache_clear()
+
+
+def test_the_regressions_suite_passes_real_verdicts_and_catches_bad_ones(
+        regressions_suite_registered):
+    from batchscale.checks.validate import validate_table
+
+    required = {e["kwargs"]["column"] for e in regressions_suite_registered["expectations"]
+                if e["type"] == "expect_column_values_to_not_be_null"
+                and "row_condition" not in e["kwargs"]}
+    assert required == {f.name for f in REGRESSIONS if not f.nullable}
+    rows = [measured_row(16, 0.05 * MEAN_RATE, quality="unstable", reason=BUSY_REASON),
+            measured_row(256, MEAN_RATE), measured_row(1024, 0.5 * MEAN_RATE),
+            {**sweep_row(2048, None, status="oom")}]
+    history = pd.concat([three_quiet_runs(), quiet_run("other", threads=1)], ignore_index=True)
+    frame = check_regressions(run_frame("now", rows), history, HISTORY, max_unstable_share=0.5)
+    assert set(frame["verdict"]) == {NOT_JUDGED, ENVIRONMENT_CHANGED, INSUFFICIENT_HISTORY}
+    clean = validate_table("regressions", regressions_table(frame))
+    assert clean.success, clean.failure_message()
+    judged = check_regressions(quiet_run("now", scale=0.5), three_quiet_runs(), HISTORY)
+    assert validate_table("regressions", regressions_table(judged)).success
+    broken = judged.assign(verdict=["regressed", NOT_JUDGED, REGRESSION],
+                           history_runs=[3, 3, 1])
+    report = validate_table("regressions", regressions_table(broken))
+    message = report.failure_message()
+    assert not report.success
+    assert "verdict" in message and "regressed" in message
+    assert "reason" in message  # not_judged without a reason
+    assert "history_runs" in message  # a regression on one earlier run

@@ -72,8 +72,8 @@ def load_history(store: ObjectStore, workload: str, device: str | None = None,
     if sweep.empty:
         raise BatchscaleError(f"no run of {workload!r} matches --device {device!r} "
                               f"--precision {precision!r}")
-    # Every column, not ANALYSIS_COLUMNS: naming a column that an older partition lacks makes
-    # pyarrow refuse the scan; `_critical` fills what is missing.
+    # Every column, not ANALYSIS_COLUMNS: the lake scans under today's schema (old partitions
+    # read as nulls there), and `_critical` fills what a table from elsewhere lacks.
     analysis = read_lake_table(store, "analysis", filter=ds.field("run_id").isin(runs.tolist()))
     return History(workload, _throughput(sweep), _critical(analysis))
 

@@ -36,6 +36,7 @@ from batchscale.lake.regression import (
     regressed_cells,
     regressions_markdown,
     regressions_table,
+    verdict_lines,
 )
 from batchscale.names import check_run_id
 from batchscale.storage import (
@@ -129,9 +130,13 @@ def _create_only(store: ObjectStore, run_id: str, key: str, data: bytes) -> bool
 
 
 def write_regressions(store: ObjectStore, run_id: str, sweep: pd.DataFrame,
-                       history_runs: int, path: str | Path) -> pd.DataFrame:
+                      history_runs: int, path: str | Path,
+                      quality_limits: tuple[float | None, float | None] = (None, None),
+                      ) -> pd.DataFrame:
     """Judge `sweep` against the lake's history and write the verdicts to `path`; when this
-    run's verdicts are already stored (a retried publish), copy those bytes instead."""
+    run's verdicts are already stored (a retried publish), copy those bytes instead.
+    `quality_limits`: the sweep's (max_unstable_share, max_cpu_wait_share), which decide
+    whether a run was too disturbed to judge (None: the regression check's defaults)."""
     date = publish_date(store, run_id)
     key = table_key(store, "regressions", date, run_id)
     if store.exists(key):
@@ -139,8 +144,11 @@ def write_regressions(store: ObjectStore, run_id: str, sweep: pd.DataFrame,
     else:
         workloads = sorted(sweep["workload"].unique())
         history = read_history(store, run_id, workloads)
+        unstable, waits = quality_limits
+        limits = {k: v for k, v in (("max_unstable_share", unstable),
+                                    ("max_cpu_wait_share", waits)) if v is not None}
         write_table_atomic(path, regressions_table(check_regressions(sweep, history,
-                                                                     history_runs)))
+                                                                     history_runs, **limits)))
     return read_table_file(path).to_pandas()
 
 
@@ -157,7 +165,8 @@ def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str
     check_run_id(run_id)
     sweep = read_table_file(sweep_path).to_pandas()
     verdicts = write_regressions(store, run_id, sweep, cfg.publish.history_runs,
-                                 regressions_path)
+                                 regressions_path, (cfg.sweep.max_unstable_share,
+                                                    cfg.sweep.max_cpu_wait_share))
     markdown = regressions_markdown(verdicts)
     Path(markdown_path).write_text(markdown)
     print(markdown)
@@ -176,9 +185,10 @@ def gate_stage(config_json: str, regressions_path: str) -> None:
     """Fail (RegressionFound, naming the cells) when publish flagged a throughput regression
     and `publish.fail_on_regression` is on; otherwise only report it."""
     cfg = config_from_json(config_json)
-    cells = regressed_cells(read_table_file(regressions_path).to_pandas())
+    verdicts = read_table_file(regressions_path).to_pandas()
+    cells = regressed_cells(verdicts)
     if not cells:
-        print("no throughput regression against history")
+        print("\n".join(verdict_lines(verdicts)))
         return
     message = regression_message(cells)
     if cfg.publish.fail_on_regression:

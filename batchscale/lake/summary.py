@@ -158,20 +158,9 @@ def _no_fit_reason(rule: str, rows: list[dict], runs: pa.Table | None) -> str:
 
 
 def regression_lines(regressions: pa.Table) -> list[str]:
-    from batchscale.lake.regression import (
-        INSUFFICIENT_HISTORY,
-        regressed_cells,
-    )
+    from batchscale.lake.regression import verdict_lines
 
-    frame = regressions.to_pandas()
-    judged = int((frame["verdict"] != INSUFFICIENT_HISTORY).sum())
-    flagged = regressed_cells(frame)
-    if flagged:
-        return [f"regressions: {len(flagged)} of {judged} judged cells", *(
-            f"  {line}" for line in flagged)]
-    if judged:
-        return [f"regressions: none in {judged} cells judged against history"]
-    return ["regressions: not judged (too few earlier runs of this workload in the lake)"]
+    return verdict_lines(regressions.to_pandas())
 
 
 def summary_lines(store: ObjectStore, run_id: str, manifest: dict,

@@ -1,0 +1,156 @@
+"""What the regression check may compare: rows measured well, runs not disturbed as a whole,
+and earlier runs whose speed fingerprint matches this one's.
+
+Measured well: a timed sweep row with `quality == "unstable"` (its rounds disagreed or its
+trials waited for a CPU; docs/architecture.md, "Measurement rules") is neither judged nor part
+of a baseline. Rows published before the quality columns existed carry nulls there and count as
+stable: nothing then said they were disturbed, and dropping them would erase old baselines.
+
+Disturbed as a whole: a run whose share of unstable timed rows exceeds the sweep's
+`max_unstable_share` (the limit its validation fails on), or whose timed rows' median
+`cpu_wait_share` reaches the sweep's `max_cpu_wait_share` (most of the run waited for a CPU),
+says "not judged: measurement disturbed" for every cell and is left out of later baselines.
+
+Fingerprint: the environment fields that change speed without any change of batchscale's code
+(FINGERPRINT_FIELDS). `git_commit` and `batchscale_version` are deliberately not in it: a code
+change is what the check exists to catch. CUDA's version is part of `torch_version` (the wheel's
+local version, e.g. "2.5.1+cu124"); the image is not recorded per row, and its speed-relevant
+content is torch, Python and the device, which are. A field null on either side (not recorded
+then) is not a difference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from batchscale.config import SweepConfig
+from batchscale.schemas import Quality, TrialStatus
+
+FINGERPRINT_FIELDS = ("device_name", "threads", "world_size", "precision", "torch_version",
+                      "python_version", "image_size_px", "channels_last", "compiled")
+"""Environment and measurement settings a cell's speed depends on besides the code: the device
+model, torch threads and processes, precision, the torch (and so CUDA) and Python versions, and
+the sweep's input size and layout/compile switches."""
+MEASUREMENT_COLUMNS = ("quality", "quality_reason", "cpu_wait_share")
+DEFAULT_MAX_UNSTABLE_SHARE = SweepConfig.model_fields["max_unstable_share"].default
+DEFAULT_MAX_CPU_WAIT_SHARE = SweepConfig.model_fields["max_cpu_wait_share"].default
+DISTURBED = "measurement disturbed"
+CELL_KEYS = ("workload", "device_name", "precision", "input_mode", "batch_size")
+"""A cell of the throughput sweep; its runs' figures form its series."""
+
+
+def with_measurement_columns(sweep: pd.DataFrame) -> pd.DataFrame:
+    """`sweep` with the quality and fingerprint columns, all-null where an older row lacks them."""
+    missing = [c for c in (*MEASUREMENT_COLUMNS, *FINGERPRINT_FIELDS) if c not in sweep]
+    return sweep.assign(**{c: pd.Series(None, index=sweep.index, dtype=object)
+                           for c in missing})
+
+
+def timed_rows(sweep: pd.DataFrame) -> pd.Series:
+    return sweep["status"].eq(TrialStatus.OK)
+
+
+def unstable_rows(sweep: pd.DataFrame) -> pd.Series:
+    """Timed rows flagged unstable (null quality counts as stable: see the module)."""
+    return timed_rows(sweep) & sweep["quality"].eq(Quality.UNSTABLE)
+
+
+def disturbance(sweep: pd.DataFrame, max_unstable_share: float | None,
+                max_cpu_wait_share: float | None) -> str | None:
+    """Why one run's measurement was disturbed as a whole, or None if it was not."""
+    sweep = with_measurement_columns(sweep)
+    timed = int(timed_rows(sweep).sum())
+    if not timed:
+        return None
+    unstable = int(unstable_rows(sweep).sum())
+    if max_unstable_share is not None and unstable / timed > max_unstable_share:
+        return (f"{DISTURBED}: {unstable} of {timed} timed rows unstable (more than "
+                f"{max_unstable_share:.0%})")
+    waits = pd.to_numeric(sweep["cpu_wait_share"][timed_rows(sweep)], errors="coerce").dropna()
+    if max_cpu_wait_share is not None and len(waits) and waits.median() >= max_cpu_wait_share:
+        return (f"{DISTURBED}: the trials' threads waited for a CPU {waits.median():.0%} of "
+                f"their runnable time (median of the timed rows; the sweep's limit is "
+                f"{max_cpu_wait_share:.0%})")
+    return None
+
+
+def disturbed_runs(sweep: pd.DataFrame, max_unstable_share: float | None,
+                   max_cpu_wait_share: float | None) -> set[str]:
+    """Run ids of `sweep` (many runs) whose measurement was disturbed as a whole."""
+    return {run_id for run_id, rows in sweep.groupby("run_id", sort=False)
+            if disturbance(rows, max_unstable_share, max_cpu_wait_share)}
+
+
+def _recorded(value: object) -> bool:
+    if value is None or value is pd.NA:
+        return False
+    return not (isinstance(value, float) and math.isnan(value))
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool | np.bool_):
+        return str(bool(value)).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # an integer column read back with nulls becomes float
+    return str(value)
+
+
+def _value(field: str, cell: dict) -> str:
+    """A fingerprint field as compared: Python by major.minor (a patch release does not move
+    training speed, and an image rebuild picks one up), everything else as recorded."""
+    text = _text(cell[field])
+    return ".".join(text.split(".")[:2]) if field == "python_version" else text
+
+
+def fingerprint_text(cell: dict) -> str:
+    """The recorded fingerprint fields of one cell, as "field=value; ..."."""
+    return "; ".join(f"{f}={_value(f, cell)}" for f in FINGERPRINT_FIELDS if _recorded(cell[f]))
+
+
+def differences(before: dict, now: dict) -> list[str]:
+    """The fingerprint fields recorded in both that differ, as "field old -> new"."""
+    return [f"{f} {_value(f, before)} -> {_value(f, now)}" for f in FINGERPRINT_FIELDS
+            if _recorded(before[f]) and _recorded(now[f])
+            and _value(f, before) != _value(f, now)]
+
+
+def same_fingerprint(cells: pd.DataFrame, cell: dict) -> np.ndarray:
+    """Mask of the rows of `cells` whose fingerprint does not differ from `cell`'s."""
+    return np.array([not differences(row, cell) for row in cells.to_dict("records")],
+                    dtype=bool)
+
+
+def per_run_cells(sweep: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, cell), in the order of `sweep`: status ok if any row timed;
+    samples_per_s the median of the stable timed rows, or of all timed rows when every one is
+    unstable (`trusted` false, `quality_reason` the first reason); the fingerprint fields."""
+    sweep = with_measurement_columns(sweep)
+    timed, unstable = timed_rows(sweep), unstable_rows(sweep)
+    rates = pd.to_numeric(sweep["samples_per_s"], errors="coerce")
+    frame = sweep.assign(ok=timed, trusted=timed & ~unstable,
+                         stable_rate=rates.where(timed & ~unstable), timed_rate=rates.where(timed),
+                         unstable_reason=sweep["quality_reason"].where(unstable))
+    grouped = frame.groupby(["run_id", *CELL_KEYS], sort=False, dropna=False)
+    cells = grouped.agg(
+        ok=("ok", "any"), trusted=("trusted", "any"), stable_rate=("stable_rate", "median"),
+        timed_rate=("timed_rate", "median"), status=("status", "first"),
+        quality_reason=("unstable_reason", "first"),
+        **{f: (f, "first") for f in FINGERPRINT_FIELDS if f not in CELL_KEYS}).reset_index()
+    cells["status"] = cells["status"].where(~cells["ok"], TrialStatus.OK)
+    cells["samples_per_s"] = cells["stable_rate"].where(cells["trusted"], cells["timed_rate"])
+    return cells.drop(columns=["ok", "stable_rate", "timed_rate"])
+
+
+def baseline_cells(history: pd.DataFrame | None, max_unstable_share: float | None,
+                   max_cpu_wait_share: float | None) -> pd.DataFrame | None:
+    """The cells of earlier runs that may form baselines: timed, measured well, in runs not
+    disturbed as a whole; oldest first."""
+    if history is None or not len(history):
+        return None
+    history = with_measurement_columns(history)
+    disturbed = disturbed_runs(history, max_unstable_share, max_cpu_wait_share)
+    cells = per_run_cells(history[~history["run_id"].isin(disturbed)])
+    return cells[cells["status"].eq(TrialStatus.OK) & cells["trusted"]]
