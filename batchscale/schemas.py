@@ -227,7 +227,7 @@ RESULT_TABLES = {
     "runs": RUNS,
     "analysis": ANALYSIS,
 }
-TABLES = {"dataset": DATASET, "manifest": MANIFEST, **RESULT_TABLES}
+TABLES = {"dataset": DATASET, "manifest": MANIFEST, **RESULT_TABLES, "regressions": REGRESSIONS}
 
 
 def schema_for(kind: str) -> pa.Schema:

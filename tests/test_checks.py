@@ -131,8 +131,25 @@ def analysis_rows() -> list[dict]:
     ]
 
 
+def regression_rows() -> list[dict]:
+    """One verdict of each kind that needs its own columns: judged, too little history, and
+    not judged with its reason."""
+    cell = {"run_id": "r1", "workload": "digits-mlp", "device_name": "cpu", "precision": "fp32",
+            "input_mode": "synthetic", "status": "ok"}
+    return [
+        {**cell, "batch_size": 4, "samples_per_s": 1000.0, "history_runs": 3,
+         "history_median": 1010.0, "history_mad": 5.0, "allowed_drop": 101.0,
+         "change": -0.0099, "verdict": "ok", "fingerprint": "threads=2"},
+        {**cell, "batch_size": 16, "samples_per_s": 4000.0, "history_runs": 1,
+         "verdict": "insufficient_history", "reason": "1 comparable earlier run (3 needed)"},
+        {**cell, "batch_size": 64, "samples_per_s": 900.0, "history_runs": 3,
+         "verdict": "not_judged", "reason": "unstable: rounds disagree by 40% (> 15%)"},
+    ]
+
+
 ROWS = {"dataset": dataset_rows, "manifest": manifest_rows, "sweep": sweep_rows,
-        "curves": curve_rows, "runs": run_rows, "analysis": analysis_rows}
+        "curves": curve_rows, "runs": run_rows, "analysis": analysis_rows,
+        "regressions": regression_rows}
 
 
 def table(kind: str, rows: list[dict] | None = None) -> pa.Table:
@@ -148,6 +165,7 @@ def context(kind: str) -> dict:
         "curves": {"batch_sizes": BATCH_SIZES},
         "runs": {"batch_sizes": BATCH_SIZES, "curves": table("curves")},
         "analysis": {"batch_sizes": BATCH_SIZES},
+        "regressions": {},
     }[kind]
 
 

@@ -188,7 +188,7 @@ def test_sweep_with_negative_throughput(tmp_path):
 # a noise ratio; a diverging loss grows without end; a measured slope of noisy steps
 UNBOUNDED_ABOVE = {"b_simple", "train_loss", "measured_slope"}
 # a noisy estimate of tr(Sigma)/|G|^2 can come out negative; slopes d log S / d log B are <= 0
-SIGNED = {"b_simple", "measured_slope", "fit_slope"}
+SIGNED = {"b_simple", "measured_slope", "fit_slope", "change"}  # change: a drop is negative
 NAN_MEANS_NOT_MEASURED = {
     "dataset": set(), "manifest": set(),
     "sweep": {"step_time_cv"},
@@ -198,6 +198,7 @@ NAN_MEANS_NOT_MEASURED = {
                  "samples_per_s", "s_min", "e_min", "b_crit", "b_crit_low", "b_crit_high",
                  "b_simple", "b_crit_bound_batch", "fit_slope", "measured_slope",
                  "sweep_step_time_s"},
+    "regressions": {"samples_per_s", "history_median", "history_mad", "allowed_drop", "change"},
 }
 ROWS_TO_CORRUPT = {"curves": [0, 1, 2, 4, 5, 7]}  # not a trial's last row (diverged may be NaN)
 EXTREMES = ("inf", "-inf", "nan", "huge", "negative")
