@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import html
 import json
 import subprocess
@@ -13,27 +12,26 @@ import pyarrow as pa
 import pytest
 
 from batchscale import schemas
-from batchscale.checks import gx, rules, suites, validate_table
+from batchscale.checks import gx, suites, validate_table
 from batchscale.checks.report import validation_page
 from batchscale.config import SweepConfig
 from batchscale.errors import BadInput
-from batchscale.schemas import TABLES, RunStatus, TrialStatus, make_table, schema_for
-
-ENV = {
-    "run_id": "run-1",
-    "config_hash": "c0ffee",
-    "experiment": "unit",
-    "workload": "mlp",
-    "git_commit": "deadbeef",
-    "batchscale_version": "0.1.0",
-    "torch_version": "2.14.1",
-    "python_version": "3.11.9",
-    "device_name": "cpu",
-    "threads": 2,
-    "world_size": 1,
-}
-BATCH_SIZES = [4, 16, 64]
-SHA = {name: hashlib.sha256(name.encode()).hexdigest() for name in ("train-0", "train-1", "val-0")}
+from batchscale.schemas import TABLES, schema_for
+from clean_tables import (
+    BATCH_SIZES,
+    ENV,
+    ROWS,
+    SHA,
+    context,
+    curve_rows,
+    dataset_rows,
+    manifest_rows,
+    refused,
+    run_rows,
+    sweep_row,
+    sweep_rows,
+    table,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,142 +41,6 @@ def gx_context():
 
 
 # ---------------------------------------------------------------- clean tables
-
-
-def dataset_rows() -> list[dict]:
-    return [{"features": [0.5 * i, 1.0, -1.0, 0.0], "label": i % 4} for i in range(40)]
-
-
-def manifest_rows() -> list[dict]:
-    common = {"dataset": "digits", "source": "sklearn", "feature_shape": [2, 2],
-              "feature_dtype": "float32", "num_classes": 4, "split_seed": 0}
-    return [
-        {**common, "split": "train", "shard": "train-0", "rows": 16, "sha256": SHA["train-0"],
-         "class_histogram": [4, 4, 4, 4]},
-        {**common, "split": "train", "shard": "train-1", "rows": 14, "sha256": SHA["train-1"],
-         "class_histogram": [4, 3, 4, 3]},
-        {**common, "split": "val", "shard": "val-0", "rows": 10, "sha256": SHA["val-0"],
-         "class_histogram": [3, 2, 3, 2]},
-    ]
-
-
-def sweep_row(mode: str, batch: int, status: str = TrialStatus.OK, **changes) -> dict:
-    timed = {
-        "timed_steps": 20, "step_time_median_s": 0.01 * batch, "step_time_p10_s": 0.009 * batch,
-        "step_time_p90_s": 0.012 * batch, "step_time_cv": 0.05, "samples_per_s": 100.0,
-        "peak_memory_bytes": 1000 * batch, "achieved_flops_per_s": 1e9, "mfu": 0.1,
-        "rounds": 2, "retries": 0, "round_spread": 0.02, "quality": "ok",
-        "process_cpu_per_wall": 1.9,
-    }
-    row = {"input_mode": mode, "batch_size": batch, "status": status, "precision": "fp32",
-           "timed_steps": 0, "train_flops_per_sample": 1e6, "peak_flops_per_s": 1e10,
-           "rounds": 0, "retries": 0, "load_avg_1m": 0.4, "usable_cpus": 2,
-           "threads_oversubscribed": False}
-    if status == TrialStatus.OK:
-        row.update(timed)
-    else:
-        row["error"] = "OutOfMemoryError: out of memory"
-    return {**row, **changes}
-
-
-def sweep_rows() -> list[dict]:
-    return [sweep_row(m, b) for m in ("synthetic", "real") for b in (4, 16)] + [
-        sweep_row("synthetic", 64, TrialStatus.OOM)
-    ]
-
-
-def curve_rows() -> list[dict]:
-    """t4 never reaches 0.9, t16 reaches it at step 20, tdiv diverges (NaN loss, last row)."""
-    def trial(trial_id: str, batch: int, accs: list[float], losses: list[float]) -> list[dict]:
-        return [
-            {"trial_id": trial_id, "batch_size": batch, "lr_rule": "linear", "seed": 0,
-             "step": 10 * i, "examples_seen": 10 * i * batch, "train_time_s": 0.1 * i,
-             "train_loss": loss, "val_accuracy": acc, "lr": 0.05, "b_simple": 12.0}
-            for i, (acc, loss) in enumerate(zip(accs, losses, strict=True))
-        ]
-
-    return (
-        trial("t4", 4, [0.1, 0.5, 0.7, 0.8], [2.3, 1.0, 0.8, 0.7])
-        + trial("t16", 16, [0.1, 0.6, 0.92], [2.3, 0.9, 0.5])
-        + trial("tdiv", 64, [0.1, 0.2], [2.3, float("nan")])
-    )
-
-
-def run_rows() -> list[dict]:
-    common = {"lr_rule": "linear", "lr": 0.05, "seed": 0, "workers": 1,
-              "target_val_accuracy": 0.9, "b_simple": 12.0}
-    return [
-        {**common, "trial_id": "t4", "batch_size": 4, "status": RunStatus.NOT_REACHED,
-         "steps_run": 30, "final_val_accuracy": 0.8, "train_time_s": 0.3},
-        {**common, "trial_id": "t16", "batch_size": 16, "status": RunStatus.REACHED,
-         "steps_run": 20, "steps_to_target": 20, "examples_to_target": 320,
-         "time_to_target_s": 0.2,
-         "final_val_accuracy": 0.92, "train_time_s": 0.2},
-        {**common, "trial_id": "tdiv", "batch_size": 64, "status": RunStatus.DIVERGED,
-         "steps_run": 10, "final_val_accuracy": 0.2, "train_time_s": 0.1},
-    ]
-
-
-def analysis_rows() -> list[dict]:
-    fit = {"s_min": 10.0, "e_min": 200.0, "b_crit": 20.0, "b_crit_low": 15.0,
-           "b_crit_high": 25.0, "b_simple": 12.0, "saturation_batch": 16}
-    return [
-        {**fit, "lr_rule": "linear", "batch_size": b, "steps_to_target": s,
-         "examples_to_target": s * b, "step_time_s": 0.01, "time_to_target_s": s * 0.01,
-         "samples_per_s": b / 0.01, "regime": regime}
-        for b, s, regime in ((4, 60.0, "perfect_scaling"), (16, 20.0, "diminishing_returns"),
-                             (64, 15.0, "maximal_data_parallelism"))
-    ]
-
-
-def regression_rows() -> list[dict]:
-    """One verdict of each kind that needs its own columns: judged, too little history, and
-    not judged with its reason."""
-    cell = {"run_id": "r1", "workload": "digits-mlp", "device_name": "cpu", "precision": "fp32",
-            "input_mode": "synthetic", "status": "ok"}
-    return [
-        {**cell, "batch_size": 4, "samples_per_s": 1000.0, "history_runs": 3,
-         "history_median": 1010.0, "history_mad": 5.0, "allowed_drop": 101.0,
-         "change": -0.0099, "verdict": "ok", "fingerprint": "threads=2"},
-        {**cell, "batch_size": 16, "samples_per_s": 4000.0, "history_runs": 1,
-         "verdict": "insufficient_history", "reason": "1 comparable earlier run (3 needed)"},
-        {**cell, "batch_size": 64, "samples_per_s": 900.0, "history_runs": 3,
-         "verdict": "not_judged", "reason": "unstable: rounds disagree by 40% (> 15%)"},
-    ]
-
-
-ROWS = {"dataset": dataset_rows, "manifest": manifest_rows, "sweep": sweep_rows,
-        "curves": curve_rows, "runs": run_rows, "analysis": analysis_rows,
-        "regressions": regression_rows}
-
-
-def table(kind: str, rows: list[dict] | None = None) -> pa.Table:
-    return make_table(kind, ROWS[kind]() if rows is None else rows, ENV)
-
-
-def context(kind: str) -> dict:
-    """The context the pipeline passes for each kind."""
-    return {
-        "dataset": {"num_classes": 4, "feature_length": 4},
-        "manifest": {"shard_checksums": dict(SHA)},
-        "sweep": {"batch_sizes": BATCH_SIZES},
-        "curves": {"batch_sizes": BATCH_SIZES},
-        "runs": {"batch_sizes": BATCH_SIZES, "curves": table("curves")},
-        "analysis": {"batch_sizes": BATCH_SIZES},
-        "regressions": {},
-    }[kind]
-
-
-def refused(kind: str, tbl: pa.Table, expectation: str, *fragments: str, ctx=None) -> str:
-    """Validate, expect failure, and check the message names table, expectation and values."""
-    report = validate_table(kind, tbl, context=context(kind) if ctx is None else ctx)
-    message = report.failure_message()
-    assert not report.success, message
-    assert message.startswith(f"{kind} table failed validation"), message
-    assert expectation in message, message
-    for fragment in fragments:
-        assert fragment in message, message
-    return message
 
 
 # ---------------------------------------------------------------- clean tables pass
@@ -584,58 +446,3 @@ def test_importing_checks_does_not_import_great_expectations():
             "assert 'great_expectations' not in sys.modules, 'great_expectations imported'")
     root = Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
-
-
-# ---------------------------------------------------------------- suites
-
-
-@pytest.mark.parametrize("kind", list(TABLES))
-def test_suite_requires_every_non_nullable_column(kind):
-    """A column the schema marks required has a not-null expectation (lists via <col>_len)."""
-    suite = suites.load_suite(kind)
-    checked = {
-        e["kwargs"]["column"]
-        for e in suite["expectations"]
-        if e["type"] == "expect_column_values_to_not_be_null" and "row_condition" not in e["kwargs"]
-    }
-    for f in schema_for(kind):
-        if not f.nullable:
-            name = f"{f.name}_len" if pa.types.is_list(f.type) else f.name
-            assert name in checked, f"{kind}: {f.name} lacks a not-null expectation"
-
-
-@pytest.mark.parametrize("kind", list(TABLES))
-def test_suite_meta_names_only_implemented_helpers(kind):
-    meta = suites.load_suite(kind)["meta"]
-    assert set(meta["derived_columns"]) <= set(suites.DERIVED_COLUMNS)
-    assert set(meta["python_checks"]) <= set(rules.PYTHON_CHECKS)
-    assert set(meta["parameters"]) <= set(suites.PARAMETER_DEFAULTS)
-    assert set(meta["parameters"]) | set(meta["context"]) <= set(suites.CONTEXT_TYPES)
-
-
-OPEN_COLUMNS = {"b_simple": (None, None), "train_loss": (0, None), "measured_slope": (None, None)}
-"""Columns without an upper bound: the noise estimate (any sign; NaN/inf are still checked),
-the loss (a diverging loss grows without end)."""
-
-
-@pytest.mark.parametrize("kind", list(TABLES))
-def test_suite_bounds_every_numeric_column(kind):
-    """Every scalar numeric column has an unconditional between-check with both ends (or the
-    open ends stated above); NaN/inf exemptions name float columns (validate checks the rest)."""
-    suite = suites.load_suite(kind)
-    bounds = {
-        e["kwargs"]["column"]: (e["kwargs"].get("min_value"), e["kwargs"].get("max_value"))
-        for e in suite["expectations"]
-        if e["type"] == "expect_column_values_to_be_between" and "row_condition" not in e["kwargs"]
-    }
-    for f in schema_for(kind):
-        numeric = pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
-        if not numeric:
-            continue
-        low, high = bounds.get(f.name, (None, None))
-        want_low, want_high = OPEN_COLUMNS.get(f.name, (0, 1))
-        assert (low is None) == (want_low is None), f"{kind}.{f.name}: lower bound {low}"
-        assert (high is None) == (want_high is None), f"{kind}.{f.name}: upper bound {high}"
-    meta = suite["meta"]
-    floats = {f.name for f in schema_for(kind) if pa.types.is_floating(f.type)}
-    assert set(meta["nan_allowed"]) | set(meta["finite_checked_elsewhere"]) <= floats

@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import test_checks as checks_tables
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+import clean_tables as checks_tables
 from batchscale.checks import suites, validate_table
 from batchscale.checks.stage import validate_dataset
 from batchscale.config import DataPrepConfig, ExperimentConfig

@@ -1,5 +1,6 @@
 """The experiment config, one package: the pydantic models (`models.py`: one model per stage,
-a docstring per field, every default defined once) and reading them (`loading.py`: bounded YAML,
+a docstring per field, every default defined once; `kubernetes.py` the cluster section;
+`fields.py` the limits and types they share) and reading them (`loading.py`: bounded YAML,
 messages naming the field). Import from here.
 """
 

@@ -2,142 +2,66 @@
 per field and the unit in its name. Every default is defined here once; the rest of the code
 reads it from the models. Reading files and describing refusals is `loading.py`.
 
-One concern, hence over ~400 lines: most of the module is the fields' docstrings, which are
-also the generated config reference and the CLI's help texts.
+The `kubernetes:` section is `kubernetes.py`; the limits, constrained types and the strict base
+they share are `fields.py`. Most of this module is the fields' docstrings, which are also the
+generated config reference and the CLI's help texts.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
-    ByteSize,
-    ConfigDict,
     Field,
-    StrictInt,
-    TypeAdapter,
-    ValidationError,
     ValidationInfo,
-    ValidatorFunctionWrapHandler,
-    WrapValidator,
     field_validator,
     model_validator,
 )
 
 from batchscale import names
 from batchscale.catalog import DATASET_NAMES, SOURCE_DATASETS
-from batchscale.errors import BadInput
+from batchscale.config.fields import (  # noqa: F401  re-exported: import from batchscale.config
+    _BATCH_SIZES,
+    _MEMORY_SIZE_TEXT,
+    _URI_SCHEME,
+    DEFAULT_CONFIG_PATH,
+    INT64_MAX,
+    MAX_BATCH_SIZE,
+    MAX_BOOTSTRAP_SAMPLES,
+    MAX_K8S_ENTRIES,
+    MAX_LEARNING_RATE,
+    MAX_SECONDS,
+    MAX_SEED,
+    MAX_SYNTHETIC_ROWS,
+    MAX_TEXT_CHARS,
+    MEMORY_SIZE_FORMS,
+    BatchSize,
+    BatchSizes,
+    LearningRate,
+    MemorySize,
+    NonNegativeInt,
+    PositiveInt,
+    Seconds,
+    Seed,
+    _check_location,
+    _checked,
+    _memory_size,
+    _sorted_unique,
+    _Strict,
+    quote_value,
+)
+from batchscale.config.kubernetes import (  # noqa: F401  re-exported
+    S3_CREDENTIAL_ENV,
+    KubernetesConfig,
+    NodeSelector,
+    TolerationConfig,
+    Tolerations,
+)
 from batchscale.workloads import DEFAULT_IMAGE_SIZE, WORKLOAD_NAMES, is_known_workload_name
-
-DEFAULT_CONFIG_PATH = Path(__file__).parent.parent / "configs" / "default.yaml"
-
-INT64_MAX = 2**63 - 1
-"""Every integer ends up in an int64 column, a numpy array or a Kubernetes field."""
-MAX_BATCH_SIZE = 2**31
-"""Largest batch size (samples per step) accepted: beyond it torch's 32-bit index arithmetic
-overflows in many kernels, and no device holds such a batch (2**31 8x8 float32 digits alone are
-512 GiB)."""
-MAX_SECONDS = 365 * 24 * 3600
-"""Longest time limit or budget accepted, one year: a larger one is a typo, and Kubernetes
-deadlines derived from it must stay within int64."""
-MAX_SEED = 2**32 - 1
-"""Seeds are 32-bit unsigned, as numpy's generators and torch accept them; the data order's
-per-epoch seed (seed x 1,000,003 + epoch) then stays within int64."""
-MAX_LEARNING_RATE = 1e6
-"""Largest learning rate accepted (base or grid): scaled linearly up to MAX_BATCH_SIZE it stays
-a finite float."""
-MAX_SYNTHETIC_ROWS = 10_000_000
-"""Most rows (training + validation) a synthetic dataset may have: data prep holds them all in
-memory (~1.3 GB of features, several GB while labelling)."""
-MAX_BOOTSTRAP_SAMPLES = 100_000
-"""Most bootstrap resamples: the interval settles long before, and the cost grows linearly."""
-MAX_K8S_ENTRIES = 64
-"""Most node-selector labels or tolerations per list: a real node pool needs a handful."""
-MAX_TEXT_CHARS = 4096
-"""Longest text value (names, paths, URIs, labels) accepted anywhere in a config (PATH_MAX)."""
-
-PositiveInt = Annotated[StrictInt, Field(gt=0, le=INT64_MAX)]
-NonNegativeInt = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
-Seed = Annotated[StrictInt, Field(ge=0, le=MAX_SEED)]
-BatchSize = Annotated[StrictInt, Field(gt=0, le=MAX_BATCH_SIZE)]
-BatchSizes = Annotated[list[BatchSize], Field(min_length=1)]
-Seconds = Annotated[float, Field(gt=0.0, le=MAX_SECONDS)]
-LearningRate = Annotated[float, Field(gt=0.0, le=MAX_LEARNING_RATE)]
-_BATCH_SIZES = TypeAdapter(BatchSizes)
-MEMORY_SIZE_FORMS = ("a positive number of bytes, or a size with a unit such as 512MB or 2GiB "
-                     "(KB, MB, GB, TB: powers of 1000; KiB, MiB, GiB, TiB: powers of 1024), "
-                     "at most 2**63-1 bytes")
-_MEMORY_SIZE_TEXT = re.compile(r"\s*(?:\d+|\d+\.\d+\s*(?=[kmgtp]))\s*"
-                               r"(?:[kmgtp]i?b|b)?\s*", re.IGNORECASE)
-"""A whole number of bytes, or a number with a unit (a fraction of a byte is a typo);
-pydantic's own parser would take the first number of '1.0e+400' or '2GiB junk'."""
-
-
-def _memory_size(value: object, handler: ValidatorFunctionWrapHandler) -> int:
-    """pydantic's ByteSize, kept strict: no bools or floats (a fraction of a byte is a typo),
-    text of the documented forms only, more than 0 bytes and at most INT64_MAX, stored as a
-    plain int."""
-    readable = isinstance(value, int) and not isinstance(value, bool) or (
-        isinstance(value, str) and _MEMORY_SIZE_TEXT.fullmatch(value))
-    try:
-        size = handler(value) if readable else None
-    except ValidationError:
-        size = None
-    if size is None or not 0 < size <= INT64_MAX:
-        raise ValueError(f"expected {MEMORY_SIZE_FORMS}")
-    return int(size)
-
-
-MemorySize = Annotated[ByteSize, WrapValidator(_memory_size)]
-
-
-def quote_value(value: object) -> str:
-    """A value for a message: names.quote (short, credentials redacted, containers walked only
-    so far), which also takes an int past Python's 4,300-digit limit for text."""
-    try:
-        return names.quote(value)
-    except ValueError:
-        return f"<an integer of {value.bit_length()} bits>"
-
-
-class _Strict(BaseModel):
-    # allow_inf_nan: every float of the config must be finite (an infinite time budget or
-    # timeout overflowed later, e.g. in compile); str_max_length bounds every text value.
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True,
-                              allow_inf_nan=False, str_max_length=MAX_TEXT_CHARS)
-
-
-def _checked(check, value, what: str):
-    """Run one of batchscale.names' checks inside a pydantic validator (which needs a
-    ValueError to name the field)."""
-    try:
-        return check(value, what)
-    except BadInput as err:
-        raise ValueError(str(err)) from None
-
-
-_URI_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def _check_location(uri: str, what: str) -> None:
-    """s3://bucket/prefix checked by batchscale.names (no credentials, a valid bucket, safe
-    key parts); any other scheme is refused, a local path is left to its reader."""
-    if uri.startswith("s3://"):
-        _checked(names.split_s3_uri, uri, what)
-    elif _URI_SCHEME.match(uri):
-        raise ValueError(f"{quote_value(uri)} is neither a local path nor "
-                         "s3://bucket/prefix")
-
-
-def _sorted_unique(values: list[int]) -> list[int]:
-    if len(set(values)) != len(values):
-        raise ValueError(f"batch sizes must be distinct, got {quote_value(values)}")
-    return sorted(values)
 
 
 class DataPrepConfig(_Strict):
@@ -481,155 +405,6 @@ class PublishConfig(_Strict):
     """Fail the run (the regression-gate step, after publish; exit 4 locally) when a throughput
     regression is flagged; the run's tables are published either way."""
 
-
-S3_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-
-
-class TolerationConfig(_Strict):
-    """One Kubernetes toleration of a node taint."""
-
-    key: str = ""
-    """Taint key; empty (with operator Exists) tolerates every taint."""
-    operator: Literal["Equal", "Exists"] = "Equal"
-    """Equal matches `value`; Exists matches any value of `key`."""
-    value: str = ""
-    """Taint value (operator Equal only)."""
-    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
-    """Taint effect tolerated; empty tolerates every effect."""
-
-    @model_validator(mode="after")
-    def _consistent(self) -> TolerationConfig:
-        if self.operator == "Exists" and self.value:
-            raise ValueError("value must be empty when operator is Exists")
-        if not self.key and self.operator != "Exists":
-            raise ValueError("an empty key needs operator Exists")
-        return self
-
-
-NodeSelector = Annotated[dict[str, str], Field(max_length=MAX_K8S_ENTRIES)]
-Tolerations = Annotated[list[TolerationConfig], Field(max_length=MAX_K8S_ENTRIES)]
-
-
-class KubernetesConfig(_Strict):
-    """Cluster settings of the compiled pipeline (compile, submit, schedule); kfp.local ignores
-    them."""
-
-    gpu_resource: str = "nvidia.com/gpu"
-    """Extended resource the GPU stages request (throughput_sweep; convergence with the
-    torchrun launcher; a kubeflow-launched convergence asks for GPUs in its TrainJob instead)."""
-    gpus_per_worker: NonNegativeInt = 1
-    """GPUs per worker, 0 or 1: a worker is one training process on one device. The sweep (one
-    process) requests this many unless `sweep.device` is cpu; a torchrun convergence cell of W
-    workers requests W x this in its pod; a TrainJob node this. 0 runs those stages on CPU with
-    the CPU image. More GPUs per trial: raise `convergence.workers` or `scaling_workers`."""
-    gpu_node_selector: NodeSelector = {}
-    """Node labels the GPU stages must match, e.g.
-    {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"} (at most 64)."""
-    gpu_tolerations: Tolerations = []
-    """Taints of the GPU node pool that the GPU stages tolerate (at most 64)."""
-    node_selector: NodeSelector = {}
-    """Node labels every stage must match (at most 64)."""
-    tolerations: Tolerations = []
-    """Taints every stage tolerates (at most 64)."""
-    measure_cpus: Annotated[StrictInt, Field(gt=0, le=1024)] | None = 4
-    """Whole CPUs of each measuring process (the sweep; each convergence worker), 1-1024: its
-    container requests and is limited to exactly this many, and `measure_memory_gib`, so timings
-    neither lose CPU to neighbours nor burst into idle ones (a torchrun convergence pod: workers
-    x this; a TrainJob node: this). null: measuring pods get the other stages' requests."""
-    measure_memory_gib: float = Field(16.0, gt=0.0, le=65536.0)
-    """Memory of each measuring process with `measure_cpus`, GiB (request = limit, whole MiB;
-    a torchrun convergence pod: workers x this)."""
-    stage_cpus: float = Field(1.0, gt=0.0, le=1024.0)
-    """CPU request of every other pod (data prep, validation, analysis, publish, a convergence
-    pod that only waits for its TrainJob), CPUs (a request, no limit; thousandths)."""
-    stage_memory_gib: float = Field(2.0, gt=0.0, le=65536.0)
-    """Memory request of every other pod, GiB (a request, no limit; whole MiB)."""
-    image_pull_secrets: Annotated[list[str], Field(max_length=MAX_K8S_ENTRIES)] = []
-    """Secrets (type kubernetes.io/dockerconfigjson, in the run's namespace) every pod, the
-    TrainJob's too, pulls its image with: names only (at most 64)."""
-    stage_timeout_s: Annotated[PositiveInt, Field(le=MAX_SECONDS)] = 7200
-    """Pod deadline (activeDeadlineSeconds, image pull included) of every stage but convergence,
-    seconds (at most a year)."""
-    convergence_timeout_margin_s: Annotated[PositiveInt, Field(le=MAX_SECONDS)] = 900
-    """A convergence pod's deadline is `convergence.timeout_s` plus this, so the stage's own
-    timeout fires first and reports which trial ran over."""
-    s3_endpoint_url: str = "http://seaweedfs.kubeflow:8333"
-    """S3 endpoint of the results lake (default: the KFP deployment's SeaweedFS): http(s)://host
-    with an optional port, nothing else (no credentials, path or query)."""
-    s3_bucket: str = "mlpipeline"
-    """Bucket of the results lake (S3 naming rules: 3-63 lowercase letters, digits, '.', '-')."""
-    s3_prefix: str = "shared/batchscale"
-    """Key prefix of the results lake inside the bucket: '/'-separated parts of letters, digits,
-    '.', '_' or '-' (no empty, '.' or '..' part). Multi-user Kubeflow lets a profile's
-    credentials write only artifacts/, private-artifacts/<ns>/, private/<ns>/ and shared/ of
-    its bucket: the default works there and standalone; private/<namespace>/batchscale keeps
-    one profile's results to itself."""
-    s3_secret_name: str = "mlpipeline-minio-artifact"
-    """Kubernetes Secret, in the run's namespace, holding the S3 credentials."""
-    s3_secret_env: dict[str, str] = {"accesskey": "AWS_ACCESS_KEY_ID",
-                                     "secretkey": "AWS_SECRET_ACCESS_KEY"}
-    """Key of `s3_secret_name` -> environment variable it fills (both AWS variables)."""
-    service_account: str = ""
-    """Kubernetes service account of the run's pods and its TrainJob's (with the kubeflow
-    launcher it needs the RBAC in manifests/rbac-trainjob/); empty: KFP's default
-    (pipeline-runner standalone, default-editor in a multi-user profile); a TrainJob's pods
-    then run as the namespace's `default` account (they call no Kubernetes API)."""
-
-    @field_validator("gpus_per_worker")
-    @classmethod
-    def _one_device_per_worker(cls, gpus: int) -> int:
-        if gpus > 1:
-            raise ValueError(
-                f"{gpus} GPUs per worker is not allowed: a worker is one training process on "
-                "one device, so 0 (CPU) or 1 are allowed; to train on more GPUs, raise "
-                "convergence.workers (or add worker counts to convergence.scaling_workers)")
-        return gpus
-
-    @field_validator("service_account", "s3_secret_name")
-    @classmethod
-    def _object_name(cls, name: str, info: ValidationInfo) -> str:
-        if name or info.field_name != "service_account":
-            cls._check_object_name(name)
-        return name
-
-    @field_validator("image_pull_secrets")
-    @classmethod
-    def _secret_names(cls, names_: list[str]) -> list[str]:
-        for name in names_:
-            cls._check_object_name(name)
-        return names_
-
-    @staticmethod
-    def _check_object_name(name: str) -> None:
-        """Kubernetes object names (Secrets, service accounts): an RFC 1123 subdomain."""
-        if len(name) > 253 or not re.fullmatch(
-                r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", name):
-            raise ValueError(f"{quote_value(name)} is not a Kubernetes object name: at most 253 "
-                             "lowercase letters, digits, '-' or '.', starting and ending with a "
-                             "letter or digit")
-
-    @field_validator("s3_endpoint_url")
-    @classmethod
-    def _endpoint(cls, url: str) -> str:
-        return _checked(names.check_endpoint, url, "S3 endpoint")
-
-    @field_validator("s3_bucket")
-    @classmethod
-    def _bucket(cls, bucket: str) -> str:
-        return _checked(names.check_bucket, bucket, "S3 bucket")
-
-    @field_validator("s3_prefix")
-    @classmethod
-    def _prefix(cls, prefix: str) -> str:
-        _checked(names.check_prefix, prefix, "S3 prefix")
-        return prefix  # as given: the lake's settings strip the '/' themselves
-
-    @field_validator("s3_secret_env")
-    @classmethod
-    def _both_credentials(cls, mapping: dict[str, str]) -> dict[str, str]:
-        if sorted(mapping.values()) != sorted(S3_CREDENTIAL_ENV):
-            raise ValueError(f"must map one Secret key to each of {', '.join(S3_CREDENTIAL_ENV)}")
-        return mapping
 
 
 class ExperimentConfig(_Strict):
