@@ -13,7 +13,7 @@ TAG ?= 0.1.0
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --no-cache-dir --disable-pip-version-check -e '.[dev]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

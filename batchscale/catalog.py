@@ -14,7 +14,21 @@ DATASETS = {
     "fashion-mnist": "torchvision Fashion-MNIST (28x28 grayscale clothing) from source_uri",
     "parquet": "your own Parquet file(s) at source_uri: numeric arrays or image bytes plus an "
                "integer label column",
+    "python-docs": "embedded text: the Python documentation's topic pages (pydoc_data, ships "
+                   "with CPython, PSF licence, ~466 KB), byte sequences for language models",
+    "text": "your own text at source_uri: .txt files, or Parquet with a string column "
+            "(text_column), byte sequences for language models",
+    "shapes": "generated: discs, squares and triangles on textured backgrounds with pixel "
+              "masks, for segmentation and detection, any number of rows",
 }
 DATASET_NAMES = tuple(DATASETS)
-SOURCE_DATASETS = ("cifar10", "mnist", "fashion-mnist", "parquet")
+SOURCE_DATASETS = ("cifar10", "mnist", "fashion-mnist", "parquet", "text")
 """Datasets read from `source_uri`; the others are embedded or generated."""
+TEXT_DATASETS = ("python-docs", "text")
+MASK_DATASETS = ("shapes",)
+DATASET_TASKS = {
+    **{name: ("classification",) for name in DATASETS},
+    **{name: ("language_model",) for name in TEXT_DATASETS},
+    **{name: ("segmentation", "detection") for name in MASK_DATASETS},
+}
+"""The kinds of task each dataset can train (a workload of another kind is refused)."""

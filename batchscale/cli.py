@@ -30,6 +30,7 @@ from batchscale.config import (
     reference_markdown,
 )
 from batchscale.errors import BadInput, BatchscaleError
+from batchscale.metrics import METRICS
 from batchscale.names import check_name, check_run_id, check_workload, redact_url
 from batchscale.schemas import RunStatus
 
@@ -240,12 +241,27 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def target_flag(text: str) -> dict:
+    """--target METRIC=VALUE as a targets entry (the config then checks the metric and value)."""
+    metric, sep, value = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return {"metric": metric.strip(), "value": float(value)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not METRIC=VALUE (e.g. val_loss=0.3); metrics: "
+            f"{', '.join(METRICS)}") from None
+
+
 def cmd_converge(args) -> int:
     from batchscale.workloads import check_builds, get_workload
 
     # No scaling runs (the pipeline's extra worker counts): here --workers sets the one count.
-    cfg = config_from_args(args, {"convergence": {"scaling_workers": [],
-                                                  "scaling_batch_sizes": []}})
+    fixed = {"scaling_workers": [], "scaling_batch_sizes": []}
+    if args.target:  # they replace the config's targets (and its shorthand)
+        fixed |= {"targets": args.target, "target_val_accuracy": None}
+    cfg = config_from_args(args, {"convergence": fixed})
     run_id = given_run_id(args)
     check_output_dir(args.out, "--out")
     check_builds(get_workload(cfg.workload))  # before the dataset is prepared
@@ -265,10 +281,11 @@ def cmd_converge(args) -> int:
     write_table_atomic(out / "runs.parquet", runs)
     print(f"wrote {out / 'curves.parquet'} and {out / 'runs.parquet'}")
     if RunStatus.REACHED not in runs.column("status").to_pylist():
+        wanted = " or ".join(t.label for t in cfg.convergence.resolved_targets())
         raise BatchscaleError(
-            f"no trial reached target_val_accuracy {cfg.convergence.target_val_accuracy} within "
-            f"max_steps {cfg.convergence.max_steps} (statuses and curves are in the tables "
-            "above): lower the target, raise max_steps, or check the learning rates")
+            f"no trial reached {wanted} within max_steps {cfg.convergence.max_steps} (statuses "
+            "and curves are in the tables above): lower the target, raise max_steps, or check "
+            "the learning rates")
     return 0
 
 
@@ -489,7 +506,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(cv, "convergence", ["batch_sizes", "lr_rules", "lr_grid", "workers",
                                          "accumulation_steps", "checkpoint_uri",
                                          "max_restarts", "optimizer", "precision", "lr_decay",
-                                         "weight_decay"])
+                                         "weight_decay", "train_eval_rows", "gap_epochs"])
+    cv.add_argument("--target", action="append", type=target_flag, metavar="METRIC=VALUE",
+                    help="a target, e.g. val_accuracy=0.95 or val_loss=0.3 (repeat the flag for "
+                    "several); replaces the config's targets. Metrics: " + ", ".join(METRICS))
     cv.add_argument("--dataset-dir", help="prepared dataset (default: prepare the config's)")
     cv.add_argument("--run-id", help="reuse a run id to resume from its checkpoints")
     cv.add_argument("--out", required=True, help="output directory")

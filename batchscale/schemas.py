@@ -48,7 +48,15 @@ ENV_FIELDS = [
     pa.field("device_name", pa.string(), nullable=False),
     pa.field("threads", pa.int32(), nullable=False),
     pa.field("world_size", pa.int32(), nullable=False),
+    # The table layout the row was written with (SCHEMA_VERSION); null in rows written before
+    # the column existed (version 1). Readers take older partitions under today's schema, the
+    # columns added since reading as null (docs/architecture.md, "Schema versions").
+    pa.field("schema_version", pa.int32()),
 ]
+SCHEMA_VERSION = 2
+"""2: several targets per trial (runs: a row per trial and target, target_metric and
+target_value), every evaluated metric in curves, curves' train_loss on a fixed training subset
+(the running batch mean moved to train_batch_loss)."""
 
 DATASET = pa.schema(
     [
@@ -85,6 +93,8 @@ SWEEP = pa.schema(
         pa.field("step_time_p90_s", pa.float64()),
         pa.field("step_time_cv", pa.float64()),
         pa.field("samples_per_s", pa.float64()),
+        # Language models: samples (sequences) per second x tokens per sequence; else null.
+        pa.field("tokens_per_s", pa.float64()),
         pa.field("peak_memory_bytes", pa.int64()),
         pa.field("train_flops_per_sample", pa.float64()),
         pa.field("achieved_flops_per_s", pa.float64()),
@@ -126,6 +136,8 @@ CURVES = pa.schema(
         pa.field("step", pa.int64(), nullable=False),
         pa.field("examples_seen", pa.int64(), nullable=False),
         pa.field("train_time_s", pa.float64(), nullable=False),
+        # Schema version 2: the mean loss on a fixed training subset (train_eval_rows); in
+        # version 1 rows, the running mean of the batches since the last evaluation.
         pa.field("train_loss", pa.float64()),
         pa.field("val_accuracy", pa.float64()),
         pa.field("lr", pa.float64(), nullable=False),
@@ -134,6 +146,16 @@ CURVES = pa.schema(
         # written before they were recorded (then sgd and fp32) or in a user's table.
         pa.field("optimizer", pa.string()),
         pa.field("precision", pa.string()),
+        # Every metric the workload evaluates (batchscale/metrics.py; null where it does not),
+        # the running mean of the training batches since the last evaluation, and whether this
+        # evaluation is the generalization-gap budget's (convergence.gap_epochs).
+        pa.field("val_loss", pa.float64()),
+        pa.field("val_perplexity", pa.float64()),
+        pa.field("val_miou", pa.float64()),
+        pa.field("val_pixel_accuracy", pa.float64()),
+        pa.field("val_map50", pa.float64()),
+        pa.field("train_batch_loss", pa.float64()),
+        pa.field("at_gap_budget", pa.bool_()),
     ]
 )
 
@@ -151,7 +173,9 @@ RUNS = pa.schema(
         pa.field("examples_to_target", pa.int64()),
         pa.field("time_to_target_s", pa.float64()),
         pa.field("final_val_accuracy", pa.float64()),
-        pa.field("target_val_accuracy", pa.float64(), nullable=False),
+        # The one val_accuracy target of version 1 rows; in version 2 rows, target_value where
+        # target_metric is val_accuracy, else null.
+        pa.field("target_val_accuracy", pa.float64()),
         pa.field("b_simple", pa.float64()),
         pa.field("train_time_s", pa.float64(), nullable=False),
         # Share of the trial threads' runnable time spent waiting for a CPU (a busy machine;
@@ -160,6 +184,12 @@ RUNS = pa.schema(
         # As in `curves`: the trial's optimizer and precision; null where not recorded.
         pa.field("optimizer", pa.string()),
         pa.field("precision", pa.string()),
+        # The row's target (a trial has a row per target; the steps, examples, time and status
+        # are this target's) and the trial's last value of its metric. Null in version 1 rows:
+        # their target is val_accuracy >= target_val_accuracy.
+        pa.field("target_metric", pa.string()),
+        pa.field("target_value", pa.float64()),
+        pa.field("final_metric_value", pa.float64()),
     ]
 )
 
@@ -190,6 +220,10 @@ ANALYSIS = pa.schema(
         pa.field("step_time_source", pa.string()),
         pa.field("sweep_step_time_s", pa.float64()),
         pa.field("timing_flag", pa.string()),
+        # The target these rows are for (the recommendation's: the primary target, or the
+        # hardest reached at enough batch sizes); null in version 1 rows (val_accuracy).
+        pa.field("target_metric", pa.string()),
+        pa.field("target_value", pa.float64()),
     ]
 )
 
@@ -246,7 +280,7 @@ def make_table(kind: str, rows: list[dict], env: dict | None = None) -> pa.Table
     if kind in RESULT_TABLES:
         if env is None:
             raise ValueError(f"{kind} rows need the environment columns")
-        rows = [{**env, **row} for row in rows]
+        rows = [{**env, "schema_version": SCHEMA_VERSION, **row} for row in rows]
     names = set(schema.names)
     for row in rows:
         extra = set(row) - names

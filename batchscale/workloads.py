@@ -23,7 +23,24 @@ from batchscale.errors import BadInput
 
 CLASSIFIERS = ("resnet18", "resnet50", "mobilenet_v3_small", "vit_b_16")
 DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_resnet50_fpn")
-WORKLOAD_NAMES = ("digits-mlp", "digits-cnn", *CLASSIFIERS, *DETECTORS)
+SEGMENTERS = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "fcn_resnet50")
+LANGUAGE_MODELS = ("byte-transformer", "byte-lstm")
+WORKLOAD_NAMES = ("digits-mlp", "digits-cnn", *CLASSIFIERS, *DETECTORS, *SEGMENTERS,
+                  *LANGUAGE_MODELS)
+# The module that turns dataset rows into batches, a loss and metrics, per kind of task.
+TASK_MODULES = {
+    "classification": "batchscale.tasks.classification",
+    "detection": "batchscale.tasks.detection",
+    "segmentation": "batchscale.tasks.segmentation",
+    "language_model": "batchscale.tasks.language",
+}
+# Language models: byte-level (256 symbols, no tokenizer to download); a sequence of
+# LM_SEQ_LEN bytes is one sample, and the model has positions for up to LM_MAX_SEQ_LEN.
+LM_VOCAB_SIZE = 256
+LM_SEQ_LEN = 64
+LM_MAX_SEQ_LEN = 512
+# Segmentation and detection on the generated shapes dataset: background + 3 shape classes.
+SHAPES_CLASSES = 4
 # Module names a factory may not come from (checked on the top-level package, before import):
 # the standard library holds no model factory, and its callables (os:system, builtins:eval,
 # pdb:set_trace, this) do other things. `__main__` would be whatever process runs the trial.
@@ -40,17 +57,49 @@ class Workload:
     """What the sweep and the trainer need to know about a model."""
 
     name: str
-    kind: str  # "classification" or "detection"
+    kind: str  # a key of TASK_MODULES
     input_shape: tuple[int, ...]
     num_classes: int
     build: Callable[[], object] = field(repr=False)
     description: str = ""
     uses_torchvision: bool = False
+    tokens_per_sample: int | None = None
+    """Language models: tokens in one sample (a sequence), for tokens/s."""
 
     @property
     def is_image(self) -> bool:
         """Inputs are (C, H, W) images: channels_last applies to them."""
         return len(self.input_shape) == 3
+
+    @property
+    def example_shape(self) -> tuple[int, ...]:
+        """The shape of one dataset row's features: the input, plus what a dense target keeps
+        inside the features (segmentation and detection: a class-id channel after the image;
+        language models: the next byte after the sequence)."""
+        if self.kind in ("segmentation", "detection"):
+            channels, *size = self.input_shape
+            return (channels + 1, *size)
+        if self.kind == "language_model":
+            return (self.input_shape[0] + 1,)
+        return self.input_shape
+
+    @property
+    def shape_from_data(self) -> bool:
+        """The model takes any image size or sequence length, so the dataset's shape is used
+        as it is (the classifiers' shape is fixed by their first layer or the config)."""
+        return self.kind != "classification"
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The metrics a convergence trial of this workload records (batchscale/metrics.py)."""
+        from batchscale.metrics import TASK_METRICS
+
+        return TASK_METRICS[self.kind]
+
+    @property
+    def task(self):
+        """The task module: to_batch, loss, evaluate (batchscale/tasks)."""
+        return importlib.import_module(TASK_MODULES[self.kind])
 
     def synthetic_batch(self, batch_size: int, device: str, seed: int = 0):
         """A batch already on the device: pure compute, no input pipeline."""
@@ -60,18 +109,37 @@ class Workload:
         x = torch.randn((batch_size, *self.input_shape), generator=gen)
         if self.kind == "detection":
             return _detection_batch(x, self.num_classes, gen, device)
-        y = torch.randint(0, self.num_classes, (batch_size,), generator=gen)
-        return x.to(device), y.to(device)
+        if self.kind == "classification":
+            y = torch.randint(0, self.num_classes, (batch_size,), generator=gen)
+            return x.to(device), y.to(device)
+        return self.to_batch(*_synthetic_rows(self, batch_size, gen), device)
+
+    def to_batch(self, x, y, device: str):
+        """Dataset rows (features in `example_shape`, labels) as the batch `loss` takes."""
+        return self.task.to_batch(x, y, device)
 
     def loss(self, model, batch):
         """Scalar training loss of `model` on `batch`."""
-        import torch.nn.functional as F
+        return self.task.loss(model, batch)
 
-        if self.kind == "detection":
-            images, targets = batch
-            return sum(model(images, targets).values())
-        x, y = batch
-        return F.cross_entropy(model(x), y)
+    def evaluate(self, model, x, y, device: str, autocast) -> dict[str, float]:
+        """Metrics of `model` over a whole split, keys without a split prefix ("loss",
+        "accuracy", "perplexity", "miou", "pixel_accuracy")."""
+        return self.task.evaluate(model, x, y, device, autocast)
+
+
+def _synthetic_rows(workload: Workload, batch_size: int, gen):
+    """Random dataset rows of a dense-target workload: byte ids, or an image with a class-id
+    channel."""
+    import torch
+
+    if workload.kind == "language_model":
+        x = torch.randint(0, LM_VOCAB_SIZE, (batch_size, *workload.example_shape), generator=gen)
+        return x.float(), x[:, -1].clone()
+    image = torch.rand((batch_size, *workload.input_shape), generator=gen)
+    mask = torch.randint(0, workload.num_classes, (batch_size, 1, *workload.input_shape[1:]),
+                         generator=gen)
+    return torch.cat([image, mask.float()], dim=1), torch.zeros(batch_size, dtype=torch.int64)
 
 
 def _detection_batch(x, num_classes: int, gen, device: str):
@@ -111,6 +179,32 @@ def _torchvision(name: str, **kwargs):
         import torchvision
 
         return torchvision.models.get_model(name, weights=None, **kwargs)
+
+    return build
+
+
+LANGUAGE_MODEL_DESCRIPTIONS = {
+    "byte-transformer": "decoder-only transformer, byte-level text (a sample is one sequence)",
+    "byte-lstm": "LSTM language model, byte-level text (a sample is one sequence)",
+}
+
+
+def _segmenter(name: str, num_classes: int):
+    def build():
+        from batchscale.tasks.segmentation import build_segmenter
+
+        return build_segmenter(name, num_classes)
+
+    return build
+
+
+def _language_model(name: str):
+    def build():
+        from batchscale.tasks import language
+
+        if name == "byte-lstm":
+            return language.build_lstm()
+        return language.build_decoder(LM_MAX_SEQ_LEN)
 
     return build
 
@@ -186,11 +280,13 @@ def _check_vit_size(image_size: int) -> None:
 
 def get_workload(
     name: str, *, image_size: int = DEFAULT_IMAGE_SIZE, num_classes: int | None = None,
-    input_shape: tuple[int, ...] | None = None,
+    input_shape: tuple[int, ...] | None = None, seq_len: int = LM_SEQ_LEN,
 ) -> Workload:
     """The workload called `name`; user models as 'package.module:factory' (a no-argument
     callable returning an nn.Module taking `input_shape` inputs, default (3, image_size,
-    image_size), with `num_classes` outputs, default 10)."""
+    image_size), with `num_classes` outputs, default 10). Language models take sequences of
+    `seq_len` bytes (or `input_shape`'s one dimension); segmenters and detectors images of
+    `image_size` pixels with `num_classes` classes, background included."""
     if name == "digits-mlp":
         return Workload(name, "classification", (64,), 10, _digits_mlp, "3-layer MLP, 8x8 digits")
     if name == "digits-cnn":
@@ -209,7 +305,16 @@ def get_workload(
         classes = num_classes or 91
         build = _torchvision(name, num_classes=classes, weights_backbone=None)
         return Workload(name, "detection", image, classes, build,
-                        f"torchvision {name}, synthetic boxes", uses_torchvision=True)
+                        f"torchvision {name}; sweep: synthetic boxes, training: shapes",
+                        uses_torchvision=True)
+    if name in SEGMENTERS:
+        classes = num_classes or SHAPES_CLASSES
+        return Workload(name, "segmentation", image, classes, _segmenter(name, classes),
+                        f"torchvision {name}, pixel masks", uses_torchvision=True)
+    if name in LANGUAGE_MODELS:
+        seq_len = input_shape[0] if input_shape else seq_len
+        return Workload(name, "language_model", (seq_len,), LM_VOCAB_SIZE, _language_model(name),
+                        LANGUAGE_MODEL_DESCRIPTIONS[name], tokens_per_sample=seq_len)
     if names.is_factory_spec(name):
         factory = _user_factory(name)
         return Workload(
@@ -220,6 +325,25 @@ def get_workload(
         f"unknown workload {name!r}; allowed: {', '.join(WORKLOAD_NAMES)} "
         "or a user model as 'package.module:factory'"
     )
+
+
+def workload_kind(name: str) -> str:
+    """The kind of task of workload `name` (a key of TASK_MODULES; no model is built). User
+    models are classifiers."""
+    if name in LANGUAGE_MODELS:
+        return "language_model"
+    if name in SEGMENTERS:
+        return "segmentation"
+    if name in DETECTORS:
+        return "detection"
+    return "classification"
+
+
+def workload_metrics(name: str) -> tuple[str, ...]:
+    """The metrics a convergence trial of workload `name` records (no model is built)."""
+    from batchscale.metrics import TASK_METRICS
+
+    return TASK_METRICS[workload_kind(name)]
 
 
 def is_known_workload_name(name: str) -> bool:

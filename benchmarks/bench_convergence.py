@@ -143,7 +143,7 @@ def _digits(tmp: Path):
     from batchscale.workloads import get_workload
 
     prepare(parse_config({}).dataset, tmp)
-    return load_data(str(tmp), get_workload(WORKLOAD).input_shape)
+    return load_data(str(tmp), get_workload(WORKLOAD))
 
 
 def _spec(tmp: Path, gns_every_steps: int):
@@ -163,11 +163,13 @@ def script_samples_per_s(data, tmp: Path, gns_every_steps: int) -> float:
     from batchscale.convergence import train
     from batchscale.convergence.distributed import Dist
     from batchscale.location import LocalLocation
+    from batchscale.workloads import get_workload
 
     spec = _spec(tmp, gns_every_steps)
     trial = train.Trial(spec, spec.trials[0], data, Dist(0, 1, "cpu"),
-                        LocalLocation(tmp / f"ckpt-{time.monotonic_ns()}"))
-    summary = trial.run()
+                        LocalLocation(tmp / f"ckpt-{time.monotonic_ns()}"),
+                        get_workload(WORKLOAD))
+    summary = train.summary_run_rows(trial.run())[0]
     return summary["steps_run"] * BATCH_PER_WORKER / summary["train_time_s"]
 
 

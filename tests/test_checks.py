@@ -326,7 +326,8 @@ def test_batch_size_not_configured_is_refused():
         ("sweep", 1, {"batch_size": 4}, "expect_compound_columns_to_be_unique(input_mode, "
                                         "batch_size)"),
         ("curves", 1, {"step": 0}, "expect_compound_columns_to_be_unique(trial_id, step)"),
-        ("runs", 1, {"trial_id": "t4"}, "expect_column_values_to_be_unique(trial_id)"),
+        ("runs", 1, {"trial_id": "t4"}, "expect_compound_columns_to_be_unique(trial_id, "
+                                         "target_metric, target_value)"),
         ("analysis", 1, {"batch_size": 4}, "expect_compound_columns_to_be_unique(lr_rule, "
                                            "batch_size)"),
     ],
@@ -352,7 +353,7 @@ def test_reached_run_disagreeing_with_curves_is_refused():
     rows = run_rows()
     rows[1]["steps_to_target"] = 30
     refused("runs", table("runs", rows), "expect_steps_to_target_to_match_curves",
-            "t16: steps_to_target 30, curves cross at step 20")
+            "t16 (val_accuracy >= 0.9): steps_to_target 30, curves cross at step 20")
 
 
 def test_reached_run_with_nan_loss_is_refused():

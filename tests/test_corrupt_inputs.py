@@ -185,8 +185,10 @@ def test_sweep_with_negative_throughput(tmp_path):
 # Clean tables and the pipeline's context come from tests/test_checks.py. Each extreme below is
 # injected into numeric columns of a clean table; validation must fail naming every column it
 # should refuse. What is not refused is stated here, one reason each:
-# a noise ratio; a diverging loss grows without end; a measured slope of noisy steps
-UNBOUNDED_ABOVE = {"b_simple", "train_loss", "measured_slope"}
+# a noise ratio; a diverging loss grows without end (and a loss target or a trial's last value
+# of a loss or perplexity has no natural ceiling); a measured slope of noisy steps
+UNBOUNDED_ABOVE = {"b_simple", "train_loss", "measured_slope", "train_batch_loss", "val_loss",
+                   "val_perplexity", "target_value", "final_metric_value"}
 # a noisy estimate of tr(Sigma)/|G|^2 can come out negative; slopes d log S / d log B are <= 0
 SIGNED = {"b_simple", "measured_slope", "fit_slope", "change"}  # change: a drop is negative
 NAN_MEANS_NOT_MEASURED = {

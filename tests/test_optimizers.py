@@ -30,6 +30,7 @@ from batchscale.errors import BadInput
 from batchscale.location import LocalLocation
 from batchscale.precision import autocast
 from batchscale.schemas import make_table
+from batchscale.workloads import get_workload
 
 FAST = {"target_val_accuracy": 0.9, "max_steps": 300, "eval_every_steps": 5,
         "checkpoint_every_steps": 10, "seeds": [0]}
@@ -57,9 +58,10 @@ def make_spec(tmp_path: Path, digits_dir: Path, batch_size: int = 64, **converge
 def make_trial(tmp_path: Path, digits_dir: Path, **convergence) -> train.Trial:
     """One trial on one rank inside the test process (no torchrun)."""
     spec = make_spec(tmp_path, digits_dir, **convergence)
-    data = train.load_data(spec.data_dir, (64,))
+    workload = get_workload(spec.training.workload)
+    data = train.load_data(spec.data_dir, workload)
     return train.Trial(spec, spec.trials[0], data, Dist(0, 1, "cpu"),
-                       LocalLocation(tmp_path / "ckpt"))
+                       LocalLocation(tmp_path / "ckpt"), workload)
 
 
 def trajectory(curve: list[dict]) -> list[tuple]:
@@ -177,7 +179,7 @@ def test_adamw_reaches_the_digits_target_with_the_configured_settings(tmp_path, 
     group = trial.opt.param_groups[0]
     assert type(trial.opt) is torch.optim.AdamW
     assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.85, 0.99), 1e-7, 0.01)
-    summary = trial.run()
+    summary = train.summary_run_rows(trial.run())[0]
     assert summary["status"] == "reached", summary
     assert summary["lr"] == pytest.approx(3e-3 * math.sqrt(64 / 32))
     assert summary["b_simple"] is not None and summary["b_simple"] > 0
@@ -190,7 +192,7 @@ def test_bf16_trial_trains_with_fp32_state_and_labels_its_rows(tmp_path, digits_
     x = trial.x[:8]
     with trial.autocast():
         assert trial.model(x).dtype == torch.bfloat16  # the forward runs in bf16
-    summary = trial.run()
+    summary = train.summary_run_rows(trial.run())[0]
     assert summary["status"] == "reached", summary
     # parameters, gradients and momentum stay fp32; the noise scale is still measured
     assert {p.dtype for p in trial.params} == {torch.float32}
@@ -212,7 +214,7 @@ def test_bf16_trial_trains_with_fp32_state_and_labels_its_rows(tmp_path, digits_
 
 def test_the_suites_refuse_an_unknown_precision_or_optimizer(tmp_path, digits_dir):
     trial = make_trial(tmp_path, digits_dir, max_steps=5, target_val_accuracy=1.0)
-    summary = trial.run()
+    summary = train.summary_run_rows(trial.run())[0]
     bad = make_table("runs", [{**summary, "optimizer": "adam", "precision": "fp16"}], ENV)
     message = validate_table("runs", bad).failure_message()
     assert 'expect_column_values_to_be_in_set(optimizer) [value_set=["sgd", "adamw"]]: 1 of 1 ' \

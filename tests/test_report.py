@@ -141,7 +141,9 @@ def test_stage_report_is_titled_with_the_experiment_and_self_contained(tmp_path)
 def test_report_with_no_data_explains_every_missing_plot():
     page = report(None, None, None, title="empty")
     assert images(page) == []
-    assert page.count('class="missing"') == PLOTS_WITHOUT_DP + 2  # plots, DP, results table
+    # plots, DP, results table, and the generalization gap "not measured"
+    assert page.count('class="missing"') == PLOTS_WITHOUT_DP + 3
+    assert "set convergence.gap_epochs" in page
     assert_self_contained(page)
 
 

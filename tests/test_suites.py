@@ -34,7 +34,9 @@ def test_suite_meta_names_only_implemented_helpers(kind):
     assert set(meta["parameters"]) | set(meta["context"]) <= set(suites.CONTEXT_TYPES)
 
 
-OPEN_COLUMNS = {"b_simple": (None, None), "train_loss": (0, None), "measured_slope": (None, None)}
+OPEN_COLUMNS = {"b_simple": (None, None), "train_loss": (0, None), "measured_slope": (None, None),
+                "train_batch_loss": (0, None), "val_loss": (0, None), "val_perplexity": (1, None),
+                "target_value": (0, None), "final_metric_value": (0, None)}
 """Columns without an upper bound: the noise estimate (any sign; NaN/inf are still checked),
 the loss (a diverging loss grows without end)."""
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchscale.errors import BadInput
-from batchscale.workloads import WORKLOAD_NAMES, check_builds, get_workload
+from batchscale.workloads import TASK_MODULES, WORKLOAD_NAMES, check_builds, get_workload
 from helpers import run_cli
 
 TESTS_DIR = Path(__file__).parent
@@ -24,7 +24,7 @@ STEP_BATCH = 2
 # fasterrcnn_resnet50_fpn resizes every image to 800 px inside the model: a CPU step takes
 # tens of seconds, so it is built but not stepped here (benchmarks/bench_sweep.py runs the
 # cheaper detector end to end).
-BUILD_ONLY = {"fasterrcnn_resnet50_fpn"}
+BUILD_ONLY = {"fasterrcnn_resnet50_fpn", "fcn_resnet50"}
 
 
 def tiny_conv():
@@ -68,7 +68,8 @@ def test_every_registered_workload_builds(name):
     workload = get_workload(name, image_size=TINY_IMAGE_PX)
     model = workload.build()
     assert sum(p.numel() for p in model.parameters()) > 0
-    assert workload.kind in ("classification", "detection")
+    assert workload.kind in TASK_MODULES
+    assert workload.metrics  # every kind of task says what a trial of it measures
 
 
 @pytest.mark.parametrize("name", [n for n in WORKLOAD_NAMES if n not in BUILD_ONLY])

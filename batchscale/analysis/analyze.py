@@ -21,6 +21,7 @@ import pandas as pd
 from batchscale import schemas
 from batchscale.analysis.critical import steps_to_result
 from batchscale.analysis.critical_summary import critical_by_rule
+from batchscale.analysis.gap import gap_summary
 from batchscale.analysis.narrative import render_markdown
 from batchscale.analysis.parallel import noise_scale
 from batchscale.analysis.quality import measurement_quality
@@ -30,6 +31,13 @@ from batchscale.analysis.summary import (
     MemorySummary,
     StepTimeSummary,
     ThroughputSummary,
+)
+from batchscale.analysis.targets import (
+    Target,
+    choose_target,
+    split_by_target,
+    target_fits,
+    target_tables,
 )
 from batchscale.analysis.timetotarget import (
     cell_step_times,
@@ -76,13 +84,25 @@ def analyze(
     runs: pd.DataFrame | None,
     curves: pd.DataFrame | None,
     settings: AnalysisConfig | None = None,
+    primary_target: tuple[str, float] | None = None,
+    gap_epochs: float | None = None,
 ) -> AnalysisResult:
     """Fits, regimes and recommendation on one run's tables (`settings`: the experiment's
-    `analysis` config, its defaults when None)."""
+    `analysis` config, its defaults when None).
+
+    The runs table has a row per (trial, target): the table rows, the critical batch per rule
+    and the recommendation are for one target, `primary_target` (metric, value) when the runs
+    have it, else the hardest reached at enough batch sizes (`targets.choose_target`); B_crit
+    of every target is in `summary.targets`. `gap_epochs` (the config's
+    `convergence.gap_epochs`) only labels the generalization gap."""
     settings = settings or AnalysisConfig()
     sweep = ensure_columns(sweep, schemas.SWEEP)
-    runs = ensure_columns(runs, schemas.RUNS)
+    all_runs = ensure_columns(runs, schemas.RUNS)
     curves = ensure_columns(curves, schemas.CURVES)
+    groups = split_by_target(all_runs)
+    tables = target_tables(groups)
+    choice = choose_target(tables, primary_target)
+    runs = groups[choice.target] if choice.target is not None else all_runs
     throughput = _throughput_summary(sweep, settings.saturation_tolerance)
     memory = _memory_summary(sweep)
     table, step_fit, source = _cell_table(sweep, runs, settings)
@@ -104,9 +124,21 @@ def analyze(
         min_time_to_target_s=float(np.nanmin(times)) if np.isfinite(times).any() else math.nan,
         step_time_sources=_sources(table),
         quality=measurement_quality(sweep, table),
+        target=choice.label,
+        target_reason=choice.reason,
+        target_metric=choice.target[0] if choice.target else None,
+        target_value=choice.target[1] if choice.target else math.nan,
+        targets=_target_fits(groups, tables, settings, step_fit, cap, choice.target, critical),
+        gap=gap_summary(curves, gap_epochs, choice.target[0] if choice.target else None),
     )
     rows = _rows(table, summary, labels, b_simple)
     return AnalysisResult(rows, summary, render_markdown(summary))
+
+
+def _target_fits(groups, tables, settings, step_fit, cap, chosen: Target | None, critical):
+    """B_crit per target and rule, the chosen target's fits reused."""
+    known = {chosen: critical} if chosen is not None else {}
+    return target_fits(groups, tables, settings, step_fit, cap, known)
 
 
 def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSummary:
@@ -235,6 +267,9 @@ def _rows(
             "step_time_source": cell.step_time_source,
             "sweep_step_time_s": float(cell.sweep_step_time_s),
             "timing_flag": cell.timing_flag,
+            "target_metric": summary.target_metric,
+            "target_value": (summary.target_value
+                             if math.isfinite(summary.target_value) else None),
         }
         rows.append({name: row[name] for name in ANALYSIS_COLUMNS})
     return rows

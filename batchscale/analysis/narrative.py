@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE
+from batchscale.analysis.gap import GAP_CONFIDENCE
 from batchscale.analysis.quality import (
     headline,
     markdown_text,
@@ -20,8 +21,10 @@ from batchscale.analysis.summary import (
     NoiseScaleSummary,
     Recommendation,
     StepTimeSummary,
+    TargetCriticalBatch,
     ThroughputSummary,
 )
+from batchscale.analysis.targets import trend, trend_pairs
 from batchscale.analysis.timetotarget import StepTimeSource
 
 INPUT_BOTTLENECK_SHARE = 0.2
@@ -44,7 +47,9 @@ SOURCE_WORDS = {
 
 def render_markdown(summary: AnalysisSummary) -> str:
     """The short answer to "why doesn't my training get faster?" and the recommendation."""
-    return narrative_markdown(summary) + recommendation_markdown(summary.recommendation)
+    return narrative_markdown(summary) + recommendation_markdown(
+        summary.recommendation, summary.target, summary.target_reason
+    )
 
 
 def narrative_markdown(summary: AnalysisSummary, *, with_quality: bool = True) -> str:
@@ -60,11 +65,18 @@ def narrative_markdown(summary: AnalysisSummary, *, with_quality: bool = True) -
         f"- **Throughput.** {_throughput_text(summary.throughput, summary.step_time)}",
         f"- **Memory.** {_memory_text(summary.memory)}",
     ]
+    if summary.target:
+        lines.append(f"- **Target.** The steps, B_crit and the recommendation below are for"
+                     f" {summary.target} ({summary.target_reason}).")
     for rule, fit in summary.critical_batch.items():
         text = _critical_text(fit, summary.optimal_batch_cap)
         lines.append(f"- **Steps to target ({rule} LR rule).** {text}")
     if not summary.critical_batch:
         lines.append("- **Steps to target.** Not measured: no convergence trials.")
+    lines += [f"- **B_crit vs target ({metric}).** {text}"
+              for metric, text in target_trend_texts(summary)]
+    if summary.gap is not None and (summary.gap.measured or summary.critical_batch):
+        lines.append(f"- **Generalization gap.** {gap_text(summary)}")
     lines.append(f"- **Gradient noise scale.** {_b_simple_text(summary.noise_scale)}")
     if summary.recommendation.batch_size is not None:
         lines.append(
@@ -100,20 +112,26 @@ def _sources_text(sources: tuple[str, ...]) -> str:
     return "steps × " + (" and ".join(words) if words else "step time")
 
 
-def recommendation_markdown(recommendation: Recommendation) -> str:
+def recommendation_markdown(
+    recommendation: Recommendation, target: str = "", target_reason: str = ""
+) -> str:
     """The recommendation block: its heading and `recommendation_list`."""
-    return f"\n## {RECOMMENDATION_TITLE}\n\n{recommendation_list(recommendation)}\n"
+    listed = recommendation_list(recommendation, target, target_reason)
+    return f"\n## {RECOMMENDATION_TITLE}\n\n{listed}\n"
 
 
-def recommendation_list(recommendation: Recommendation) -> str:
-    """The recommendation as a Markdown list, one item per choice with its reason (the HTML
-    report shows this same list in its styled box)."""
+def recommendation_list(
+    recommendation: Recommendation, target: str = "", target_reason: str = ""
+) -> str:
+    """The recommendation as a Markdown list, one item per choice with its reason, after the
+    target it is made for (the HTML report shows this same list in its styled box)."""
+    head = f"- **For the target {target}** — {target_reason}.\n" if target else ""
     items = (
         ("Batch size", recommendation.batch_size, recommendation.batch_reason),
         ("LR rule", recommendation.lr_rule, recommendation.lr_rule_reason),
         ("Workers", recommendation.workers, recommendation.workers_reason),
     )
-    return "\n".join(
+    return head + "\n".join(
         f"- **{label}: {NOT_AVAILABLE if value is None else value}** — {reason}."
         for label, value, reason in items
     )
@@ -263,3 +281,58 @@ def _b_simple_text(noise: NoiseScaleSummary) -> str:
         "The gradient noise scale (McCandlish et al. 2018), a cheap predictor of B_crit, has"
         f" median {_num(noise.b_simple_median)} over {noise.trials} trials."
     )
+
+
+# --------------------------------------------------------------------------- several targets
+
+TREND_WORDS = {
+    "grows": "B_crit grows as the target gets harder, as McCandlish et al. 2018 predict",
+    "falls": "B_crit falls as the target gets harder, against McCandlish et al. 2018's"
+             " prediction that it grows",
+    "overlap": "no detectable change (intervals overlap)",
+    "unknown": "cannot tell: the data give no interval or bound for one of them",
+}
+
+
+def target_trend_texts(summary: AnalysisSummary) -> list[tuple[str, str]]:
+    """(metric, sentence) per metric with two or more targets: whether B_crit moves from the
+    easiest to the hardest target, per LR rule; a change is claimed only where their
+    intervals (a bound counts as a half-line) do not overlap."""
+    by_metric: dict[str, list[str]] = {}
+    for metric, rule, easiest, hardest in trend_pairs(summary.targets):
+        verdict = TREND_WORDS[trend(easiest, hardest)]
+        by_metric.setdefault(metric, []).append(
+            f"{rule} rule: {verdict} — {_target_b_crit(easiest)} at {easiest.label},"
+            f" {_target_b_crit(hardest)} at {hardest.label}"
+        )
+    return [(metric, _sentence("; ".join(parts))) for metric, parts in by_metric.items()]
+
+
+def _target_b_crit(fit: TargetCriticalBatch) -> str:
+    """B_crit of one target for prose: the number with its interval, or the bound."""
+    text = f"B_crit {b_crit_text(fit.b_crit, fit.bound, fit.bound_batch)}"
+    if not fit.bound and math.isfinite(fit.b_crit_low):
+        text += f" ({_num(fit.b_crit_low)}–{_num(fit.b_crit_high)})"
+    return text
+
+
+def gap_text(summary: AnalysisSummary) -> str:
+    """The generalization gap in a sentence per LR rule, from the slopes at the budget."""
+    gap = summary.gap
+    if gap is None or not gap.measured or not gap.trends:
+        return _sentence(gap.reason if gap is not None else "not measured")
+    budget = (f"{gap.gap_epochs:g} epochs" if gap.gap_epochs is not None
+              else "the same examples seen")
+    parts = []
+    for t in gap.trends:
+        if t.verdict == "not measurable":
+            parts.append(f"{t.rule} rule: not measurable ({t.reason})")
+            continue
+        change = (f"{t.metric} changes by {t.slope_per_doubling:+.3g} per doubling of the batch"
+                  f" ({GAP_CONFIDENCE:.0%} interval {t.slope_low:+.3g} to"
+                  f" {t.slope_high:+.3g}, {t.interval_source})")
+        verdict = {"worse": "larger batches generalize worse: the gap is visible",
+                   "better": "larger batches do better here: no gap",
+                   "not visible": "not visible at this noise"}[t.verdict]
+        parts.append(f"{t.rule} rule: {change}: {verdict}")
+    return f"At equal data seen ({budget}): " + "; ".join(parts) + "."

@@ -15,9 +15,13 @@ from markupsafe import Markup
 
 from batchscale import schemas
 from batchscale.analysis.analyze import AnalysisResult
+from batchscale.analysis.gap import NOT_MEASURED, TABLE_METRICS, gap_table
 from batchscale.analysis.narrative import b_crit_text, narrative_markdown, recommendation_list
 from batchscale.analysis.plots import convergence_plots, parallel_plot, throughput_plots
+from batchscale.analysis.plots_targets import gap_plots, target_plot
 from batchscale.analysis.quality import quality_box_markdown, stable_sentence
+from batchscale.analysis.summary import AnalysisSummary, TargetCriticalBatch
+from batchscale.analysis.targets import same_target, split_by_target
 from batchscale.fits import ensure_columns
 from batchscale.html import environment, markdown_html, render_page
 
@@ -65,20 +69,70 @@ def render_html(
     summary = result.summary
     table = pd.DataFrame(result.rows, columns=schemas.ANALYSIS.names)
     box = quality_box_markdown(summary.quality)
+    gap = gap_table(curves)
     return render_page(
         TEMPLATE,
         title=title,
         quality_box=markdown_html(box) if box else None,
         quality_line=stable_sentence(summary.quality),
-        recommendation=markdown_html(recommendation_list(summary.recommendation)),
+        recommendation=markdown_html(recommendation_list(
+            summary.recommendation, summary.target, summary.target_reason)),
         narrative=markdown_html(narrative_markdown(summary, with_quality=False)),
         regressions_slot=REGRESSIONS_SLOT,
         throughput_plots=throughput_plots(sweep, summary, table),
         convergence_plots=convergence_plots(table, curves, summary),
-        parallel_plot=parallel_plot(runs),
+        parallel_plot=parallel_plot(_chosen_runs(runs, summary)),
         table_headings=[heading for _, heading in TABLE_COLUMNS],
         table_rows=[_table_cells(row) for row in result.rows],
+        target=summary.target,
+        target_headings=[heading for _, heading in TARGET_COLUMNS],
+        target_rows=[_target_cells(fit) for fit in summary.targets],
+        target_plot=target_plot(summary),
+        gap_title=_gap_title(summary),
+        gap_missing=None if len(gap) else _sentence(NOT_MEASURED),
+        gap_headings=["LR rule", "batch", "seeds", "examples seen",
+                      *[m for m in TABLE_METRICS if m in gap.columns]],
+        gap_rows=[[(_fmt(v), isinstance(v, str)) for v in row]
+                  for row in gap.itertuples(index=False)],
+        gap_plots=gap_plots(gap),
     )
+
+
+TARGET_COLUMNS = (
+    ("label", "target"), ("rule", "LR rule"), ("b_crit", "B_crit (90% interval) or bound"),
+    ("s_min", "S_min"), ("e_min", "E_min"), ("reached_batches", "batch sizes reached"),
+)
+"""Columns of the "B_crit vs target" table (a bound in words, as everywhere)."""
+
+
+def _target_cells(fit: TargetCriticalBatch) -> list[tuple[str, bool]]:
+    b_crit = b_crit_text(fit.b_crit, fit.bound, fit.bound_batch)
+    if not fit.bound and math.isfinite(fit.b_crit_low):
+        b_crit += f" ({_fmt(fit.b_crit_low)}–{_fmt(fit.b_crit_high)})"
+    elif not math.isfinite(fit.b_crit) and not fit.bound and fit.reason:
+        b_crit += f": {fit.reason}"
+    reached = ", ".join(map(str, fit.reached_batches)) or "none"
+    return [(fit.label, True), (fit.rule, True), (b_crit, True), (_fmt(fit.s_min), False),
+            (_fmt(fit.e_min), False), (reached, True)]
+
+
+def _gap_title(summary: AnalysisSummary) -> str:
+    epochs = summary.gap.gap_epochs if summary.gap is not None else None
+    return (f"At equal data seen ({epochs:g} epochs)" if epochs is not None
+            else "At equal data seen (gap_epochs epochs)")
+
+
+def _chosen_runs(runs: pd.DataFrame, summary: AnalysisSummary) -> pd.DataFrame:
+    """The runs rows of the recommendation's target (a trial has a row per target)."""
+    if summary.target_metric is None:
+        return runs
+    chosen = (summary.target_metric, summary.target_value)
+    return next((frame for target, frame in split_by_target(runs).items()
+                 if same_target(target, chosen)), runs)
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "."
 
 
 def add_regressions(page: str, markdown: str) -> str:

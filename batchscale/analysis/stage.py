@@ -28,7 +28,8 @@ def run_stage(
     sweep = read_table_file(sweep_path).to_pandas()
     curves = read_table_file(curves_path).to_pandas()
     runs = read_table_file(runs_path).to_pandas()
-    result = analyze(sweep, runs, curves, cfg.analysis)
+    result = analyze(sweep, runs, curves, cfg.analysis, primary_target=primary_target(cfg),
+                     gap_epochs=cfg.convergence.gap_epochs)
     env = environment(
         run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name, workload=cfg.workload
     )
@@ -39,3 +40,9 @@ def run_stage(
     Path(markdown_path).write_text(result.markdown)
     print(result.markdown)
     return result.metrics
+
+
+def primary_target(cfg) -> tuple[str, float] | None:
+    """The config's target marked `primary: true`, as (metric, value); None when none is."""
+    marked = [t for t in cfg.convergence.resolved_targets() if t.primary]
+    return (marked[0].metric, marked[0].value) if marked else None

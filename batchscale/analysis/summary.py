@@ -10,6 +10,7 @@ batch size that does not exist), each with a reason string.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 
@@ -173,6 +174,61 @@ class MeasurementQuality:
 
 
 @dataclass(frozen=True)
+class TargetCriticalBatch:
+    """B_crit of one LR rule for one target (the "B_crit vs target" table): a number with its
+    interval only where the data support it, else the bound, as `CriticalBatchSummary`."""
+
+    metric: str
+    value: float
+    label: str
+    """The target as people write it: "val_accuracy >= 0.95"."""
+    rule: str
+    b_crit: float
+    b_crit_low: float
+    b_crit_high: float
+    bound: str
+    """"above" / "below" when the data support only a bound ("" otherwise)."""
+    bound_batch: float
+    s_min: float
+    e_min: float
+    reached_batches: tuple[int, ...]
+    """Batch sizes whose median over seeds reached the target (best LR of the grid)."""
+    reason: str
+    """Why B_crit was not estimated ("" when it was)."""
+
+
+@dataclass(frozen=True)
+class GapTrend:
+    """How one validation metric at the gap budget moves with the batch, for one LR rule: the
+    least-squares slope of the metric against log2(batch) (the change per doubling)."""
+
+    rule: str
+    metric: str
+    slope_per_doubling: float
+    slope_low: float
+    slope_high: float
+    """The slope's interval (`gap.GAP_CONFIDENCE`); NaN when the data give none."""
+    interval_source: str
+    """"seed bootstrap", "least squares" or "" (no interval)."""
+    verdict: str
+    """"worse" / "better" (the interval excludes 0), "not visible" or "not measurable"."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class GapSummary:
+    """The generalization gap: every metric after the same data (`convergence.gap_epochs`)."""
+
+    measured: bool
+    """Whether any trial recorded an evaluation at the budget (`curves.at_gap_budget`)."""
+    gap_epochs: float | None
+    """The budget in epochs when the caller knows it (the config), else None."""
+    trends: tuple[GapTrend, ...]
+    reason: str
+    """Why the gap was not measured ("" when it was)."""
+
+
+@dataclass(frozen=True)
 class AnalysisSummary:
     """Everything the narrative, the report and the metrics say about one run."""
 
@@ -189,6 +245,16 @@ class AnalysisSummary:
     step_time_sources: tuple[str, ...]
     """Where the step times of T(B) came from (`timetotarget.StepTimeSource` values)."""
     quality: MeasurementQuality
+    target: str = ""
+    """The target the table, the fits and the recommendation are for ("val_accuracy >= 0.95";
+    "" without convergence trials)."""
+    target_reason: str = ""
+    """Why that target was chosen (`targets.choose_target`)."""
+    target_metric: str | None = None
+    target_value: float = math.nan
+    targets: tuple[TargetCriticalBatch, ...] = ()
+    """B_crit per target and LR rule ("B_crit vs target"), easiest target first per metric."""
+    gap: GapSummary | None = None
 
     def metrics(self) -> dict[str, float]:
         """Finite headline numbers, flat, for KFP Metrics (which cannot store NaN or inf)."""
@@ -213,24 +279,47 @@ class AnalysisSummary:
             values["sweep_rows_unstable"] = len(self.quality.excluded)
         for rule, fit in self.critical_batch.items():
             values.update(_critical_metrics(rule, fit))
+        if len({(t.metric, t.value) for t in self.targets}) > 1:
+            for fit in self.targets:
+                values.update(_target_metrics(fit))
         return {name: float(value) for name, value in values.items() if _is_finite_number(value)}
 
 
 def _critical_metrics(rule: str, fit: CriticalBatchSummary) -> dict[str, object]:
     """B_crit and its fit only when the data support a number; otherwise the bound alone
     (`b_crit_<rule>_above` = 1024), never a round-off ratio."""
+    values = _fit_metrics(rule, fit)
+    if "b_crit_" + rule in values:
+        values[f"optimal_batch_{rule}"] = fit.optimal_batch
+    return values
+
+
+def _target_metrics(fit: TargetCriticalBatch) -> dict[str, object]:
+    """Per-target B_crit under today's names with a suffix safe for KFP: `b_crit_linear` of
+    val_accuracy >= 0.95 is `b_crit_linear__val_accuracy_0p95`."""
+    return _fit_metrics(f"{fit.rule}__{target_suffix(fit.metric, fit.value)}", fit)
+
+
+def _fit_metrics(suffix: str, fit: CriticalBatchSummary | TargetCriticalBatch) -> dict:
+    """S_min, E_min, B_crit and its interval named with `suffix`, or the bound alone."""
     if fit.bound:
-        return {f"b_crit_{rule}_{fit.bound}": fit.bound_batch}
+        return {f"b_crit_{suffix}_{fit.bound}": fit.bound_batch}
     if not math.isfinite(fit.b_crit):
         return {}
     return {
-        f"s_min_{rule}": fit.s_min,
-        f"e_min_{rule}": fit.e_min,
-        f"b_crit_{rule}": fit.b_crit,
-        f"b_crit_low_{rule}": fit.b_crit_low,
-        f"b_crit_high_{rule}": fit.b_crit_high,
-        f"optimal_batch_{rule}": fit.optimal_batch,
+        f"s_min_{suffix}": fit.s_min,
+        f"e_min_{suffix}": fit.e_min,
+        f"b_crit_{suffix}": fit.b_crit,
+        f"b_crit_low_{suffix}": fit.b_crit_low,
+        f"b_crit_high_{suffix}": fit.b_crit_high,
     }
+
+
+def target_suffix(metric: str, value: float) -> str:
+    """A target as a metric-name suffix: letters, digits and underscores only (0.95 → 0p95,
+    -1.5 → m1p5)."""
+    number = f"{value:g}".replace("-", "m").replace(".", "p").replace("+", "")
+    return re.sub(r"[^A-Za-z0-9_]", "_", f"{metric}_{number}")
 
 
 def _is_finite_number(value: object) -> bool:

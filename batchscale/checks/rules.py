@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from batchscale.checks.results import MAX_SHOWN, SOURCE_PYTHON, plain, result
 from batchscale.errors import BadInput
+from batchscale.metrics import METRICS, target_label
 from batchscale.schemas import Quality, RunStatus, TrialStatus
 
 # ---------------------------------------------------------------- finite numbers
@@ -62,7 +63,10 @@ def class_balance(
     table: pa.Table, df: pd.DataFrame, parameters: dict, context: dict,
     *, min_share_of_uniform: float,
 ) -> list[dict]:
-    """Extreme imbalance: the rarest class has fewer rows than a share of the uniform count."""
+    """Extreme imbalance: the rarest class has fewer rows than a share of the uniform count
+    (not for dense targets, whose label only summarises the row)."""
+    if context.get("dense_targets"):
+        return []
     num_classes = parameters["num_classes"]
     labels = df["label"].dropna().astype("int64")
     counts = labels[(labels >= 0) & (labels < num_classes)].value_counts()
@@ -74,7 +78,10 @@ def histogram_class_balance(
     table: pa.Table, df: pd.DataFrame, parameters: dict, context: dict,
     *, min_share_of_uniform: float,
 ) -> list[dict]:
-    """Class balance of each split, from the shards' class histograms summed per split."""
+    """Class balance of each split, from the shards' class histograms summed per split (not
+    for dense targets, whose label only summarises the row)."""
+    if context.get("dense_targets"):
+        return []
     totals: dict[str, np.ndarray] = {}
     for split, hist in zip(table.column("split").to_pylist(),
                            table.column("class_histogram").to_pylist(), strict=True):
@@ -140,22 +147,23 @@ def shard_checksums(
 def steps_to_target_matches_curves(
     table: pa.Table, df: pd.DataFrame, parameters: dict, context: dict,
 ) -> list[dict]:
-    """A reached trial's steps_to_target is the first curve step at or above the target."""
+    """A reached row's steps_to_target is the first curve step whose value of the row's target
+    metric reaches the target (higher or lower, as the metric says)."""
     if "curves" not in context:
         return []
     reached = [r for r in _run_rows(table) if r["status"] == RunStatus.REACHED]
-    crossing = _first_crossings(context["curves"], reached)
     bad = []
     for run in reached:
-        found = crossing.get(run["trial_id"])
+        metric, value = _row_target(run)
+        found = _first_crossing(context["curves"], run["trial_id"], metric, value)
         if found is None or found != run["steps_to_target"]:
             seen = "never reach the target" if found is None else f"cross at step {found}"
-            bad.append(f"{run['trial_id']}: steps_to_target {run['steps_to_target']}, "
-                       f"curves {seen}")
+            bad.append(f"{run['trial_id']} ({target_label(metric, value)}): steps_to_target "
+                       f"{run['steps_to_target']}, curves {seen}")
     return [result(
         "expect_steps_to_target_to_match_curves", "steps_to_target", not bad, SOURCE_PYTHON,
-        description="steps_to_target is the first curve step whose val_accuracy >= "
-        "target_val_accuracy",
+        description="steps_to_target is the first curve step at which the row's target metric "
+        "reaches target_value (val_accuracy >= target_val_accuracy in version 1 rows)",
         element_count=len(reached), unexpected_count=len(bad), unexpected_values=bad[:MAX_SHOWN],
     )]
 
@@ -183,16 +191,29 @@ def reached_trials_have_finite_losses(
 def _run_rows(table: pa.Table) -> list[dict]:
     """Runs rows as Python values (pandas would turn nullable integers into floats)."""
     columns = ["trial_id", "status", "steps_to_target", "target_val_accuracy"]
+    columns += [c for c in ("target_metric", "target_value") if c in table.column_names]
     return table.select(columns).to_pylist()
 
 
-def _first_crossings(curves: pa.Table, runs: list[dict]) -> dict[str, int]:
-    """trial_id -> first step whose val_accuracy reaches that trial's target."""
-    targets = {r["trial_id"]: r["target_val_accuracy"] for r in runs}
-    points = _curve_points(curves, ["trial_id", "step", "val_accuracy"]).dropna()
-    points = points[points["val_accuracy"] >= points["trial_id"].map(targets)]
-    first = points.groupby("trial_id")["step"].min()
-    return {trial: int(step) for trial, step in first.items()}
+def _row_target(run: dict) -> tuple[str, float]:
+    """(metric, value) of a runs row; a version 1 row's target is val_accuracy."""
+    if run.get("target_metric"):
+        return run["target_metric"], run["target_value"]
+    return "val_accuracy", run["target_val_accuracy"]
+
+
+def _first_crossing(curves: pa.Table, trial_id: str, metric: str, value: float) -> int | None:
+    """The first step after training started (> 0) of `trial_id`'s curve at which `metric`
+    reaches `value`."""
+    if metric not in METRICS:
+        return None
+    if metric not in curves.column_names:
+        raise BadInput(f"validate runs: context curves lacks column {metric!r}")
+    points = _curve_points(curves, ["trial_id", "step", metric]).dropna()
+    points = points[points["trial_id"] == trial_id]
+    hits = [int(step) for step, v in zip(points["step"], points[metric], strict=True)
+            if step > 0 and METRICS[metric].reached(float(v), value)]  # step 0: untrained
+    return min(hits) if hits else None
 
 
 def _curve_points(curves: pa.Table, columns: list[str]) -> pd.DataFrame:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from batchscale.catalog import MASK_DATASETS, TEXT_DATASETS
 from batchscale.checks.report import validation_page
 from batchscale.checks.validate import validate_table
 from batchscale.config import config_from_json
@@ -39,14 +40,16 @@ def check_tables(checks: list[tuple[str, str, pa.Table, dict]], json_path: str,
 def validate_dataset(config_json: str, dataset_dir: str, json_path: str, html_path: str) -> None:
     from batchscale.shards import read_manifest, sha256_file
 
-    config_from_json(config_json)
+    cfg = config_from_json(config_json)
+    dense = cfg.dataset.name in TEXT_DATASETS + MASK_DATASETS
     root = Path(dataset_dir)
     manifest = read_manifest(root)
     entries = _checkable_entries(manifest)
     checksums = {m["shard"]: sha256_file(root / m["shard"]) for m in entries}
-    checks = [("manifest", "manifest", manifest, {"shard_checksums": checksums})]
+    checks = [("manifest", "manifest", manifest,
+               {"shard_checksums": checksums, "dense_targets": dense})]
     for m in entries:
-        ctx = {"num_classes": m["num_classes"],
+        ctx = {"num_classes": m["num_classes"], "dense_targets": dense,
                "feature_length": math.prod(m["feature_shape"])}
         checks.append((m["shard"], "dataset", read_table_file(root / m["shard"]), ctx))
     check_tables(checks, json_path, html_path)

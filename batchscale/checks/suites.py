@@ -85,6 +85,11 @@ def _str_dict(kind: str, key: str, value: Any) -> None:
         raise BadInput(f"validate {kind}: context {key} must be a dict of str to str")
 
 
+def _bool(kind: str, key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise BadInput(f"validate {kind}: context {key} must be true or false, got {value!r}")
+
+
 CONTEXT_TYPES: dict[str, Callable[[str, str, Any], None]] = {
     "num_classes": _positive_int,
     "feature_length": _positive_int,
@@ -92,6 +97,7 @@ CONTEXT_TYPES: dict[str, Callable[[str, str, Any], None]] = {
     "curves": _arrow_table,
     "shard_checksums": _str_dict,
     "max_unstable_share": _share,
+    "dense_targets": _bool,
 }
 
 
@@ -179,18 +185,28 @@ def _nonfinite_count(t: pa.Table) -> pa.Array:
     return pa.array(counts, pa.int64(), mask=lists.is_null().to_numpy(zero_copy_only=False))
 
 
-def _finite_or_last(t: pa.Table) -> pa.Array:
-    """True where train_loss is finite or the row is its trial's last step, null where null.
+def _finite_or_last(column: str) -> Callable[[pa.Table], pa.Array]:
+    """True where `column` (a loss) is finite or the row is its trial's last step, null where
+    null.
 
-    A diverged trial records the non-finite loss that stopped it as its last curve row; anywhere
-    else a NaN/inf loss is a bug. Computed here because pandas reads NaN as null.
+    A diverged trial records the non-finite loss that stopped it (and its evaluation of the
+    broken model) as its last curve row; anywhere else a NaN/inf loss is a bug. Computed here
+    because pandas reads NaN as null.
     """
-    curves = t.select(["trial_id", "step", "train_loss"]).to_pandas()
-    last = curves["step"] == curves.groupby("trial_id")["step"].transform("max")
-    finite = np.isfinite(curves["train_loss"].to_numpy(dtype=float))
-    ok = (finite | last.to_numpy()).tolist()
-    return pa.array(ok, pa.bool_(), mask=t.column("train_loss").is_null().to_numpy(
-        zero_copy_only=False))
+
+    def derive(t: pa.Table) -> pa.Array:
+        curves = t.select(["trial_id", "step", column]).to_pandas()
+        last = curves["step"] == curves.groupby("trial_id")["step"].transform("max")
+        finite = np.isfinite(curves[column].to_numpy(dtype=float))
+        ok = (finite | last.to_numpy()).tolist()
+        return pa.array(ok, pa.bool_(), mask=t.column(column).is_null().to_numpy(
+            zero_copy_only=False))
+
+    return derive
+
+
+LOSS_COLUMNS = ("train_loss", "train_batch_loss", "val_loss", "val_perplexity")
+"""Curve columns that may be non-finite on a diverged trial's last row."""
 
 
 DERIVED_COLUMNS: dict[str, Callable[[pa.Table], pa.Array]] = {
@@ -202,5 +218,5 @@ DERIVED_COLUMNS: dict[str, Callable[[pa.Table], pa.Array]] = {
     "class_histogram_len": _list_len("class_histogram"),
     "class_histogram_sum": _list_reduce("class_histogram", sum),
     "class_histogram_min": _list_reduce("class_histogram", min),
-    "train_loss_finite_or_last": _finite_or_last,
+    **{f"{column}_finite_or_last": _finite_or_last(column) for column in LOSS_COLUMNS},
 }

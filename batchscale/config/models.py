@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from batchscale import names
-from batchscale.catalog import DATASET_NAMES, SOURCE_DATASETS
+from batchscale.catalog import DATASET_NAMES, DATASET_TASKS, SOURCE_DATASETS
 from batchscale.config.fields import (  # noqa: F401  re-exported: import from batchscale.config
     _BATCH_SIZES,
     _MEMORY_SIZE_TEXT,
@@ -61,7 +61,14 @@ from batchscale.config.kubernetes import (  # noqa: F401  re-exported
     TolerationConfig,
     Tolerations,
 )
-from batchscale.workloads import DEFAULT_IMAGE_SIZE, WORKLOAD_NAMES, is_known_workload_name
+from batchscale.metrics import METRICS, target_label
+from batchscale.workloads import (
+    DEFAULT_IMAGE_SIZE,
+    WORKLOAD_NAMES,
+    is_known_workload_name,
+    workload_kind,
+    workload_metrics,
+)
 
 
 class DataPrepConfig(_Strict):
@@ -95,6 +102,14 @@ class DataPrepConfig(_Strict):
     """parquet: the integer class column, values 0..classes-1."""
     feature_shape: list[PositiveInt] | None = None
     """parquet with numeric lists: the shape of one example, e.g. [1, 28, 28]; default flat."""
+    sequence_length_tokens: Annotated[PositiveInt, Field(le=512)] = 64
+    """python-docs, text: bytes per sequence, the sample of a language model (batch sizes
+    count sequences; tokens per batch = batch x this), at most 512 (the models' positions)."""
+    text_column: str | None = None
+    """text: the string column of Parquet source files; unset: the source is .txt files."""
+    shapes_image_size_px: Annotated[PositiveInt, Field(ge=16, le=1024)] = 32
+    """shapes: side of the generated square images, pixels (16..1024); rows come from
+    `synthetic_train_rows`."""
     max_rows: PositiveInt | None = None
     """Keep at most this many rows, a random subset drawn with `split_seed` before the split;
     null keeps every row. Enough must remain for the split (see `val_fraction`)."""
@@ -158,6 +173,9 @@ class SweepConfig(_Strict):
     image_size_px: PositiveInt = DEFAULT_IMAGE_SIZE
     """Side of the square input images of torchvision workloads, pixels (vit_b_16: a multiple
     of 16)."""
+    sequence_length_tokens: Annotated[PositiveInt, Field(le=512)] = 64
+    """Language models: bytes per sequence (the sample) of the sweep's batches; real input needs
+    the dataset's `sequence_length_tokens` to match."""
     channels_last: bool = False
     """Convert the model and image inputs to the channels_last memory format."""
     torch_compile: bool = False
@@ -215,6 +233,50 @@ class SweepConfig(_Strict):
         if isinstance(values, str):
             raise ValueError('expected a list of positive integers or "auto"')
         return _sorted_unique(_BATCH_SIZES.validate_python(values))
+
+
+DEFAULT_TARGET_VAL_ACCURACY = 0.95
+"""The target when neither `targets` nor `target_val_accuracy` is given."""
+
+
+class TargetConfig(_Strict):
+    """One target of the convergence runs: a metric and the value that counts as reaching it."""
+
+    metric: str
+    """A metric the workload evaluates (batchscale/metrics.py): val_accuracy, val_loss,
+    val_perplexity, val_miou, val_pixel_accuracy, val_map50 or train_loss; each knows whether
+    higher or lower is better (accuracy, mIoU, mAP: reached at or above `value`; losses,
+    perplexity: at or below)."""
+    value: float = Field(allow_inf_nan=False)
+    """The value that counts as reaching the target (a share for accuracies and mIoU, nats per
+    example/token/pixel for losses)."""
+    primary: bool = False
+    """The target the recommendation is made for (at most one); unset on all: the hardest
+    target reached at enough batch sizes for a fit."""
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, name: str) -> str:
+        if name not in METRICS:
+            raise ValueError(f"unknown metric {quote_value(name)}; allowed: "
+                             f"{', '.join(METRICS)}")
+        return name
+
+    @model_validator(mode="after")
+    def _value_in_range(self) -> TargetConfig:
+        share = self.metric in ("val_accuracy", "val_miou", "val_pixel_accuracy", "val_map50")
+        if share and not 0.0 < self.value <= 1.0:
+            raise ValueError(f"value: {self.metric} is a share; a target must lie in (0, 1], "
+                             f"got {self.value:g}")
+        if self.metric == "val_perplexity" and self.value < 1.0:
+            raise ValueError(f"value: perplexity is at least 1; got {self.value:g}")
+        if self.metric.endswith("_loss") and self.value <= 0.0:
+            raise ValueError(f"value: a loss target must be above 0, got {self.value:g}")
+        return self
+
+    @property
+    def label(self) -> str:
+        return target_label(self.metric, self.value)
 
 
 class ConvergenceConfig(_Strict):
@@ -284,8 +346,23 @@ class ConvergenceConfig(_Strict):
     scaling_batch_sizes: list[BatchSize] = []
     """Global batch sizes of the data-parallel scaling runs; each must be one of `batch_sizes`
     and divisible by every worker count."""
-    target_val_accuracy: float = Field(0.95, gt=0.0, le=1.0)
-    """Validation accuracy that counts as reaching the target."""
+    target_val_accuracy: float | None = Field(None, gt=0.0, le=1.0)
+    """Shorthand for one target, val_accuracy >= this value (null: 0.95); used when `targets`
+    is empty (give one or the other)."""
+    targets: list[TargetConfig] = []
+    """Targets every trial trains to, each {metric, value[, primary]}: a trial records the
+    first step, examples and time at which it reaches each one and trains until it has reached
+    all of them (or max_steps, divergence, a stall); the runs table has a row per (trial,
+    target) and the analysis fits B_crit per target. Empty: one target, val_accuracy >=
+    `target_val_accuracy`."""
+    train_eval_rows: PositiveInt = 512
+    """train_loss is evaluated on the first this-many rows of the training split (fixed for the
+    whole run, the same for every batch size), not on the running average of the batches."""
+    gap_epochs: float | None = Field(None, gt=0.0, le=1000.0)
+    """Generalization gap: every trial also records every metric after exactly this many
+    epochs of training data (the first evaluation at or past gap_epochs x training rows),
+    training on past its targets to get there, so the report compares batch sizes at equal data
+    seen. null: off."""
     max_steps: PositiveInt = 3000
     """Step budget per trial; a trial that spends it is `not_reached`."""
     eval_every_steps: PositiveInt = 10
@@ -358,6 +435,14 @@ class ConvergenceConfig(_Strict):
             raise ValueError(f"{field}: the {self.lr_decay} decay would end at step {horizon}"
                              f"{unset}, within the {self.warmup_steps} warmup_steps; set "
                              "decay_steps above warmup_steps")
+        if self.targets and self.target_val_accuracy is not None:
+            raise ValueError("target_val_accuracy is shorthand for one val_accuracy target; "
+                             "with `targets` set, list that target there instead")
+        if sum(t.primary for t in self.targets) > 1:
+            raise ValueError("targets: at most one target can be primary")
+        seen = [(t.metric, t.value) for t in self.targets]
+        if len(set(seen)) != len(seen):
+            raise ValueError("targets: the same metric and value are listed twice")
         cells = [(b, self.workers) for b in self.batch_sizes] + [
             (b, w) for w in self.scaling_workers for b in self.scaling_batch_sizes]
         for b, w in cells:
@@ -365,6 +450,12 @@ class ConvergenceConfig(_Strict):
                 raise ValueError(f"batch_sizes: {b} is not divisible by {w} workers x "
                                  f"{self.accumulation_steps} accumulation_steps")
         return self
+
+    def resolved_targets(self) -> list[TargetConfig]:
+        """The targets the trials train to: `targets`, or the one `target_val_accuracy`
+        stands for."""
+        shorthand = self.target_val_accuracy or DEFAULT_TARGET_VAL_ACCURACY
+        return list(self.targets) or [TargetConfig(metric="val_accuracy", value=shorthand)]
 
     def fan_out(self) -> list[dict]:
         """(batch size, workers) of every convergence task: the sweep over batch sizes with
@@ -436,6 +527,25 @@ class ExperimentConfig(_Strict):
                 "or 'package.module:factory'"
             )
         return name
+
+    @model_validator(mode="after")
+    def _dataset_suits_the_workload(self) -> ExperimentConfig:
+        kind, tasks = workload_kind(self.workload), DATASET_TASKS[self.dataset.name]
+        if kind not in tasks:
+            fitting = [n for n, t in DATASET_TASKS.items() if kind in t]
+            raise ValueError(f"dataset {self.dataset.name!r} is for {' or '.join(tasks)}; "
+                             f"{self.workload} is {kind.replace('_', ' ')}: use "
+                             f"{', '.join(fitting)}")
+        return self
+
+    @model_validator(mode="after")
+    def _targets_the_workload_measures(self) -> ExperimentConfig:
+        measured = workload_metrics(self.workload)
+        for target in self.convergence.resolved_targets():
+            if target.metric not in measured:
+                raise ValueError(f"convergence.targets: {self.workload} does not measure "
+                                 f"{target.metric}; its metrics: {', '.join(measured)}")
+        return self
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True)

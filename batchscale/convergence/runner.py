@@ -18,7 +18,7 @@ import pyarrow as pa
 from batchscale.config import ExperimentConfig
 from batchscale.convergence import checkpoint, train
 from batchscale.convergence.schedule import scaled_lr
-from batchscale.convergence.spec import ConvergenceSpec, TrainingSettings, TrialSpec
+from batchscale.convergence.spec import ConvergenceSpec, TargetSpec, TrainingSettings, TrialSpec
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import Location, is_s3_uri, open_location
 from batchscale.names import check_run_id
@@ -65,6 +65,20 @@ def optimization_settings(c) -> dict:
             "min_lr_ratio": c.min_lr_ratio, "precision": c.precision}
 
 
+def target_settings(c) -> dict:
+    """The targets and evaluation settings of `c` (ConvergenceConfig) as spec settings. One
+    val_accuracy target is written the way specs always wrote it (target_val_accuracy), so a
+    checkpoint of such a trial keeps resuming; the gap budget in epochs becomes examples once
+    the dataset's size is known (by the trainer)."""
+    targets = c.resolved_targets()
+    if len(targets) == 1 and targets[0].metric == "val_accuracy":
+        chosen = {"target_val_accuracy": targets[0].value, "targets": None}
+    else:
+        chosen = {"target_val_accuracy": None,
+                  "targets": [TargetSpec(metric=t.metric, value=t.value) for t in targets]}
+    return {**chosen, "train_eval_rows": c.train_eval_rows, "gap_epochs": c.gap_epochs}
+
+
 def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, out_dir: str,
                run_id: str, workers: int | None = None,
                checkpoint_dir: str | None = None) -> ConvergenceSpec:
@@ -80,8 +94,8 @@ def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, 
             checkpoint_dir = f"{out_dir.rstrip('/')}/{c.checkpoint_uri or 'checkpoints'}"
     training = TrainingSettings(
         workload=cfg.workload, workers=workers, accumulation_steps=c.accumulation_steps,
-        momentum=c.momentum, warmup_steps=c.warmup_steps,
-        target_val_accuracy=c.target_val_accuracy, max_steps=c.max_steps,
+        momentum=c.momentum, warmup_steps=c.warmup_steps, max_steps=c.max_steps,
+        **target_settings(c),
         eval_every_steps=c.eval_every_steps, divergence_factor=c.divergence_factor,
         patience_evals=c.patience_evals, gns_every_steps=c.gns_every_steps,
         **optimization_settings(c))

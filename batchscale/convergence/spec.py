@@ -40,6 +40,15 @@ class TrialSpec(_StrictModel):
     """Seed of the model initialization and of the data order."""
 
 
+class TargetSpec(_StrictModel):
+    """A target: the metric (batchscale/metrics.py) and the value that counts as reaching it."""
+
+    metric: str
+    """Metric name, a column of the curves table."""
+    value: float
+    """Reached at or above it (higher-is-better metrics) or at or below it (losses)."""
+
+
 class TrainingSettings(_StrictModel):
     """What shapes a trial's trajectory: a checkpoint written under other values of any of
     these cannot be resumed."""
@@ -75,8 +84,15 @@ class TrainingSettings(_StrictModel):
     """LR at the end of the decay, as a share of the peak."""
     precision: Literal["fp32", "bf16"] = "fp32"
     """Compute precision of the forward pass and loss (bf16: autocast)."""
-    target_val_accuracy: float
-    """Validation accuracy that counts as reaching the target."""
+    targets: list[TargetSpec] | None = None
+    """Every target the trial trains to; None: the one `target_val_accuracy` names."""
+    train_eval_rows: PositiveInt = 512
+    """train_loss is evaluated on the first this-many training rows."""
+    gap_epochs: float | None = None
+    """Record every metric at the first evaluation at or past this many epochs of training
+    rows, training on past the targets to get there (the generalization gap); None: off."""
+    target_val_accuracy: float | None
+    """The one target val_accuracy >= this value; None when `targets` lists them."""
     max_steps: PositiveInt
     """Step budget; a trial that spends it is not_reached."""
     eval_every_steps: PositiveInt
@@ -87,6 +103,13 @@ class TrainingSettings(_StrictModel):
     """Evaluations without improvement after which a trial stops as not_reached."""
     gns_every_steps: PositiveInt
     """Optimizer steps between gradient-noise-scale measurements."""
+
+
+    def all_targets(self) -> list[TargetSpec]:
+        """The targets the trial trains to, the shorthand included."""
+        if self.targets:
+            return list(self.targets)
+        return [TargetSpec(metric="val_accuracy", value=self.target_val_accuracy)]
 
 
 LATER_SETTINGS = {name: f.default for name, f in TrainingSettings.model_fields.items()

@@ -4,8 +4,10 @@ Kubeflow Trainer v2 on a cluster (both set RANK, WORLD_SIZE, MASTER_ADDR, ... in
     torchrun --standalone --nproc-per-node=N train.py --spec spec.json
 
 The spec (spec.py) lists trials (global batch size, LR rule, LR, seed); each trains with the
-spec's optimizer (SGD+momentum or AdamW), LR schedule and precision (fp32, or bf16 autocast) to
-a validation-accuracy target and rank 0 writes `trials/<trial_id>.{curves,run}.parquet`. Trials
+spec's optimizer (SGD+momentum or AdamW), LR schedule and precision (fp32, or bf16 autocast)
+until it has reached every target (a metric and a value: batchscale/metrics.py), and rank 0
+writes `trials/<trial_id>.{curves,run}.parquet`: a curve row per evaluation with every metric
+the workload measures, and a run row per target. Trials
 whose result files exist are skipped, and each trial checkpoints atomically every N steps, so a
 restarted group (torchrun --max-restarts) resumes where it stopped and reaches the target at
 exactly the same step as an uninterrupted run (data order is a function of the step). The spec,
@@ -31,7 +33,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from batchscale.conditions import run_queue_wait_s
 from batchscale.convergence import checkpoint
@@ -42,12 +43,12 @@ from batchscale.convergence.spec import ConvergenceSpec, TrialSpec, read_spec
 from batchscale.envinfo import environment
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import Location, open_location
+from batchscale.metrics import METRICS, Metric
 from batchscale.precision import autocast
 from batchscale.schemas import RunStatus, make_table
-from batchscale.shards import load_split
-from batchscale.workloads import get_workload
+from batchscale.shards import load_split, read_manifest
+from batchscale.workloads import Workload, get_workload
 
-EVAL_CHUNK_ROWS = 4096
 # Fault-injection drill (tests, game days): the rank named by FAULT_KILL_RANK_ENV (default 0)
 # SIGKILLs itself after the step named by FAULT_KILL_AT_STEP_ENV, on the group's first attempt
 # only, so `torchrun --max-restarts` has something real to recover from.
@@ -107,10 +108,14 @@ class TrialState:
     first_loss: float | None = None
     loss_sum: float = 0.0
     loss_count: int = 0
-    best_accuracy: float = -1.0
+    best_accuracy: float = -1.0  # checkpoints before several targets; unused since
     evals_since_best: int = 0
     curve: list[dict] = field(default_factory=list)
     noise: NoiseScale = field(default_factory=NoiseScale)
+    best: dict[str, float] = field(default_factory=dict)
+    """Best value so far of each metric a target is on (the stall check)."""
+    reached: dict[str, dict] = field(default_factory=dict)
+    """Target key -> the step, examples and train time at which it was first reached."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,14 +125,31 @@ class TrialState:
         return cls(**{**values, "noise": NoiseScale(**values["noise"])})
 
 
+@dataclass(frozen=True)
+class Target:
+    """A target the trial trains to."""
+
+    metric: Metric
+    value: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.metric.name}:{self.value!r}"
+
+
 class Trial:
     def __init__(self, spec: ConvergenceSpec, trial: TrialSpec, data, d: Dist,
-                 checkpoints: Location):
+                 checkpoints: Location, workload: Workload):
         self.spec, self.t, self.d, self.checkpoints = spec, trial, d, checkpoints
         self.settings = spec.training
         self.identity = spec.identity(trial)
-        self.workload = get_workload(self.settings.workload)
+        self.workload = workload
         (self.x, self.y), (self.vx, self.vy) = data
+        # train_loss: always the same first rows, so every evaluation and batch size compares
+        self.train_eval = (self.x[:self.settings.train_eval_rows],
+                           self.y[:self.settings.train_eval_rows])
+        self.targets = [Target(METRICS[t.metric], t.value) for t in self.settings.all_targets()]
+        self.gap_step = self._gap_step(len(self.y))
         torch.manual_seed(trial.seed)
         model = self.workload.build().to(d.device)
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -178,6 +200,13 @@ class Trial:
     def _bare_model(self):
         return getattr(self.model, "module", self.model)
 
+    def _gap_step(self, train_rows: int) -> int | None:
+        """The step at which the trial has seen gap_epochs of training rows (None: off)."""
+        epochs = self.settings.gap_epochs
+        if epochs is None:
+            return None
+        return max(1, math.ceil(epochs * train_rows / self.t.batch_size))
+
     # -- the loop -----------------------------------------------------------------------------
     def log(self, msg: str) -> None:
         if self.d.is_main:
@@ -197,7 +226,7 @@ class Trial:
     def train_step(self, step: int) -> float:
         """One optimizer step over the global batch; returns this rank's mean loss."""
         idx = self.local_indices(step)
-        x, y = self.x[idx].to(self.d.device), self.y[idx].to(self.d.device)
+        x, y = self.x[idx], self.y[idx]  # dataset rows; the task makes them a batch
         for group in self.opt.param_groups:
             group["lr"] = self.schedule.at(step)
         self.opt.zero_grad(set_to_none=True)
@@ -211,8 +240,9 @@ class Trial:
         for i, (xb, yb) in enumerate(zip(xs, ys, strict=True)):
             weight = len(yb) / len(y)
             with self._sync_context(i == parts - 1, ddp_noise):
+                batch = self.workload.to_batch(xb, yb, self.d.device)
                 with self.autocast():  # the forward and loss only; backward outside, as advised
-                    loss = F.cross_entropy(self.model(xb), yb)
+                    loss = self.workload.loss(self.model, batch)
                 (loss if parts == 1 else loss * weight).backward()
             loss_value += float(loss.detach()) * weight
             if local_noise:  # this micro-batch's mean gradient: (g_now - g_before) / weight
@@ -244,45 +274,65 @@ class Trial:
         self.state.noise.update(float(flat[-1]), sq_norm(grads), self.local_batch,
                                 self.t.batch_size)
 
-    @torch.no_grad()
-    def evaluate(self) -> float:
-        model = self._bare_model()
-        model.eval()
-        correct = 0
-        for xb, yb in zip(self.vx.split(EVAL_CHUNK_ROWS), self.vy.split(EVAL_CHUNK_ROWS),
-                          strict=True):
-            with self.autocast():
-                logits = model(xb.to(self.d.device))
-            correct += int((logits.argmax(1) == yb.to(self.d.device)).sum())
-        model.train()
-        return correct / len(self.vy)
+    def evaluate(self) -> dict[str, float]:
+        """Every metric the workload measures: the validation split's, and train_loss on the
+        fixed training subset. Every rank computes the same numbers (same model, same data)."""
+        model, device = self._bare_model(), self.d.device
+        val = self.workload.evaluate(model, self.vx, self.vy, device, self.autocast)
+        metrics = {f"val_{name}": value for name, value in val.items()}
+        metrics["train_loss"] = self.workload.evaluate(model, *self.train_eval, device,
+                                                       self.autocast)["loss"]
+        return metrics
 
-    def record_eval(self) -> tuple[RunStatus | None, float]:
-        """Evaluate (not timed), append a curve row; return (status if finished, accuracy)."""
+    def record_eval(self) -> RunStatus | None:
+        """Evaluate (not timed), append a curve row, note the targets reached; the trial's
+        status if it is finished."""
         s = self.state
         loss_stats = all_reduce(torch.tensor([s.loss_sum, float(s.loss_count)],
                                              dtype=torch.float64), self.d)
-        mean_loss = float(loss_stats[0] / max(loss_stats[1], 1.0))
+        batch_loss = float(loss_stats[0] / max(loss_stats[1], 1.0))
         wall = all_reduce(torch.tensor([s.train_time_s], dtype=torch.float64), self.d,
                           dist.ReduceOp.MAX if self.d.world_size > 1 else None)
-        acc = self.evaluate()
-        s.curve.append({
+        metrics = self.evaluate()
+        row = {
             "step": s.step, "examples_seen": s.step * self.t.batch_size,
-            "train_time_s": float(wall[0]), "train_loss": mean_loss, "val_accuracy": acc,
-            "lr": self.schedule.at(max(s.step - 1, 0)),
-            "b_simple": s.noise.b_simple,
-        })
+            "train_time_s": float(wall[0]), "train_batch_loss": batch_loss,
+            "lr": self.schedule.at(max(s.step - 1, 0)), "b_simple": s.noise.b_simple,
+            "at_gap_budget": s.step == self.gap_step, **metrics,
+        }
+        s.curve.append(row)
         s.loss_sum, s.loss_count = 0.0, 0
-        if not math.isfinite(mean_loss) or (
-                s.first_loss and mean_loss > self.settings.divergence_factor * s.first_loss):
-            return RunStatus.DIVERGED, acc
-        if acc >= self.settings.target_val_accuracy:
-            return RunStatus.REACHED, acc
-        s.best_accuracy, s.evals_since_best = (acc, 0) if acc > s.best_accuracy else (
-            s.best_accuracy, s.evals_since_best + 1)
-        if s.step >= self.settings.max_steps or s.evals_since_best >= self.settings.patience_evals:
-            return RunStatus.NOT_REACHED, acc
-        return None, acc
+        if not math.isfinite(batch_loss) or (
+                s.first_loss and batch_loss > self.settings.divergence_factor * s.first_loss):
+            return RunStatus.DIVERGED
+        improved = self.note_targets(row)
+        gap_pending = self.gap_step is not None and s.step < self.gap_step
+        if len(s.reached) == len(self.targets) and not gap_pending:
+            return RunStatus.REACHED
+        s.evals_since_best = 0 if improved else s.evals_since_best + 1
+        stalled = s.evals_since_best >= self.settings.patience_evals and not (
+            len(s.reached) == len(self.targets))  # past the targets, only the gap budget waits
+        if s.step >= self.settings.max_steps or stalled:
+            return RunStatus.NOT_REACHED
+        return None
+
+    def note_targets(self, row: dict) -> bool:
+        """Record the targets `row` reaches for the first time; whether any metric of a target
+        not yet reached improved (else the evaluation counts towards a stall). The untrained
+        model (step 0) reaches nothing: a target it already meets is counted at the first
+        evaluation after training starts (steps to target are at least 1)."""
+        s, improved = self.state, False
+        for target in self.targets:
+            if target.key in s.reached:
+                continue
+            name, value = target.metric.name, row.get(target.metric.name)
+            if row["step"] > 0 and target.metric.reached(value, target.value):
+                s.reached[target.key] = {k: row[k] for k in
+                                         ("step", "examples_seen", "train_time_s")}
+            if target.metric.improved(value, s.best.get(name)):
+                s.best[name] = value
+                improved = True
+        return improved
 
     def run(self) -> dict:
         self.maybe_resume()
@@ -291,9 +341,9 @@ class Trial:
         s = self.state
         sync = torch.cuda.synchronize if self.d.device.startswith("cuda") else (lambda: None)
         contention = CpuContention()
-        status, acc = None, None
+        status = None
         if s.step == 0:
-            status, acc = self.record_eval()  # the untrained model, step 0
+            status = self.record_eval()  # the untrained model, step 0
         while status is None:
             sync()
             start = time.perf_counter()
@@ -307,33 +357,53 @@ class Trial:
             s.loss_sum += loss
             s.loss_count += 1
             if not math.isfinite(loss) and self.d.world_size == 1:
-                status, acc = self.record_eval()
+                self.record_eval()
                 status = RunStatus.DIVERGED
-            elif s.step % self.settings.eval_every_steps == 0 or s.step >= self.settings.max_steps:
-                status, acc = self.record_eval()
+            elif (s.step % self.settings.eval_every_steps == 0 or s.step == self.gap_step
+                  or s.step >= self.settings.max_steps):
+                status = self.record_eval()
                 if status is None and s.step % self.spec.checkpoint_every_steps == 0:
                     self.save_checkpoint()
-        self.log(f"{status} at step {s.step} (val acc {acc:.3f}, {s.train_time_s:.2f} s)")
-        summary = self.summary(status, acc)
-        summary["cpu_wait_share"] = contention.share(self.d)
+        self.log(f"{status} at step {s.step} ({len(s.reached)} of {len(self.targets)} targets, "
+                 f"{s.train_time_s:.2f} s)")
+        summary = {"rows": self.summary_rows(status),
+                   "cpu_wait_share": contention.share(self.d)}
         self.save_checkpoint(summary)
         return summary
 
-    def summary(self, status: RunStatus, acc: float) -> dict:
-        """The trial's runs-table row (but `cpu_wait_share`, which `run` adds), of plain values
-        (it is stored in the final checkpoint, which loads only plain containers)."""
+    def summary_rows(self, status: RunStatus) -> list[dict]:
+        """The trial's runs-table rows, one per target (but `cpu_wait_share`, which `run`
+        adds), of plain values (they are stored in the final checkpoint, which loads only plain
+        containers). A target not reached has the trial's status (not_reached or diverged)."""
         s, t = self.state, self.t
-        reached = status == RunStatus.REACHED
         last = s.curve[-1]
-        return {
+        trial = {
             "trial_id": t.trial_id, "batch_size": t.batch_size, "lr_rule": t.lr_rule,
-            "lr": t.lr, "seed": t.seed, "workers": self.d.world_size, "status": status.value,
-            "steps_run": s.step, "steps_to_target": s.step if reached else None,
-            "examples_to_target": s.step * t.batch_size if reached else None,
-            "time_to_target_s": last["train_time_s"] if reached else None,
-            "final_val_accuracy": acc, "target_val_accuracy": self.settings.target_val_accuracy,
-            "b_simple": s.noise.b_simple, "train_time_s": last["train_time_s"],
+            "lr": t.lr, "seed": t.seed, "workers": self.d.world_size, "steps_run": s.step,
+            "final_val_accuracy": last.get("val_accuracy"), "b_simple": s.noise.b_simple,
+            "train_time_s": last["train_time_s"],
         }
+        rows = []
+        for target in self.targets:
+            hit = s.reached.get(target.key)
+            name = target.metric.name
+            rows.append({
+                **trial, "target_metric": name, "target_value": target.value,
+                "target_val_accuracy": target.value if name == "val_accuracy" else None,
+                "final_metric_value": finite_or_none(last.get(name)),
+                "status": RunStatus.REACHED.value if hit else (
+                    RunStatus.DIVERGED.value if status == RunStatus.DIVERGED
+                    else RunStatus.NOT_REACHED.value),
+                "steps_to_target": hit["step"] if hit else None,
+                "examples_to_target": hit["examples_seen"] if hit else None,
+                "time_to_target_s": hit["train_time_s"] if hit else None,
+            })
+        return rows
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """A metric as a run row stores it: a broken (diverged) model's NaN/inf is not a value."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 # ----------------------------------------------------------------------------------- driver
@@ -342,12 +412,30 @@ def trial_files(trial_id: str) -> tuple[str, str]:
     return f"trials/{trial_id}.curves.parquet", f"trials/{trial_id}.run.parquet"
 
 
-def load_data(data_uri: str, input_shape: tuple[int, ...]):
-    """(train, val) tensors of the dataset at `data_uri` (a directory or an s3:// prefix).
-    Every rank holds the full, small split and slices each global batch by rank, so the global
-    batch is identical for any worker count."""
-    return (load_split(data_uri, "train", input_shape=input_shape),
-            load_split(data_uri, "val", input_shape=input_shape))
+def load_data(data_uri: str, workload: Workload):
+    """(train, val) tensors of the dataset at `data_uri` (a directory or an s3:// prefix), in
+    the workload's shape, or the dataset's own where the model takes any size. Every rank holds
+    the full, small split and slices each global batch by rank, so the global batch is
+    identical for any worker count."""
+    shape = None if workload.shape_from_data else workload.example_shape
+    return (load_split(data_uri, "train", input_shape=shape),
+            load_split(data_uri, "val", input_shape=shape))
+
+
+def workload_for_data(name: str, data_uri: str) -> Workload:
+    """The workload `name`, sized by the dataset where its model takes any size: the image
+    side and classes of a segmentation or detection dataset, the sequence length of text."""
+    workload = get_workload(name)
+    if not workload.shape_from_data:
+        return workload
+    first = read_manifest(data_uri).to_pylist()[0]
+    shape, classes = tuple(first["feature_shape"]), first["num_classes"]
+    if workload.kind == "language_model":
+        return get_workload(name, input_shape=(shape[0] - 1,))
+    if len(shape) != 3 or shape[0] != 4:
+        raise BadInput(f"{name} trains on images with a class-id channel (4, H, W); the "
+                       f"dataset at {data_uri} has examples of shape {list(shape)}")
+    return get_workload(name, image_size=shape[-1], num_classes=classes)
 
 
 def write_trial_results(out: Location, trial: TrialSpec, runner: Trial, summary: dict,
@@ -360,22 +448,31 @@ def write_trial_results(out: Location, trial: TrialSpec, runner: Trial, summary:
     rows = [{**ident, **labels, **row} for row in runner.state.curve]
     curves_name, run_name = trial_files(trial.trial_id)
     out.put_table(curves_name, make_table("curves", rows, env))
-    out.put_table(run_name, make_table("runs", [{**summary, **labels}], env))
+    runs = summary_run_rows(summary)
+    out.put_table(run_name, make_table("runs", [{**row, **labels} for row in runs], env))
+
+
+def summary_run_rows(summary: dict) -> list[dict]:
+    """The runs rows of a final checkpoint's summary: a row per target, or (a checkpoint
+    written before several targets) the one row it held."""
+    if "rows" not in summary:
+        return [summary]
+    return [{**row, "cpu_wait_share": summary["cpu_wait_share"]} for row in summary["rows"]]
 
 
 def run_spec(spec: ConvergenceSpec) -> None:
     d = init_distributed(spec.training.workers)
     out = open_location(spec.out_dir)
     checkpoints = open_location(spec.checkpoint_dir)
-    workload = get_workload(spec.training.workload)
-    data = load_data(spec.data_dir, workload.input_shape)
+    workload = workload_for_data(spec.training.workload, spec.data_dir)
+    data = load_data(spec.data_dir, workload)
     env = environment(run_id=spec.run_id, config_hash=spec.config_hash,
                       experiment=spec.experiment, workload=spec.training.workload,
                       device=d.device, world_size=d.world_size)
     for trial in spec.trials:
         if out.exists(trial_files(trial.trial_id)[1]):
             continue
-        runner = Trial(spec, trial, data, d, checkpoints)
+        runner = Trial(spec, trial, data, d, checkpoints, workload)
         summary = runner.run()
         if d.is_main:
             write_trial_results(out, trial, runner, summary, env)

@@ -20,7 +20,12 @@ from batchscale.errors import BadInput
 if TYPE_CHECKING:
     from batchscale.config import DataPrepConfig
 
-from batchscale.catalog import DATASET_NAMES, DATASETS, SOURCE_DATASETS  # noqa: F401
+from batchscale.catalog import (  # noqa: F401
+    DATASET_NAMES,
+    DATASETS,
+    SOURCE_DATASETS,
+    TEXT_DATASETS,
+)
 
 TEACHER_INPUT_DIM = 32
 TEACHER_HIDDEN = 64
@@ -121,6 +126,20 @@ def _load(cfg: DataPrepConfig, cache_dir: Path) -> RawDataset:
 
         return load_user_parquet(cfg.source_uri, cfg.feature_column, cfg.label_column,
                                  cfg.feature_shape)
+    if cfg.name in TEXT_DATASETS:
+        from batchscale.data.text import byte_sequences, load_user_text, python_docs_text
+
+        if cfg.name == "python-docs":
+            text, source = python_docs_text(), "pydoc_data.topics (CPython, PSF licence)"
+        else:
+            text, source = load_user_text(cfg.source_uri, cfg.text_column, cache_dir), \
+                cfg.source_uri
+        return byte_sequences(text, cfg.sequence_length_tokens, source)
+    if cfg.name == "shapes":
+        from batchscale.data.shapes import shapes
+
+        rows = teacher_student_rows(cfg.synthetic_train_rows, cfg.val_fraction)
+        return shapes(rows, cfg.shapes_image_size_px, cfg.split_seed)
     if cfg.name in SOURCE_DATASETS:
         from batchscale.data.vision import load_vision
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from batchscale.catalog import MASK_DATASETS, TEXT_DATASETS
 from batchscale.config import DataPrepConfig
 from batchscale.data.datasets import RawDataset, load_dataset
 from batchscale.errors import BadInput
@@ -43,26 +44,31 @@ def split_indices(rows: int, val_fraction: float, seed: int) -> dict[str, np.nda
 
 
 def check_split(raw: RawDataset, cfg: DataPrepConfig) -> None:
-    """Refuse a split that leaves either side fewer than max(MIN_SPLIT_ROWS, classes) rows,
-    naming the fields that set it; called before anything is written."""
+    """Refuse a split that leaves either side fewer than max(MIN_SPLIT_ROWS, classes) rows
+    (MIN_SPLIT_ROWS for text and masks), naming the fields that set it; called before anything
+    is written."""
     rows = len(raw.labels)
     n_val = val_rows(rows, cfg.val_fraction)
     sizes = {"training": rows - n_val, "validation": n_val}
-    need = max(MIN_SPLIT_ROWS, raw.num_classes)
+    # A label per row (classification): one row per class on average; a text or mask row
+    # holds many targets (bytes, pixels), so only the minimum applies there.
+    dense = cfg.name in TEXT_DATASETS + MASK_DATASETS
+    need = MIN_SPLIT_ROWS if dense else max(MIN_SPLIT_ROWS, raw.num_classes)
     short = [split for split, n in sizes.items() if n < need]
     if not short:
         return
     fields = ["dataset.val_fraction"]
     if cfg.max_rows is not None:
         fields.append("dataset.max_rows")
-    if cfg.name == "teacher-student":
+    if cfg.name in ("teacher-student", "shapes"):
         fields.append("dataset.synthetic_train_rows")
     raise BadInput(
         f"dataset {cfg.name}: {rows} rows split into {sizes['training']} training and "
         f"{sizes['validation']} validation rows (val_fraction {cfg.val_fraction}"
         + (f", max_rows {cfg.max_rows}" if cfg.max_rows is not None else "")
-        + f"); each split needs at least {need} rows (one per class on average for "
-        f"{raw.num_classes} classes, and at least {MIN_SPLIT_ROWS}); the {' and '.join(short)} "
+        + f"); each split needs at least {need} rows ("
+        + ("" if dense else f"one per class on average for {raw.num_classes} classes, and ")
+        + f"at least {MIN_SPLIT_ROWS}); the {' and '.join(short)} "
         f"split falls short: change {', '.join(fields)}")
 
 

@@ -174,6 +174,7 @@ def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str
              "runs": runs_path, "analysis": analysis_path, "regressions": regressions_path}
     extra = {"workload": cfg.workload, "experiment": cfg.name, "config_hash": cfg.config_hash,
              "analysis_config": cfg.analysis.model_dump(mode="json"),
+             "gap_epochs": cfg.convergence.gap_epochs,
              "regressions": regressed_cells(verdicts)}
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.html"

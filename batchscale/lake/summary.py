@@ -67,6 +67,16 @@ def analysis_config(manifest: dict) -> AnalysisConfig:
                        f"settings this version cannot use: {str(err).splitlines()[0]}") from None
 
 
+def published_target(analysis: pa.Table | None) -> tuple[str, float] | None:
+    """The target the run's published analysis was made for, so a rebuilt report is made for
+    the same one; None for runs from before targets (their one target is val_accuracy)."""
+    if analysis is None or "target_metric" not in analysis.column_names or not len(analysis):
+        return None
+    metric, value = analysis.column("target_metric")[0].as_py(), \
+        analysis.column("target_value")[0].as_py()
+    return (metric, value) if metric is not None and value is not None else None
+
+
 def throughput_lines(sweep: pa.Table) -> list[str]:
     """One line per sweep row; a row flagged unstable says so (it is left out of the fits)."""
     lines = ["throughput (samples/s; median step; CV):",
@@ -153,6 +163,10 @@ def _no_fit_reason(rule: str, rows: list[dict], runs: pa.Table | None) -> str:
     if runs is None:
         return "see the report"
     frame = ensure_columns(runs.to_pandas(), RUNS)
+    target = rows[0].get("target_metric") if rows else None
+    if target is not None:  # the rows of the target the analysis was made for
+        frame = frame[frame["target_metric"].eq(target)
+                      & frame["target_value"].eq(rows[0]["target_value"])]
     cells = pd.DataFrame([r for r in rows if r["lr_rule"] == rule])
     return edge_case_reason(frame[matches(frame, "lr_rule", rule)], cells) or "see the report"
 
@@ -207,7 +221,9 @@ def rebuild_report(store: ObjectStore, run_id: str, out: Path) -> list[str]:
     frames = {name: tables[name].to_pandas() if name in tables else None
               for name in ("sweep", "runs", "curves")}
     settings = analysis_config(manifest)
-    result = analyze(frames["sweep"], frames["runs"], frames["curves"], settings)
+    result = analyze(frames["sweep"], frames["runs"], frames["curves"], settings,
+                     primary_target=published_target(tables.get("analysis")),
+                     gap_epochs=manifest.get("gap_epochs"))
     title = f"batchscale: {manifest.get('experiment', manifest.get('workload', 'run'))} ({run_id})"
     page = render_html(result, frames["sweep"], frames["runs"], frames["curves"], title=title)
     if "regressions" in tables:

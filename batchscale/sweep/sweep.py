@@ -81,9 +81,9 @@ def check_real_input(workload: Workload, dataset_dir: str) -> str | None:
 
     manifest = read_manifest(dataset_dir).to_pylist()
     shape = tuple(manifest[0]["feature_shape"]) if manifest else ()
-    if math.prod(shape) != math.prod(workload.input_shape) or workload.kind != "classification":
+    if math.prod(shape) != math.prod(workload.example_shape):
         return (f"dataset examples have shape {shape}; {workload.name} takes "
-                f"{workload.input_shape} ({workload.kind})")
+                f"{workload.example_shape} ({workload.kind.replace('_', ' ')})")
     return None
 
 
@@ -226,12 +226,16 @@ class _Sweep:
 
     def row(self, cell: Cell) -> dict:
         cfg = self.cfg
+        measured = measured_columns(cell, cfg.max_round_spread, cfg.max_cv, self.peak_flops)
+        tokens = self.workload.tokens_per_sample
         return {
             "precision": cfg.precision, "peak_flops_per_s": self.peak_flops,
             "memory_cap_bytes": self.cap_bytes, "channels_last": cfg.channels_last,
             "compiled": cfg.torch_compile,
             "image_size_px": self.workload.input_shape[-1] if self.workload.is_image else None,
-            **measured_columns(cell, cfg.max_round_spread, cfg.max_cv, self.peak_flops),
+            "tokens_per_s": measured["samples_per_s"] * tokens
+            if tokens and measured.get("samples_per_s") else None,
+            **measured,
         }
 
     def _warn_gpu_once(self, row: dict) -> None:
@@ -290,7 +294,8 @@ def sweep(cfg: SweepConfig, workload_name: str, env: dict, out_path: str | Path,
     workload, unavailable device, unusable dataset) is refused before anything is written."""
     import torch
 
-    workload = get_workload(workload_name, image_size=cfg.image_size_px)
+    workload = get_workload(workload_name, image_size=cfg.image_size_px,
+                            seq_len=cfg.sequence_length_tokens)
     device = resolve_device(cfg.device)
     modes = input_modes(cfg, workload, dataset_dir, log)
     peak, peak_source = peak_flops_per_s(device, cfg.precision)

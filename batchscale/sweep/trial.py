@@ -180,7 +180,7 @@ def _batches(spec: TrialSpec, workload: Workload) -> Iterator:
             yield batch
     from batchscale.shards import load_split
 
-    x_all, y_all = load_split(spec.dataset_dir, "train", input_shape=workload.input_shape)
+    x_all, y_all = load_split(spec.dataset_dir, "train", input_shape=workload.example_shape)
     if len(y_all) < spec.batch_size:
         raise ValueError(f"the dataset has {len(y_all)} training rows, fewer than batch "
                          f"{spec.batch_size}")
@@ -188,8 +188,8 @@ def _batches(spec: TrialSpec, workload: Workload) -> Iterator:
     while True:
         for idx in torch.randperm(len(y_all), generator=gen).split(spec.batch_size):
             if len(idx) == spec.batch_size:
-                yield _to_format((x_all[idx].to(spec.device, non_blocking=True),
-                                  y_all[idx].to(spec.device, non_blocking=True)), channels_last)
+                yield _to_format(workload.to_batch(x_all[idx], y_all[idx], spec.device),
+                                 channels_last)
 
 
 def _progress(spec: TrialSpec):
@@ -205,7 +205,8 @@ def _progress(spec: TrialSpec):
 def _measure(spec: TrialSpec, memory: PeakMemory) -> TrialResult:
     torch.manual_seed(0)
     cfg = spec.cfg
-    workload = get_workload(spec.workload, image_size=cfg.image_size_px)
+    workload = get_workload(spec.workload, image_size=cfg.image_size_px,
+                            seq_len=cfg.sequence_length_tokens)
     model = workload.build().to(spec.device)
     if cfg.channels_last and workload.is_image:
         model = model.to(memory_format=torch.channels_last)

@@ -1,0 +1,174 @@
+"""Several targets per run (runs schema version 2): B_crit per target, the target the
+recommendation is for, the "B_crit vs target" sentence, metrics and report section; and
+version 1 tables analysed as before."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from target_tables import multi_target_runs
+from test_analyze import make_runs, make_sweep
+
+from batchscale.analysis.analyze import analyze
+from batchscale.analysis.report import render_html
+from batchscale.config import AnalysisConfig
+
+SETTINGS = AnalysisConfig(bootstrap_samples=200)
+
+
+def by_value(result, rule="linear"):
+    return {fit.value: fit for fit in result.summary.targets if fit.rule == rule}
+
+
+@pytest.fixture(scope="module")
+def three_targets():
+    return analyze(make_sweep(), multi_target_runs(), None, SETTINGS)
+
+
+def test_b_crit_is_fitted_per_target(three_targets):
+    fits = by_value(three_targets)
+    assert sorted(fits) == [0.90, 0.93, 0.95]
+    for value, expected in ((0.90, 20.0), (0.93, 40.0), (0.95, 80.0)):
+        fit = fits[value]
+        assert fit.b_crit == pytest.approx(expected, rel=0.15), (value, fit)
+        assert fit.b_crit_low < fit.b_crit < fit.b_crit_high
+        assert not fit.bound
+        assert fit.reached_batches == (4, 8, 16, 32, 64, 128, 256, 512)
+        assert fit.label == f"val_accuracy >= {value:g}"
+
+
+def test_the_hardest_target_is_chosen_and_named(three_targets):
+    summary = three_targets.summary
+    assert summary.target == "val_accuracy >= 0.95"
+    assert "hardest target" in summary.target_reason
+    assert summary.critical_batch["linear"].b_crit == pytest.approx(80.0, rel=0.15)
+    assert {(r["target_metric"], r["target_value"]) for r in three_targets.rows} == {
+        ("val_accuracy", 0.95)
+    }
+    # One analysis row per batch size: the trials' other targets' rows are not mixed in.
+    assert len(three_targets.rows) == 8
+    assert "for val_accuracy >= 0.95" in three_targets.markdown
+    assert "**For the target val_accuracy >= 0.95**" in three_targets.markdown
+
+
+def test_b_crit_growth_is_stated_when_intervals_do_not_overlap(three_targets):
+    text = three_targets.markdown
+    assert "B_crit vs target (val_accuracy)" in text
+    assert "B_crit grows as the target gets harder" in text
+    assert "no detectable change" not in text
+
+
+def test_per_target_metrics_keep_todays_names_for_the_chosen_target(three_targets):
+    metrics = three_targets.metrics
+    assert metrics["b_crit_linear"] == pytest.approx(80.0, rel=0.15)
+    assert metrics["b_crit_linear__val_accuracy_0p9"] == pytest.approx(20.0, rel=0.15)
+    assert metrics["b_crit_linear__val_accuracy_0p93"] == pytest.approx(40.0, rel=0.15)
+    assert metrics["b_crit_low_linear__val_accuracy_0p95"] < metrics["b_crit_linear"]
+
+
+def test_a_primary_target_overrides_the_hardest():
+    result = analyze(make_sweep(), multi_target_runs(), None, SETTINGS,
+                     primary_target=("val_accuracy", 0.90))
+    assert result.summary.target == "val_accuracy >= 0.9"
+    assert result.summary.target_reason == "marked primary in the config"
+    assert result.summary.critical_batch["linear"].b_crit == pytest.approx(20.0, rel=0.15)
+    missing = analyze(make_sweep(), multi_target_runs(), None, SETTINGS,
+                      primary_target=("val_accuracy", 0.99))
+    assert missing.summary.target == "val_accuracy >= 0.95"
+    assert missing.summary.target_reason.startswith(
+        "the primary target val_accuracy >= 0.99 has no trials")
+
+
+def test_a_target_reached_at_too_few_batches_is_not_chosen():
+    targets = {0.90: (100.0, 2000.0), 0.99: (400.0, 80000.0)}
+    runs = multi_target_runs(targets)
+    hard = (runs["target_value"] == 0.99) & (runs["batch_size"] > 8)
+    runs.loc[hard, ["steps_to_target", "examples_to_target", "time_to_target_s"]] = None
+    runs.loc[hard, "status"] = "not_reached"
+    result = analyze(make_sweep(), runs, None, SETTINGS)
+    assert result.summary.target == "val_accuracy >= 0.9"
+    assert "the only target reached at 3 or more batch sizes" in result.summary.target_reason
+    hardest = by_value(result)[0.99]
+    assert not math.isfinite(hardest.b_crit) and "only 2 of 8" in hardest.reason
+    assert "cannot tell" in result.markdown
+
+
+def test_equal_b_crit_reads_as_no_detectable_change():
+    runs = multi_target_runs({0.90: (100.0, 4000.0), 0.95: (200.0, 8000.0)}, noise=0.05)
+    result = analyze(make_sweep(), runs, None, SETTINGS)
+    fits = by_value(result)
+    assert fits[0.90].b_crit == pytest.approx(40.0, rel=0.3)
+    assert fits[0.95].b_crit == pytest.approx(40.0, rel=0.3)
+    assert "no detectable change (intervals overlap)" in result.markdown
+    assert "B_crit grows" not in result.markdown
+
+
+def test_a_bound_is_reported_as_a_bound():
+    # The hardest target's steps still halve with each doubling up to 512: B_crit above 512.
+    runs = multi_target_runs({0.90: (100.0, 2000.0), 0.95: (0.5, 400000.0)})
+    result = analyze(make_sweep(), runs, None, SETTINGS)
+    hardest = by_value(result)[0.95]
+    assert hardest.bound == "above" and hardest.bound_batch == 512
+    assert not math.isfinite(hardest.b_crit)
+    assert result.metrics["b_crit_linear__val_accuracy_0p95_above"] == 512
+    assert "B_crit above 512: steps still fall like 1/B at val_accuracy >= 0.95" in (
+        result.markdown)
+    assert "B_crit grows as the target gets harder" in result.markdown
+
+
+def test_loss_targets_of_two_metrics():
+    val = multi_target_runs({0.5: (100.0, 2000.0), 0.3: (150.0, 6000.0)}, metric="val_loss")
+    train = multi_target_runs({0.2: (120.0, 3000.0)}, metric="train_loss")
+    result = analyze(make_sweep(), pd.concat([val, train], ignore_index=True), None, SETTINGS)
+    labels = [fit.label for fit in result.summary.targets]
+    assert labels == ["val_loss <= 0.5", "val_loss <= 0.3", "train_loss <= 0.2"]
+    # Most steps at batch 4: val_loss <= 0.3 (1650) over train_loss (870) and val_loss <= 0.5.
+    assert result.summary.target == "val_loss <= 0.3"
+    assert "B_crit vs target (val_loss)" in result.markdown
+    assert "B_crit vs target (train_loss)" not in result.markdown
+
+
+def test_report_has_the_b_crit_vs_target_table_and_plot(three_targets):
+    runs = multi_target_runs()
+    page = render_html(three_targets, make_sweep(), runs, None)
+    section = page.split("<h2>B_crit vs target</h2>", 1)[1].split("</section>", 1)[0]
+    assert "<th>B_crit (90% interval) or bound</th>" in section
+    assert section.count("<tr>") == 1 + 3  # heading and one row per target
+    assert "val_accuracy &gt;= 0.93" in section
+    assert '<img src="data:image/png;base64,' in section
+    assert "Results by LR rule and batch size (val_accuracy &gt;= 0.95)" in page
+
+
+def test_version_1_tables_analyse_as_before():
+    """A runs table from before several targets (no target columns) gives the same fits,
+    rows and recommendation as the same trials written with their one target."""
+    old = make_runs(seeds=(0, 1)).assign(target_val_accuracy=0.9)
+    assert "target_metric" not in old.columns
+    new = old.assign(target_metric="val_accuracy", target_value=0.9, schema_version=2)
+    before = analyze(make_sweep(), old, None, SETTINGS)
+    after = analyze(make_sweep(), new, None, SETTINGS)
+    assert before.summary.target == "val_accuracy >= 0.9"
+    assert before.summary.target_reason == "the only target of the trials"
+    assert before.summary.critical_batch == after.summary.critical_batch
+    assert before.rows == after.rows
+    assert before.summary.recommendation == after.summary.recommendation
+    assert [(f.rule, f.b_crit) for f in before.summary.targets] == [
+        (rule, fit.b_crit) for rule, fit in before.summary.critical_batch.items()]
+    # One target: no per-target metric names beside today's.
+    assert not any("__" in name for name in before.metrics)
+    assert before.summary.gap is not None and not before.summary.gap.measured
+    page = render_html(before, make_sweep(), old, None)
+    assert "set convergence.gap_epochs" in page
+    assert "<h2>B_crit vs target</h2>" in page
+
+
+def test_the_stage_passes_the_configs_primary_target():
+    from batchscale.analysis.stage import primary_target
+    from batchscale.config.models import ConvergenceConfig, ExperimentConfig
+
+    marked = ConvergenceConfig(targets=[{"metric": "val_accuracy", "value": 0.9},
+                                        {"metric": "val_loss", "value": 0.3, "primary": True}])
+    assert primary_target(ExperimentConfig(convergence=marked)) == ("val_loss", 0.3)
+    assert primary_target(ExperimentConfig()) is None
