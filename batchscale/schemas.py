@@ -249,11 +249,22 @@ REGRESSIONS = pa.schema(
         # under ("field=value; ..."; batchscale/lake/comparable.py). Null in older tables.
         pa.field("reason", pa.string()),
         pa.field("fingerprint", pa.string()),
+        # The change-point test (batchscale/lake/changepoints.py): how many latest runs, this
+        # one included, lie below the baseline (null where not judged); for a confirmed
+        # regression, its last good and first bad run with their commits, and the sentence
+        # naming them with their samples/s and what changed. Null in older tables.
+        pa.field("runs_below", pa.int64()),
+        pa.field("last_good_run_id", pa.string()),
+        pa.field("last_good_commit", pa.string()),
+        pa.field("first_bad_run_id", pa.string()),
+        pa.field("first_bad_commit", pa.string()),
+        pa.field("attribution", pa.string()),
     ]
 )
-"""One row per cell of this run's sweep; `verdict` is regression, ok, insufficient_history,
-not_judged or environment_changed; `change` is current / median − 1 (for environment_changed,
-against the previous environment's baseline), `allowed_drop` the noise threshold in samples/s."""
+"""One row per cell of this run's sweep; `verdict` is confirmed, suspected, ok,
+insufficient_history, not_judged or environment_changed ("regression" in tables published before
+change points); `change` is current / median − 1 (for environment_changed, against the previous
+environment's baseline), `allowed_drop` the noise threshold in samples/s."""
 
 RESULT_TABLES = {
     "sweep": SWEEP,

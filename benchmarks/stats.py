@@ -154,7 +154,14 @@ def clopper_pearson(k: int, n: int, level: float = LEVEL) -> tuple[float, float]
 
 
 def _binom_cdf(k: int, n: int, p: float) -> float:
-    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
+    # In log space: math.comb(n, i) overflows a float for n in the thousands.
+    if p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 1.0 if k >= n else 0.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    return min(1.0, sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                                 + i * log_p + (n - i) * log_q) for i in range(k + 1)))
 
 
 def _bisect(increasing: Callable[[float], float], lo: float, hi: float) -> float:

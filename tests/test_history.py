@@ -15,9 +15,11 @@ from test_publish import WORKLOAD, env_columns, publish_synthetic_run, sweep_row
 from batchscale.lake.history import (
     History,
     _critical,
+    _plot_verdicts,
     critical_lines,
     load_history,
     plot_history,
+    throughput_lines,
 )
 from batchscale.lake.lake import PARTITIONING, lake_path
 from batchscale.lake.publish import run_manifest_key, table_key
@@ -64,7 +66,8 @@ def test_history_cli_prints_tables_and_writes_a_png(lake, tmp_path):
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "samples/s — cpu: Test CPU, fp32, synthetic input" in out
-    assert "B=4" in out and "B=64" in out and "9,100" in out and "6,000" in out
+    assert "B=4" in out and "B=64" in out and "9,100" in out and "6,000?" in out
+    assert "? suspected (one run below its baseline)" in out
     assert all(run_id in out for run_id in RUN_IDS) and "H200" not in out
     assert "B_crit (90 % bootstrap interval)" in out and "[53, 82]" in out  # 0.8, 1.25 × 66
     assert (tmp_path / "h.png").read_bytes().startswith(PNG_SIGNATURE)
@@ -92,7 +95,9 @@ def test_report_cli_rebuilds_the_report_from_the_lake(lake, tmp_path):
     assert "<h2>Regressions</h2>" in page and "batch 64" in page
     assert page.count("<strong>Batch size:") == 1
     assert f"batchscale run {run_id}" in result.stdout
-    assert "regressions: 1 of 2 judged cells" in result.stdout
+    # One slow run (6,000 after ~9,000) is suspected, not confirmed: it does not fail a run.
+    assert "regressions: none confirmed in 2 cells judged against history" in result.stdout
+    assert "suspected (one run below the baseline" in result.stdout
     assert "rebuilt from the lake" in result.stdout
     missing = run_cli(["report", "--run-id", "20990101T000000Z-none"], cwd=tmp_path,
                       env=store_env(lake))
@@ -280,3 +285,54 @@ def test_columns_added_since_an_old_partition_are_read_from_the_newer_ones(lake)
     newer = frame[(frame["run_id"] == RUN_IDS[1]) & (frame["batch_size"] == 64)]
     assert newer["threads"].tolist() == [2]  # a column the first file lacks, kept
     assert "cpu_wait_share" in frame.columns  # today's schema, null where never written
+
+
+# ------------------------------------------ verdicts in the history view (issue 18)
+STEP_RUNS = [f"20261201T00000{i}Z-step{i}" for i in range(6)]
+STEP_RATES = [9000.0, 9100.0, 8900.0, 6000.0, 6100.0, 9000.0]
+STEP_VERDICTS = ["insufficient_history", "insufficient_history", "insufficient_history",
+                 "suspected", "confirmed", "ok"]
+CELL = {"device_name": "cpu", "precision": "fp32", "input_mode": "synthetic", "batch_size": 64}
+
+
+def step_history() -> History:
+    """A cell that stepped down at run 3 (confirmed at run 4) and recovered at run 5."""
+    published = pd.Timestamp("2026-12-01 00:00", tz="UTC")
+    throughput = pd.DataFrame([{"published_at": published, "date": "2026-12-01", "run_id": r,
+                                **CELL, "samples_per_s": rate}
+                               for r, rate in zip(STEP_RUNS, STEP_RATES, strict=True)])
+    verdicts = pd.DataFrame([
+        {"run_id": r, **CELL, "verdict": v,
+         "history_median": 9000.0 if v != "insufficient_history" else float("nan"),
+         "allowed_drop": 720.0 if v != "insufficient_history" else float("nan"),
+         "first_bad_run_id": STEP_RUNS[3] if v == "confirmed" else None}
+        for r, v in zip(STEP_RUNS, STEP_VERDICTS, strict=True)])
+    return History(WORKLOAD, throughput, _critical(None), verdicts)
+
+
+def test_history_table_marks_suspected_and_confirmed_runs():
+    lines = throughput_lines(step_history())
+    marked = {run: line for run in STEP_RUNS for line in lines if run in line}
+    assert marked[STEP_RUNS[3]].rstrip().endswith("6,000?")
+    assert marked[STEP_RUNS[4]].rstrip().endswith("6,100!")
+    assert marked[STEP_RUNS[5]].rstrip().endswith("9,000")
+    assert lines[-1].strip().startswith("? suspected")
+
+
+def test_history_plot_draws_the_band_the_marked_runs_and_the_change_point(tmp_path):
+    from matplotlib.collections import PolyCollection
+    from matplotlib.figure import Figure
+
+    history = step_history()
+    axis = Figure().subplots()
+    x = {run: i for i, run in enumerate(STEP_RUNS)}
+    _plot_verdicts(axis, history, tuple(CELL.values()), x, "C0")
+    [band] = [c for c in axis.collections if isinstance(c, PolyCollection)]
+    low, high = band.get_paths()[0].vertices[:, 1].min(), band.get_paths()[0].vertices[:, 1].max()
+    assert (low, high) == (9000.0 - 720.0, 9000.0 + 720.0)
+    vertical = [line for line in axis.lines if line.get_linestyle() == "--"]
+    assert [line.get_xdata()[0] for line in vertical] == [2.5]  # between last good and first bad
+    squares = [line for line in axis.lines if line.get_marker() == "s"]
+    assert [list(line.get_xdata()) for line in squares] == [[3], [4]]  # suspected, confirmed
+    assert [line.get_markerfacecolor() for line in squares][0] == "none"
+    assert plot_history(history, tmp_path / "h.png").read_bytes().startswith(PNG_SIGNATURE)

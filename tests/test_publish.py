@@ -169,7 +169,7 @@ def test_retry_after_other_runs_published_reuses_the_stored_verdicts(
                               {64: 1000.0})
     run_id = "20260302T000000Z-retry0"
     first = publish_synthetic_run(object_store, monkeypatch, tmp_path, run_id, {64: 700.0})
-    assert len(first["regressions"]) == 1
+    assert first["regressions"] == []  # one slow run is only suspected: nothing to fail on
     publish_synthetic_run(object_store, monkeypatch, tmp_path, "20260303T000000Z-later",
                           {64: 700.0})
     before = snapshot(object_store)

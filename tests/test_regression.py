@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from test_publish import (
     DEVICE,
@@ -17,18 +18,20 @@ from test_publish import (
 
 from batchscale.lake.publish import gate_stage, run_manifest_key, run_stage, table_key
 from batchscale.lake.regression import (
+    CONFIRMED,
     ENVIRONMENT_CHANGED,
     INSUFFICIENT_HISTORY,
     MIN_HISTORY_RUNS,
     NO_REGRESSION,
     NOT_JUDGED,
-    REGRESSION,
+    SUSPECTED,
     RegressionFound,
     check_regressions,
     read_history,
     regressed_cells,
     regressions_markdown,
     regressions_table,
+    suspected_cells,
     verdict_lines,
 )
 from batchscale.schemas import REGRESSIONS, SWEEP, make_table
@@ -60,18 +63,28 @@ def verdicts(current: pd.DataFrame, history: pd.DataFrame | None,
     return dict(zip(table["batch_size"], table["verdict"], strict=True))
 
 
-def test_an_injected_20_percent_drop_is_flagged_and_normal_noise_is_not():
+def test_an_injected_20_percent_drop_is_suspected_then_confirmed_and_noise_is_not():
     rng = np.random.default_rng(7)
     history = noisy_history(rng)
     normal = MEAN_RATE * (1 + NOISE_SHARE * rng.standard_normal())
-    current = sweep_frame("now", {4: normal, 64: MEAN_RATE * (1 - DROP)})
-    assert verdicts(current, history) == {4: NO_REGRESSION, 64: REGRESSION}
-    table = check_regressions(current, history, HISTORY)
-    flagged = table[table["verdict"] == REGRESSION].iloc[0]
+    first = sweep_frame("now", {4: normal, 64: MEAN_RATE * (1 - DROP)})
+    assert verdicts(first, history) == {4: NO_REGRESSION, 64: SUSPECTED}
+    table = check_regressions(first, history, HISTORY)
+    flagged = table[table["verdict"] == SUSPECTED].iloc[0]
     assert flagged["change"] == pytest.approx(-DROP, abs=0.03)
-    assert flagged["history_runs"] == HISTORY
-    [line] = regressed_cells(table)
+    assert flagged["history_runs"] == HISTORY and flagged["runs_below"] == 1
+    assert regressed_cells(table) == []  # one run decides nothing
+    [line] = suspected_cells(table)
     assert "batch 64" in line and WORKLOAD in line and DEVICE in line and "%" in line
+    second = sweep_frame("next", {4: normal, 64: MEAN_RATE * (1 - DROP)})
+    confirmed = check_regressions(second, pd.concat([history, first], ignore_index=True),
+                                  HISTORY)
+    assert by_batch(confirmed) == {4: NO_REGRESSION, 64: CONFIRMED}
+    row = confirmed[confirmed["verdict"] == CONFIRMED].iloc[0]
+    assert (row["last_good_run_id"], row["first_bad_run_id"]) == ("h09", "now")
+    assert row["runs_below"] == 2 and row["history_runs"] == HISTORY
+    [line] = regressed_cells(confirmed)
+    assert "batch 64" in line and "2 runs in a row below" in line and "run now" in line
 
 
 def test_many_draws_of_normal_noise_raise_no_alarm():
@@ -79,15 +92,15 @@ def test_many_draws_of_normal_noise_raise_no_alarm():
     history = noisy_history(rng)
     draws = MEAN_RATE * (1 + NOISE_SHARE * rng.standard_normal(200))
     flagged = [rate for rate in draws
-               if verdicts(sweep_frame("now", {4: rate}), history)[4] == REGRESSION]
+               if verdicts(sweep_frame("now", {4: rate}), history)[4] != NO_REGRESSION]
     assert flagged == []
 
 
 def test_a_small_drop_within_the_floor_is_not_flagged_even_on_a_quiet_history():
     history = pd.concat([sweep_frame(f"h{i}", {4: MEAN_RATE}) for i in range(5)])
     assert verdicts(sweep_frame("now", {4: 0.97 * MEAN_RATE}), history) == {4: NO_REGRESSION}
-    assert verdicts(sweep_frame("now", {4: 0.92 * MEAN_RATE}), history) == {4: NO_REGRESSION}
-    assert verdicts(sweep_frame("now", {4: 0.85 * MEAN_RATE}), history) == {4: REGRESSION}
+    assert verdicts(sweep_frame("now", {4: 0.93 * MEAN_RATE}), history) == {4: NO_REGRESSION}
+    assert verdicts(sweep_frame("now", {4: 0.85 * MEAN_RATE}), history) == {4: SUSPECTED}
 
 
 def test_too_little_history_is_not_judged():
@@ -104,17 +117,22 @@ def test_only_the_last_n_runs_form_the_baseline():
     recent = [sweep_frame(f"b{i}", {4: MEAN_RATE}) for i in range(5)]
     history = pd.concat(old + recent, ignore_index=True)
     assert verdicts(sweep_frame("now", {4: 0.8 * MEAN_RATE}), history, runs=5) == {
-        4: REGRESSION}
+        4: SUSPECTED}
     assert verdicts(sweep_frame("now", {4: 0.8 * MEAN_RATE}), history, runs=15) == {
         4: NO_REGRESSION}
 
 
-def test_running_out_of_memory_where_history_timed_fine_is_a_regression():
+def test_running_out_of_memory_where_history_timed_fine_is_suspected_then_confirmed():
     history = pd.concat([sweep_frame(f"h{i}", {256: MEAN_RATE}) for i in range(5)])
     current = sweep_frame("now", {256: None}, status="oom")
     table = check_regressions(current, history, HISTORY)
-    assert table["verdict"].tolist() == [REGRESSION]
-    assert "oom now" in regressed_cells(table)[0]
+    assert table["verdict"].tolist() == [SUSPECTED]
+    assert "oom now" in suspected_cells(table)[0]
+    again = check_regressions(sweep_frame("next", {256: None}, status="oom"),
+                              pd.concat([history, current], ignore_index=True), HISTORY)
+    assert again["verdict"].tolist() == [CONFIRMED]
+    [line] = regressed_cells(again)
+    assert "oom now" in line and "(run now, oom)" in line and "(run h4, 10,000 samples/s)" in line
 
 
 def test_cells_of_other_precisions_and_input_modes_are_separate_baselines():
@@ -127,13 +145,18 @@ def test_cells_of_other_precisions_and_input_modes_are_separate_baselines():
 # --------------------------------------------------------------------- through the real lake
 
 
-def test_lake_history_flags_the_drop_fails_the_gate_after_publishing(
+def test_lake_history_confirms_the_drop_fails_the_gate_after_publishing(
         object_store, monkeypatch, tmp_path, capsys):
     rng = np.random.default_rng(3)
     for i in range(6):
         rates = {b: MEAN_RATE * (1 + NOISE_SHARE * rng.standard_normal()) for b in (4, 64)}
         publish_synthetic_run(object_store, monkeypatch, tmp_path, f"20260401T00000{i}Z-h",
                               rates)
+    first = publish_synthetic_run(object_store, monkeypatch, tmp_path, "20260401T000009Z-drop1",
+                                  {4: MEAN_RATE, 64: (1 - DROP) * MEAN_RATE})
+    assert first["regressions"] == []  # suspected only: nothing fails on one run
+    gate_stage(config_json(fail_on_regression=True),
+               str(tmp_path / "20260401T000009Z-drop1" / "out" / "regressions.parquet"))
     run_id = "20260402T000000Z-drop"
     manifest = publish_synthetic_run(object_store, monkeypatch, tmp_path, run_id,
                                      {4: MEAN_RATE, 64: (1 - DROP) * MEAN_RATE})
@@ -142,7 +165,7 @@ def test_lake_history_flags_the_drop_fails_the_gate_after_publishing(
     verdict_table = object_store.get_table(
         table_key(object_store, "regressions", "2026-04-02", run_id)).to_pandas()
     assert dict(zip(verdict_table["batch_size"], verdict_table["verdict"], strict=True)) == {
-        4: NO_REGRESSION, 64: REGRESSION}
+        4: NO_REGRESSION, 64: CONFIRMED}
     report = next(o["key"] for o in manifest["objects"] if o["key"].endswith(".html"))
     page = object_store.get_bytes(report).decode()
     assert "<h2>Regressions</h2>" in page and "1 of 2 judged cells regressed" in page
@@ -260,11 +283,15 @@ def test_a_disturbed_fourth_run_is_not_judged_says_why_and_fails_nothing(tmp_pat
     gate(table, tmp_path, fail=True)  # --fail-on-regression: no exception
 
 
-def test_the_same_slow_figures_without_the_flags_are_regressions(tmp_path):
+def test_the_same_slow_figures_without_the_flags_are_suspected_then_confirmed(tmp_path):
     """The control of the test above: it is the flags, not the figures, that spare the run."""
     slow = run_frame("slow", [measured_row(b, 0.05 * MEAN_RATE) for b in BATCHES])
     table = check_regressions(slow, three_quiet_runs(), HISTORY)
-    assert set(table["verdict"]) == {REGRESSION}
+    assert set(table["verdict"]) == {SUSPECTED}
+    gate(table, tmp_path)  # suspected: reported, never fails
+    again = run_frame("slow2", [measured_row(b, 0.05 * MEAN_RATE) for b in BATCHES])
+    table = check_regressions(again, pd.concat([three_quiet_runs(), slow]), HISTORY)
+    assert set(table["verdict"]) == {CONFIRMED}
     with pytest.raises(RegressionFound, match="batch 1024"):
         gate(table, tmp_path)
 
@@ -275,7 +302,7 @@ def test_one_unstable_row_is_not_judged_with_its_reason_and_the_rest_are():
     # One of three rows is more than the sweep's default 25 %: allow half here.
     table = check_regressions(run_frame("now", rows), three_quiet_runs(), HISTORY,
                               max_unstable_share=0.5)
-    assert by_batch(table) == {16: NOT_JUDGED, 256: NO_REGRESSION, 1024: REGRESSION}
+    assert by_batch(table) == {16: NOT_JUDGED, 256: NO_REGRESSION, 1024: SUSPECTED}
     assert by_batch(table, "reason")[16] == f"unstable: {BUSY_REASON}"
     assert any("not judged" in line and "batch 16" in line for line in verdict_lines(table))
 
@@ -287,7 +314,7 @@ def test_a_run_whose_threads_waited_for_a_cpu_is_disturbed_even_if_rows_passed()
     assert "waited for a CPU 30%" in table["reason"].iloc[0]
     off = check_regressions(run_frame("now", rows), three_quiet_runs(), HISTORY,
                             max_cpu_wait_share=None)
-    assert set(off["verdict"]) == {REGRESSION}
+    assert set(off["verdict"]) == {SUSPECTED}
 
 
 def test_unstable_rows_and_disturbed_runs_of_earlier_runs_are_no_baseline():
@@ -301,7 +328,7 @@ def test_unstable_rows_and_disturbed_runs_of_earlier_runs_are_no_baseline():
     table = check_regressions(current, history, HISTORY, max_unstable_share=0.5)
     # Cell 16: the three quiet runs only; cells 256/1024 also the two runs with one bad row.
     assert by_batch(table, "history_runs") == {16: 3, 256: 5, 1024: 5}
-    assert set(table["verdict"]) == {REGRESSION}
+    assert set(table["verdict"]) == {SUSPECTED}
     assert by_batch(table, "history_median")[16] == pytest.approx(MEAN_RATE)
     # With the sweep's default limit (25 %) one unstable row of three disturbs a run.
     strict = check_regressions(current, history, HISTORY)
@@ -336,38 +363,82 @@ def test_a_new_torch_is_named_and_the_new_environment_builds_its_own_baseline():
     assert set(steady["verdict"]) == {NO_REGRESSION}
     assert set(steady["history_runs"]) == {3}  # the new torch's runs only
     slower = check_regressions(quiet_run("n3", scale=0.5, **new_env), newer, HISTORY)
-    assert set(slower["verdict"]) == {REGRESSION}
+    assert set(slower["verdict"]) == {SUSPECTED}
 
 
-def test_a_genuine_slowdown_on_the_same_fingerprint_with_stable_rows_fails_the_gate(tmp_path):
+def test_a_genuine_slowdown_on_the_same_fingerprint_is_confirmed_and_attributed(tmp_path):
     """A code change (another git commit) is what the check is for: not in the fingerprint;
-    nor is a Python patch release (compared by major.minor)."""
-    current = quiet_run("now", scale=0.7, git_commit="def456", python_version="3.11.10")
-    table = check_regressions(current, three_quiet_runs(), HISTORY)
-    assert set(table["verdict"]) == {REGRESSION}
+    nor is a Python patch release (compared by major.minor). Two slow runs in a row confirm it,
+    naming the commits around the step and both runs' figures."""
+    new_code = {"git_commit": "def456", "python_version": "3.11.10"}
+    first = quiet_run("slow1", scale=0.7, **new_code)
+    suspected = check_regressions(first, three_quiet_runs(), HISTORY)
+    assert set(suspected["verdict"]) == {SUSPECTED}
+    gate(suspected, tmp_path)  # not failing on one run
+    history = pd.concat([three_quiet_runs(), first], ignore_index=True)
+    table = check_regressions(quiet_run("slow2", scale=0.7, **new_code), history, HISTORY)
+    assert set(table["verdict"]) == {CONFIRMED}
     assert table["reason"].isna().all()
-    with pytest.raises(RegressionFound, match="3 throughput regression"):
+    row = table[table["batch_size"] == 16].iloc[0]
+    assert (row["last_good_run_id"], row["last_good_commit"]) == ("q2", "abc123")
+    assert (row["first_bad_run_id"], row["first_bad_commit"]) == ("slow1", "def456")
+    assert row["attribution"] == (
+        "between commit abc123 (run q2, 10,000 samples/s) and def456 (run slow1, 7,000 "
+        "samples/s); changed: git_commit abc123 -> def456")
+    with pytest.raises(RegressionFound, match="3 throughput regression") as err:
         gate(table, tmp_path)
+    assert "between commit abc123 (run q2" in str(err.value)
+    markdown = regressions_markdown(table)
+    assert "3 of 3 judged cells regressed** (confirmed)" in markdown
+    assert "changed: git_commit abc123 -> def456" in markdown
+
+
+def test_nothing_changed_in_the_recorded_versions_is_said_so():
+    history = pd.concat([three_quiet_runs(), quiet_run("slow1", scale=0.6)], ignore_index=True)
+    table = check_regressions(quiet_run("slow2", scale=0.6), history, HISTORY)
+    assert set(table["verdict"]) == {CONFIRMED}
+    assert table["attribution"].str.endswith(
+        "no change in git_commit, batchscale_version, torch_version recorded between them "
+        "(look outside the code: data, driver, node)").all()
+
+
+def test_a_blip_is_suspected_then_cleared_and_fails_nothing(tmp_path):
+    blip = quiet_run("blip", scale=0.6)
+    assert set(check_regressions(blip, three_quiet_runs(), HISTORY)["verdict"]) == {SUSPECTED}
+    history = pd.concat([three_quiet_runs(), blip], ignore_index=True)
+    table = check_regressions(quiet_run("back"), history, HISTORY)
+    assert set(table["verdict"]) == {NO_REGRESSION}
+    assert set(table["history_runs"]) == {4}  # the blip stays in the (median's) baseline
+    lines = verdict_lines(table)
+    assert lines == ["regressions: none confirmed in 3 cells judged against history"]
 
 
 # ------------------------------------------------------------------------ through the lake
 
 
 def publish_rows(store, monkeypatch, tmp_path, run_id: str, rows: list[dict],
-                 drop: tuple[str, ...] = ()) -> dict:
+                 drop: tuple[str, ...] = (), commit: str | None = None) -> dict:
     """Publish one run whose sweep rows are `rows`; `drop` removes sweep columns first, as in
-    partitions published before those columns existed."""
+    partitions published before those columns existed; `commit` replaces the git commit."""
     for name, value in store_env(store).items():
         monkeypatch.setenv(name, value)
     paths = write_run_files(tmp_path / run_id, run_id, {}, sweep=rows)
+    sweep = read_table_file(paths["sweep_path"])
     if drop:
-        sweep = read_table_file(paths["sweep_path"])
-        write_table_atomic(paths["sweep_path"], sweep.drop_columns(list(drop)))
+        sweep = sweep.drop_columns(list(drop))
+    if commit:
+        index = sweep.schema.get_field_index("git_commit")
+        sweep = sweep.set_column(index, "git_commit", pa.array([commit] * sweep.num_rows))
+    write_table_atomic(paths["sweep_path"], sweep)
     out = tmp_path / run_id / "out"
     out.mkdir(exist_ok=True)
     return run_stage(config_json(fail_on_regression=True), run_id,
                      regressions_path=str(out / "regressions.parquet"),
                      markdown_path=str(out / "regressions.md"), **paths)
+
+
+def stored_verdicts(store, date: str, run_id: str) -> pd.DataFrame:
+    return store.get_table(table_key(store, "regressions", date, run_id)).to_pandas()
 
 
 NEWER_COLUMNS = ("rounds", "round_spread", "retries", "quality", "quality_reason",
@@ -397,11 +468,56 @@ def test_four_runs_through_the_lake_the_busy_one_is_recorded_not_judged(
     page = object_store.get_bytes(next(o["key"] for o in manifest["objects"]
                                        if o["key"].endswith(".html"))).decode()
     assert "Not judged: measurement disturbed" in page
-    # The busy run is no baseline for the next one: a 30 % drop is judged against quiet runs.
-    slow = publish_rows(object_store, monkeypatch, tmp_path, "20260801T000010Z-slow",
-                        [measured_row(b, 0.7 * MEAN_RATE) for b in BATCHES])
-    assert len(slow["regressions"]) == len(BATCHES)
-    assert all("over 3 runs" in cell for cell in slow["regressions"])
+    # The busy run is no baseline for the next one: a 30 % drop is judged against quiet runs,
+    # suspected at the first slow run and confirmed at the second.
+    slow_rows = [measured_row(b, 0.7 * MEAN_RATE) for b in BATCHES]
+    slow = publish_rows(object_store, monkeypatch, tmp_path, "20260801T000010Z-slow", slow_rows)
+    assert slow["regressions"] == []
+    first = stored_verdicts(object_store, "2026-08-01", "20260801T000010Z-slow")
+    assert set(first["verdict"]) == {SUSPECTED} and set(first["history_runs"]) == {3}
+    again = publish_rows(object_store, monkeypatch, tmp_path, "20260801T000011Z-slow2",
+                         slow_rows)
+    assert len(again["regressions"]) == len(BATCHES)
+    assert all("over 3 runs" in cell for cell in again["regressions"])
+
+
+def test_a_slowdown_in_two_published_runs_is_confirmed_and_attributed_to_the_new_commit(
+        object_store, monkeypatch, tmp_path, capsys):
+    """The issue's "done when": a genuine slowdown (new code, same fingerprint) in two
+    consecutive runs, through the publish entry point and a real store: the first is suspected
+    and fails nothing; the second is confirmed, names the commit range, fails the gate."""
+    quiet = [measured_row(b, MEAN_RATE) for b in BATCHES]
+    for i in range(3):
+        publish_rows(object_store, monkeypatch, tmp_path, f"20261101T00000{i}Z-q", quiet)
+    slow = [measured_row(b, 0.7 * MEAN_RATE) for b in BATCHES]
+    first = publish_rows(object_store, monkeypatch, tmp_path, "20261101T000003Z-slow1", slow,
+                         commit="def456")
+    assert first["regressions"] == []
+    assert set(stored_verdicts(object_store, "2026-11-01", "20261101T000003Z-slow1")[
+        "verdict"]) == {SUSPECTED}
+    capsys.readouterr()
+    gate_stage(config_json(fail_on_regression=True),
+               str(tmp_path / "20261101T000003Z-slow1" / "out" / "regressions.parquet"))
+    assert "suspected (one run below the baseline" in capsys.readouterr().out
+    run_id = "20261101T000004Z-slow2"
+    manifest = publish_rows(object_store, monkeypatch, tmp_path, run_id, slow, commit="def456")
+    assert len(manifest["regressions"]) == len(BATCHES)
+    stored = stored_verdicts(object_store, "2026-11-01", run_id)
+    assert set(stored["verdict"]) == {CONFIRMED} and set(stored["runs_below"]) == {2}
+    assert set(stored["last_good_run_id"]) == {"20261101T000002Z-q"}
+    assert set(stored["first_bad_run_id"]) == {"20261101T000003Z-slow1"}
+    assert set(stored["last_good_commit"]) == {"abc123"}
+    assert set(stored["first_bad_commit"]) == {"def456"}
+    expected = ("between commit abc123 (run 20261101T000002Z-q of 2026-11-01, 10,000 samples/s)"
+                " and def456 (run 20261101T000003Z-slow1 of 2026-11-01, 7,000 samples/s); "
+                "changed: git_commit abc123 -> def456")
+    assert all(expected in cell for cell in manifest["regressions"])
+    page = object_store.get_bytes(next(o["key"] for o in manifest["objects"]
+                                       if o["key"].endswith(".html"))).decode()
+    assert "regressed</strong> (confirmed)" in page and "between commit abc123" in page
+    with pytest.raises(RegressionFound, match="git_commit abc123 -> def456"):
+        gate_stage(config_json(fail_on_regression=True),
+                   str(tmp_path / run_id / "out" / "regressions.parquet"))
 
 
 def test_old_partitions_without_the_quality_columns_count_as_stable(
@@ -415,10 +531,10 @@ def test_old_partitions_without_the_quality_columns_count_as_stable(
                      drop=NEWER_COLUMNS)
     history = read_history(object_store, "20260902T000000Z-x", [WORKLOAD])
     assert history["quality"].isna().all() and len(history) == 3 * len(BATCHES)
-    manifest = publish_rows(object_store, monkeypatch, tmp_path, "20260902T000000Z-new",
-                            [measured_row(b, 0.7 * MEAN_RATE) for b in BATCHES])
-    assert len(manifest["regressions"]) == len(BATCHES)
-    assert all("over 3 runs" in cell for cell in manifest["regressions"])
+    publish_rows(object_store, monkeypatch, tmp_path, "20260902T000000Z-new",
+                 [measured_row(b, 0.7 * MEAN_RATE) for b in BATCHES])
+    verdict = stored_verdicts(object_store, "2026-09-02", "20260902T000000Z-new")
+    assert set(verdict["verdict"]) == {SUSPECTED} and set(verdict["history_runs"]) == {3}
 
 
 def test_unstable_rows_are_no_baseline_in_a_lake_that_also_holds_older_partitions(
@@ -437,11 +553,11 @@ def test_unstable_rows_are_no_baseline_in_a_lake_that_also_holds_older_partition
     for i in (2, 3):
         publish_rows(object_store, monkeypatch, tmp_path, f"20261001T00000{i}Z-q",
                      [measured_row(b, MEAN_RATE) for b in BATCHES])
-    manifest = publish_rows(object_store, monkeypatch, tmp_path, "20261002T000000Z-slow",
-                            [measured_row(b, 0.7 * MEAN_RATE) for b in BATCHES])
+    publish_rows(object_store, monkeypatch, tmp_path, "20261002T000000Z-slow",
+                 [measured_row(b, 0.7 * MEAN_RATE) for b in BATCHES])
     # Baseline: the old run and the two quiet ones, never the busy one.
-    assert all("over 3 runs" in cell for cell in manifest["regressions"])
-    assert len(manifest["regressions"]) == len(BATCHES)
+    verdict = stored_verdicts(object_store, "2026-10-02", "20261002T000000Z-slow")
+    assert set(verdict["verdict"]) == {SUSPECTED} and set(verdict["history_runs"]) == {3}
 
 
 # ------------------------------------------------------------ the regressions table's suite
@@ -478,8 +594,14 @@ def test_the_regressions_suite_passes_real_verdicts_and_catches_bad_ones(
     clean = validate_table("regressions", regressions_table(frame))
     assert clean.success, clean.failure_message()
     judged = check_regressions(quiet_run("now", scale=0.5), three_quiet_runs(), HISTORY)
+    assert set(judged["verdict"]) == {SUSPECTED}
     assert validate_table("regressions", regressions_table(judged)).success
-    broken = judged.assign(verdict=["regressed", NOT_JUDGED, REGRESSION],
+    history = pd.concat([three_quiet_runs(), quiet_run("now", scale=0.5)], ignore_index=True)
+    confirmed = check_regressions(quiet_run("next", scale=0.5), history, HISTORY)
+    assert set(confirmed["verdict"]) == {CONFIRMED}
+    report = validate_table("regressions", regressions_table(confirmed))
+    assert report.success, report.failure_message()
+    broken = judged.assign(verdict=["regressed", NOT_JUDGED, CONFIRMED],
                            history_runs=[3, 3, 1])
     report = validate_table("regressions", regressions_table(broken))
     message = report.failure_message()
@@ -487,3 +609,5 @@ def test_the_regressions_suite_passes_real_verdicts_and_catches_bad_ones(
     assert "verdict" in message and "regressed" in message
     assert "reason" in message  # not_judged without a reason
     assert "history_runs" in message  # a regression on one earlier run
+    assert "attribution" in message and "first_bad_run_id" in message  # confirmed, unnamed
+    assert "runs_below" in message  # confirmed on one run below

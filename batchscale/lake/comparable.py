@@ -17,6 +17,10 @@ change is what the check exists to catch. CUDA's version is part of `torch_versi
 local version, e.g. "2.5.1+cu124"); the image is not recorded per row, and its speed-relevant
 content is torch, Python and the device, which are. A field null on either side (not recorded
 then) is not a difference.
+
+Attribution: `git_commit`, `batchscale_version` and `torch_version` (ATTRIBUTION_FIELDS) travel
+with each cell so a confirmed regression can name what changed between its last good and its
+first bad run.
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ the sweep's input size and layout/compile switches."""
 MEASUREMENT_COLUMNS = ("quality", "quality_reason", "cpu_wait_share")
 DEFAULT_MAX_UNSTABLE_SHARE = SweepConfig.model_fields["max_unstable_share"].default
 DEFAULT_MAX_CPU_WAIT_SHARE = SweepConfig.model_fields["max_cpu_wait_share"].default
+ATTRIBUTION_FIELDS = ("git_commit", "batchscale_version", "torch_version")
+"""What a confirmed regression names as changed between its last good and first bad run."""
+RUN_FIELDS = ("date",)
+"""The run's date partition, where the rows came from the lake."""
 DISTURBED = "measurement disturbed"
 CELL_KEYS = ("workload", "device_name", "precision", "input_mode", "batch_size")
 """A cell of the throughput sweep; its runs' figures form its series."""
@@ -44,7 +52,8 @@ CELL_KEYS = ("workload", "device_name", "precision", "input_mode", "batch_size")
 
 def with_measurement_columns(sweep: pd.DataFrame) -> pd.DataFrame:
     """`sweep` with the quality and fingerprint columns, all-null where an older row lacks them."""
-    missing = [c for c in (*MEASUREMENT_COLUMNS, *FINGERPRINT_FIELDS) if c not in sweep]
+    missing = [c for c in (*MEASUREMENT_COLUMNS, *FINGERPRINT_FIELDS, *ATTRIBUTION_FIELDS,
+                           *RUN_FIELDS) if c not in sweep]
     return sweep.assign(**{c: pd.Series(None, index=sweep.index, dtype=object)
                            for c in missing})
 
@@ -126,7 +135,8 @@ def same_fingerprint(cells: pd.DataFrame, cell: dict) -> np.ndarray:
 def per_run_cells(sweep: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, cell), in the order of `sweep`: status ok if any row timed;
     samples_per_s the median of the stable timed rows, or of all timed rows when every one is
-    unstable (`trusted` false, `quality_reason` the first reason); the fingerprint fields."""
+    unstable (`trusted` false, `quality_reason` the first reason); the fingerprint and
+    attribution fields and the date."""
     sweep = with_measurement_columns(sweep)
     timed, unstable = timed_rows(sweep), unstable_rows(sweep)
     rates = pd.to_numeric(sweep["samples_per_s"], errors="coerce")
@@ -138,7 +148,9 @@ def per_run_cells(sweep: pd.DataFrame) -> pd.DataFrame:
         ok=("ok", "any"), trusted=("trusted", "any"), stable_rate=("stable_rate", "median"),
         timed_rate=("timed_rate", "median"), status=("status", "first"),
         quality_reason=("unstable_reason", "first"),
-        **{f: (f, "first") for f in FINGERPRINT_FIELDS if f not in CELL_KEYS}).reset_index()
+        **{f: (f, "first") for f in dict.fromkeys((*FINGERPRINT_FIELDS, *ATTRIBUTION_FIELDS,
+                                                   *RUN_FIELDS)) if f not in CELL_KEYS},
+    ).reset_index()
     cells["status"] = cells["status"].where(~cells["ok"], TrialStatus.OK)
     cells["samples_per_s"] = cells["stable_rate"].where(cells["trusted"], cells["timed_rate"])
     return cells.drop(columns=["ok", "stable_rate", "timed_rate"])
@@ -148,9 +160,18 @@ def baseline_cells(history: pd.DataFrame | None, max_unstable_share: float | Non
                    max_cpu_wait_share: float | None) -> pd.DataFrame | None:
     """The cells of earlier runs that may form baselines: timed, measured well, in runs not
     disturbed as a whole; oldest first."""
+    cells = series_cells(history, max_unstable_share, max_cpu_wait_share)
+    return None if cells is None else cells[cells["status"].eq(TrialStatus.OK)]
+
+
+def series_cells(history: pd.DataFrame | None, max_unstable_share: float | None,
+                 max_cpu_wait_share: float | None) -> pd.DataFrame | None:
+    """The cells of earlier runs that form a cell's series: those of `baseline_cells`, and the
+    cells that did not time (out of memory, failed) in runs not disturbed as a whole (a slow
+    run's step may be a failure); oldest first."""
     if history is None or not len(history):
         return None
     history = with_measurement_columns(history)
     disturbed = disturbed_runs(history, max_unstable_share, max_cpu_wait_share)
     cells = per_run_cells(history[~history["run_id"].isin(disturbed)])
-    return cells[cells["status"].eq(TrialStatus.OK) & cells["trusted"]]
+    return cells[cells["trusted"] | cells["status"].ne(TrialStatus.OK)]

@@ -3,15 +3,22 @@
 Reads the Hive-partitioned `sweep` and `analysis` tables of every complete run with
 pyarrow.dataset through the store's pyarrow filesystem, in publication order. Prints one table
 per (device, precision, input mode) and one for B_crit, and draws both into one PNG.
+
+The regression check's verdicts, as publish recorded them run by run (the `regressions` table),
+go with the throughput: the table marks suspected (`?`) and confirmed (`!`) runs, and the plot
+draws each cell's baseline band (the median of its baseline ± the drop the noise allows, as
+judged at each run) and a dashed vertical line at each confirmed change point (the first bad
+run), so a step and a blip look different at once.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 
@@ -25,6 +32,12 @@ ANALYSIS_COLUMNS = ["run_id", "date", "lr_rule", "b_crit", "b_crit_low", "b_crit
                     "b_crit_bound", "b_crit_bound_batch"]
 """The analysis columns history shows; the bound columns are absent from partitions published
 before B_crit could be a bound, and read as no bound there."""
+VERDICT_COLUMNS = ["run_id", "device_name", "precision", "input_mode", "batch_size", "verdict",
+                   "history_median", "allowed_drop", "first_bad_run_id"]
+"""The regressions columns history shows (first_bad_run_id is null in older tables)."""
+VERDICT_MARKS = {"suspected": "?", "confirmed": "!", "regression": "!"}
+"""How the text table marks a run's figure; "regression" is the verdict of older tables."""
+BAND_ALPHA = 0.15
 BOUND_SIGNS = {"above": ">", "below": "<"}
 SERIES_KEYS = ["device_name", "precision", "input_mode"]
 RUN_KEYS = ["published_at", "date", "run_id"]
@@ -47,6 +60,8 @@ class History:
     """RUN_KEYS, SERIES_KEYS, batch_size, samples_per_s (median of the run's ok rows)."""
     critical: pd.DataFrame
     """RUN_KEYS, lr_rule, b_crit, b_crit_low, b_crit_high, b_crit_bound, b_crit_bound_batch."""
+    verdicts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=VERDICT_COLUMNS))
+    """VERDICT_COLUMNS: the regression check's verdict per run and cell, as published."""
 
 
 def load_history(store: ObjectStore, workload: str, device: str | None = None,
@@ -75,7 +90,15 @@ def load_history(store: ObjectStore, workload: str, device: str | None = None,
     # Every column, not ANALYSIS_COLUMNS: the lake scans under today's schema (old partitions
     # read as nulls there), and `_critical` fills what a table from elsewhere lacks.
     analysis = read_lake_table(store, "analysis", filter=ds.field("run_id").isin(runs.tolist()))
-    return History(workload, _throughput(sweep), _critical(analysis))
+    verdicts = read_lake_table(store, "regressions", columns=VERDICT_COLUMNS,
+                               filter=(ds.field("workload") == workload)
+                               & ds.field("run_id").isin(runs.tolist()))
+    return History(workload, _throughput(sweep), _critical(analysis), _verdicts(verdicts))
+
+
+def _verdicts(verdicts: pd.DataFrame | None) -> pd.DataFrame:
+    return (pd.DataFrame(columns=VERDICT_COLUMNS) if verdicts is None
+            else verdicts[VERDICT_COLUMNS].reset_index(drop=True))
 
 
 def lake_workloads(store: ObjectStore) -> list[str]:
@@ -107,8 +130,15 @@ def _run_label(row) -> str:
     return f"{row.published_at.strftime(TIME_FORMAT)}  {row.run_id:28s}"
 
 
+def _marks(history: History) -> dict[tuple, str]:
+    """(run_id, device, precision, mode, batch) -> the mark of its verdict, where it has one."""
+    rows = history.verdicts[history.verdicts["verdict"].isin(VERDICT_MARKS)]
+    return {(r.run_id, r.device_name, r.precision, r.input_mode, r.batch_size):
+            VERDICT_MARKS[r.verdict] for r in rows.itertuples(index=False)}
+
+
 def throughput_lines(history: History) -> list[str]:
-    lines = []
+    lines, marks = [], _marks(history)
     for series, rows in history.throughput.groupby(SERIES_KEYS, sort=True):
         device, precision, mode = series
         table = rows.pivot_table(index=RUN_KEYS, columns="batch_size", values="samples_per_s",
@@ -120,8 +150,12 @@ def throughput_lines(history: History) -> list[str]:
                   + "".join(f"{f'B={b}':>12s}" for b in batches)]
         for row in table.itertuples(index=False):
             values = dict(zip(table.columns, row, strict=True))
-            lines.append(f"  {_run_label(row)}"
-                         + "".join(f"{_number(values[b]):>12s}" for b in batches))
+            lines.append(f"  {_run_label(row)}" + "".join(
+                f"{_number(values[b]) + marks.get((row.run_id, *series, b), ' '):>12s}"
+                for b in batches))
+    if marks:
+        lines.append("  ? suspected (one run below its baseline), ! confirmed regression "
+                     "(two or more in a row), as the regression check judged each run")
     return lines
 
 
@@ -178,6 +212,35 @@ def _plot_bounds(axis, rows: pd.DataFrame, x: dict[str, int], color: str) -> Non
                       label=f"B_crit {bound} (bound)")
 
 
+def _cell_mask(frame: pd.DataFrame, cell: tuple) -> np.ndarray:
+    """Rows of `frame` of one cell (device, precision, input mode, batch size)."""
+    return np.logical_and.reduce([frame[k].eq(v).to_numpy() for k, v in
+                                  zip([*SERIES_KEYS, "batch_size"], cell, strict=True)])
+
+
+def _plot_verdicts(axis, history: History, cell: tuple, x: dict[str, int], color: str) -> None:
+    """The cell's baseline band as judged at each run, its suspected (hollow) and confirmed
+    (filled) runs, and a dashed line at each confirmed change point (first bad run)."""
+    rows = history.verdicts[_cell_mask(history.verdicts, cell)]
+    judged = rows[rows["history_median"].notna() & rows["allowed_drop"].notna()]
+    judged = judged.assign(x=judged["run_id"].map(x)).dropna(subset=["x"]).sort_values("x")
+    if len(judged):
+        axis.fill_between(judged["x"], judged["history_median"] - judged["allowed_drop"],
+                          judged["history_median"] + judged["allowed_drop"], color=color,
+                          alpha=BAND_ALPHA, linewidth=0)
+    figures = history.throughput[_cell_mask(history.throughput, cell)]
+    cell_rates = figures.set_index("run_id")["samples_per_s"]
+    for verdict, face in (("suspected", "none"), ("confirmed", color), ("regression", color)):
+        marked = rows[rows["verdict"].eq(verdict) & rows["run_id"].isin(cell_rates.index)]
+        if len(marked):
+            axis.plot(marked["run_id"].map(x), cell_rates.loc[marked["run_id"]], "s",
+                      markersize=9, markerfacecolor=face, markeredgecolor="red",
+                      linestyle="none")
+    for run_id in rows["first_bad_run_id"].dropna().unique():
+        if run_id in x:
+            axis.axvline(x[run_id] - 0.5, color=color, linestyle="--", linewidth=1)
+
+
 def plot_history(history: History, path: Path) -> Path:
     """Throughput per batch and B_crit per LR rule, run after run, as one PNG."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -189,11 +252,14 @@ def plot_history(history: History, path: Path) -> Path:
     x = _run_axis(bottom, history)
     for series, rows in history.throughput.groupby([*SERIES_KEYS, "batch_size"], sort=True):
         device, precision, mode, batch = series
-        top.plot(rows["run_id"].map(x), rows["samples_per_s"], "o-",
-                 label=f"B={batch}, {mode}, {precision}, {device[:24]}")
+        [line] = top.plot(rows["run_id"].map(x), rows["samples_per_s"], "o-",
+                          label=f"B={batch}, {mode}, {precision}, {device[:24]}")
+        _plot_verdicts(top, history, series, x, line.get_color())
     top.set_yscale("log")
     top.set_ylabel("samples / s")
-    top.set_title(f"{history.workload}: throughput per batch size")
+    top.set_title(f"{history.workload}: throughput per batch size (band: baseline ± allowed "
+                  "drop; squares: suspected, filled: confirmed; dashed: change point)",
+                  fontsize="small")
     top.legend(fontsize="x-small", ncol=2)
     for rule, rows in history.critical.groupby("lr_rule", sort=True):
         low = (rows["b_crit"] - rows["b_crit_low"]).clip(lower=0).fillna(0)

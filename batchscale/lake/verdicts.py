@@ -1,0 +1,225 @@
+"""The regression check's verdicts in words: the run summary's lines, the report's
+"Regressions" section, and the attribution of a confirmed regression (regression.py judges;
+changepoints.py holds the test)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from batchscale.lake.changepoints import (
+    CONFIRM_RUNS,
+    CONFIRMED,
+    INSUFFICIENT_HISTORY,
+    MIN_DROP_SHARE,
+    MIN_HISTORY_RUNS,
+    NOISE_MADS,
+    OK,
+    SUSPECTED,
+)
+from batchscale.lake.comparable import DISTURBED, FINGERPRINT_FIELDS
+from batchscale.schemas import TrialStatus
+
+NOT_JUDGED = "not_judged"
+"""Measured badly (an unstable row, or a disturbed run): no verdict either way."""
+ENVIRONMENT_CHANGED = "environment_changed"
+"""The speed fingerprint differs from the last run judged well: a new baseline starts."""
+LEGACY_REGRESSION = "regression"
+"""The single-run verdict of tables published before change points (read as confirmed)."""
+JUDGED = (CONFIRMED, SUSPECTED, OK)
+FAILING = (CONFIRMED, LEGACY_REGRESSION)
+ATTRIBUTION_COLUMNS = ("runs_below", "last_good_run_id", "last_good_commit",
+                       "first_bad_run_id", "first_bad_commit", "attribution")
+
+
+def _number(value: object) -> str:
+    return f"{value:,.0f}" if isinstance(value, int | float) and math.isfinite(value) else "-"
+
+
+def _run_text(row: dict) -> str:
+    """"run X of 2026-04-01, 9,000 samples/s" (the date where the row came from the lake)."""
+    date = row.get("date")
+    when = f" of {date}" if isinstance(date, str) and date else ""
+    figure = (f"{_number(row['samples_per_s'])} samples/s" if row["status"] == TrialStatus.OK
+              else str(row["status"]))
+    return f"run {row['run_id']}{when}, {figure}"
+
+
+def _recorded(value: object) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def attribution_text(good: dict, bad: dict, fields: tuple[str, ...]) -> str:
+    """"between commit abc123 (run X, 9,000 samples/s) and def456 (run Y, 6,000 samples/s);
+    changed: git_commit abc123 -> def456" — or what did not change, when nothing did."""
+    commit = {r["run_id"]: r["git_commit"] if _recorded(r["git_commit"]) else "?"
+              for r in (good, bad)}
+    between = (f"between commit {commit[good['run_id']]} ({_run_text(good)}) and "
+               f"{commit[bad['run_id']]} ({_run_text(bad)})")
+    changed = [f"{f} {good[f]} -> {bad[f]}" for f in fields
+               if _recorded(good[f]) and _recorded(bad[f]) and str(good[f]) != str(bad[f])]
+    if changed:
+        return f"{between}; changed: {', '.join(changed)}"
+    return (f"{between}; no change in {', '.join(fields)} recorded between them (look outside "
+            "the code: data, driver, node)")
+
+
+def _with_verdict_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """Tables published before these columns existed read as null there."""
+    missing = [c for c in ("reason", "fingerprint", *ATTRIBUTION_COLUMNS) if c not in frame]
+    return frame.assign(**{c: None for c in missing})
+
+
+def _percent(change: float) -> str:
+    return f"{change:+.1%}".replace("-", "−")
+
+
+def _cell_name(row: dict) -> str:
+    return (f"{row['workload']} on {row['device_name']}, {row['precision']}, "
+            f"{row['input_mode']} input, batch {row['batch_size']}")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _drop_text(row: dict) -> str:
+    """The cell's figure against its baseline, or its failure."""
+    if row["status"] != TrialStatus.OK:
+        return f"{row['status']} now, timed fine in {_count(row['history_runs'], 'earlier run')}"
+    return (f"{row['samples_per_s']:,.0f} samples/s vs median {row['history_median']:,.0f} "
+            f"({_percent(row['change'])}; noise allows a drop of {row['allowed_drop']:,.0f}) "
+            f"over {row['history_runs']} runs")
+
+
+def regressed_cells(frame: pd.DataFrame) -> list[str]:
+    """One line per confirmed regression (the only verdict that fails a run), attributed."""
+    rows = _with_verdict_columns(frame)
+    lines = []
+    for row in rows[rows["verdict"].isin(FAILING)].to_dict("records"):
+        line = f"{_cell_name(row)}: {_drop_text(row)}"
+        if isinstance(row["attribution"], str):
+            line += (f"; {int(row['runs_below'])} runs in a row below the baseline, "
+                     f"{row['attribution']}")
+        lines.append(line)
+    return lines
+
+
+def suspected_cells(frame: pd.DataFrame) -> list[str]:
+    """One line per suspected cell: one run below its baseline, not (yet) a sustained shift."""
+    rows = frame[frame["verdict"].eq(SUSPECTED)].to_dict("records")
+    return [f"{_cell_name(row)}: {_drop_text(row)}" for row in rows]
+
+
+def disturbed_reason(frame: pd.DataFrame) -> str | None:
+    """The reason when the whole run was not judged because its measurement was disturbed."""
+    frame = _with_verdict_columns(frame)
+    reasons = frame["reason"][frame["verdict"].eq(NOT_JUDGED)].dropna()
+    disturbed = reasons[reasons.str.startswith(DISTURBED)]
+    return str(disturbed.iloc[0]) if len(disturbed) == len(frame) and len(frame) else None
+
+
+def environment_changes(frame: pd.DataFrame) -> list[str]:
+    """One line per cell whose environment changed, with the step it showed."""
+    lines = []
+    for row in _with_verdict_columns(frame)[frame["verdict"].eq(ENVIRONMENT_CHANGED)].to_dict(
+            "records"):
+        step = (f"{row['samples_per_s']:,.0f} samples/s vs median {row['history_median']:,.0f} "
+                f"over {_count(row['history_runs'], 'run')} before ({_percent(row['change'])})"
+                if math.isfinite(row["change"]) else f"{row['status']} now")
+        lines.append(f"{_cell_name(row)}: {row['reason']}; {step}")
+    return lines
+
+
+def unstable_cells(frame: pd.DataFrame) -> list[str]:
+    """One line per cell not judged because its own rows were unstable."""
+    rows = _with_verdict_columns(frame)
+    rows = rows[rows["verdict"].eq(NOT_JUDGED)].to_dict("records")
+    return [f"{_cell_name(r)}: {r['samples_per_s']:,.0f} samples/s, {r['reason']}" for r in rows]
+
+
+def _nothing_judged(frame: pd.DataFrame) -> str:
+    """"not judged: ..." with why, when no cell was judged against history."""
+    counts = frame["verdict"].value_counts()
+    few = f"fewer than {MIN_HISTORY_RUNS} comparable earlier runs"
+    if counts.get(INSUFFICIENT_HISTORY, 0) == len(frame):
+        return f"not judged: {few} of this workload in the lake"
+    parts = [f"{_count(int(counts[verdict]), 'cell')} {why}" for verdict, why in (
+        (ENVIRONMENT_CHANGED, "with a changed environment"), (NOT_JUDGED, "measured unstably"),
+        (INSUFFICIENT_HISTORY, f"with {few}")) if counts.get(verdict, 0)]
+    return f"not judged: {', '.join(parts)}"
+
+
+def _judged(frame: pd.DataFrame) -> int:
+    return int(frame["verdict"].isin((*JUDGED, LEGACY_REGRESSION)).sum())
+
+
+SUSPECTED_NOTE = ("one run below the baseline; not failing, confirmed if the next run is "
+                  "below too")
+
+
+def verdict_lines(frame: pd.DataFrame) -> list[str]:
+    """The run summary's lines about the regression check (`batchscale run`, `report`)."""
+    disturbed = disturbed_reason(frame)
+    if disturbed:
+        return [f"regressions: not judged: {disturbed} (nothing fails on it; rerun on a quiet "
+                "node)"]
+    judged, flagged, suspected = _judged(frame), regressed_cells(frame), suspected_cells(frame)
+    if flagged:
+        lines = [f"regressions: {len(flagged)} confirmed of {judged} judged cells",
+                 *(f"  {line}" for line in flagged)]
+    elif judged:
+        lines = [f"regressions: none confirmed in {judged} cells judged against history"]
+    else:
+        lines = [f"regressions: {_nothing_judged(frame)}"]
+    if suspected:
+        lines += [f"  suspected ({SUSPECTED_NOTE}):", *(f"    {line}" for line in suspected)]
+    lines += [f"  environment changed: {line}" for line in environment_changes(frame)]
+    lines += [f"  not judged: {line}" for line in unstable_cells(frame)]
+    return lines
+
+
+def rule_text() -> str:
+    return (f"Rule: a run lies below its baseline (the median of the last runs) when it drops "
+            f"by more than max({NOISE_MADS:g} × 1.4826 × MAD, {MIN_DROP_SHARE:.0%} of the "
+            f"median); one run below is suspected, {CONFIRM_RUNS} in a row confirm a regression "
+            "(only that fails --fail-on-regression). At least "
+            f"{MIN_HISTORY_RUNS} earlier runs per cell, measured well (no unstable rows, no "
+            f"disturbed run) with the same fingerprint ({', '.join(FINGERPRINT_FIELDS)}).")
+
+
+def regressions_markdown(frame: pd.DataFrame) -> str:
+    """The report's "Regressions" section, in the Markdown subset the report renders."""
+    lines = ["## Regressions", ""]
+    disturbed = disturbed_reason(frame)
+    if disturbed:
+        lines += [f"**Not judged: {disturbed}.** A regression check on these figures would "
+                  "cry wolf; rerun on a quiet node (pin CPUs, request Guaranteed QoS). This "
+                  "run is left out of later baselines.", "", rule_text()]
+        return "\n".join(lines) + "\n"
+    judged, flagged, suspected = _judged(frame), regressed_cells(frame), suspected_cells(frame)
+    if flagged:
+        lines.append(f"**{len(flagged)} of {judged} judged cells regressed** (confirmed) "
+                     "against history:")
+        lines += ["", *(f"- {line}" for line in flagged)]
+    elif judged:
+        lines.append(f"No confirmed throughput regression in {judged} cells judged against "
+                     "history.")
+    else:
+        lines.append(f"{_nothing_judged(frame).capitalize()}.")  # "Not judged: ..."
+    if suspected:
+        lines += ["", f"**Suspected** ({_count(len(suspected), 'cell')}: {SUSPECTED_NOTE}):",
+                  "", *(f"- {line}" for line in suspected)]
+    changed = environment_changes(frame)
+    if changed:
+        lines += ["", f"**Environment changed: new baseline** ({_count(len(changed), 'cell')}; "
+                  "not regressions):", "", *(f"- {line}" for line in changed)]
+    unstable = unstable_cells(frame)
+    if unstable:
+        lines += ["", f"Not judged, measured unstably ({_count(len(unstable), 'cell')}):", "",
+                  *(f"- {line}" for line in unstable)]
+    unjudged = int(frame["verdict"].eq(INSUFFICIENT_HISTORY).sum())
+    if judged and unjudged:
+        lines += ["", f"{_count(unjudged, 'cell')} had too little comparable history to judge."]
+    return "\n".join([*lines, "", rule_text()]) + "\n"
