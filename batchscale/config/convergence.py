@@ -1,0 +1,256 @@
+"""The `convergence:` section of the experiment config: training runs to one or more targets
+per (batch size, LR rule, seed), their optimizer, schedule, precision, workers and launcher.
+Re-exported by `batchscale.config.models` and `batchscale.config`."""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from batchscale.config.fields import (
+    BatchSize,
+    BatchSizes,
+    LearningRate,
+    NonNegativeInt,
+    PositiveInt,
+    Seconds,
+    Seed,
+    _check_location,
+    _sorted_unique,
+    _Strict,
+    quote_value,
+)
+from batchscale.metrics import METRICS, target_label
+
+DEFAULT_TARGET_VAL_ACCURACY = 0.95
+"""The target when neither `targets` nor `target_val_accuracy` is given."""
+
+
+class TargetConfig(_Strict):
+    """One target of the convergence runs: a metric and the value that counts as reaching it."""
+
+    metric: str
+    """A metric the workload evaluates (batchscale/metrics.py): val_accuracy, val_loss,
+    val_perplexity, val_miou, val_pixel_accuracy, val_map50 or train_loss; each knows whether
+    higher or lower is better (accuracy, mIoU, mAP: reached at or above `value`; losses,
+    perplexity: at or below)."""
+    value: float = Field(allow_inf_nan=False)
+    """The value that counts as reaching the target (a share for accuracies and mIoU, nats per
+    example/token/pixel for losses)."""
+    primary: bool = False
+    """The target the recommendation is made for (at most one); unset on all: the hardest
+    target reached at enough batch sizes for a fit."""
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, name: str) -> str:
+        if name not in METRICS:
+            raise ValueError(f"unknown metric {quote_value(name)}; allowed: "
+                             f"{', '.join(METRICS)}")
+        return name
+
+    @model_validator(mode="after")
+    def _value_in_range(self) -> TargetConfig:
+        share = self.metric in ("val_accuracy", "val_miou", "val_pixel_accuracy", "val_map50")
+        if share and not 0.0 < self.value <= 1.0:
+            raise ValueError(f"value: {self.metric} is a share; a target must lie in (0, 1], "
+                             f"got {self.value:g}")
+        if self.metric == "val_perplexity" and self.value < 1.0:
+            raise ValueError(f"value: perplexity is at least 1; got {self.value:g}")
+        if self.metric.endswith("_loss") and self.value <= 0.0:
+            raise ValueError(f"value: a loss target must be above 0, got {self.value:g}")
+        return self
+
+    @property
+    def label(self) -> str:
+        return target_label(self.metric, self.value)
+
+
+class ConvergenceConfig(_Strict):
+    """Training runs to a target metric per (batch size, LR rule, seed)."""
+
+    batch_sizes: BatchSizes = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    """Global batch sizes (micro-batch x accumulation x workers)."""
+    lr_rules: Annotated[
+        list[Literal["constant", "linear", "sqrt", "grid"]], Field(min_length=1)
+    ] = ["linear", "sqrt"]
+    """Learning-rate rules: constant, linear or sqrt scaling from the reference batch size, or
+    grid (every LR of `lr_grid` at every batch size; S(B) is the per-batch minimum, Shallue et
+    al. 2018). Each applies to either optimizer. The usual rule is linear for SGD (Goyal et al.
+    2017: k times the batch averages k times the gradients, so k times the LR keeps the update
+    per example seen) and sqrt for AdamW (Malladi et al. 2022, from the SDE of adaptive methods,
+    whose rule also moves the betas and eps, which batchscale keeps; Granziol et al. 2022: Adam's
+    largest stable LR grows as sqrt(B)); the default runs both whatever the optimizer."""
+    lr_grid: list[LearningRate] = []
+    """Learning rates the `grid` rule tries at every batch size (required with `grid`), each
+    finite and at most 1e6."""
+    accumulation_steps: PositiveInt = 1
+    """Micro-batches accumulated per optimizer step: global batch = micro-batch x
+    accumulation_steps x workers (each batch size must divide evenly)."""
+    base_lr: LearningRate = 0.05
+    """Peak learning rate at `reference_batch_size`, at most 1e6. The default suits SGD with
+    momentum on digits; AdamW usually wants ~1e-3."""
+    reference_batch_size: BatchSize = 32
+    """Batch size at which `base_lr` applies."""
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    """sgd (torch.optim.SGD with `momentum`) or adamw (torch.optim.AdamW with `adam_beta1`,
+    `adam_beta2`, `adam_eps`); both take `weight_decay`."""
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    """SGD momentum (heavy ball, the fraction of the previous update kept); sgd only."""
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    """Weight decay coefficient, applied every optimizer step and scaled by the LR: sgd adds
+    weight_decay x weights to the gradient (L2; momentum carries it); adamw multiplies the
+    weights by 1 - lr x weight_decay, decoupled from the adaptive step (Loshchilov & Hutter
+    2019). 0 (the default, for both) turns it off; torch's AdamW default of 0.01 is not used."""
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    """AdamW: decay rate of the gradient's running mean (Adam's momentum); adamw only."""
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0)
+    """AdamW: decay rate of the squared gradient's running mean; adamw only."""
+    adam_eps: float = Field(1e-8, gt=0.0, le=1.0)
+    """AdamW: added to the root of the squared-gradient average before dividing (in gradient
+    units); adamw only."""
+    warmup_steps: NonNegativeInt = 20
+    """Linear learning-rate warm-up from peak/warmup_steps to the peak, optimizer steps."""
+    lr_decay: Literal["none", "cosine", "linear"] = "none"
+    """After the warm-up: none (constant peak), or a cosine or linear decay from the peak to
+    `min_lr_ratio` x peak at step `decay_steps`, constant after it."""
+    decay_steps: PositiveInt | None = None
+    """Optimizer step (counted from step 0, warm-up included) at which `lr_decay` reaches its
+    minimum; must exceed `warmup_steps`. Unset: `max_steps`. A stated horizon, the same for every
+    batch size, so a trial that reaches the target early never sees the end of the decay."""
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """Learning rate at the end of the decay, as a share of the peak."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """Compute precision of the forward pass and loss (training and evaluation): bf16 runs them
+    under torch.autocast; parameters, gradients and optimizer state stay fp32 either way."""
+    seeds: Annotated[list[Seed], Field(min_length=1)] = [0, 1]
+    """Seeds of the model initialization and data order, 0..2**32-1; one trial each."""
+    workers: PositiveInt = 1
+    """Data-parallel processes per trial (torchrun --nproc-per-node)."""
+    scaling_workers: list[PositiveInt] = []
+    """Extra worker counts for data-parallel scaling runs, each at every batch size of
+    `scaling_batch_sizes` (their trials also appear in the runs table with their worker count)."""
+    scaling_batch_sizes: list[BatchSize] = []
+    """Global batch sizes of the data-parallel scaling runs; each must be one of `batch_sizes`
+    and divisible by every worker count."""
+    target_val_accuracy: float | None = Field(None, gt=0.0, le=1.0)
+    """Shorthand for one target, val_accuracy >= this value (null: 0.95); used when `targets`
+    is empty (give one or the other)."""
+    targets: list[TargetConfig] = []
+    """Targets every trial trains to, each {metric, value[, primary]}: a trial records the
+    first step, examples and time at which it reaches each one and trains until it has reached
+    all of them (or max_steps, divergence, a stall); the runs table has a row per (trial,
+    target) and the analysis fits B_crit per target. Empty: one target, val_accuracy >=
+    `target_val_accuracy`."""
+    train_eval_rows: PositiveInt = 512
+    """train_loss is evaluated on the first this-many rows of the training split (fixed for the
+    whole run, the same for every batch size), not on the running average of the batches."""
+    gap_epochs: float | None = Field(None, gt=0.0, le=1000.0)
+    """Generalization gap: every trial also records every metric after exactly this many
+    epochs of training data (the first evaluation at or past gap_epochs x training rows),
+    training on past its targets to get there, so the report compares batch sizes at equal data
+    seen. null: off."""
+    max_steps: PositiveInt = 3000
+    """Step budget per trial; a trial that spends it is `not_reached`."""
+    eval_every_steps: PositiveInt = 10
+    """Evaluate on the validation split every this many steps (excluded from train time)."""
+    patience_evals: PositiveInt = 50
+    """Stop a trial as `not_reached` when validation accuracy has not improved for this many
+    evaluations (a collapsed network never recovers; its step budget is better spent elsewhere)."""
+    divergence_factor: float = Field(10.0, gt=1.0)
+    """A loss above this multiple of the first loss (or non-finite) marks the trial diverged."""
+    gns_every_steps: PositiveInt = 10
+    """Update the gradient-noise-scale estimate every this many steps. A measured step costs
+    more (on one process it splits the batch in two; under DDP it all-reduces by hand): every
+    step cost ~30 % of samples/s on the digits MLP, every 10th ~5-9 %
+    (benchmarks/bench_convergence.py)."""
+    checkpoint_every_steps: PositiveInt = 200
+    """Write an atomic checkpoint every this many steps (resume after a restart)."""
+    checkpoint_uri: str | None = None
+    """Where trial checkpoints go: s3://bucket/prefix (keys from the environment, never in the
+    URI), or a relative directory inside the trial's work directory (absolute paths and '..'
+    are refused, so a config cannot write outside its run); unset: next to the trial results."""
+    max_restarts: NonNegativeInt = 2
+    """Times torchrun restarts the whole group after a worker dies (trials resume from their
+    last checkpoint)."""
+    launcher: Literal["torchrun", "kubeflow"] = "torchrun"
+    """torchrun locally; a Kubeflow Trainer TrainJob on Kubernetes."""
+    trainjob_runtime: str = "torch-distributed"
+    """launcher kubeflow: the (Cluster)TrainingRuntime the TrainJob runs on."""
+    trainjob_namespace: str | None = None
+    """launcher kubeflow: namespace of the TrainJob; unset: the pipeline pod's own namespace."""
+    timeout_s: Seconds = 1800.0
+    """Wall-clock limit of one batch size's trials, seconds (finite, at most a year). With the
+    kubeflow launcher it is the TrainJob's own deadline, counted from its creation (scheduling
+    and image pull included)."""
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _distinct(cls, values: list[int]) -> list[int]:
+        return _sorted_unique(values)
+
+    @field_validator("checkpoint_uri")
+    @classmethod
+    def _inside_the_run(cls, uri: str | None) -> str | None:
+        if uri is None:
+            return uri
+        _check_location(uri, "S3 URI")
+        if uri.startswith("s3://"):
+            return uri
+        path = PurePosixPath(uri)
+        if path.is_absolute() or ".." in path.parts or not path.parts:
+            raise ValueError(f"{quote_value(uri)} would leave the run directory; use a relative "
+                             "directory without '..', or s3://bucket/prefix")
+        return uri
+
+    @model_validator(mode="after")
+    def _scaling_runs_fit(self) -> ConvergenceConfig:
+        for b in self.scaling_batch_sizes:
+            if b not in self.batch_sizes:
+                raise ValueError(f"scaling_batch_sizes: {b} is not one of batch_sizes")
+            for w in self.scaling_workers:
+                if b % w:
+                    raise ValueError(f"scaling_batch_sizes: {b} is not divisible by {w} workers")
+        if bool(self.scaling_workers) != bool(self.scaling_batch_sizes):
+            raise ValueError("scaling_workers: must be given together with scaling_batch_sizes")
+        if "grid" in self.lr_rules and not self.lr_grid:
+            raise ValueError("lr_grid: the grid rule needs at least one learning rate")
+        horizon = self.decay_steps or self.max_steps
+        if self.lr_decay != "none" and horizon <= self.warmup_steps:
+            field = "decay_steps" if self.decay_steps else "max_steps"
+            unset = "" if self.decay_steps else " (decay_steps is unset, so max_steps)"
+            raise ValueError(f"{field}: the {self.lr_decay} decay would end at step {horizon}"
+                             f"{unset}, within the {self.warmup_steps} warmup_steps; set "
+                             "decay_steps above warmup_steps")
+        if self.targets and self.target_val_accuracy is not None:
+            raise ValueError("target_val_accuracy is shorthand for one val_accuracy target; "
+                             "with `targets` set, list that target there instead")
+        if sum(t.primary for t in self.targets) > 1:
+            raise ValueError("targets: at most one target can be primary")
+        seen = [(t.metric, t.value) for t in self.targets]
+        if len(set(seen)) != len(seen):
+            raise ValueError("targets: the same metric and value are listed twice")
+        cells = [(b, self.workers) for b in self.batch_sizes] + [
+            (b, w) for w in self.scaling_workers for b in self.scaling_batch_sizes]
+        for b, w in cells:
+            if b % (w * self.accumulation_steps):
+                raise ValueError(f"batch_sizes: {b} is not divisible by {w} workers x "
+                                 f"{self.accumulation_steps} accumulation_steps")
+        return self
+
+    def resolved_targets(self) -> list[TargetConfig]:
+        """The targets the trials train to: `targets`, or the one `target_val_accuracy`
+        stands for."""
+        shorthand = self.target_val_accuracy or DEFAULT_TARGET_VAL_ACCURACY
+        return list(self.targets) or [TargetConfig(metric="val_accuracy", value=shorthand)]
+
+    def fan_out(self) -> list[dict]:
+        """(batch size, workers) of every convergence task: the sweep over batch sizes with
+        `workers`, then the scaling runs."""
+        cells = [{"batch_size": b, "workers": self.workers} for b in self.batch_sizes]
+        cells += [{"batch_size": b, "workers": w}
+                  for w in self.scaling_workers for b in self.scaling_batch_sizes
+                  if w != self.workers]
+        return cells
