@@ -1,0 +1,50 @@
+"""What several `batchscale` commands share: the local state directory, run ids, the object
+store connection and the help text of the flags they have in common."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from batchscale.names import check_run_id
+
+STATE_DIR = Path(".batchscale")
+
+CONFIG_HELP = "experiment YAML (default: the embedded digits config, `batchscale config show`)"
+CONFIG_FLAGS_NOTE = ("Flags named after a config field (--time-budget-s for sweep.time_budget_s) "
+                     "replace that field's value in --config; see the README's Config reference.")
+
+
+def new_run_id() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(3)
+
+
+def given_run_id(args) -> str:
+    """--run-id checked (it names directories and lake partitions: one safe path segment), or a
+    new one when the flag is absent (an empty one is refused, not replaced)."""
+    return new_run_id() if args.run_id is None else check_run_id(args.run_id)
+
+
+def connect_store():
+    """The configured S3 store, or the local SeaweedFS (started if needed) when
+    BATCHSCALE_S3_ENDPOINT is unset. Checks that it answers before any work starts."""
+    from batchscale import localstore
+    from batchscale.storage import ObjectStore, S3Settings, env_prefix
+
+    if not os.environ.get("BATCHSCALE_S3_ENDPOINT"):
+        prefix = env_prefix()  # a bad BATCHSCALE_S3_PREFIX is refused before the store starts
+        info = localstore.up()
+        settings = info.settings(prefix)
+        # The pipeline's tasks are subprocesses: they find the store through the environment.
+        os.environ.update({
+            "BATCHSCALE_S3_ENDPOINT": info.endpoint_url, "BATCHSCALE_S3_BUCKET": info.bucket,
+            "BATCHSCALE_S3_PREFIX": settings.prefix, "AWS_ACCESS_KEY_ID": info.access_key,
+            "AWS_SECRET_ACCESS_KEY": info.secret_key,
+        })
+        print(f"store: local SeaweedFS at {info.endpoint_url} (pid {info.pid})", file=sys.stderr)
+    store = ObjectStore(S3Settings.from_env())
+    store.check()
+    return store

@@ -1,0 +1,31 @@
+"""`batchscale workloads`, `datasets` and `config`: what there is to choose from."""
+
+from __future__ import annotations
+
+from batchscale.config import DEFAULT_CONFIG_PATH, reference_markdown
+
+
+def cmd_workloads(args) -> int:
+    from batchscale.workloads import WORKLOAD_NAMES, get_workload
+
+    for name in WORKLOAD_NAMES:
+        w = get_workload(name)
+        print(f"{name:40s} {w.kind:15s} input {w.input_shape}  {w.description}")
+    print("package.module:factory                   your own nn.Module factory")
+    return 0
+
+
+def cmd_datasets(args) -> int:
+    from batchscale.catalog import DATASETS
+
+    width = max(map(len, DATASETS))
+    print("\n".join(f"{name:{width}s}  {about}" for name, about in DATASETS.items()))
+    return 0
+
+
+def cmd_config(args) -> int:
+    if args.action == "show":
+        print(DEFAULT_CONFIG_PATH.read_text(), end="")
+    else:
+        print(reference_markdown())
+    return 0

@@ -1,0 +1,62 @@
+"""`batchscale run` and `batchscale compile`: the whole pipeline, run locally or written out as
+IR YAML for a KFP cluster."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from batchscale.cli.common import STATE_DIR, connect_store, given_run_id
+from batchscale.cliflags import check_output_file, config_from_args
+from batchscale.config import load_config
+from batchscale.errors import BatchscaleError
+
+
+def cmd_run(args) -> int:
+    from batchscale.workloads import check_builds, get_workload
+
+    cfg = config_from_args(args)
+    run_id = given_run_id(args)
+    # A user factory that cannot be imported or returns no nn.Module fails here, not later.
+    check_builds(get_workload(cfg.workload, image_size=cfg.sweep.image_size_px))
+    store = connect_store()
+    print(f"batchscale run {run_id}: {cfg.name} ({cfg.workload} on {cfg.dataset.name})",
+          file=sys.stderr)
+    from batchscale.pipelines.local import run_local
+
+    try:
+        run_local(cfg, run_id, STATE_DIR.resolve())
+    except RuntimeError as err:
+        if cfg.publish.fail_on_regression:
+            _raise_if_regressed(store, run_id)
+        reason = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+        raise BatchscaleError(f"pipeline run {run_id} failed: {reason} Tables already measured "
+                              f"are kept under {STATE_DIR / 'work' / run_id}; rerun with "
+                              f"--run-id {run_id} to resume.") from None
+    from batchscale.lake.summary import print_run_summary
+
+    print_run_summary(store, run_id, STATE_DIR / "runs" / run_id)
+    return 0
+
+
+def _raise_if_regressed(store, run_id: str) -> None:
+    """A pipeline that failed only at the regression gate: print the published run and raise
+    RegressionFound (exit 4) naming the cells, instead of a generic failure."""
+    from batchscale.lake.publish import published_regressions, regression_message
+    from batchscale.lake.regression import RegressionFound
+    from batchscale.lake.summary import print_run_summary
+
+    flagged = published_regressions(store, run_id)
+    if flagged:
+        print_run_summary(store, run_id, STATE_DIR / "runs" / run_id)
+        raise RegressionFound(regression_message(flagged))
+
+
+def cmd_compile(args) -> int:
+    from batchscale.images import CPU_IMAGE, GPU_IMAGE
+    from batchscale.pipelines.batchscale_pipeline import compile_pipeline
+
+    cfg = load_config(args.config)
+    check_output_file(args.output, "--output").parent.mkdir(parents=True, exist_ok=True)
+    print(f"wrote {compile_pipeline(cfg, args.output)} (images {CPU_IMAGE}, {GPU_IMAGE})")
+    return 0

@@ -1,0 +1,127 @@
+"""One pipeline stage outside the pipeline: `batchscale sweep`, `converge`, `validate` and
+`analyze`. torch and great_expectations are imported only once a command's input is checked."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from batchscale.cli.common import STATE_DIR, given_run_id
+from batchscale.cliflags import check_output_dir, check_output_file, config_from_args
+from batchscale.errors import BatchscaleError
+from batchscale.metrics import METRICS
+from batchscale.names import check_run_id
+from batchscale.schemas import RunStatus
+
+
+def cmd_sweep(args) -> int:
+    # Without a prepared dataset there are no real batches to time.
+    cfg = config_from_args(args, {} if args.dataset_dir else
+                           {"sweep": {"input_modes": ["synthetic"]}})
+    run_id = given_run_id(args)
+    check_output_file(args.out, "--out")
+    from batchscale.sweep.sweep import run_stage  # torch: only once the input is known good
+
+    rows = run_stage(cfg.to_json(), run_id, args.dataset_dir, args.out)
+    print(f"wrote {len(rows)} rows to {args.out}")
+    return 0
+
+
+def target_flag(text: str) -> dict:
+    """--target METRIC=VALUE as a targets entry (the config then checks the metric and value)."""
+    metric, sep, value = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return {"metric": metric.strip(), "value": float(value)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not METRIC=VALUE (e.g. val_loss=0.3); metrics: "
+            f"{', '.join(METRICS)}") from None
+
+
+def cmd_converge(args) -> int:
+    from batchscale.workloads import check_builds, get_workload
+
+    # No scaling runs (the pipeline's extra worker counts): here --workers sets the one count.
+    fixed = {"scaling_workers": [], "scaling_batch_sizes": []}
+    if args.target:  # they replace the config's targets (and its shorthand)
+        fixed |= {"targets": args.target, "target_val_accuracy": None}
+    cfg = config_from_args(args, {"convergence": fixed})
+    run_id = given_run_id(args)
+    check_output_dir(args.out, "--out")
+    check_builds(get_workload(cfg.workload))  # before the dataset is prepared
+    from batchscale.convergence.runner import run_convergence  # torch: input known good now
+    from batchscale.data.prep import prepare
+    from batchscale.storage import write_table_atomic
+
+    out = Path(args.out)
+    data_dir = args.dataset_dir or out / "data"
+    if not args.dataset_dir:
+        prepare(cfg.dataset, data_dir)
+    print(f"batchscale converge {run_id} (rerun with --run-id {run_id} to resume)",
+          file=sys.stderr)
+    curves, runs = run_convergence(cfg, list(cfg.convergence.batch_sizes), data_dir=str(data_dir),
+                                   out_dir=str(out / "work" / run_id), run_id=run_id)
+    write_table_atomic(out / "curves.parquet", curves)
+    write_table_atomic(out / "runs.parquet", runs)
+    print(f"wrote {out / 'curves.parquet'} and {out / 'runs.parquet'}")
+    if RunStatus.REACHED not in runs.column("status").to_pylist():
+        wanted = " or ".join(t.label for t in cfg.convergence.resolved_targets())
+        raise BatchscaleError(
+            f"no trial reached {wanted} within max_steps {cfg.convergence.max_steps} (statuses "
+            "and curves are in the tables above): lower the target, raise max_steps, or check "
+            "the learning rates")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from batchscale.checks import validate_table
+    from batchscale.errors import ValidationFailed
+    from batchscale.storage import read_table_file, write_bytes_atomic
+
+    if args.html is not None:
+        check_output_file(args.html, "--html")
+    report = validate_table(args.table, read_table_file(args.file))
+    if args.html:
+        write_bytes_atomic(args.html, report.to_html().encode())
+    if not report.success:
+        raise ValidationFailed(f"{args.file}: {report.failure_message()}")
+    for warning in report.warnings():
+        print(f"{args.file}: warning: {warning}")
+    print(f"{args.file}: {args.table} table passed "
+          f"{report.statistics.get('evaluated_expectations', '?')} expectations")
+    return 0
+
+
+def cmd_analyze(args) -> int:
+    """The analysis stage on a runs (and sweep) table a user brings: the same analysis table,
+    summary and report as the pipeline, checked by the same suite."""
+    from batchscale.analysis.external import (
+        analyze_inputs,
+        parse_column_mapping,
+        read_inputs,
+        write_outputs,
+    )
+    from batchscale.checks.stage import check_tables
+
+    cfg = config_from_args(args)
+    mapping = parse_column_mapping(args.column)
+    if args.run_id is not None:
+        check_run_id(args.run_id)
+    if args.out is not None:
+        check_output_dir(args.out, "--out")
+    inputs = read_inputs(args.runs, args.sweep, mapping)
+    run_id = args.run_id or inputs.default_run_id(cfg)
+    out = check_output_dir(args.out or str(STATE_DIR / "analyze" / run_id), "--out")
+    for note in inputs.notes:
+        print(f"note: {note}", file=sys.stderr)
+    analysis = analyze_inputs(inputs, cfg, run_id)
+    paths = write_outputs(analysis, out)
+    print(analysis.markdown)
+    print("\n".join(f"{name}: {path}" for name, path in paths.items()))
+    # The pipeline's validate step on the analysis table: same suite, same pages, exit 3.
+    check_tables([("analysis", "analysis", analysis.table, {})],
+                 str(out / "validation.json"), str(out / "validation.html"))
+    return 0
