@@ -2,7 +2,8 @@
 
     data_prep -> validate(dataset) -> throughput_sweep -> validate(sweep)
               -> convergence per batch size (serial) -> validate(runs)
-              -> analysis -> validate(analysis) -> publish -> regression gate
+              -> analysis -> validate(analysis) -> publish -> validate(regressions)
+              -> regression gate
 
 Measurement stages run one after another (ParallelFor parallelism=1, and convergence waits for
 the sweep's validation) because overlapping measurements distort each other's timings.
@@ -25,6 +26,7 @@ from batchscale.components.throughput_sweep.component import throughput_sweep
 from batchscale.components.validate.component import (
     validate_analysis,
     validate_dataset,
+    validate_regressions,
     validate_runs,
     validate_sweep,
 )
@@ -42,7 +44,7 @@ PIPELINE_DESCRIPTION = ("Why a bigger batch does not train faster: throughput, m
                         "critical batch size, with a recommendation.")
 STAGE_NAMES = ("data-prep", "validate-dataset", "throughput-sweep", "validate-sweep",
                "convergence", "validate-runs", "analysis", "validate-analysis", "publish",
-               "regression-gate")
+               "validate-regressions", "regression-gate")
 __all__ = ["GPU_STAGES", "STAGE_NAMES", "build_pipeline", "compile_pipeline"]
 LOCAL_RUN_ID = "manual"
 PUBLISH_RETRIES = 3
@@ -88,10 +90,12 @@ def _stages(cells: list[dict], config_json: str, run_id: str) -> tuple[Tasks, ob
     publish_task.set_retry(num_retries=PUBLISH_RETRIES, backoff_duration=PUBLISH_BACKOFF,
                            backoff_factor=PUBLISH_BACKOFF_FACTOR)
     # Its own step, without retries: a regression is a verdict, not a flaky store.
+    verdicts = publish_task.outputs["regressions"]
+    verdicts_ok = _no_cache(validate_regressions(config_json=config_json, regressions=verdicts))
     gate = _no_cache(regression_gate(config_json=config_json,
-                                     regressions=publish_task.outputs["regressions"]))
+                                     regressions=verdicts).after(verdicts_ok))
     tasks = dict(zip(STAGE_NAMES, (prep, data_ok, sweep, sweep_ok, conv, runs_ok, analysed,
-                                   analysis_ok, publish_task, gate), strict=True))
+                                   analysis_ok, publish_task, verdicts_ok, gate), strict=True))
     return tasks, cell
 
 

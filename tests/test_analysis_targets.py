@@ -172,3 +172,38 @@ def test_the_stage_passes_the_configs_primary_target():
                                         {"metric": "val_loss", "value": 0.3, "primary": True}])
     assert primary_target(ExperimentConfig(convergence=marked)) == ("val_loss", 0.3)
     assert primary_target(ExperimentConfig()) is None
+
+
+def test_an_interval_end_at_the_fit_range_cut_reads_as_open():
+    """The LM example's interval "4–17.8" had its low end at the fit range's cut (half the
+    smallest batch, 8): not an estimate, so the table and the prose say "below 8"."""
+    from dataclasses import replace
+
+    from batchscale.analysis.narrative import interval_words, target_interval_text
+    from batchscale.analysis.report import _target_cells
+
+    assert interval_words(4.0, 17.8, 8, 128) == "below 8, the smallest batch measured, to 17.8"
+    assert interval_words(24.0, 300.0, 8, 128) == "24 to above 128, the largest batch measured"
+    assert interval_words(4.0, 300.0, 8, 128) == "spanning the whole measured range 8–128"
+    assert interval_words(12.1, 62.0, 4, 32) == "12.1 to above 32, the largest batch measured"
+    assert interval_words(12.1, 30.0, 4, 32) == "12.1–30"
+    fit = by_value(analyze(make_sweep(), multi_target_runs(), None, SETTINGS))
+    some = next(f for f in fit.values() if math.isfinite(f.b_crit))
+    floored = replace(some, b_crit=9.1, b_crit_low=4.0, b_crit_high=17.8,
+                      reached_batches=(8, 16, 32, 64, 128))
+    assert target_interval_text(floored) == "below 8, the smallest batch measured, to 17.8"
+    cell = _target_cells(floored)[2][0]
+    assert cell.endswith("(below 8, the smallest batch measured, to 17.8)") and "4–" not in cell
+
+
+def test_run_summary_states_a_cut_interval_end_in_words():
+    from batchscale.lake.summary import _b_crit_line
+
+    rows = [{"lr_rule": "sqrt", "batch_size": b, "steps_to_target": 100 + 900 / b}
+            for b in (8, 16, 32, 64, 128)]
+    fit = {"b_crit": 9.1, "b_crit_low": 4.0, "b_crit_high": 17.8, "s_min": 100.0,
+           "e_min": 910.0}
+    line = _b_crit_line(fit, "sqrt", rows, None)
+    assert line.startswith("9.1 (below 8, the smallest batch measured, to 17.8)"), line
+    inside = _b_crit_line({**fit, "b_crit_low": 8.5}, "sqrt", rows, None)
+    assert inside.startswith("9.1 [8.5, 17.8]"), inside

@@ -261,8 +261,21 @@ def _regimes_text(fit: CriticalBatchSummary) -> str:
 
 def _interval_text(fit: CriticalBatchSummary) -> str:
     """The bootstrap interval in words; an end clipped to the measured range reads as open."""
-    low, high = fit.b_crit_low, fit.b_crit_high
-    smallest, largest = fit.batch_range
+    return interval_words(fit.b_crit_low, fit.b_crit_high, *fit.batch_range)
+
+
+def target_interval_text(fit: TargetCriticalBatch) -> str:
+    """A target's B_crit interval in words, against the batches that reached that target (an
+    end beyond them is the fit's range cut, not an estimate: it reads as open)."""
+    if not fit.reached_batches:
+        return f"{_num(fit.b_crit_low)}–{_num(fit.b_crit_high)}"
+    return interval_words(fit.b_crit_low, fit.b_crit_high, min(fit.reached_batches),
+                          max(fit.reached_batches))
+
+
+def interval_words(low: float, high: float, smallest: float, largest: float) -> str:
+    """An interval against the measured batches [smallest, largest]: an end at or beyond one of
+    them says "below"/"above" that batch instead of printing the fit range's cut."""
     if low >= largest:
         return f"entirely above {_num(largest)}, the largest batch measured"
     if low <= smallest and high >= largest:
@@ -312,7 +325,7 @@ def _target_b_crit(fit: TargetCriticalBatch) -> str:
     """B_crit of one target for prose: the number with its interval, or the bound."""
     text = f"B_crit {b_crit_text(fit.b_crit, fit.bound, fit.bound_batch)}"
     if not fit.bound and math.isfinite(fit.b_crit_low):
-        text += f" ({_num(fit.b_crit_low)}–{_num(fit.b_crit_high)})"
+        text += f" ({target_interval_text(fit)})"
     return text
 
 

@@ -16,8 +16,13 @@ from markupsafe import Markup
 from batchscale import schemas
 from batchscale.analysis.analyze import AnalysisResult
 from batchscale.analysis.gap import NOT_MEASURED, TABLE_METRICS, gap_table
-from batchscale.analysis.narrative import b_crit_text, narrative_markdown, recommendation_list
-from batchscale.analysis.plots import convergence_plots, parallel_plot, throughput_plots
+from batchscale.analysis.narrative import (
+    b_crit_text,
+    narrative_markdown,
+    recommendation_list,
+    target_interval_text,
+)
+from batchscale.analysis.plots import Plot, convergence_plots, parallel_plot, throughput_plots
 from batchscale.analysis.plots_targets import gap_plots, target_plot
 from batchscale.analysis.quality import quality_box_markdown, stable_sentence
 from batchscale.analysis.summary import AnalysisSummary, TargetCriticalBatch
@@ -108,7 +113,7 @@ TARGET_COLUMNS = (
 def _target_cells(fit: TargetCriticalBatch) -> list[tuple[str, bool]]:
     b_crit = b_crit_text(fit.b_crit, fit.bound, fit.bound_batch)
     if not fit.bound and math.isfinite(fit.b_crit_low):
-        b_crit += f" ({_fmt(fit.b_crit_low)}–{_fmt(fit.b_crit_high)})"
+        b_crit += f" ({target_interval_text(fit)})"
     elif not math.isfinite(fit.b_crit) and not fit.bound and fit.reason:
         b_crit += f": {fit.reason}"
     reached = ", ".join(map(str, fit.reached_batches)) or "none"
@@ -135,13 +140,16 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
 
-def add_regressions(page: str, markdown: str) -> str:
+def add_regressions(page: str, markdown: str, history: Plot | None = None) -> str:
     """`page` with a "Regressions" section rendered from `markdown` (its `## ` title line
-    dropped), in the slot `render_html` leaves, or at the end of a page without one."""
+    dropped) and, when given, the cells' history plot, in the slot `render_html` leaves, or at
+    the end of a page without one."""
     body = "\n".join(line for line in markdown.splitlines() if not line.startswith("## "))
-    section = environment().get_template(MACROS).module.section(
-        REGRESSIONS_TITLE, markdown_html(body)
-    )
+    macros = environment().get_template(MACROS).module
+    content = markdown_html(body)
+    if history is not None:
+        content = Markup(f"{content}\n{macros.figure(history)}")
+    section = macros.section(REGRESSIONS_TITLE, content)
     if REGRESSIONS_SLOT in page:
         return page.replace(REGRESSIONS_SLOT, section, 1)
     return page.replace("</body>", f"{section}\n</body>", 1)

@@ -99,3 +99,13 @@ def validate_analysis(config_json: str, analysis_path: str, json_path: str,
         ctx["batch_sizes"] = sorted(set(cfg.convergence.batch_sizes) | set(cfg.sweep.batch_sizes))
     check_tables([("analysis", "analysis", read_table_file(analysis_path), ctx)],
                  json_path, html_path)
+
+
+def validate_regressions(config_json: str, regressions_path: str, json_path: str,
+                         html_path: str) -> None:
+    """Check the regression verdicts publish wrote (and stored beside the run's tables)
+    before the gate reads them: a malformed verdict must not page anyone, nor hide a
+    regression."""
+    config_from_json(config_json)  # the same refusal of a bad config as every other stage
+    check_tables([("regressions", "regressions", read_table_file(regressions_path), {})],
+                 json_path, html_path)

@@ -265,7 +265,8 @@ class PublishConfig(_Strict):
     mode, batch), the median and MAD of the last this-many complete runs in the lake."""
     fail_on_regression: bool = False
     """Fail the run (the regression-gate step, after publish; exit 4 locally) when a throughput
-    regression is flagged; the run's tables are published either way."""
+    regression is confirmed (two runs in a row below the baseline; a suspected one never
+    fails); the run's tables are published either way."""
 
 
 

@@ -17,6 +17,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -25,6 +26,11 @@ import pyarrow.dataset as ds
 from batchscale.errors import BatchscaleError
 from batchscale.schemas import TrialStatus
 from batchscale.storage import ObjectStore
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from batchscale.analysis.figures import Plot
 
 SWEEP_COLUMNS = ["run_id", "date", "device_name", "precision", "input_mode", "batch_size",
                  "samples_per_s"]
@@ -48,6 +54,8 @@ MAX_TICK_LABELS = 12
 """Label at most this many runs on the x axis (every k-th run beyond that)."""
 RUN_ID_TAIL = 8
 """Characters of the run id shown under each tick."""
+HISTORY_CAPTION = ("Throughput of this run's cells against the earlier runs on the same device "
+                   "and precision (this run last)")
 UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -241,8 +249,60 @@ def _plot_verdicts(axis, history: History, cell: tuple, x: dict[str, int], color
             axis.axvline(x[run_id] - 0.5, color=color, linestyle="--", linewidth=1)
 
 
+def with_run(history: History, run_id: str, date: str, sweep: pd.DataFrame,
+             verdicts: pd.DataFrame, analysis: pd.DataFrame | None = None) -> History:
+    """`history` (earlier runs) with the run being published appended as the latest one, so
+    the run's own report can draw its cells' series before the run is in the lake."""
+    now = pd.Timestamp.now(tz="UTC")
+    ok = sweep[sweep["status"].eq(TrialStatus.OK)]
+    current = ok.assign(run_id=run_id, date=date, published_at=now)
+    latest = _critical(None if analysis is None else
+                       analysis.assign(run_id=run_id, date=date, published_at=now))
+    return History(
+        history.workload,
+        _concat(history.throughput, _throughput(current)),
+        _concat(history.critical, latest),
+        _concat(history.verdicts, _verdicts(verdicts.assign(run_id=run_id))),
+    )
+
+
+def history_plot(store: ObjectStore, workload: str, run_id: str, date: str,
+                 sweep: pd.DataFrame, verdicts: pd.DataFrame, analysis: pd.DataFrame | None,
+                 last_runs: int) -> Plot:
+    """The plot of the run's own report: its cells' series over the last `last_runs` earlier
+    runs on the same device and precision, with the baseline band, the suspected and confirmed
+    runs and the change points (what `batchscale history --plot` draws), this run last."""
+    from batchscale.analysis.figures import Plot, png_data_uri
+
+    try:
+        past = load_history(store, workload, last=last_runs)
+    except BatchscaleError:
+        return Plot(HISTORY_CAPTION, None, "no earlier run of this workload is in the lake")
+    pairs = sweep[["device_name", "precision"]].drop_duplicates()
+    same = past.throughput.merge(pairs, on=["device_name", "precision"])
+    if same.empty:
+        return Plot(HISTORY_CAPTION, None, "no earlier run on this device and precision is in "
+                                           "the lake")
+    past = History(workload, same, past.critical, past.verdicts)
+    figure = history_figure(with_run(past, run_id, date, sweep, verdicts, analysis))
+    return Plot(HISTORY_CAPTION, png_data_uri(figure), "")
+
+
+def _concat(earlier: pd.DataFrame, latest: pd.DataFrame) -> pd.DataFrame:
+    frames = [f for f in (earlier, latest) if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else earlier
+
+
 def plot_history(history: History, path: Path) -> Path:
     """Throughput per batch and B_crit per LR rule, run after run, as one PNG."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    history_figure(history).savefig(path, format="png", metadata={"Software": None})
+    return path
+
+
+def history_figure(history: History) -> Figure:
+    """Throughput per batch and B_crit per LR rule, run after run (the figure plot_history
+    saves, and the run's own report embeds)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -272,6 +332,4 @@ def plot_history(history: History, path: Path) -> Path:
     bottom.set_title("critical batch size (90 % bootstrap interval)")
     if not history.critical.empty:
         bottom.legend(fontsize="small")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", metadata={"Software": None})
-    return path
+    return fig

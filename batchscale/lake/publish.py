@@ -29,6 +29,7 @@ import pandas as pd
 
 from batchscale.config import config_from_json
 from batchscale.errors import BadInput, ObjectExists
+from batchscale.lake.history import history_plot
 from batchscale.lake.regression import (
     RegressionFound,
     check_regressions,
@@ -68,6 +69,10 @@ def table_key(store: ObjectStore, table: str, date: str, run_id: str) -> str:
     return store.key(table, f"date={date}", f"run_id={run_id}", "part-0.parquet")
 
 
+def report_key(store: ObjectStore, date: str, run_id: str) -> str:
+    return store.key("reports", f"date={date}", f"run_id={run_id}", "report.html")
+
+
 def published_manifest(store: ObjectStore, run_id: str) -> dict | None:
     """The run's manifest if it was published (None if not); BadInput naming its key when the
     file is damaged (not a JSON object with a string `date`), never a traceback."""
@@ -105,8 +110,7 @@ def publish_run(store: ObjectStore, run_id: str, files: dict[str, str | Path],
     date = publish_date(store, run_id)
     uploads = {table_key(store, name, date, run_id): Path(path) for name, path in files.items()}
     if report_path:
-        uploads[store.key("reports", f"date={date}", f"run_id={run_id}", "report.html")] = \
-            Path(report_path)
+        uploads[report_key(store, date, run_id)] = Path(report_path)
     objects = []
     for key, path in uploads.items():
         data = path.read_bytes()
@@ -157,8 +161,6 @@ def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str
               regressions_path: str, markdown_path: str) -> dict:
     """Pipeline entry: check for regressions, then publish a validated run (tables, the report
     with its "Regressions" section, the verdicts) to the store named by the environment."""
-    from batchscale.analysis.report import add_regressions
-
     cfg = config_from_json(config_json)
     store = ObjectStore(S3Settings.from_env())
     store.check()
@@ -178,8 +180,26 @@ def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str
              "regressions": regressed_cells(verdicts)}
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.html"
-        report.write_text(add_regressions(Path(report_path).read_text(), markdown))
+        report.write_bytes(_report_with_regressions(store, cfg, run_id, report_path, markdown,
+                                                    sweep, verdicts, analysis_path))
         return publish_run(store, run_id, files, report, extra)
+
+
+def _report_with_regressions(store: ObjectStore, cfg, run_id: str, report_path: str,
+                             markdown: str, sweep: pd.DataFrame, verdicts: pd.DataFrame,
+                             analysis_path: str) -> bytes:
+    """The analysis report with its "Regressions" section and the cells' history plot; on a
+    retried publish the stored report's bytes (the plot depends on the lake's state and the
+    time, and publish re-sends identical bytes or nothing)."""
+    from batchscale.analysis.report import add_regressions
+
+    key = report_key(store, publish_date(store, run_id), run_id)
+    if store.exists(key):
+        return store.get_bytes(key)
+    analysis = read_table_file(analysis_path).to_pandas()
+    plot = history_plot(store, cfg.workload, run_id, publish_date(store, run_id), sweep,
+                        verdicts, analysis, last_runs=2 * cfg.publish.history_runs)
+    return add_regressions(Path(report_path).read_text(), markdown, plot).encode()
 
 
 def gate_stage(config_json: str, regressions_path: str) -> None:

@@ -40,3 +40,11 @@ def validate_analysis(config_json: str, analysis: Input[Dataset], results: Outpu
     from batchscale.checks.stage import validate_analysis as run
 
     run(config_json, analysis.path, results.path, page.path)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def validate_regressions(config_json: str, regressions: Input[Dataset],
+                         results: Output[Artifact], page: Output[HTML]):
+    from batchscale.checks.stage import validate_regressions as run
+
+    run(config_json, regressions.path, results.path, page.path)
