@@ -247,3 +247,15 @@ def largest_fitting_batch(sweep: pd.DataFrame) -> tuple[float, str]:
     if fits.size == 0:
         return math.nan, f"batch {int(np.nanmin(oom))} ran out of memory and no smaller batch ran"
     return float(np.max(fits)), f"batch {int(np.nanmin(oom))} ran out of memory"
+
+
+def mfu_text(mfu: float | None) -> str:
+    """MFU as printed everywhere: above 100 % it cannot be true (the peak was measured low —
+    a matmul timed at the sweep's start, e.g. while the machine was busy — or the FLOP count
+    is off), so it is named as untrusted instead of printed as a figure."""
+    if mfu is None or not math.isfinite(mfu):
+        return "MFU not known"
+    if mfu > 1:
+        return (f"MFU not trusted: {mfu:.0%} is above 100 %, so the measured peak FLOP/s or "
+                "the FLOP count is off")
+    return f"MFU {mfu:.1%}"

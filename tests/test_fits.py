@@ -115,3 +115,14 @@ def test_largest_fitting_batch_counts_unstable_rows():
          flagged(sweep_row(128, None, status="oom"), None)]
     )
     assert largest_fitting_batch(sweep) == (64.0, "batch 128 ran out of memory")
+
+
+def test_an_mfu_above_one_is_named_untrusted_not_printed_as_a_figure():
+    """Seen on 2 cores: 'MFU 194.63%' for a segmentation sweep whose peak matmul was timed
+    while other work ran. Above 100 % the figure cannot be true."""
+    from batchscale.fits import mfu_text
+
+    assert mfu_text(0.5412) == "MFU 54.1%"
+    assert mfu_text(None) == mfu_text(float("nan")) == "MFU not known"
+    untrusted = mfu_text(1.9463)
+    assert untrusted.startswith("MFU not trusted: 195% is above 100 %") and "194.63" not in untrusted

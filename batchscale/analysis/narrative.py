@@ -26,6 +26,7 @@ from batchscale.analysis.summary import (
 )
 from batchscale.analysis.targets import trend, trend_pairs
 from batchscale.analysis.timetotarget import StepTimeSource
+from batchscale.fits import mfu_text
 
 INPUT_BOTTLENECK_SHARE = 0.2
 """Real input losing more than this share of synthetic throughput: the input pipeline limits."""
@@ -172,7 +173,7 @@ def _throughput_text(throughput: ThroughputSummary, step: StepTimeSummary) -> st
         f"({throughput.timing_input_mode} input"
     )
     mfu = throughput.mfu_at_best
-    text += f", {mfu:.1%} MFU)." if math.isfinite(mfu) else ")."
+    text += f", {mfu_text(mfu)})." if math.isfinite(mfu) else ")."
     if throughput.saturated_at_smallest_batch:
         text += (
             f" The device is already saturated at batch {saturation}, the smallest measured: a"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from batchscale.conditions import WHAT_TO_DO
+from batchscale.fits import mfu_text
 from batchscale.schemas import Quality, TrialStatus
 
 
@@ -65,7 +66,7 @@ def summary_lines(summary: dict) -> list[str]:
     mfu = summary["best_mfu"]
     return [
         f"best: {summary['best_samples_per_s']:.1f} samples/s at batch {summary['best_batch']} "
-        f"({f'MFU {mfu:.2%}' if _finite(mfu) else 'MFU not known'}); the device saturates at "
+        f"({mfu_text(mfu)}); the device saturates at "
         f"batch ≈ {summary['saturation_batch']} (smallest batch within "
         f"{summary['saturation_tolerance']:.0%} of the best, {summary['input_mode']} input)",
         _memory_line(summary),
