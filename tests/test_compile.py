@@ -50,6 +50,26 @@ def test_images_come_from_the_image_setting(compiled):
     assert CPU_IMAGE in compiled[1] and GPU_IMAGE in compiled[1]
 
 
+@pytest.mark.parametrize(("gpus_per_worker", "trainjob_image"), [(1, GPU_IMAGE), (0, CPU_IMAGE)])
+def test_a_kubeflow_launched_trainjob_runs_the_image_setting(tmp_path, gpus_per_worker,
+                                                             trainjob_image):
+    """The TrainJob's image is written at compile time from the image setting, not the default
+    tag; the pod that only waits for it runs the CPU image."""
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({
+        "convergence": {"launcher": "kubeflow"},
+        "kubernetes": {"gpus_per_worker": gpus_per_worker}}))
+    env = {"BATCHSCALE_IMAGE": CPU_IMAGE, "BATCHSCALE_GPU_IMAGE": GPU_IMAGE}
+    result = run_cli(["compile", "--config", "c.yaml", "--output", "p.yaml"], cwd=tmp_path,
+                     env=env)
+    assert result.returncode == 0, result.stderr
+    pipeline_doc = next(yaml.safe_load_all((tmp_path / "p.yaml").read_text()))
+    label = pipeline_doc["components"]["comp-convergence"]["executorLabel"]
+    container = pipeline_doc["deploymentSpec"]["executors"][label]["container"]
+    env_vars = {e["name"]: e["value"] for e in container["env"]}
+    assert env_vars["BATCHSCALE_TRAINJOB_IMAGE"] == trainjob_image
+    assert container["image"] == CPU_IMAGE
+
+
 def test_no_secret_value_reaches_the_yaml(compiled):
     text = compiled[0]
     for value in PLANTED.values():

@@ -200,6 +200,22 @@ def test_schedule_creates_one_at_a_time_recurring_run_that_fails_on_regression(
                for r in kfp_api.requests)
 
 
+def test_the_runs_pods_use_the_configured_service_account(kfp_api, workdir):
+    """kubernetes.service_account reaches both the one-off run and the recurring run: KFP runs
+    the pipeline's pods under it (the kubeflow launcher needs its TrainJob rights)."""
+    (workdir / "sa.yaml").write_text(TINY_CONFIG + "kubernetes:\n"
+                                     "  service_account: batchscale-runner\n")
+    submitted = kfp_cli(["submit", "--host", kfp_api.url, "--config", "sa.yaml"], workdir)
+    assert submitted.returncode == 0, submitted.stderr
+    scheduled = kfp_cli(["schedule", "--host", kfp_api.url, "--config", "sa.yaml",
+                         "--cron", CRON], workdir)
+    assert scheduled.returncode == 0, scheduled.stderr
+    (run_req,) = kfp_api.sent("POST", f"{API}/runs")
+    (recurring_req,) = kfp_api.sent("POST", f"{API}/recurringruns")
+    assert run_req.json["service_account"] == "batchscale-runner"
+    assert recurring_req.json["service_account"] == "batchscale-runner"
+
+
 def test_schedules_list_pause_resume_delete(kfp_api, workdir):
     created = kfp_cli(["schedule", "--host", kfp_api.url, "--config", "tiny.yaml",
                        "--cron", CRON, "--namespace", "team-a"], workdir)

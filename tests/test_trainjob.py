@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from pytest_httpserver import HTTPServer
 
 from batchscale.config import parse_config
 from batchscale.convergence import runner, trainjob
-from batchscale.convergence.trainjob_wait import WaitLimits
+from batchscale.convergence.trainjob_wait import RUNNING, WaitLimits, poll_status
 from batchscale.data.prep import prepare
 from batchscale.errors import BadInput, BatchscaleError
 from trainer_rules import schema_problems, webhook_problems, world_size
@@ -208,18 +209,55 @@ def test_local_checkpoint_path_is_refused_with_kubeflow(cluster, digits_dir):
     assert cluster.requests == []
 
 
+def worst_after_deadline_s(limits: WaitLimits) -> float:
+    """The longest the step can take besides its job's deadline, path by path, each wait at its
+    bound: the create, then after the deadline Trainer's grace and the status read in flight
+    when the wait ends; then either the "did not start" message's read and the events, or the
+    next poll's read, the log drain, the Failed condition and the events; then the delete and
+    what the pod keeps for the tables and KFP's upload."""
+    api = limits.api_timeout_s
+    create, wait_end = api, limits.trainer_grace_s + api
+    not_started, failed_while_running = api + api, api + limits.log_drain_s + api + api
+    delete_and_keep = api + limits.pod_reserve_s
+    return create + wait_end + max(not_started, failed_while_running) + delete_and_keep
+
+
 def test_wait_limits_fit_the_job_inside_the_pods_deadline(capsys):
-    limits = WaitLimits()  # 60 + 15 + 2 x 30 + 120 s kept after the job
-    assert limits.after_job_s == 255
+    limits = WaitLimits()  # 60 + 15 + 6 x 30 + 120 s kept after the job
+    assert limits.after_job_s == 375
+    for tight in (limits, FAST, WaitLimits(api_timeout_s=120, log_drain_s=0)):
+        assert worst_after_deadline_s(tight) <= tight.after_job_s
     assert limits.job_deadline_s(1800.2, None) == 1801  # no pod deadline: timeout_s
     assert limits.job_deadline_s(1800, 1800 + 900) == 1800  # the default margin fits
     assert capsys.readouterr().err == ""
-    assert limits.job_deadline_s(1800, 1800 + 100) == 1800 + 100 - 255
-    assert "the TrainJob's deadline is 1645 s, not convergence.timeout_s (1800 s)" in \
+    assert limits.job_deadline_s(1800, 1800 + 100) == 1800 + 100 - 375
+    assert "the TrainJob's deadline is 1525 s, not convergence.timeout_s (1800 s)" in \
         capsys.readouterr().err
-    with pytest.raises(BatchscaleError, match="has 255 s left before its deadline, less than "
-                                              "the 255 s kept"):
-        limits.job_deadline_s(1800, 255)
+    with pytest.raises(BatchscaleError, match="has 375 s left before its deadline, less than "
+                                              "the 375 s kept"):
+        limits.job_deadline_s(1800, 375)
+
+
+def test_a_stalled_status_read_is_given_up_at_the_api_timeout(capsys):
+    """The SDK's get_job waits up to 120 s per request, four requests a read: the launcher
+    waits for a read only api_timeout_s, so the wait still ends at its bound."""
+    answer = threading.Event()
+
+    class StalledClient:
+        def get_job(self, name):
+            answer.wait(60)
+            raise RuntimeError("no answer")
+
+    limits = WaitLimits(poll_interval_s=0.2, api_timeout_s=0.5)
+    started = time.monotonic()
+    try:
+        seen = poll_status(StalledClient(), "job-1", {RUNNING}, started + 1, limits)
+    finally:
+        answer.set()
+    assert seen is None
+    assert time.monotonic() - started < 1 + limits.api_timeout_s + 1.5  # not the 60 s stall
+    assert "could not read TrainJob job-1 (no answer within 0.5 s); retrying" in \
+        capsys.readouterr().err
 
 
 # ----------------------------------------------------------------- what a cluster refuses
@@ -297,7 +335,7 @@ def test_the_jobs_deadline_fits_inside_the_pods_deadline(cluster, digits_dir, mo
     cluster.launcher_pods[POD["BATCHSCALE_POD_NAME"]] = started_ago(2)
     monkeypatch.setenv("BATCHSCALE_POD_DEADLINE_S", "26")
     limits = WaitLimits(poll_interval_s=0.2, api_timeout_s=2, trainer_grace_s=1,
-                        log_drain_s=2, pod_reserve_s=10)
+                        log_drain_s=2, pod_reserve_s=2)
     cfg = parse_config({"convergence": SETTINGS})
     started = time.monotonic()
     with pytest.raises(BatchscaleError, match="DeadlineExceeded"):

@@ -19,6 +19,12 @@ COMPLETE, FAILED, RUNNING = "Complete", "Failed", "Running"
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 MAX_EVENTS = 10
 NEVER = dt.datetime.min.replace(tzinfo=dt.UTC)  # sorts events without a time first
+WAITS_OUTSIDE_JOB = 6
+"""Waits of at most `api_timeout_s` each that fall outside the job's deadline and Trainer's
+grace, on the longest path (the job Failed just as the wait ends): the create (the deadline
+counts from it), the status read in flight when the wait ends, the one more read that may
+follow it (the next poll's first, or the "did not start" message's), the Failed condition, the
+events, the delete."""
 
 
 @dataclass(frozen=True)
@@ -28,8 +34,7 @@ class WaitLimits:
 
     poll_interval_s: float = 5.0
     api_timeout_s: float = 30.0
-    """One request of ours: create, delete, reading the step's pod (both create and delete
-    count against the pod's deadline)."""
+    """One request of ours, or one status read of the SDK (read_job), waited for at most this."""
     trainer_grace_s: float = 60.0
     """After the job's deadline, for Trainer to mark it Failed before the launcher gives up."""
     log_drain_s: float = 15.0
@@ -39,8 +44,8 @@ class WaitLimits:
 
     @property
     def after_job_s(self) -> float:
-        return (self.trainer_grace_s + self.log_drain_s + 2 * self.api_timeout_s +
-                self.pod_reserve_s)
+        return (self.trainer_grace_s + self.log_drain_s +
+                WAITS_OUTSIDE_JOB * self.api_timeout_s + self.pod_reserve_s)
 
     def room_s(self, pod_left_s: float | None) -> int | None:
         """Whole seconds a job may take so that `after_job_s` still fits before the step pod's
@@ -70,24 +75,49 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def poll_status(client, name: str, wanted: set[str], until: float, interval_s: float):
+def poll_status(client, name: str, wanted: set[str], until: float, limits: WaitLimits):
     """The job once its status is in `wanted`, or None at `until` (time.monotonic()). A failed
     read is retried until then: one lost request must not end a long training."""
     while True:
         try:
-            job = client.get_job(name)
+            job = read_job(client, name, limits.api_timeout_s)
         except (RuntimeError, TimeoutError) as err:
             if getattr(err.__cause__, "status", None) == 404:
                 raise BatchscaleError(f"TrainJob {name} is gone: something else deleted it "
                                       "while the step was waiting for it") from None
             job = None
-            warn(f"could not read TrainJob {name} ({err}: {err.__cause__}); retrying")
+            cause = f": {err.__cause__}" if err.__cause__ else ""
+            warn(f"could not read TrainJob {name} ({err}{cause}); retrying")
         if job is not None and job.status in wanted:
             return job
         left = until - time.monotonic()
         if left <= 0:
             return None
-        time.sleep(min(interval_s, left))
+        time.sleep(min(limits.poll_interval_s, left))
+
+
+def read_job(client, name: str, timeout_s: float):
+    """client.get_job(name), waited for at most `timeout_s` (TimeoutError). The SDK waits up to
+    120 s for each of its requests, and one read is up to four of them: the job, its runtime
+    (namespaced, then cluster-wide) and its pods (kubeflow 0.5, KubernetesBackend.get_job), so
+    8 minutes on a stalled API server, more than the pod's deadline keeps for it. A read still
+    going then is left to its daemon thread, as the log copy is."""
+    answer: dict = {}
+
+    def read() -> None:
+        try:
+            answer["job"] = client.get_job(name)
+        except Exception as err:  # noqa: BLE001 - raised again in the caller's thread
+            answer["error"] = err
+
+    reader = threading.Thread(target=read, daemon=True, name=f"status-{name}")
+    reader.start()
+    reader.join(timeout_s)
+    if reader.is_alive():
+        raise TimeoutError(f"no answer within {timeout_s:g} s")
+    if "error" in answer:
+        raise answer["error"]
+    return answer["job"]
 
 
 class LogCopy:
@@ -170,17 +200,17 @@ def await_job(client, job, *, until: float, limits: WaitLimits) -> None:
     `until`, raise BatchscaleError saying what timed out and what to check."""
     name = job.metadata.name
     started = time.monotonic()
-    seen = poll_status(client, name, {RUNNING, COMPLETE, FAILED}, until, limits.poll_interval_s)
+    seen = poll_status(client, name, {RUNNING, COMPLETE, FAILED}, until, limits)
     if seen is None:
         raise BatchscaleError(
             f"TrainJob {name} did not start running within {time.monotonic() - started:.0f} s "
-            f"({pod_phases(client_job(client, name))}). "
+            f"({pod_phases(client_job(client, name, limits.api_timeout_s))}). "
             f"{placement_hint(job.spec.trainer.image)}"
             f"{job_events(client, name, limits.api_timeout_s)}")
     ran = seen.status in {RUNNING, COMPLETE}
     logs = LogCopy(client, name)
     if seen.status == RUNNING:
-        seen = poll_status(client, name, {COMPLETE, FAILED}, until, limits.poll_interval_s)
+        seen = poll_status(client, name, {COMPLETE, FAILED}, until, limits)
     logs.finish(limits.log_drain_s)
     if seen is None:
         raise BatchscaleError(
@@ -208,8 +238,8 @@ def deadline_hint(reason: str, ran: bool, job) -> str:
             "convergence.max_steps")
 
 
-def client_job(client, name: str):
+def client_job(client, name: str, timeout_s: float):
     try:
-        return client.get_job(name)
+        return read_job(client, name, timeout_s)
     except (RuntimeError, TimeoutError):
         return None
