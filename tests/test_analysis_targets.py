@@ -207,3 +207,19 @@ def test_run_summary_states_a_cut_interval_end_in_words():
     assert line.startswith("9.1 (below 8, the smallest batch measured, to 17.8)"), line
     inside = _b_crit_line({**fit, "b_crit_low": 8.5}, "sqrt", rows, None)
     assert inside.startswith("9.1 [8.5, 17.8]"), inside
+
+
+def test_run_summary_says_why_a_b_crit_has_no_interval():
+    """Seen with the one-seed segmentation example: 'B_crit (sqrt): 21.9 [-, -]'."""
+    import pyarrow as pa
+
+    from batchscale.lake.summary import _b_crit_line
+
+    rows = [{"lr_rule": "sqrt", "batch_size": b, "steps_to_target": 180 + 4000 / b}
+            for b in (4, 8, 16, 32)]
+    fit = {"b_crit": 21.9, "b_crit_low": float("nan"), "b_crit_high": float("nan"),
+           "s_min": 182.9, "e_min": 4006.0}
+    one_seed = pa.table({"lr_rule": ["sqrt"] * 4, "batch_size": [4, 8, 16, 32], "seed": [0] * 4})
+    line = _b_crit_line(fit, "sqrt", rows, one_seed)
+    assert line.startswith("21.9 (no interval: one seed per batch size: nothing to resample)")
+    assert "[-, -]" not in _b_crit_line(fit, "sqrt", rows, None)

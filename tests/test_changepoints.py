@@ -16,6 +16,7 @@ from batchscale.lake.changepoints import (
     OK,
     SUSPECTED,
     Baseline,
+    baseline_before,
     change_points,
     detect,
     replay,
@@ -116,3 +117,19 @@ def test_the_allowed_drop_is_the_larger_of_the_mad_term_and_the_floor():
     assert wide.allowed_drop == pytest.approx(NOISE_MADS * 1.4826 * 1500.0)
     assert wide.below(10_000.0 - wide.allowed_drop - 1) and not wide.below(5000.0 + 1e6)
     assert wide.below(math.nan)
+
+
+def test_a_first_bad_run_that_widens_a_noisy_baseline_cannot_hide_the_second():
+    """Measured in tests/test_regression_scenario.py: a user model made about 5x heavier, at
+    batch 64, after four runs with a 20 % run-to-run CV. With the first heavy run in its
+    baseline the second was within the widened MAD ("ok"); judged against the runs before the
+    streak both are below: confirmed, first bad = the first heavy run."""
+    normal = [22274.0, 36953.0, 29157.0, 23183.0]
+    rates = [*normal, 4830.0, 5001.0]
+    with_first_bad = baseline_before(np.asarray(rates), 5, 10)
+    assert not with_first_bad.below(5001.0)  # the widened baseline alone would say ok
+    found = detect(rates, history_runs=10)
+    assert found.verdict == CONFIRMED and found.runs_below == 2
+    assert found.first_bad == 4 and found.last_good == 3
+    assert detect([*normal, 4830.0], history_runs=10).verdict == SUSPECTED
+    assert detect([*normal, 4830.0, 23500.0], history_runs=10).verdict == OK  # a blip

@@ -13,6 +13,10 @@ floor keeps a history that happens to be quiet from flagging a few-percent wobbl
 The test is a run rule on this robust control chart (the "k consecutive points beyond a limit"
 rules of statistical process control, here k = CONFIRM_RUNS = 2): find the longest run of
 latest points all below the baseline formed by the runs *before* them (L ≤ history_runs).
+The streak's baseline does not include the streak: when the newest run is below its baseline's
+median but within limits that hold the run before it, the last CONFIRM_RUNS runs are judged
+against the runs before them (a first bad run in a short, noisy baseline widens its MAD enough
+to hide the second; seen with a real 5x slowdown at a 20 % run-to-run CV).
 L = 0: "ok". L = 1: "suspected" (a blip or the start of a step: reported, never fails).
 L ≥ 2: "confirmed", a step whose first bad run is the first of those L and whose last good run
 is the last timed run before it. An outlier is suspected, then cleared when the next run is
@@ -111,9 +115,19 @@ def detect(rates: Sequence[float], history_runs: int, **rule) -> Detection:
     first = baseline_before(series, end, history_runs, **rule)
     if first.runs < MIN_HISTORY_RUNS:
         return Detection(INSUFFICIENT_HISTORY, 0, first)
-    if not first.below(series[end]):
+    if first.below(series[end]):
+        below, baseline = 1, first
+    elif series[end] < first.median:
+        # Low, but within limits that the run before may have widened (a first bad run in the
+        # baseline inflates its MAD): judge the last CONFIRM_RUNS against the runs before them.
+        # Once the median itself has moved to the new level, the change is the baseline.
+        start = end - CONFIRM_RUNS + 1
+        before = baseline_before(series, start, history_runs, **rule)
+        if before.runs < MIN_HISTORY_RUNS or not all(before.below(r) for r in series[start:]):
+            return Detection(OK, 0, first)
+        below, baseline = CONFIRM_RUNS, before
+    else:
         return Detection(OK, 0, first)
-    below, baseline = 1, first
     while below < history_runs:
         start = end - below  # would the point before the run below join it?
         wider = baseline_before(series, start, history_runs, **rule)

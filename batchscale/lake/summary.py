@@ -146,23 +146,34 @@ def _b_crit_line(fit: dict, rule: str, rows: list[dict], runs: pa.Table | None) 
     if fit.get("b_crit_bound"):
         return b_crit_text(math.nan, fit["b_crit_bound"], fit["b_crit_bound_batch"])
     if fit["b_crit"] is not None and math.isfinite(fit["b_crit"]):
-        return (f"{_fmt(fit['b_crit'], '.1f')} {_interval(fit, rule, rows)} "
+        return (f"{_fmt(fit['b_crit'], '.1f')} {_interval(fit, rule, rows, runs)} "
                 f"(S_min {_fmt(fit['s_min'], '.1f')}, E_min {_fmt(fit['e_min'], '.0f')})")
     return f"not estimated ({_no_fit_reason(rule, rows, runs)})"
 
 
-def _interval(fit: dict, rule: str, rows: list[dict]) -> str:
+def _interval(fit: dict, rule: str, rows: list[dict], runs: pa.Table | None) -> str:
     """[low, high]; in words where an end lies at or beyond the batches that reached the target
-    (there it is the fit range's cut, not an estimate)."""
+    (there it is the fit range's cut, not an estimate); why there is none where there is none."""
     from batchscale.analysis.narrative import interval_words
 
     low, high = fit["b_crit_low"], fit["b_crit_high"]
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        return f"(no interval: {_no_interval_reason(rule, runs)})"
     reached = [r["batch_size"] for r in rows if r["lr_rule"] == rule
                and r.get("steps_to_target") is not None and math.isfinite(r["steps_to_target"])]
     if (reached and low is not None and high is not None and math.isfinite(low)
             and math.isfinite(high) and (low <= min(reached) or high >= max(reached))):
         return f"({interval_words(low, high, min(reached), max(reached))})"
     return f"[{_fmt(low, '.1f')}, {_fmt(high, '.1f')}]"
+
+
+def _no_interval_reason(rule: str, runs: pa.Table | None) -> str:
+    if runs is not None and {"seed", "lr_rule", "batch_size"} <= set(runs.column_names):
+        trials = runs.select(["lr_rule", "batch_size", "seed"]).to_pandas()
+        seeds = trials[trials["lr_rule"] == rule].groupby("batch_size")["seed"].nunique()
+        if len(seeds) and seeds.max() <= 1:
+            return "one seed per batch size: nothing to resample"
+    return "the bootstrap did not give one; see the report"
 
 
 def _no_fit_reason(rule: str, rows: list[dict], runs: pa.Table | None) -> str:
