@@ -23,7 +23,7 @@ local-run: venv
 	$(VENV)/bin/batchscale run $(if $(CONFIG),--config $(CONFIG))
 
 test: venv
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=25
 
 test-fast: venv
 	$(VENV)/bin/pytest -q -m "not slow"

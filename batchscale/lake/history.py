@@ -284,7 +284,8 @@ def history_plot(store: ObjectStore, workload: str, run_id: str, date: str,
         return Plot(HISTORY_CAPTION, None, "no earlier run on this device and precision is in "
                                            "the lake")
     past = History(workload, same, past.critical, past.verdicts)
-    figure = history_figure(with_run(past, run_id, date, sweep, verdicts, analysis))
+    figure = history_figure(with_run(past, run_id, date, sweep, verdicts, analysis),
+                            critical=False)
     return Plot(HISTORY_CAPTION, png_data_uri(figure), "")
 
 
@@ -300,16 +301,27 @@ def plot_history(history: History, path: Path) -> Path:
     return path
 
 
-def history_figure(history: History) -> Figure:
-    """Throughput per batch and B_crit per LR rule, run after run (the figure plot_history
-    saves, and the run's own report embeds)."""
+def history_figure(history: History, critical: bool = True) -> Figure:
+    """Throughput per batch and, with `critical`, B_crit per LR rule, run after run (the
+    figure plot_history saves; the run's own report embeds the throughput panel alone: its
+    B_crit is in the report already, and each panel costs a publish about half a second)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI, layout="constrained")
+    size = FIGURE_SIZE_IN if critical else (FIGURE_SIZE_IN[0], FIGURE_SIZE_IN[1] / 2)
+    fig = Figure(figsize=size, dpi=FIGURE_DPI, layout="constrained")
     FigureCanvasAgg(fig)
-    top, bottom = fig.subplots(2, 1, sharex=True)
-    x = _run_axis(bottom, history)
+    top, bottom = fig.subplots(2, 1, sharex=True) if critical else (fig.subplots(), None)
+    x = _run_axis(bottom or top, history)
+    _draw_throughput(top, history, x)
+    if bottom is not None:
+        _draw_critical(bottom, history, x)
+    else:
+        top.set_xlabel("run (published, UTC)")
+    return fig
+
+
+def _draw_throughput(top, history: History, x: dict[str, int]) -> None:
     for series, rows in history.throughput.groupby([*SERIES_KEYS, "batch_size"], sort=True):
         device, precision, mode, batch = series
         [line] = top.plot(rows["run_id"].map(x), rows["samples_per_s"], "o-",
@@ -321,6 +333,9 @@ def history_figure(history: History) -> Figure:
                   "drop; squares: suspected, filled: confirmed; dashed: change point)",
                   fontsize="small")
     top.legend(fontsize="x-small", ncol=2)
+
+
+def _draw_critical(bottom, history: History, x: dict[str, int]) -> None:
     for rule, rows in history.critical.groupby("lr_rule", sort=True):
         low = (rows["b_crit"] - rows["b_crit_low"]).clip(lower=0).fillna(0)
         high = (rows["b_crit_high"] - rows["b_crit"]).clip(lower=0).fillna(0)
@@ -332,4 +347,3 @@ def history_figure(history: History) -> Figure:
     bottom.set_title("critical batch size (90 % bootstrap interval)")
     if not history.critical.empty:
         bottom.legend(fontsize="small")
-    return fig
