@@ -193,11 +193,12 @@ def _report_with_regressions(store: ObjectStore, cfg, run_id: str, report_path: 
     time, and publish re-sends identical bytes or nothing)."""
     from batchscale.analysis.report import add_regressions
 
-    key = report_key(store, publish_date(store, run_id), run_id)
+    date = publish_date(store, run_id)  # reads the run's manifest, if published: once
+    key = report_key(store, date, run_id)
     if store.exists(key):
         return store.get_bytes(key)
     analysis = read_table_file(analysis_path).to_pandas()
-    plot = history_plot(store, cfg.workload, run_id, publish_date(store, run_id), sweep,
+    plot = history_plot(store, cfg.workload, run_id, date, sweep,
                         verdicts, analysis, last_runs=2 * cfg.publish.history_runs)
     return add_regressions(Path(report_path).read_text(), markdown, plot).encode()
 
