@@ -22,8 +22,13 @@ venv: $(STAMP)
 local-run: venv
 	$(VENV)/bin/batchscale run $(if $(CONFIG),--config $(CONFIG))
 
+# Two phases: the tests that measure time or assert a time bound (marked `serial`) run alone;
+# the rest run on TEST_WORKERS processes, one test file per process at a time (module
+# fixtures such as test_pipeline's run are made once). Both print their slowest tests.
+TEST_WORKERS ?= 2
 test: venv
-	$(VENV)/bin/pytest -q --durations=25
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=15
+	$(VENV)/bin/pytest -q -m serial --durations=10
 
 test-fast: venv
 	$(VENV)/bin/pytest -q -m "not slow"

@@ -26,6 +26,7 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -44,6 +45,8 @@ DEFAULT_PORTS = {"s3": 8333, "master": 9333, "volume": 9340, "filer": 8888, "adm
 """First choice of http port per service (weed's own defaults); gRPC is the port + GRPC_OFFSET."""
 RANDOM_PORTS = (10000, 22767)
 """Fallback range: the port and its gRPC twin both stay below the kernel's ephemeral range."""
+PORTS_LOCK_NAME = "batchscale-store-ports.lock"
+"""In the system's temporary directory: serializes choosing ports and starting weed."""
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 REAP_WAIT_S = 2.0
@@ -103,12 +106,15 @@ def up(workdir: str | Path | None = None, bucket: str = "batchscale") -> StoreIn
                 _record(state, bucket, ports)
                 return info
             _stop(pid)
-        ports = _choose_ports(ports)
-        _record(state, bucket, ports)
-        pid = _spawn(state, bucket, ports, access_key, secret_key)
-        _write_text_atomic(state / "weed.pid", f"{pid}\n")
-        info = _info(state, bucket, pid, ports["s3"], access_key, secret_key)
-        _wait_ready(info, ports["master"], state / "weed.log")
+        # Machine-wide: two stores starting at once (two runs in two directories, test
+        # processes) would both find the same ports free and one weed would fail to bind.
+        with _locked_file(Path(tempfile.gettempdir()) / PORTS_LOCK_NAME):
+            ports = _choose_ports(ports)
+            _record(state, bucket, ports)
+            pid = _spawn(state, bucket, ports, access_key, secret_key)
+            _write_text_atomic(state / "weed.pid", f"{pid}\n")
+            info = _info(state, bucket, pid, ports["s3"], access_key, secret_key)
+            _wait_ready(info, ports["master"], state / "weed.log")
         return info
 
 
@@ -172,7 +178,14 @@ def weed_binary() -> str:
 @contextlib.contextmanager
 def _locked(state: Path) -> Iterator[None]:
     """Serialize `up` and `down` on one state dir, across processes."""
-    with open(state / "lock", "a") as fh:
+    with _locked_file(state / "lock"):
+        yield
+
+
+@contextlib.contextmanager
+def _locked_file(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path` (created if missing) for the block, across processes."""
+    with open(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

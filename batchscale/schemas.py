@@ -266,11 +266,94 @@ insufficient_history, not_judged or environment_changed ("regression" in tables 
 change points); `change` is current / median − 1 (for environment_changed, against the previous
 environment's baseline), `allowed_drop` the noise threshold in samples/s."""
 
+PLAN = pa.schema(
+    [
+        # What-if plan (issue 17, batchscale/analysis/plan_table.py): one row per (workers,
+        # per-worker batch). Open band ends (B_crit's interval unbounded above) are null.
+        pa.field("target_metric", pa.string()),
+        pa.field("target_value", pa.float64()),
+        pa.field("lr_rule", pa.string(), nullable=False),
+        pa.field("workers", pa.int64(), nullable=False),
+        pa.field("per_worker_batch", pa.int64(), nullable=False),
+        pa.field("global_batch", pa.int64(), nullable=False),
+        # A worker count the run did not measure: communication from the model alone.
+        pa.field("extrapolated", pa.bool_(), nullable=False),
+        pa.field("compute_s", pa.float64(), nullable=False),
+        pa.field("compute_source", pa.string(), nullable=False),
+        pa.field("comm_s", pa.float64(), nullable=False),
+        pa.field("step_time_s", pa.float64(), nullable=False),
+        pa.field("comm_share", pa.float64(), nullable=False),
+        pa.field("steps", pa.float64(), nullable=False),
+        pa.field("steps_low", pa.float64()),
+        pa.field("steps_high", pa.float64()),
+        pa.field("time_to_target_s", pa.float64(), nullable=False),
+        pa.field("time_to_target_s_low", pa.float64()),
+        pa.field("time_to_target_s_high", pa.float64()),
+        pa.field("device_hours", pa.float64(), nullable=False),
+        pa.field("device_hours_low", pa.float64()),
+        pa.field("device_hours_high", pa.float64()),
+        pa.field("b_crit", pa.float64(), nullable=False),
+        pa.field("b_crit_low", pa.float64()),
+        pa.field("b_crit_high", pa.float64()),
+        pa.field("feasible", pa.bool_(), nullable=False),
+        # Why adding workers stops helping here: memory, past B_crit, communication; or null.
+        pa.field("limit", pa.string()),
+        pa.field("on_pareto_front", pa.bool_(), nullable=False),
+        pa.field("recommended", pa.bool_(), nullable=False),
+        pa.field("step_time_source", pa.string(), nullable=False),
+        pa.field("gradient_bytes", pa.int64(), nullable=False),
+        pa.field("bandwidth_Bps", pa.float64(), nullable=False),
+        pa.field("latency_s", pa.float64(), nullable=False),
+        pa.field("hidden_share", pa.float64(), nullable=False),
+        # "measured" or "assumed" (a link the user stated, or what the data cannot separate).
+        pa.field("bandwidth_source", pa.string(), nullable=False),
+        pa.field("latency_source", pa.string(), nullable=False),
+        pa.field("hidden_share_source", pa.string(), nullable=False),
+        pa.field("comm_note", pa.string()),
+        pa.field("band_note", pa.string()),
+        pa.field("memory_note", pa.string()),
+        pa.field("max_per_worker_batch", pa.int64()),
+    ]
+)
+
+DECISIONS = pa.schema(
+    [
+        # The adaptive study's decisions (batchscale/study/driver.py): one row per decision, in
+        # order. A row that ran a cell names it (batch_size, seed); the interval is the one
+        # after that cell (null while the fit gives none), the spend is cumulative.
+        pa.field("decision", pa.int64(), nullable=False),
+        pa.field("action", pa.string(), nullable=False),  # probe, predict, place, refine, stop
+        pa.field("batch_size", pa.int64()),
+        pa.field("seed", pa.int64()),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("lr_rule", pa.string(), nullable=False),
+        pa.field("target_metric", pa.string(), nullable=False),
+        pa.field("target_value", pa.float64(), nullable=False),
+        # B_crit predicted from the gradient noise scale, with the spread of B_simple near the
+        # target; method: near target, extrapolated, or none.
+        pa.field("predicted_b_crit", pa.float64()),
+        pa.field("predicted_low", pa.float64()),
+        pa.field("predicted_high", pa.float64()),
+        pa.field("prediction_method", pa.string(), nullable=False),
+        pa.field("b_crit", pa.float64()),
+        pa.field("b_crit_low", pa.float64()),
+        pa.field("b_crit_high", pa.float64()),
+        pa.field("interval_ratio", pa.float64()),
+        # What the simulated results of this cell made the study expect the ratio to become.
+        pa.field("expected_ratio", pa.float64()),
+        pa.field("examples_spent", pa.int64(), nullable=False),
+        pa.field("device_s_spent", pa.float64(), nullable=False),
+        pa.field("workers", pa.int64(), nullable=False),
+    ]
+)
+
 RESULT_TABLES = {
     "sweep": SWEEP,
     "curves": CURVES,
     "runs": RUNS,
     "analysis": ANALYSIS,
+    "plan": PLAN,
+    "decisions": DECISIONS,
 }
 TABLES = {"dataset": DATASET, "manifest": MANIFEST, **RESULT_TABLES, "regressions": REGRESSIONS}
 

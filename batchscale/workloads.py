@@ -86,8 +86,9 @@ class Workload:
     @property
     def shape_from_data(self) -> bool:
         """The model takes any image size or sequence length, so the dataset's shape is used
-        as it is (the classifiers' shape is fixed by their first layer or the config)."""
-        return self.kind != "classification"
+        as it is (the registered classifiers' shape is fixed by their first layer or the
+        config); a user model is built for the dataset it trains on (flat features included)."""
+        return self.kind != "classification" or names.is_factory_spec(self.name)
 
     @property
     def metrics(self) -> tuple[str, ...]:

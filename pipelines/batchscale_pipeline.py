@@ -1,7 +1,7 @@
 """The batchscale pipeline (kfp v2): the same stages run under kfp.local and on a cluster.
 
     data_prep -> validate(dataset) -> throughput_sweep -> validate(sweep)
-              -> convergence per batch size (serial) -> validate(runs)
+              -> convergence per cell (serial) -> validate(runs)
               -> analysis -> validate(analysis) -> publish -> validate(regressions)
               -> regression gate
 
@@ -70,23 +70,29 @@ def _stages(cells: list[dict], config_json: str, run_id: str) -> tuple[Tasks, ob
     sweep_ok = _no_cache(validate_sweep(config_json=config_json, sweep=sweep.outputs["sweep"]))
     with dsl.ParallelFor(cells, parallelism=1) as cell:
         conv = _no_cache(convergence(config_json=config_json, run_id=run_id,
-                                     batch_size=cell.batch_size, workers=cell.workers,
+                                     batch_sizes=cell.batch_sizes, workers=cell.workers,
                                      dataset=dataset).after(sweep_ok))
     runs_ok = _no_cache(validate_runs(config_json=config_json,
                                       curves=dsl.Collected(conv.outputs["curves"]),
-                                      runs=dsl.Collected(conv.outputs["runs"])))
+                                      runs=dsl.Collected(conv.outputs["runs"]),
+                                      decisions=dsl.Collected(conv.outputs["decisions"])))
     analysed = _no_cache(analysis(config_json=config_json, run_id=run_id,
                                   sweep=sweep.outputs["sweep"],
                                   curves=runs_ok.outputs["merged_curves"],
-                                  runs=runs_ok.outputs["merged_runs"]))
+                                  runs=runs_ok.outputs["merged_runs"],
+                                  decisions=runs_ok.outputs["merged_decisions"]))
     analysis_ok = _no_cache(validate_analysis(config_json=config_json,
-                                              analysis=analysed.outputs["analysis_table"]))
+                                              analysis=analysed.outputs["analysis_table"],
+                                              plan=analysed.outputs["plan"]))
     publish_task = _no_cache(publish(config_json=config_json, run_id=run_id, dataset=dataset,
                                      sweep=sweep.outputs["sweep"],
                                      curves=runs_ok.outputs["merged_curves"],
                                      runs=runs_ok.outputs["merged_runs"],
                                      analysis_table=analysed.outputs["analysis_table"],
-                                     report=analysed.outputs["report"]).after(analysis_ok))
+                                     report=analysed.outputs["report"],
+                                     decisions=runs_ok.outputs["merged_decisions"],
+                                     plan=analysed.outputs["plan"]
+                                     ).after(analysis_ok))
     publish_task.set_retry(num_retries=PUBLISH_RETRIES, backoff_duration=PUBLISH_BACKOFF,
                            backoff_factor=PUBLISH_BACKOFF_FACTOR)
     # Its own step, without retries: a regression is a verdict, not a flaky store.
@@ -117,7 +123,7 @@ def build_pipeline(cfg: ExperimentConfig, for_cluster: bool = False):
 
         return batchscale_cluster_pipeline
 
-    cells = cfg.convergence.fan_out()
+    cells = cfg.convergence.fan_out(one_batch_size_per_cell=False)
 
     @dsl.pipeline(name=PIPELINE_NAME, description=PIPELINE_DESCRIPTION)
     def batchscale_pipeline(config_json: str = cfg.to_json(), run_id: str = LOCAL_RUN_ID):

@@ -17,7 +17,7 @@ kfp.local ignores all of it, so the local pipeline is built without (batchscale_
   GetStringValue, so a number would resolve to nothing. The SDK (kfp 2.17.3) wires a loop
   item's field in a resource field to an input of the loop's DAG that nothing defines;
   `wire_loop_fields` wires it the way the SDK wires the same field as an argument
-  (batch_size, workers): the loop item with a selector;
+  (batch_sizes, workers): the loop item with a selector;
 - the convergence pod of `launcher: kubeflow` only waits for its TrainJob: CPU image, no GPU,
   and the variables its launcher needs (the TrainJob's image, the pod's name, uid, namespace
   and deadline).
@@ -91,7 +91,7 @@ def cell_resources(cfg: ExperimentConfig, workers: int) -> dict[str, str]:
 def requests_vary_per_cell(cfg: ExperimentConfig) -> bool:
     """Whether the convergence cells' requests differ (several worker counts with torchrun);
     where they do not, the task gets them as plain constants, which any KFP backend reads."""
-    counts = {cell["workers"] for cell in cfg.convergence.fan_out()}
+    counts = {int(cell["workers"]) for cell in cfg.convergence.fan_out()}
     return len({tuple(cell_resources(cfg, w).items()) for w in counts}) > 1
 
 
@@ -101,15 +101,18 @@ def cluster_cells(cfg: ExperimentConfig) -> list[dict]:
     cells = cfg.convergence.fan_out()
     if not requests_vary_per_cell(cfg):
         return cells
-    return [{**cell, **cell_resources(cfg, cell["workers"])} for cell in cells]
+    return [{**cell, **cell_resources(cfg, int(cell["workers"]))} for cell in cells]
 
 
 def deadline_s(stage: str, cfg: ExperimentConfig) -> int:
     """Pod deadline of a stage: convergence gets its own trial timeout plus a margin, so the
-    component reports the overrun itself before Kubernetes kills the pod."""
+    component reports the overrun itself before Kubernetes kills the pod; the adaptive study's
+    step runs up to `adaptive_max_cells` cells one after another, each with that timeout."""
     k8s = cfg.kubernetes
     if stage == "convergence":
-        return math.ceil(cfg.convergence.timeout_s) + k8s.convergence_timeout_margin_s
+        c = cfg.convergence
+        cells = c.adaptive_max_cells if c.strategy == "adaptive" else 1
+        return math.ceil(c.timeout_s) * cells + k8s.convergence_timeout_margin_s
     return k8s.stage_timeout_s
 
 

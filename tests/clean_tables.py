@@ -129,9 +129,56 @@ def regression_rows() -> list[dict]:
     ]
 
 
+def plan_rows() -> list[dict]:
+    """One measured row that still helps, one extrapolated row past B_crit whose band is open
+    above (null ends)."""
+    common = {"target_metric": "val_accuracy", "target_value": 0.9, "lr_rule": "linear",
+              "compute_source": "measured", "step_time_source": "convergence runs, 1 worker",
+              "gradient_bytes": 4000, "bandwidth_Bps": 1e8, "latency_s": 0.0,
+              "hidden_share": 0.0, "bandwidth_source": "measured", "latency_source": "assumed",
+              "hidden_share_source": "assumed", "memory_note": "no memory limit measured",
+              "b_crit": 20.0, "b_crit_low": 15.0, "feasible": True, "recommended": False}
+    return [
+        {**common, "workers": 1, "per_worker_batch": 16, "global_batch": 16,
+         "extrapolated": False, "compute_s": 0.01, "comm_s": 0.0, "step_time_s": 0.01,
+         "comm_share": 0.0, "steps": 22.5, "steps_low": 24.0, "steps_high": 26.0,
+         "time_to_target_s": 0.225, "time_to_target_s_low": 0.24,
+         "time_to_target_s_high": 0.26, "device_hours": 6.25e-5, "device_hours_low": 6.7e-5,
+         "device_hours_high": 7.2e-5, "b_crit_high": 25.0, "on_pareto_front": True},
+        {**common, "workers": 8, "per_worker_batch": 16, "global_batch": 128,
+         "extrapolated": True, "compute_s": 0.01, "comm_s": 0.0001, "step_time_s": 0.0101,
+         "comm_share": 0.0099, "steps": 11.6, "steps_low": 11.2, "time_to_target_s": 0.117,
+         "time_to_target_s_low": 0.113, "device_hours": 2.6e-4, "device_hours_low": 2.5e-4,
+         "limit": "past B_crit", "on_pareto_front": False},
+    ]
+
+
+def decision_rows() -> list[dict]:
+    """A short adaptive study: a probe, the prediction, a refined cell, the stop."""
+    common = {"lr_rule": "sqrt", "target_metric": "val_accuracy", "target_value": 0.9,
+              "prediction_method": "near target", "predicted_b_crit": 12.5,
+              "predicted_low": 10.4, "predicted_high": 17.4, "device_s_spent": 1.5, "workers": 1}
+    return [
+        {**common, "decision": 0, "action": "probe", "batch_size": 4, "seed": 0,
+         "reason": "measures the gradient noise scale", "prediction_method": "none",
+         "predicted_b_crit": None, "predicted_low": None, "predicted_high": None,
+         "examples_spent": 1160},
+        {**common, "decision": 1, "action": "predict", "reason": "placing 4, 16, 64, 256",
+         "examples_spent": 1160},
+        {**common, "decision": 2, "action": "refine", "batch_size": 16, "seed": 1,
+         "reason": "narrows the interval most per example", "b_crit": 29.2, "b_crit_low": 21.2,
+         "b_crit_high": 40.7, "interval_ratio": 1.92, "expected_ratio": 1.89,
+         "examples_spent": 21960},
+        {**common, "decision": 3, "action": "stop", "reason": "interval narrow enough",
+         "b_crit": 29.2, "b_crit_low": 21.2, "b_crit_high": 40.7, "interval_ratio": 1.92,
+         "examples_spent": 21960},
+    ]
+
+
 ROWS = {"dataset": dataset_rows, "manifest": manifest_rows, "sweep": sweep_rows,
         "curves": curve_rows, "runs": run_rows, "analysis": analysis_rows,
-        "regressions": regression_rows}
+        "regressions": regression_rows, "plan": plan_rows,
+        "decisions": decision_rows}
 
 
 def table(kind: str, rows: list[dict] | None = None) -> pa.Table:
@@ -148,6 +195,8 @@ def context(kind: str) -> dict:
         "runs": {"batch_sizes": BATCH_SIZES, "curves": table("curves")},
         "analysis": {"batch_sizes": BATCH_SIZES},
         "regressions": {},
+        "plan": {},
+        "decisions": {},
     }[kind]
 
 

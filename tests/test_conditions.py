@@ -23,6 +23,9 @@ from batchscale.conditions import (
     usable_cpus,
 )
 
+# Measures time: run alone, not beside other tests (the Makefile's serial phase).
+pytestmark = pytest.mark.serial
+
 
 # ---------------------------------------------------------------- cgroup quota
 @pytest.mark.parametrize(("text", "cpus"), [

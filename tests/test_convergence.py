@@ -89,6 +89,25 @@ def test_batch_must_split_into_workers_and_micro_batches():
         config(batch_sizes=[48, 64], accumulation_steps=32)
 
 
+def test_a_cell_whose_trials_all_finished_is_read_back_without_a_torchrun(tmp_path, digits_dir):
+    """A resumed run (or an adaptive study replaying its cells) reads finished trials back: no
+    process group starts, so the launch's spec file is not written again."""
+    cfg = config(batch_sizes=[32, 64], max_steps=40)
+    first = runner.run_convergence(cfg, [32, 64], data_dir=str(digits_dir),
+                                   out_dir=str(tmp_path), run_id="again")
+    spec_file = tmp_path / "spec.json"
+    written = spec_file.stat().st_mtime_ns
+    spec = runner.build_spec(cfg, [32, 64], data_dir=str(digits_dir), out_dir=str(tmp_path),
+                             run_id="again")
+    assert runner.finished(spec)
+    second = runner.run_convergence(cfg, [32, 64], data_dir=str(digits_dir),
+                                    out_dir=str(tmp_path), run_id="again")
+    assert spec_file.stat().st_mtime_ns == written
+    assert second[1].to_pylist() == first[1].to_pylist()
+    assert not runner.finished(runner.build_spec(cfg, [16], data_dir=str(digits_dir),
+                                                 out_dir=str(tmp_path), run_id="again"))
+
+
 def test_workers_below_one_are_refused():
     with pytest.raises(BadInput, match=r"convergence\.workers"):
         config(workers=0)
@@ -104,7 +123,7 @@ def test_the_runner_refuses_a_run_id_that_is_not_one_path_segment(run_id):
         runner.run_convergence(config(), [64], data_dir="unused", out_dir="unused",
                                run_id=run_id)
     with pytest.raises(BadInput, match="run id"):
-        runner.work_dir(run_id, 64, 1)
+        runner.work_dir(run_id, [64], 1)
 
 
 # ---------------------------------------------------------------------- data order, noise

@@ -201,7 +201,7 @@ def test_the_default_config_asks_one_gpu_per_single_worker_cell_as_constants(def
     them) and the loop items are the plain fan-out."""
     cells = json.loads(default.loop().parameter_iterator.items.raw)
     assert cells == parse_config({}).convergence.fan_out()
-    assert len(cells) == 9 and {c["workers"] for c in cells} == {1}
+    assert len(cells) == 9 and {c["workers"] for c in cells} == {"1"}
     assert default.gpus("convergence") == [("nvidia.com/gpu", 1)] * 9
     assert default.container("convergence").resources.accelerator.resource_count == "1"
     assert set(default.gpus("throughput-sweep")) == {("nvidia.com/gpu", 1)}
@@ -386,13 +386,13 @@ def test_no_secret_value_reaches_the_yaml(tmp_path, monkeypatch):
 
 def test_local_pipeline_has_no_cluster_settings(tmp_path):
     """kfp.local ignores kfp-kubernetes settings; the local build does not carry them at all,
-    keeps the run id a parameter (reusing it resumes a local run), and its loop items are the
-    plain fan-out."""
+    keeps the run id a parameter (reusing it resumes a local run), and its loop items are one
+    cell per worker count."""
     local = compiled(tmp_path, CLUSTER, for_cluster=False)
     assert local.platform is None
     assert set(local.spec.root.input_definitions.parameters) == {"config_json", "run_id"}
     assert json.loads(local.loop().parameter_iterator.items.raw) == \
-        parse_config(CLUSTER).convergence.fan_out()
+        parse_config(CLUSTER).convergence.fan_out(one_batch_size_per_cell=False)
     for stage in STAGE_NAMES:
         assert set(local.gpus(stage)) == {("", 0)} and not local.env(stage)
         assert set(map(tuple, (s.values() for s in local.sizes(stage)))) == {("", "", "", "")}

@@ -31,6 +31,9 @@ from batchscale.kfp_client import (
 from batchscale.storage import PREFLIGHT_WAITS, ObjectStore, S3Settings
 from helpers import TINY_CONFIG, run_cli
 
+# Measures time: run alone, not beside other tests (the Makefile's serial phase).
+pytestmark = pytest.mark.serial
+
 SECRET = "sekrit-never-printed-77"
 KEYS = {"AWS_ACCESS_KEY_ID": "key-id", "AWS_SECRET_ACCESS_KEY": SECRET}
 BACKOFF_S = 1.0

@@ -148,6 +148,14 @@ def test_plan_row_known_answer():
     assert eight.assumed == "link bandwidth, latency, hidden share"
 
 
+def test_measured_step_replaces_the_line_where_given():
+    # measured 50 ms at b = 32 (the line says 10 + 3.2 = 13.2 ms); b = 128 keeps the line
+    rows = plan_rows(STEP_LINE, STEPS, FAST_LINK, 1e8, [1], [32, 128], measured_step_s={32: 0.05})
+    assert [r.compute_source for r in rows] == ["measured", "line"]
+    assert rows[0].step_time_s == pytest.approx(0.05)
+    assert rows[1].step_time_s == pytest.approx(0.01 + 1e-4 * 128)
+
+
 def test_communication_dominated_plan_names_communication():
     slow_link = CommModel.from_link(gbps=1, latency_us=50)  # 1e9 bytes take 8 s per 2 workers
     steps = StepsFit(1000, 1e6, 500, math.inf)  # B_crit only bounded above: never "past"

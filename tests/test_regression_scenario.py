@@ -39,6 +39,7 @@ from helpers import store_env
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.serial,  # measures time: run alone, not beside other tests
     pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity"),
 ]
 

@@ -36,6 +36,9 @@ from batchscale.sweep.trial import TrialSpec, is_oom
 from batchscale.workloads import get_workload
 from helpers import BATCHSCALE
 
+# Measures time: run alone, not beside other tests (the Makefile's serial phase).
+pytestmark = pytest.mark.serial
+
 TESTS_DIR = Path(__file__).parent
 # Short trials: a warm-up step, a handful of timed steps, a small budget; quality limits no
 # timing can exceed and no check of other processes' load, so these tiny noisy timings are never

@@ -35,6 +35,9 @@ from batchscale.sweep.sweep import sweep
 from batchscale.sweep.trial import TrialResult
 from batchscale.timing import StepTimes
 
+# Measures time: run alone, not beside other tests (the Makefile's serial phase).
+pytestmark = pytest.mark.serial
+
 FAST = {"warmup_steps": 1, "min_timed_steps": 3, "max_timed_steps": 20, "time_budget_s": 0.05}
 NO_NEIGHBOUR_CHECKS = {"overload_cpu_share": None, "max_cpu_wait_share": None}
 """Whether other processes load this machine is not up to the test: those signals are tested on

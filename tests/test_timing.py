@@ -17,6 +17,9 @@ from batchscale.timing import (
     time_steps,
 )
 
+# Measures time: run alone, not beside other tests (the Makefile's serial phase).
+pytestmark = pytest.mark.serial
+
 STEP_SLEEP_S = 0.002
 
 

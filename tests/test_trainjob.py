@@ -32,6 +32,9 @@ from batchscale.errors import BadInput, BatchscaleError
 from trainer_rules import schema_problems, webhook_problems, world_size
 from trainer_standin import NAMESPACE, TRAINER_API, UNSCHEDULABLE, StandInKubernetesApi
 
+# Measures time: run alone, not beside other tests (the Makefile's serial phase).
+pytestmark = pytest.mark.serial
+
 SECRET = "mlpipeline-minio-artifact"
 IMAGE = "registry.example/batchscale-cuda:test"  # what the compiled pipeline would set
 POD = {"BATCHSCALE_POD_NAME": "convergence-pod-0", "BATCHSCALE_POD_UID": "pod-uid-0",

@@ -7,7 +7,7 @@ parameters say whether they were measured or assumed (`CommSource`)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -181,6 +181,7 @@ class PlanRow:
     feasible: bool
     limit: str
     assumed: str
+    compute_source: str = "line"  # "measured": one device's measured step at b; "line": α + βb
 
 
 def _limit(global_batch: int, b: int, comm_share: float, fit: StepsFit, max_b: int | None) -> str:
@@ -197,12 +198,15 @@ def plan_rows(
     step_time: tuple[float, float], steps_fit: StepsFit | tuple[float, float, float, float],
     comm: CommModel, gradient_bytes: float, workers: Sequence[int],
     per_worker_batches: Sequence[int], max_per_worker_batch: int | None = None,
+    measured_step_s: Mapping[int, float] | None = None,
 ) -> list[PlanRow]:
     """One row per (N, b), N-major. `step_time` = (alpha_s, beta_s) of one device's line
     t = α + β·b at its own batch b; `steps_fit` = (S_min, E_min, B_crit low, B_crit high).
     B = N·b; t = α + β·b + (1 − hidden_share)·t_comm(N); S(B) with its band
     (`StepsFit.steps`); time to target S·t; device-hours N·time/3600. A row with
-    b > `max_per_worker_batch` is kept, marked infeasible with limit "memory"."""
+    b > `max_per_worker_batch` is kept, marked infeasible with limit "memory".
+    `measured_step_s` (per-worker batch -> one device's measured seconds per step) replaces the
+    line where given: the line is for batches not measured, as in the analysis's T(B)."""
     alpha_s, beta_s = step_time
     _require(min(step_time) >= 0 and sum(step_time) > 0, "step time needs α, β >= 0, not both 0")
     _require(gradient_bytes > 0, "gradient_bytes must be positive")
@@ -210,18 +214,22 @@ def plan_rows(
     _require(min(sizes) >= 1, "worker counts and per-worker batches must be given, each >= 1")
     fit = steps_fit if isinstance(steps_fit, StepsFit) else StepsFit(*steps_fit)
     b_crit = Band(fit.e_min / fit.s_min, fit.b_crit_low, fit.b_crit_high)
+    measured = {int(b): float(t) for b, t in (measured_step_s or {}).items()
+                if math.isfinite(t) and t > 0}
     rows = []
     for n in workers:
         # Only the part not hidden behind backward adds to the step.
         comm_s = (1 - comm.hidden_share) * comm.comm_time_s(n, gradient_bytes)
         for b in per_worker_batches:
-            step_s = alpha_s + beta_s * b + comm_s
+            compute_s = measured.get(b, alpha_s + beta_s * b)
+            step_s = compute_s + comm_s
             steps = fit.steps(n * b)
             time_s = steps.scaled(step_s)
             limit = _limit(n * b, b, comm_s / step_s, fit, max_per_worker_batch)
             hours = time_s.scaled(n / 3600)
             rows.append(PlanRow(n, b, n * b, step_s, comm_s, comm_s / step_s, steps, time_s, hours,
-                                b_crit, limit != LIMIT_MEMORY, limit, comm.source.assumed_names()))
+                                b_crit, limit != LIMIT_MEMORY, limit, comm.source.assumed_names(),
+                                "measured" if b in measured else "line"))
     return rows
 
 
@@ -266,7 +274,7 @@ def describe(row: PlanRow) -> str:
         f"N = {row.workers}, b = {row.per_worker_batch} per worker (global batch "
         f"B = {row.global_batch}): {format_duration(time.value)} to target (band "
         f"{format_duration(time.low)}–{format_duration(time.high)} from the B_crit interval "
-        f"{b_crit.low:g}–{b_crit.high:g}) for {hours.value:.3g} device-hours (band "
+        f"{b_crit.low:.4g}–{b_crit.high:.4g}) for {hours.value:.3g} device-hours (band "
         f"{hours.low:.3g}–{hours.high:.3g})"
     )
     if row.limit:

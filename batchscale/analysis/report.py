@@ -22,9 +22,12 @@ from batchscale.analysis.narrative import (
     recommendation_list,
     target_interval_text,
 )
+from batchscale.analysis.plan_table import Plan
 from batchscale.analysis.plots import Plot, convergence_plots, parallel_plot, throughput_plots
+from batchscale.analysis.plots_plan import plan_plot, what_if_markdown
 from batchscale.analysis.plots_targets import gap_plots, target_plot
 from batchscale.analysis.quality import quality_box_markdown, stable_sentence
+from batchscale.analysis.study_report import STUDY_HEADINGS, StudySection
 from batchscale.analysis.summary import AnalysisSummary, TargetCriticalBatch
 from batchscale.analysis.targets import same_target, split_by_target
 from batchscale.fits import ensure_columns
@@ -66,8 +69,13 @@ def render_html(
     curves: pd.DataFrame | None,
     *,
     title: str = "batchscale report",
+    plan: Plan | None = None,
+    plan_missing: str = "",
+    study: StudySection | None = None,
 ) -> str:
-    """The whole report as one HTML string, with every plot embedded and nothing fetched."""
+    """The whole report as one HTML string, with every plot embedded and nothing fetched.
+    The "What if" section is there when a `plan` is given, or why there is none
+    (`plan_missing`)."""
     sweep = ensure_columns(sweep, schemas.SWEEP)
     runs = ensure_columns(runs, schemas.RUNS)
     curves = ensure_columns(curves, schemas.CURVES)
@@ -100,6 +108,13 @@ def render_html(
         gap_rows=[[(_fmt(v), isinstance(v, str)) for v in row]
                   for row in gap.itertuples(index=False)],
         gap_plots=gap_plots(gap),
+        what_if=markdown_html(what_if_markdown(plan, plan_missing))
+        if plan is not None or plan_missing else None,
+        what_if_plot=plan_plot(plan),
+        study=study,
+        study_headings=STUDY_HEADINGS,
+        study_rows=[[(str(v), isinstance(v, str)) for v in row.values()]
+                    for row in (study.rows if study else ())],
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from batchscale.config import config_from_json
 from batchscale.envinfo import environment
 from batchscale.schemas import make_table
@@ -19,9 +21,14 @@ def run_stage(
     analysis_path: str,
     report_path: str,
     markdown_path: str,
+    plan_path: str | None = None,
+    decisions_path: str | None = None,
 ) -> dict[str, float]:
-    """Fit, recommend, render; returns the flat metrics for KFP's Metrics artifact."""
+    """Fit, recommend, render; returns the flat metrics for KFP's Metrics artifact. The
+    what-if plan (issue 17) goes into the report and, with `plan_path`, the plan table (no rows
+    when the run lacks a measurement it needs; the report says which)."""
     from batchscale.analysis.analyze import analyze
+    from batchscale.analysis.plan_table import default_plan, table_rows
     from batchscale.analysis.report import render_html
 
     cfg = config_from_json(config_json)
@@ -34,12 +41,32 @@ def run_stage(
         run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name, workload=cfg.workload
     )
     write_table_atomic(analysis_path, make_table("analysis", result.rows, env))
+    plan, plan_missing = default_plan(
+        sweep, runs, pd.DataFrame(result.rows), workload=cfg.workload,
+        configured_workers=[cfg.convergence.workers, *cfg.convergence.scaling_workers],
+        image_size=cfg.sweep.image_size_px)
+    if plan_path is not None:
+        write_table_atomic(plan_path, make_table("plan", table_rows(plan) if plan else [], env))
     Path(report_path).write_text(
-        render_html(result, sweep, runs, curves, title=f"batchscale: {cfg.name} ({run_id})")
+        render_html(result, sweep, runs, curves, title=f"batchscale: {cfg.name} ({run_id})",
+                    plan=plan, plan_missing=plan_missing,
+                    study=_study(cfg, decisions_path, runs))
     )
     Path(markdown_path).write_text(result.markdown)
     print(result.markdown)
     return result.metrics
+
+
+def _study(cfg, decisions_path: str | None, runs: pd.DataFrame):
+    """The adaptive study's report section, when the run was one (its decisions table has
+    rows); the grid it is compared with: the config's batch sizes and seeds."""
+    from batchscale.analysis.study_report import study_section
+
+    if decisions_path is None:
+        return None
+    decisions = read_table_file(decisions_path).to_pandas()
+    c = cfg.convergence
+    return study_section(decisions, runs, list(c.batch_sizes), len(c.seeds))
 
 
 def primary_target(cfg) -> tuple[str, float] | None:

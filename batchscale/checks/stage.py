@@ -77,28 +77,42 @@ def validate_sweep(config_json: str, sweep_path: str, json_path: str, html_path:
 
 
 def validate_runs(config_json: str, curves_paths: list[str], runs_paths: list[str],
-                  merged_curves: str, merged_runs: str, json_path: str, html_path: str) -> None:
-    """Merge the fanned-out convergence tables, check them, and pass the merged tables on."""
+                  merged_curves: str, merged_runs: str, json_path: str, html_path: str,
+                  decisions_paths: list[str] = (), merged_decisions: str | None = None) -> None:
+    """Merge the fanned-out convergence tables, check them, and pass the merged tables on;
+    the adaptive study's decisions too (grid cells leave an empty decisions table)."""
     cfg = config_from_json(config_json)
     curves = pa.concat_tables([read_table_file(p) for p in curves_paths])
     runs = pa.concat_tables([read_table_file(p) for p in runs_paths])
+    decisions = pa.concat_tables([read_table_file(p) for p in decisions_paths]) \
+        if decisions_paths else None
     batches = list(cfg.convergence.batch_sizes)
-    check_tables([
+    checks = [
         ("curves", "curves", curves, {"batch_sizes": batches}),
         ("runs", "runs", runs, {"batch_sizes": batches, "curves": curves}),
-    ], json_path, html_path)
+    ]
+    if decisions is not None and decisions.num_rows:
+        checks.append(("decisions", "decisions", decisions, {}))
+    check_tables(checks, json_path, html_path)
     write_table_atomic(merged_curves, curves)
     write_table_atomic(merged_runs, runs)
+    if merged_decisions is not None and decisions is not None:
+        write_table_atomic(merged_decisions, decisions)
 
 
 def validate_analysis(config_json: str, analysis_path: str, json_path: str,
-                      html_path: str) -> None:
+                      html_path: str, plan_path: str | None = None) -> None:
+    """The analysis table and, when given and not empty, the what-if plan table (empty: the
+    run lacked a measurement the planner needs, and the report says which)."""
     cfg = config_from_json(config_json)
     ctx = {}
     if cfg.sweep.batch_sizes != "auto":
         ctx["batch_sizes"] = sorted(set(cfg.convergence.batch_sizes) | set(cfg.sweep.batch_sizes))
-    check_tables([("analysis", "analysis", read_table_file(analysis_path), ctx)],
-                 json_path, html_path)
+    checks = [("analysis", "analysis", read_table_file(analysis_path), ctx)]
+    plan = read_table_file(plan_path) if plan_path is not None else None
+    if plan is not None and plan.num_rows:
+        checks.append(("plan", "plan", plan, {}))
+    check_tables(checks, json_path, html_path)
 
 
 def validate_regressions(config_json: str, regressions_path: str, json_path: str,

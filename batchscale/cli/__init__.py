@@ -31,6 +31,7 @@ from batchscale.cli.info_cmds import cmd_config, cmd_datasets, cmd_workloads
 from batchscale.cli.kfp_cmds import cmd_schedule, cmd_schedules, cmd_submit
 from batchscale.cli.lake_cmds import cmd_clean, cmd_history, cmd_report, cmd_store
 from batchscale.cli.pipeline_cmds import cmd_compile, cmd_run
+from batchscale.cli.plan_cmd import add_plan_parser
 from batchscale.cli.stage_cmds import (
     cmd_analyze,
     cmd_converge,
@@ -175,7 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(cv, "convergence", ["batch_sizes", "lr_rules", "lr_grid", "workers",
                                          "accumulation_steps", "checkpoint_uri",
                                          "max_restarts", "optimizer", "precision", "lr_decay",
-                                         "weight_decay", "train_eval_rows", "gap_epochs"])
+                                         "weight_decay", "train_eval_rows", "gap_epochs",
+                                         "seeds", "max_steps", "strategy",
+                                         "target_interval_ratio",
+                                         "adaptive_budget_examples"])
     cv.add_argument("--target", action="append", type=target_flag, metavar="METRIC=VALUE",
                     help="a target, e.g. val_accuracy=0.95 or val_loss=0.3 (repeat the flag for "
                     "several); replaces the config's targets. Metrics: " + ", ".join(METRICS))
@@ -209,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "of the inputs and settings>)")
     an.add_argument("--out", help="output directory (default: .batchscale/analyze/<run id>)")
     an.set_defaults(func=cmd_analyze)
+
+    add_plan_parser(sub)
 
     sub.add_parser("workloads", help="list the named workloads").set_defaults(func=cmd_workloads)
     sub.add_parser("datasets", help="list the named datasets").set_defaults(func=cmd_datasets)

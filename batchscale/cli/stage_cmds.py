@@ -62,11 +62,22 @@ def cmd_converge(args) -> int:
         prepare(cfg.dataset, data_dir)
     print(f"batchscale converge {run_id} (rerun with --run-id {run_id} to resume)",
           file=sys.stderr)
-    curves, runs = run_convergence(cfg, list(cfg.convergence.batch_sizes), data_dir=str(data_dir),
-                                   out_dir=str(out / "work" / run_id), run_id=run_id)
-    write_table_atomic(out / "curves.parquet", curves)
-    write_table_atomic(out / "runs.parquet", runs)
-    print(f"wrote {out / 'curves.parquet'} and {out / 'runs.parquet'}")
+    written = [out / "curves.parquet", out / "runs.parquet"]
+    if cfg.convergence.strategy == "adaptive":
+        from batchscale.study.driver import run_adaptive
+
+        curves, runs, decisions = run_adaptive(cfg, data_dir=str(data_dir), run_id=run_id,
+                                               work_root=out / "work",
+                                               echo=lambda line: print(line, file=sys.stderr))
+        written.append(out / "decisions.parquet")
+        write_table_atomic(written[-1], decisions)
+    else:
+        curves, runs = run_convergence(cfg, list(cfg.convergence.batch_sizes),
+                                       data_dir=str(data_dir),
+                                       out_dir=str(out / "work" / run_id), run_id=run_id)
+    write_table_atomic(written[0], curves)
+    write_table_atomic(written[1], runs)
+    print("wrote " + ", ".join(map(str, written)))
     if RunStatus.REACHED not in runs.column("status").to_pylist():
         wanted = " or ".join(t.label for t in cfg.convergence.resolved_targets())
         raise BatchscaleError(

@@ -24,6 +24,8 @@ from batchscale.config.fields import (
 )
 from batchscale.metrics import METRICS, target_label
 
+ADAPTIVE_CELL = "adaptive"
+"""The batch_sizes of the convergence cell that runs the adaptive study."""
 DEFAULT_TARGET_VAL_ACCURACY = 0.95
 """The target when neither `targets` nor `target_val_accuracy` is given."""
 
@@ -182,9 +184,31 @@ class ConvergenceConfig(_Strict):
     trainjob_namespace: str | None = None
     """launcher kubeflow: namespace of the TrainJob; unset: the pipeline pod's own namespace."""
     timeout_s: Seconds = 1800.0
-    """Wall-clock limit of one batch size's trials, seconds (finite, at most a year). With the
+    """Wall-clock limit of one batch size's trials, seconds (finite, at most a year; a local
+    task that trains several batch sizes gets this much for each). With the
     kubeflow launcher it is the TrainJob's own deadline, counted from its creation (scheduling
     and image pull included)."""
+
+    strategy: Literal["grid", "adaptive"] = "grid"
+    """grid: train every batch size x LR rule x seed. adaptive: probe trials at small batch
+    sizes measure the gradient noise scale, which predicts B_crit; batch sizes (of
+    `batch_sizes`) are placed around the prediction, then the (batch size, seed) that most
+    narrows the B_crit interval of the first LR rule and target is added until the interval's
+    high/low is at most `target_interval_ratio` or `adaptive_budget_examples` is spent
+    (docs/architecture.md, "Adaptive study"). Scaling runs are not part of the study."""
+    adaptive_probe_batch_sizes: list[BatchSize] = []
+    """Batch sizes of the adaptive study's probe trials (trained to the target like any other,
+    with the noise scale measured); empty: the two smallest of `batch_sizes`."""
+    adaptive_first_points: int = Field(4, ge=2, le=16)
+    """Batch sizes the adaptive study places around the predicted B_crit before refining."""
+    target_interval_ratio: float = Field(2.0, gt=1.0, allow_inf_nan=False)
+    """The adaptive study stops when the B_crit interval's high/low is at most this."""
+    adaptive_budget_examples: PositiveInt | None = None
+    """Training examples (steps x batch size, summed over trials) after which the adaptive
+    study stops even if its interval is wider: examples, not seconds, because they cost the
+    same on any machine and compare directly with a grid's. None: no budget."""
+    adaptive_max_cells: PositiveInt = 24
+    """Most (batch size, seed) cells the adaptive study runs, probes included."""
 
     @field_validator("batch_sizes")
     @classmethod
@@ -224,6 +248,11 @@ class ConvergenceConfig(_Strict):
             raise ValueError(f"{field}: the {self.lr_decay} decay would end at step {horizon}"
                              f"{unset}, within the {self.warmup_steps} warmup_steps; set "
                              "decay_steps above warmup_steps")
+        for b in self.adaptive_probe_batch_sizes:
+            if b not in self.batch_sizes:
+                raise ValueError(f"adaptive_probe_batch_sizes: {b} is not one of batch_sizes")
+        if self.strategy == "adaptive" and len(self.batch_sizes) < 3:
+            raise ValueError("strategy: adaptive needs at least 3 batch_sizes to choose from")
         if self.targets and self.target_val_accuracy is not None:
             raise ValueError("target_val_accuracy is shorthand for one val_accuracy target; "
                              "with `targets` set, list that target there instead")
@@ -246,11 +275,27 @@ class ConvergenceConfig(_Strict):
         shorthand = self.target_val_accuracy or DEFAULT_TARGET_VAL_ACCURACY
         return list(self.targets) or [TargetConfig(metric="val_accuracy", value=shorthand)]
 
-    def fan_out(self) -> list[dict]:
-        """(batch size, workers) of every convergence task: the sweep over batch sizes with
-        `workers`, then the scaling runs."""
-        cells = [{"batch_size": b, "workers": self.workers} for b in self.batch_sizes]
-        cells += [{"batch_size": b, "workers": w}
-                  for w in self.scaling_workers for b in self.scaling_batch_sizes
-                  if w != self.workers]
-        return cells
+    def fan_out(self, one_batch_size_per_cell: bool = True) -> list[dict]:
+        """The convergence cells, each {"batch_sizes": "16,64", "workers": "2"}: the sweep over
+        batch sizes with `workers`, then the scaling runs. One batch size per cell gives each
+        its own task (a pod on a cluster); otherwise a worker count's batch sizes share one
+        task and one torchrun process group, which saves a process start-up per batch size
+        locally (docs/architecture.md). With the adaptive strategy, one cell ("adaptive") runs
+        the study, which launches its own trials (TrainJobs on a cluster with the kubeflow
+        launcher). Strings: KFP types every field of a loop item by its first field, and its
+        driver reads resource fields as strings."""
+        pairs = [(b, w) for w in self.scaling_workers for b in self.scaling_batch_sizes
+                 if w != self.workers]
+        if self.strategy == "adaptive":  # one cell runs the study: it chooses the batch sizes
+            study = [{"batch_sizes": ADAPTIVE_CELL, "workers": str(self.workers)}]
+            return study + ConvergenceConfig.fan_out(
+                self.model_copy(update={"strategy": "grid", "batch_sizes": []}),
+                one_batch_size_per_cell)
+        pairs = [(b, self.workers) for b in self.batch_sizes] + pairs
+        if one_batch_size_per_cell:
+            return [{"batch_sizes": str(b), "workers": str(w)} for b, w in pairs]
+        grouped: dict[int, list[int]] = {}
+        for b, w in pairs:
+            grouped.setdefault(w, []).append(b)
+        return [{"batch_sizes": ",".join(map(str, sizes)), "workers": str(w)}
+                for w, sizes in grouped.items()]

@@ -188,28 +188,55 @@ def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
     spec = build_spec(cfg, batch_sizes, data_dir=data_dir, out_dir=out_dir, run_id=run_id,
                       workers=workers)
     check_checkpoints(spec)
-    launch_local(spec, c.timeout_s, c.max_restarts)
+    if not finished(spec):  # a resumed run reads finished trials back without a torchrun
+        # timeout_s is per batch size: a cell of several batch sizes gets one limit per size.
+        launch_local(spec, c.timeout_s * len(batch_sizes), c.max_restarts)
     return collect(spec)
 
 
-def work_dir(run_id: str, batch_size: int, workers: int) -> Path:
-    """Where trials keep checkpoints and finished results: stable for a run id, so running the
-    same run again resumes instead of starting over."""
+def finished(spec: ConvergenceSpec) -> bool:
+    """Whether every trial of the spec has left its result files (a run being resumed)."""
+    out = open_location(spec.out_dir)
+    return all(out.exists(name) for t in spec.trials for name in train.trial_files(t.trial_id))
+
+
+def work_dir(run_id: str, batch_sizes: list[int], workers: int,
+             root: Path | None = None) -> Path:
+    """Where trials keep checkpoints and finished results: stable for a run id and its cell, so
+    running the same run again resumes instead of starting over. Under `root`, else
+    $BATCHSCALE_WORK_DIR, else .batchscale/work."""
     check_run_id(run_id)
-    root = Path(os.environ.get("BATCHSCALE_WORK_DIR", Path.cwd() / ".batchscale" / "work"))
-    return root / run_id / f"convergence-b{batch_size}-w{workers}"
+    root = root or Path(os.environ.get("BATCHSCALE_WORK_DIR",
+                                       Path.cwd() / ".batchscale" / "work"))
+    sizes = "-".join(str(b) for b in batch_sizes)
+    return root / run_id / f"convergence-b{sizes}-w{workers}"
 
 
-def run_stage(config_json: str, run_id: str, batch_size: int, workers: int, dataset_dir: str,
+def parse_batch_sizes(text: str) -> list[int]:
+    """A cell's batch sizes as the pipeline passes them: "16,64,256" (a KFP loop item carries
+    strings reliably; a list field does not survive every backend)."""
+    try:
+        sizes = [int(part) for part in str(text).split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise BadInput(f"batch_sizes: expected positive integers separated by commas, got "
+                       f"{text!r}")
+    return sizes
+
+
+def run_stage(config_json: str, run_id: str, batch_sizes: str, workers: int, dataset_dir: str,
               curves_path: str, runs_path: str) -> None:
-    """Pipeline entry: train every (LR rule, LR, seed) at one batch size; write the two
-    tables."""
+    """Pipeline entry: train every (batch size, LR rule, LR, seed) of one cell in one torchrun
+    process group; write the two tables. A cell is one batch size on a cluster (a pod each)
+    and all of one worker count's batch sizes locally (one task: docs/architecture.md)."""
     from batchscale.config import config_from_json
     from batchscale.storage import write_table_atomic
 
     cfg = config_from_json(config_json)
-    curves, runs = run_convergence(cfg, [batch_size], data_dir=dataset_dir,
-                                   out_dir=str(work_dir(run_id, batch_size, workers)),
+    sizes = parse_batch_sizes(batch_sizes)
+    curves, runs = run_convergence(cfg, sizes, data_dir=dataset_dir,
+                                   out_dir=str(work_dir(run_id, sizes, workers)),
                                    run_id=run_id, workers=workers)
     write_table_atomic(curves_path, curves)
     write_table_atomic(runs_path, runs)

@@ -432,6 +432,8 @@ def workload_for_data(name: str, data_uri: str) -> Workload:
     shape, classes = tuple(first["feature_shape"]), first["num_classes"]
     if workload.kind == "language_model":
         return get_workload(name, input_shape=(shape[0] - 1,))
+    if workload.kind == "classification":  # a user model: the dataset's examples and classes
+        return get_workload(name, input_shape=shape, num_classes=classes)
     if len(shape) != 3 or shape[0] != 4:
         raise BadInput(f"{name} trains on images with a class-id channel (4, H, W); the "
                        f"dataset at {data_uri} has examples of shape {list(shape)}")

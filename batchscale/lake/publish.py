@@ -49,6 +49,9 @@ from batchscale.storage import (
 )
 
 LAKE_TABLES = ("dataset_manifest", "sweep", "curves", "runs", "analysis", "regressions")
+OPTIONAL_LAKE_TABLES = ("decisions", "plan")
+"""Published only by the runs that have them (decisions: an adaptive study's; plan: the what-if
+plan, absent when the run lacked a measurement it needs)."""
 _RUN_DATE = re.compile(r"^(\d{4})(\d{2})(\d{2})T")
 
 
@@ -103,7 +106,7 @@ def publish_run(store: ObjectStore, run_id: str, files: dict[str, str | Path],
     """Upload `files` (lake table name -> local Parquet path) and the report; returns the run
     manifest. A repeat for the same run id uploads nothing new."""
     check_run_id(run_id)
-    unknown = set(files) - set(LAKE_TABLES)
+    unknown = set(files) - set(LAKE_TABLES) - set(OPTIONAL_LAKE_TABLES)
     if unknown:
         raise ValueError(f"not lake tables: {sorted(unknown)}")
     manifest_key = run_manifest_key(store, run_id)
@@ -158,9 +161,11 @@ def write_regressions(store: ObjectStore, run_id: str, sweep: pd.DataFrame,
 
 def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str,
               curves_path: str, runs_path: str, analysis_path: str, report_path: str,
-              regressions_path: str, markdown_path: str) -> dict:
+              regressions_path: str, markdown_path: str,
+              decisions_path: str | None = None, plan_path: str | None = None) -> dict:
     """Pipeline entry: check for regressions, then publish a validated run (tables, the report
-    with its "Regressions" section, the verdicts) to the store named by the environment."""
+    with its "Regressions" section, the verdicts; the adaptive study's decisions where there
+    are any) to the store named by the environment."""
     cfg = config_from_json(config_json)
     store = ObjectStore(S3Settings.from_env())
     store.check()
@@ -174,6 +179,10 @@ def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str
     print(markdown)
     files = {"dataset_manifest": manifest_path, "sweep": sweep_path, "curves": curves_path,
              "runs": runs_path, "analysis": analysis_path, "regressions": regressions_path}
+    if decisions_path and read_table_file(decisions_path).num_rows:
+        files["decisions"] = decisions_path
+    if plan_path and read_table_file(plan_path).num_rows:
+        files["plan"] = plan_path
     extra = {"workload": cfg.workload, "experiment": cfg.name, "config_hash": cfg.config_hash,
              "analysis_config": cfg.analysis.model_dump(mode="json"),
              "gap_epochs": cfg.convergence.gap_epochs,

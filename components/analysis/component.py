@@ -13,7 +13,9 @@ def analysis(
     sweep: Input[Dataset],
     curves: Input[Dataset],
     runs: Input[Dataset],
+    decisions: Input[Dataset],
     analysis_table: Output[Dataset],
+    plan: Output[Dataset],
     report: Output[HTML],
     metrics: Output[Metrics],
     summary: Output[Markdown],
@@ -31,6 +33,8 @@ def analysis(
         analysis_table.path,
         report.path,
         summary.path,
+        decisions_path=decisions.path,
+        plan_path=plan.path,
     )
     for name, value in values.items():
         if value is not None and math.isfinite(value):

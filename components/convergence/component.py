@@ -1,4 +1,5 @@
-"""KFP wrapper of convergence: one batch size's trials (all LR rules x seeds)."""
+"""KFP wrapper of convergence: one cell's trials (its batch sizes x LR rules x seeds); a cell is
+one batch size on a cluster, one worker count's batch sizes locally, or the adaptive study."""
 
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Output
@@ -7,9 +8,10 @@ from batchscale.images import GPU_IMAGE
 
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
-def convergence(config_json: str, run_id: str, batch_size: int, workers: int,
-                dataset: Input[Dataset], curves: Output[Dataset], runs: Output[Dataset]):
-    from batchscale.convergence.runner import run_stage
+def convergence(config_json: str, run_id: str, batch_sizes: str, workers: str,
+                dataset: Input[Dataset], curves: Output[Dataset], runs: Output[Dataset],
+                decisions: Output[Dataset]):
+    from batchscale.study.stage import run_stage
 
-    run_stage(config_json, run_id, int(batch_size), int(workers), dataset.path, curves.path,
-              runs.path)
+    run_stage(config_json, run_id, batch_sizes, int(workers), dataset.path, curves.path,
+              runs.path, decisions.path)

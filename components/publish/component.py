@@ -11,8 +11,9 @@ from batchscale.images import CPU_IMAGE
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def publish(config_json: str, run_id: str, dataset: Input[Dataset], sweep: Input[Dataset],
             curves: Input[Dataset], runs: Input[Dataset], analysis_table: Input[Dataset],
-            report: Input[HTML], lake_manifest: Output[Artifact], regressions: Output[Dataset],
-            regressions_summary: Output[Markdown]):
+            report: Input[HTML], decisions: Input[Dataset], plan: Input[Dataset],
+            lake_manifest: Output[Artifact],
+            regressions: Output[Dataset], regressions_summary: Output[Markdown]):
     import json
     import os
 
@@ -20,7 +21,8 @@ def publish(config_json: str, run_id: str, dataset: Input[Dataset], sweep: Input
 
     manifest = run_stage(config_json, run_id, os.path.join(dataset.path, "manifest.parquet"),
                          sweep.path, curves.path, runs.path, analysis_table.path, report.path,
-                         regressions.path, regressions_summary.path)
+                         regressions.path, regressions_summary.path, decisions.path,
+                         plan_path=plan.path)
     with open(lake_manifest.path, "w") as f:
         json.dump(manifest, f, indent=1)
 

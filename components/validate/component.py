@@ -26,20 +26,22 @@ def validate_sweep(config_json: str, sweep: Input[Dataset], results: Output[Arti
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def validate_runs(config_json: str, curves: Input[List[Dataset]], runs: Input[List[Dataset]],
-                  merged_curves: Output[Dataset], merged_runs: Output[Dataset],
+                  decisions: Input[List[Dataset]], merged_curves: Output[Dataset],
+                  merged_runs: Output[Dataset], merged_decisions: Output[Dataset],
                   results: Output[Artifact], page: Output[HTML]):
     from batchscale.checks.stage import validate_runs as run
 
     run(config_json, [c.path for c in curves], [r.path for r in runs], merged_curves.path,
-        merged_runs.path, results.path, page.path)
+        merged_runs.path, results.path, page.path, [d.path for d in decisions],
+        merged_decisions.path)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def validate_analysis(config_json: str, analysis: Input[Dataset], results: Output[Artifact],
-                      page: Output[HTML]):
+def validate_analysis(config_json: str, analysis: Input[Dataset], plan: Input[Dataset],
+                      results: Output[Artifact], page: Output[HTML]):
     from batchscale.checks.stage import validate_analysis as run
 
-    run(config_json, analysis.path, results.path, page.path)
+    run(config_json, analysis.path, results.path, page.path, plan_path=plan.path)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

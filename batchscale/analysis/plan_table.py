@@ -1,0 +1,310 @@
+"""The what-if plan of one run (issue 17): plan rows for worker counts × per-worker batches from
+the run's inputs (`plan_inputs`) and an all-reduce model, as `plan` table rows and as printed
+lines; and the check of the model against the data-parallel cells the run measured.
+
+Rows at a worker count the run did not measure are marked `extrapolated`: their communication
+comes from the model alone (a fitted or stated link), not from a measured step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from batchscale.analysis.plan_inputs import (
+    STARVED_SHARE,
+    PlanInputs,
+    comm_model,
+    parallel_compute_s,
+)
+from batchscale.analysis.planner import (
+    CommModel,
+    Objective,
+    PlanRow,
+    describe,
+    format_duration,
+    pareto_front,
+    plan_rows,
+    recommend,
+)
+from batchscale.errors import BadInput
+from batchscale.fits import numeric_column
+from batchscale.schemas import RunStatus
+
+DEFAULT_EXTRA_WORKERS = (4, 8)
+"""Worker counts a default plan adds beyond those configured: an extrapolation, marked so."""
+DURATION_UNITS = {"s": 1, "min": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Plan rows, the front, the chosen row (None without an objective or when none fits) and
+    the sentence saying why, with the inputs and the communication model behind them."""
+
+    rows: list[PlanRow]
+    front: list[PlanRow]
+    chosen: PlanRow | None
+    recommendation: str
+    inputs: PlanInputs
+    comm: CommModel
+    measured_workers: list[int]
+
+
+def make_plan(inputs: PlanInputs, comm: CommModel, workers: Sequence[int],
+              objective: Objective | None = None) -> Plan:
+    """Rows for every worker count × the per-worker batches the run trained at one worker."""
+    if not inputs.per_worker_batches:
+        raise BadInput("the run has no convergence trials with one worker: no per-worker "
+                       "batch to plan with")
+    rows = plan_rows(inputs.step_line, inputs.steps_fit, comm, inputs.gradient_bytes,
+                     sorted(set(workers)), inputs.per_worker_batches,
+                     inputs.max_per_worker_batch, inputs.measured_step_s)
+    front = pareto_front(rows)
+    if objective is None:
+        chosen, sentence = None, _without_objective(front)
+    else:
+        chosen, sentence = recommend(rows, objective)
+    measured = sorted({1, *(int(n) for n in inputs.data_parallel["workers"])}) \
+        if not inputs.data_parallel.empty else [1]
+    return Plan(rows, front, chosen, sentence, inputs, comm, measured)
+
+
+def _without_objective(front: list[PlanRow]) -> str:
+    if not front:
+        return "No feasible plan: every row exceeds the per-worker memory."
+    if len(front) == 1:
+        return f"No objective given; one plan is both fastest and cheapest: {describe(front[0])}."
+    return (f"No objective given (a deadline or a device-hour budget). Fastest on the front: "
+            f"{describe(front[0])}. Cheapest: {describe(front[-1])}.")
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '30min', '2h', '1.5d' as seconds (a bare number is seconds)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(s|min|h|d)?\s*", text)
+    if not match:
+        raise BadInput(f"--deadline: {text!r} is not a duration; use e.g. 90s, 30min, 2h or 1d")
+    seconds = float(match.group(1)) * DURATION_UNITS[match.group(2) or "s"]
+    if not (0 < seconds < math.inf):
+        raise BadInput(f"--deadline: {text!r} must be a positive duration")
+    return seconds
+
+
+def _finite(value: float) -> float | None:
+    """An open band end (inf) is stored as null: the suite allows no inf, and null reads as
+    'no bound' in every reader."""
+    return float(value) if math.isfinite(value) else None
+
+
+def table_rows(plan: Plan) -> list[dict]:
+    """The `plan` table's rows (without the environment columns)."""
+    inputs, comm = plan.inputs, plan.comm
+    on_front = {id(r) for r in plan.front}
+    target = inputs.target or (None, None)
+    common = {
+        "target_metric": target[0], "target_value": target[1], "lr_rule": inputs.lr_rule,
+        "step_time_source": inputs.step_time_source, "gradient_bytes": int(inputs.gradient_bytes),
+        "bandwidth_Bps": comm.bandwidth_Bps, "latency_s": comm.latency_s,
+        "hidden_share": comm.hidden_share, "bandwidth_source": comm.source.bandwidth,
+        "latency_source": comm.source.latency, "hidden_share_source": comm.source.hidden_share,
+        "comm_note": comm.note or None, "band_note": inputs.band_note or None,
+        "memory_note": inputs.memory_note, "max_per_worker_batch": inputs.max_per_worker_batch,
+    }
+    out = []
+    for r in plan.rows:
+        out.append({
+            **common, "workers": r.workers, "per_worker_batch": r.per_worker_batch,
+            "global_batch": r.global_batch, "extrapolated": r.workers not in plan.measured_workers,
+            "compute_s": r.step_time_s - r.comm_s, "compute_source": r.compute_source,
+            "comm_s": r.comm_s, "step_time_s": r.step_time_s, "comm_share": r.comm_share,
+            "steps": r.steps.value, "steps_low": _finite(r.steps.low),
+            "steps_high": _finite(r.steps.high), "time_to_target_s": r.time_to_target_s.value,
+            "time_to_target_s_low": _finite(r.time_to_target_s.low),
+            "time_to_target_s_high": _finite(r.time_to_target_s.high),
+            "device_hours": r.device_hours.value, "device_hours_low": _finite(r.device_hours.low),
+            "device_hours_high": _finite(r.device_hours.high), "b_crit": r.b_crit.value,
+            "b_crit_low": _finite(r.b_crit.low), "b_crit_high": _finite(r.b_crit.high),
+            "feasible": r.feasible, "limit": r.limit or None, "on_pareto_front": id(r) in on_front,
+            "recommended": r is plan.chosen,
+        })
+    return out
+
+
+def plan_lines(plan: Plan) -> list[str]:
+    """The plan as printed: its inputs and where they came from, one line per row with bands,
+    the front and the recommendation."""
+    inputs, comm = plan.inputs, plan.comm
+    fit = inputs.steps_fit
+    target = f"{inputs.target[0]} {inputs.target[1]:g}" if inputs.target else "the run's target"
+    lines = [
+        f"plan for {target} (LR rule {inputs.lr_rule}): S(B) = {fit.s_min:.4g} + "
+        f"{fit.e_min:.4g}/B, B_crit interval {fit.b_crit_low:.4g}-{fit.b_crit_high:.4g}"
+        + (f" ({inputs.band_note})" if inputs.band_note else ""),
+        f"  step time of one device: {inputs.step_time_source}; line "
+        f"{1e3 * inputs.step_line[0]:.3g} ms + {1e6 * inputs.step_line[1]:.3g} µs/sample "
+        "(measured where a batch was trained)",
+        f"  memory: {inputs.memory_note}",
+        f"  all-reduce of {inputs.gradient_bytes / 1e6:.3g} MB: bandwidth "
+        f"{8 * comm.bandwidth_Bps / 1e9:.3g} Gbit/s ({comm.source.bandwidth}), latency "
+        f"{1e6 * comm.latency_s:.3g} µs per hop ({comm.source.latency}), hidden share "
+        f"{comm.hidden_share:.0%} ({comm.source.hidden_share})"
+        + (f"; {comm.note}" if comm.note else ""),
+        f"  workers measured: {', '.join(map(str, plan.measured_workers))}; the others are "
+        "extrapolated (marked *)" + ("; the measured workers shared one machine's CPUs, so "
+                                     "their communication is taken beyond the whole batch's "
+                                     "compute there, and the plan gives each worker its own "
+                                     "device" if inputs.shared_host else ""),
+        f"  {'N':>4s} {'b':>6s} {'B':>7s} {'step ms':>9s} {'comm':>6s} "
+        f"{'time to target [band]':>30s} {'device-h [band]':>28s}  front  limit",
+    ]
+    on_front = {id(r) for r in plan.front}
+    for r in plan.rows:
+        star = " " if r.workers in plan.measured_workers else "*"
+        time, hours = r.time_to_target_s, r.device_hours
+        band = f"{format_duration(time.value)} [{format_duration(time.low)}, " \
+               f"{format_duration(time.high)}]"
+        hband = f"{hours.value:.3g} [{hours.low:.3g}, {_hours(hours.high)}]"
+        lines.append(
+            f"  {r.workers:>3d}{star} {r.per_worker_batch:>6d} {r.global_batch:>7d} "
+            f"{1e3 * r.step_time_s:>9.3g} {r.comm_share:>6.0%} {band:>30s} {hband:>28s}  "
+            f"{'yes' if id(r) in on_front else '':5s}  {r.limit or '-'}")
+    lines.append(f"recommendation: {plan.recommendation}")
+    assumed = comm.source.assumed_names()
+    lines.append(f"assumed, not measured: {assumed}" if assumed else
+                 "every communication parameter was measured")
+    return lines
+
+
+def _hours(value: float) -> str:
+    return f"{value:.3g}" if math.isfinite(value) else "unbounded"
+
+
+# ------------------------------------------------------------------ prediction vs measurement
+
+
+def measured_cells(runs: pd.DataFrame, lr_rule: str) -> pd.DataFrame:
+    """Per (batch, workers) of `lr_rule`: measured time to target as the analysis takes S(B)
+    (per learning rate the median over seeds, a seed that missed counting as never; then the
+    best learning rate), with the seeds reached / run, the seeds' range (low, high; a seed that
+    missed is inf) and the worst share of time its threads waited for a CPU. Cells no learning
+    rate reached drop out."""
+    runs = runs[runs["lr_rule"].eq(lr_rule).to_numpy(dtype=bool)]
+    time = numeric_column(runs, "time_to_target_s")
+    reached = runs["status"].eq(RunStatus.REACHED).to_numpy(dtype=bool) & np.isfinite(time)
+    frame = pd.DataFrame({"batch_size": numeric_column(runs, "batch_size"),
+                          "workers": numeric_column(runs, "workers"),
+                          "lr": numeric_column(runs, "lr"),
+                          "time": np.where(reached, time, np.inf), "reached": reached,
+                          "wait": numeric_column(runs, "cpu_wait_share")})
+    keys = ["batch_size", "workers"]
+    per_lr = frame.groupby([*keys, "lr"]).agg(time=("time", "median"), reached=("reached", "sum"),
+                                              seeds=("time", "size"), cpu_wait=("wait", "max"),
+                                              low=("time", "min"), high=("time", "max"))
+    best = per_lr.reset_index().sort_values("time").groupby(keys).first().reset_index()
+    return best[np.isfinite(best["time"])].drop(columns="lr")
+
+
+def check_rows(inputs: PlanInputs, runs: pd.DataFrame, link_gbps: float | None = None,
+               latency_us: float | None = None) -> list[dict]:
+    """Predicted vs measured time to target at every (batch, workers) cell with a data-parallel
+    run, for one worker and more. With several data-parallel cells the communication model of
+    each is fitted without it (leave one out), so its prediction is out of sample; with one it
+    is in sample and says so. The LR rule is the inputs' (its S(B) fit)."""
+    runs = runs[runs["target_metric"].eq(inputs.target[0]).to_numpy(dtype=bool)] \
+        if inputs.target and runs["target_metric"].notna().any() else runs
+    measured = measured_cells(runs, inputs.lr_rule)
+    parallel = inputs.data_parallel
+    batches = set(parallel["batch_size"])
+    out = []
+    for cell in measured[measured["batch_size"].isin(batches)].itertuples():
+        batch, n = int(cell.batch_size), int(cell.workers)
+        comm_s, how = 0.0, "one worker: no communication"
+        if n > 1:
+            model, how = _cell_comm_model(inputs, batch, n, link_gbps, latency_us)
+            comm_s = (1 - model.hidden_share) * model.comm_time_s(n, inputs.gradient_bytes)
+        step_s = parallel_compute_s(inputs, batch, n) + comm_s
+        steps = inputs.steps_fit.steps(batch)
+        predicted = steps.value * step_s
+        if float(cell.cpu_wait) >= STARVED_SHARE:
+            how += f"; disturbed: threads waited for a CPU up to {float(cell.cpu_wait):.0%}"
+        out.append({"lr_rule": inputs.lr_rule, "workers": n, "batch_size": batch,
+                    "per_worker_batch": batch / n,
+                    "predicted_s": predicted, "predicted_low_s": steps.low * step_s,
+                    "predicted_high_s": steps.high * step_s, "measured_s": float(cell.time),
+                    "measured_low_s": float(cell.low), "measured_high_s": float(cell.high),
+                    "error": predicted / float(cell.time) - 1,
+                    "seeds": f"{int(cell.reached)}/{int(cell.seeds)}", "how": how})
+    return out
+
+
+def _cell_comm_model(inputs: PlanInputs, batch: int, workers: int, link_gbps: float | None,
+                     latency_us: float | None) -> tuple[CommModel, str]:
+    """The communication model a cell's prediction uses, and how it was made: fitted without the
+    cell where the other cells allow it (out of sample), else with it (in sample, said so)."""
+    if link_gbps is not None:
+        return comm_model(inputs, link_gbps, latency_us), "communication from the stated link"
+    parallel = inputs.data_parallel
+    others = parallel[(parallel["batch_size"] != batch) | (parallel["workers"] != workers)]
+    if len(others):
+        try:
+            model = comm_model(dataclasses.replace(inputs, data_parallel=others), None,
+                               latency_us)
+            return model, "communication fitted without this cell"
+        except BadInput as err:
+            why = f" (the other cells alone: {err})"
+    else:
+        why = ""
+    return (comm_model(inputs, None, latency_us),
+            f"in sample: the communication model was fitted to this cell{why}")
+
+
+def check_lines(checks: list[dict], goal: float = 0.25) -> list[str]:
+    """The comparison as a Markdown table, with the goal and the worst error."""
+    if not checks:
+        return ["prediction vs measurement: no batch size was run with one worker and more "
+                "that reached the target; nothing to compare"]
+    lines = ["| LR rule | workers | global batch | predicted time to target [band] | measured "
+             "[seeds' range] | error | seeds reached | how |", "|---|---|---|---|---|---|---|---|"]
+    for c in checks:
+        lines.append(
+            f"| {c['lr_rule']} | {c['workers']} | {c['batch_size']} | "
+            f"{format_duration(c['predicted_s'])} "
+            f"[{format_duration(c['predicted_low_s'])}, {format_duration(c['predicted_high_s'])}]"
+            f" | {format_duration(c['measured_s'])} [{format_duration(c['measured_low_s'])}, "
+            f"{format_duration(c['measured_high_s'])}] | {c['error']:+.0%} | {c['seeds']} | "
+            f"{c['how']} |")
+    worst = max(abs(c["error"]) for c in checks)
+    verdict = "met" if worst <= goal else "missed"
+    lines.append(f"worst error {worst:.0%}: goal ±{goal:.0%} {verdict}")
+    calm = [abs(c["error"]) for c in checks if "disturbed" not in c["how"]]
+    if len(calm) < len(checks):
+        lines.append(f"{len(checks) - len(calm)} of {len(checks)} cells disturbed (their "
+                     f"threads waited for a CPU {STARVED_SHARE:.0%} of the time or more: other "
+                     "processes, or workers sharing one machine's cores); "
+                     + (f"worst error of the others {max(calm):.0%}" if calm else
+                        "no undisturbed cell to judge the model by"))
+    return lines
+
+
+
+def default_plan(sweep: pd.DataFrame | None, runs: pd.DataFrame | None,
+                 analysis: pd.DataFrame | None, *, workload: str,
+                 configured_workers: Sequence[int], image_size: int | None = None
+                 ) -> tuple[Plan | None, str]:
+    """The pipeline's plan: the configured worker counts and DEFAULT_EXTRA_WORKERS (marked
+    extrapolated), the measured communication, no objective. None and the reason when the run
+    lacks a measurement the planner needs (the report says so; the run goes on)."""
+    from batchscale.analysis.plan_inputs import gradient_bytes, read_plan_inputs
+
+    try:
+        grad = gradient_bytes(workload, image_size=image_size)
+        inputs = read_plan_inputs(sweep, runs, analysis, grad)
+        workers = sorted({1, *configured_workers, *DEFAULT_EXTRA_WORKERS})
+        return make_plan(inputs, comm_model(inputs), workers), ""
+    except BadInput as err:
+        return None, str(err)

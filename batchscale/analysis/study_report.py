@@ -1,0 +1,154 @@
+"""The report's "Adaptive study" section, from the `decisions` table (batchscale/study/ writes
+it; this module only reads it, so the analysis stays below the study): what the noise scale
+predicted, where the first batch sizes went, how the B_crit interval narrowed cell by cell, and
+what the study spent against what a grid of the same batch sizes and seeds would have spent.
+
+The grid's cost is an estimate (its trials were not run): per batch size, the examples to the
+target by the study's final fit, S(B)·B, times the seeds; it says so wherever it is shown."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from batchscale.analysis.figures import Plot, make_plot, new_axes
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+CELL_ACTIONS = ("probe", "place", "refine")
+STUDY_HEADINGS = ("#", "action", "cell", "why", "B_crit after [90 % interval]", "examples spent")
+
+
+@dataclass(frozen=True)
+class StudySection:
+    """What the report shows of an adaptive study."""
+
+    sentences: tuple[str, ...]
+    rows: tuple[dict, ...]
+    """One per decision: action, cell, reason, interval after, examples spent."""
+    plot: Plot
+
+
+def _number(value: object) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return number
+
+
+def grid_examples_estimate(decisions: pd.DataFrame, runs: pd.DataFrame | None,
+                           batch_sizes: list[int], seeds: int) -> float:
+    """Examples a grid of `batch_sizes` × `seeds` would have spent, by the study's final fit
+    S(B) = S_min + E_min/B from its own trials (NaN without a B_crit number)."""
+    if runs is None or runs.empty:
+        return math.nan
+    from batchscale.analysis.critical import fit_critical_batch, steps_to_result
+
+    last = decisions.iloc[-1]
+    rows = runs[(runs["lr_rule"] == last["lr_rule"])
+                & (runs["target_metric"] == last["target_metric"])
+                & (runs["target_value"] == last["target_value"])]
+    table = steps_to_result(rows, by=(), reduce="median")
+    fit = fit_critical_batch(table["batch_size"], table["steps_to_target"])
+    if not math.isfinite(fit.b_crit):
+        return math.nan
+    return float(sum((fit.s_min + fit.e_min / b) * b for b in batch_sizes) * seeds)
+
+
+def study_section(decisions: pd.DataFrame | None, runs: pd.DataFrame | None,
+                  batch_sizes: list[int], seeds: int) -> StudySection | None:
+    """The section, or None when the run was not an adaptive study."""
+    if decisions is None or decisions.empty:
+        return None
+    decisions = decisions.sort_values("decision")
+    last = decisions.iloc[-1]
+    sentences = [_prediction_sentence(decisions), _placement_sentence(decisions),
+                 _final_sentence(last), _cost_sentence(decisions, runs, batch_sizes, seeds)]
+    rows = tuple(_row(r) for r in decisions.to_dict("records"))
+    plot = make_plot(lambda: draw_study(decisions),
+                     "B_crit after each cell the study ran (bars: its 90 % interval), against "
+                     "the examples spent so far; the band: B_crit predicted from the gradient "
+                     "noise scale",
+                     "no cell gave a B_crit interval")
+    return StudySection(tuple(s for s in sentences if s), rows, plot)
+
+
+def _prediction_sentence(decisions: pd.DataFrame) -> str:
+    predicted = decisions[decisions["action"] == "predict"]
+    if predicted.empty:
+        return ""
+    p = predicted.iloc[0]
+    centre, low, high = (_number(p[k]) for k in ("predicted_b_crit", "predicted_low",
+                                                  "predicted_high"))
+    if not math.isfinite(centre):
+        return f"The gradient noise scale gave no prediction: {p['reason']}."
+    return (f"The probes' gradient noise scale ({p['prediction_method']}) predicted B_crit ≈ "
+            f"{centre:.3g} (interquartile range {low:.3g}–{high:.3g}).")
+
+
+def _placement_sentence(decisions: pd.DataFrame) -> str:
+    placed = decisions[decisions["action"].isin(("probe", "place"))]["batch_size"].dropna()
+    if placed.empty:
+        return ""
+    sizes = ", ".join(f"{int(b):,}" for b in sorted(set(placed)))
+    return f"Probed and placed batch sizes: {sizes}."
+
+
+def _final_sentence(last: pd.Series) -> str:
+    b_crit, low, high = (_number(last[k]) for k in ("b_crit", "b_crit_low", "b_crit_high"))
+    cells = int(last["decision"])
+    if math.isfinite(low) and math.isfinite(high):
+        return (f"The study stopped ({last['reason']}) with B_crit {b_crit:.3g}, 90 % interval "
+                f"{low:.3g}–{high:.3g} (high/low {high / low:.2f}), after {cells} decisions.")
+    return f"The study stopped ({last['reason']}) without a B_crit interval."
+
+
+def _cost_sentence(decisions: pd.DataFrame, runs: pd.DataFrame | None, batch_sizes: list[int],
+                   seeds: int) -> str:
+    spent = int(decisions["examples_spent"].max())
+    grid = grid_examples_estimate(decisions, runs, batch_sizes, seeds)
+    if not math.isfinite(grid) or grid <= 0:
+        return (f"It trained on {spent:,} examples; a grid's cost cannot be estimated without "
+                "a B_crit fit.")
+    rounded = round(grid, 2 - math.floor(math.log10(grid)))  # 3 significant digits
+    return (f"It trained on {spent:,} examples; a grid of {len(batch_sizes)} batch sizes × "
+            f"{seeds} seeds would have needed about {rounded:,.0f} by the study's final fit "
+            f"(an estimate: the grid was not run), so the study spent {spent / grid:.0%} of it.")
+
+
+def _row(r: dict) -> dict:
+    low, high = _number(r.get("b_crit_low")), _number(r.get("b_crit_high"))
+    b_crit = _number(r.get("b_crit"))
+    interval = (f"{b_crit:.3g} [{low:.3g}, {high:.3g}]" if math.isfinite(low)
+                else f"{b_crit:.3g} (no interval)" if math.isfinite(b_crit) else "—")
+    batch = _number(r.get("batch_size"))
+    cell = f"b={int(batch)}, seed {int(_number(r.get('seed')))}" if math.isfinite(batch) else ""
+    return {"decision": int(r["decision"]), "action": r["action"], "cell": cell,
+            "reason": r["reason"], "b_crit": interval,
+            "examples": f"{int(r['examples_spent']):,}"}
+
+
+def draw_study(decisions: pd.DataFrame) -> Figure | None:
+    cells = decisions[decisions["action"].isin(CELL_ACTIONS)]
+    numbers = cells[pd.to_numeric(cells["b_crit_low"], errors="coerce").notna()]
+    if numbers.empty:
+        return None
+    fig, ax = new_axes("examples spent", "B_crit (batch size)", x_base=10, log_y=True)
+    x = numbers["examples_spent"].to_numpy(float)
+    y, low, high = (pd.to_numeric(numbers[k]).to_numpy(float)
+                    for k in ("b_crit", "b_crit_low", "b_crit_high"))
+    ax.errorbar(x, y, yerr=np.vstack([y - low, high - y]).clip(0), fmt="o-", capsize=3,
+                label="B_crit after the cell (90 % interval)")
+    predicted = decisions[decisions["action"] == "predict"]
+    if not predicted.empty and math.isfinite(_number(predicted.iloc[0]["predicted_b_crit"])):
+        p = predicted.iloc[0]
+        ax.axhspan(_number(p["predicted_low"]), _number(p["predicted_high"]), alpha=0.2,
+                   color="C1", label="predicted from B_simple")
+    ax.legend(fontsize="small")
+    return fig

@@ -1,0 +1,64 @@
+"""A published run's tables as the what-if planner's inputs (`batchscale plan`): the run read
+back from the lake by its manifest, the gradient size from its workload, and the environment
+columns its plan table carries (the run's own)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from batchscale.analysis.plan_inputs import PlanInputs, gradient_bytes, read_plan_inputs
+from batchscale.errors import BadInput
+from batchscale.schemas import ENV_FIELDS
+from batchscale.storage import ObjectStore
+
+NEEDED_TABLES = ("runs", "analysis")
+
+
+def plan_inputs_of_run(store: ObjectStore, run_id: str, lr_rule: str | None = None
+                       ) -> tuple[PlanInputs, dict[str, pd.DataFrame]]:
+    """The planner's inputs from a published run, and its tables as pandas; BadInput for a run
+    not in the lake, or one without the tables a plan needs."""
+    from batchscale.lake.publish import run_manifest_key
+    from batchscale.lake.summary import load_run
+
+    key = run_manifest_key(store, run_id)
+    if not store.exists(key):
+        raise BadInput(f"no published run {run_id!r} in the lake (no manifest at "
+                       f"s3://{store.settings.bucket}/{key}); `batchscale history --workload "
+                       "NAME` lists the published runs")
+    _, tables = load_run(store, run_id)
+    missing = [name for name in NEEDED_TABLES if name not in tables]
+    if missing:
+        raise BadInput(f"run {run_id} has no {' or '.join(missing)} table in the lake: a plan "
+                       "needs the convergence runs and their analysis")
+    frames = {name: table.to_pandas() for name, table in tables.items()}
+    runs = frames["runs"]
+    if runs.empty:
+        raise BadInput(f"run {run_id} has an empty runs table: nothing to plan from")
+    grad = gradient_bytes(str(runs["workload"].iloc[0]), _num_classes(frames),
+                          _image_size(frames.get("sweep")))
+    inputs = read_plan_inputs(frames.get("sweep"), runs, frames["analysis"], grad, lr_rule)
+    return inputs, frames
+
+
+def _num_classes(frames: dict[str, pd.DataFrame]) -> int | None:
+    manifest = frames.get("dataset_manifest")
+    if manifest is None or manifest.empty or "num_classes" not in manifest:
+        return None
+    return int(manifest["num_classes"].iloc[0])
+
+
+def _image_size(sweep: pd.DataFrame | None) -> int | None:
+    if sweep is None or "image_size_px" not in sweep or sweep["image_size_px"].isna().all():
+        return None
+    return int(sweep["image_size_px"].dropna().iloc[0])
+
+
+def run_env(frames: dict[str, pd.DataFrame]) -> dict:
+    """The run's environment columns (from its runs table) for the plan table's rows."""
+    first = frames["runs"].iloc[0]
+    return {f.name: _plain(first[f.name]) for f in ENV_FIELDS if f.name != "schema_version"}
+
+
+def _plain(value):
+    return value.item() if hasattr(value, "item") else value

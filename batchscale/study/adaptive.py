@@ -1,0 +1,264 @@
+"""The adaptive study's decisions, pure (issue 15): predict B_crit from the gradient noise scale
+measured in short probe trials, place the first batch sizes around the prediction, then add the
+(batch size, seed) that most narrows the B_crit interval until it is narrow enough or the
+budget is spent. No I/O and no training here: `driver.py` runs the trials these functions ask
+for. docs/architecture.md, "Adaptive study", states the rules and why.
+
+The interval the study narrows is the report's own (`critical.bootstrap_critical_batch`: seed
+bootstrap united with Fieller's interval), so "stopped at ratio ≤ 2" means the report prints an
+interval at most 2× wide.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from batchscale.analysis.critical import (
+    bootstrap_critical_batch,
+    fit_critical_batch,
+    steps_to_result,
+)
+from batchscale.analysis.interval import fit_lines
+from batchscale.errors import BadInput
+from batchscale.fits import positive_pairs
+from batchscale.metrics import metric as metric_named
+
+NEAR_TARGET_PROGRESS = 0.75
+"""Evaluations at least this far from the first evaluation's metric to the target (0: start,
+1: target) count as "near the target": B_simple grows as the loss falls (McCandlish et al. 2018,
+§3), so the noise scale that predicts B_crit for a target is the one measured near it."""
+MIN_NEAR_EVALUATIONS = 3
+PLACEMENT_FACTOR = 8.0
+"""The first batch sizes span prediction/8 … prediction×8: wide enough that S(B) shows both its
+1/B part (small batches) and its floor S_min (large ones), the two asymptotes the fit needs."""
+FIRST_POINTS = 4
+SIMULATED_DRAWS = 4
+"""Draws of a candidate's unknown steps when scoring it: few, because the score only ranks
+candidates, and each draw costs a bootstrap."""
+
+STOP_NARROW, STOP_BUDGET, STOP_EXHAUSTED = "interval narrow enough", "budget spent", \
+    "nothing left to measure"
+STOP_NO_GAIN = "no cell left is expected to narrow the interval"
+
+
+@dataclass(frozen=True)
+class NoisePrediction:
+    """B_crit predicted from B_simple: its median near the target and the interquartile range
+    of those evaluations, or an extrapolation when the probe stopped short of the target."""
+
+    b_crit: float
+    low: float
+    high: float
+    method: str
+    """'near target' (median of the evaluations near it) or 'extrapolated' (log B_simple
+    against progress, a straight line carried to the target) or 'none'."""
+    evaluations: int
+    reason: str = ""
+
+
+def _progress(values: np.ndarray, target: float) -> np.ndarray:
+    """0 at the first evaluation's metric, 1 at the target (either direction of "better")."""
+    start = values[0]
+    if target == start:
+        return np.ones_like(values)
+    return (values - start) / (target - start)
+
+
+def predict_b_crit(curves: pd.DataFrame, metric: str, target: float) -> NoisePrediction:
+    """B_crit ≈ B_simple near the target (McCandlish et al. 2018, Fig. 4), from the probe
+    trials' evaluations (curves rows with b_simple and the metric). Evaluations of several
+    trials are pooled, each trial's progress measured from its own first evaluation."""
+    try:
+        metric_named(metric)
+    except KeyError as err:  # the message names the allowed metrics
+        raise BadInput(str(err).strip('"')) from None
+    near, progress_all, gns_all = [], [], []
+    for _, trial in curves.sort_values("step").groupby("trial_id", sort=True):
+        values = pd.to_numeric(trial[metric], errors="coerce").to_numpy(float)
+        gns = pd.to_numeric(trial["b_simple"], errors="coerce").to_numpy(float)
+        keep = np.isfinite(values) & np.isfinite(gns) & (gns > 0)
+        if keep.sum() < 2:
+            continue
+        progress = _progress(values[keep], target)
+        near.append(gns[keep][progress >= NEAR_TARGET_PROGRESS])
+        progress_all.append(progress)
+        gns_all.append(gns[keep])
+    near_values = np.concatenate(near) if near else np.array([])
+    if near_values.size >= MIN_NEAR_EVALUATIONS:
+        low, mid, high = np.percentile(near_values, [25, 50, 75])
+        return NoisePrediction(float(mid), float(low), float(high), "near target",
+                               int(near_values.size))
+    if not progress_all or np.concatenate(progress_all).size < MIN_NEAR_EVALUATIONS:
+        return NoisePrediction(math.nan, math.nan, math.nan, "none", 0,
+                               "the probe recorded fewer than "
+                               f"{MIN_NEAR_EVALUATIONS} evaluations with a noise scale")
+    return _extrapolate(np.concatenate(progress_all), np.concatenate(gns_all))
+
+
+def _extrapolate(progress: np.ndarray, gns: np.ndarray) -> NoisePrediction:
+    """log B_simple on progress, a least-squares line carried to progress 1; the spread is
+    the line's residual scatter (±1 standard deviation, as the interquartile range is about)."""
+    slope, intercept = np.polyfit(progress, np.log(gns), 1)
+    residual = np.log(gns) - (intercept + slope * progress)
+    spread = float(np.std(residual, ddof=2)) if progress.size > 2 else math.nan
+    centre = math.exp(intercept + slope)
+    reason = (f"the probe got {progress.max():.0%} of the way to the target: B_simple "
+              "extrapolated along its trend")
+    return NoisePrediction(centre, centre * math.exp(-spread), centre * math.exp(spread),
+                           "extrapolated", int(progress.size), reason)
+
+
+def powers_of_two_between(smallest: int, largest: int) -> list[int]:
+    """The powers of two in [smallest, largest] (the batch sizes a study may place)."""
+    if smallest < 1 or largest < smallest:
+        return []
+    low = math.ceil(math.log2(smallest))
+    return [2**k for k in range(low, int(math.log2(largest)) + 1)]
+
+
+def place_batch_sizes(predicted: float, allowed: Sequence[int],
+                      points: int = FIRST_POINTS) -> list[int]:
+    """`points` batch sizes log-spaced over predicted/8 … predicted×8, each the nearest allowed
+    one; where the allowed range cuts that span, the span slides inside it, so the points stay
+    as spread as the range allows."""
+    allowed = sorted(set(allowed))
+    if not allowed or not math.isfinite(predicted) or predicted <= 0:
+        return allowed[:points]
+    log_allowed = np.log(allowed)
+    half_width = math.log(PLACEMENT_FACTOR)
+    centre = min(max(math.log(predicted), log_allowed[0] + half_width),
+                 log_allowed[-1] - half_width)
+    wanted = np.linspace(centre - half_width, centre + half_width, points)
+    chosen = {allowed[int(np.argmin(np.abs(log_allowed - w)))] for w in wanted}
+    return sorted(chosen)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (batch size, seed) of trials to run: every LR rule of the config at that point."""
+
+    batch_size: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class IntervalState:
+    """B_crit of the study rule's trials so far, its interval, and the fit's bound if any."""
+
+    b_crit: float
+    low: float
+    high: float
+    bound: str
+    reason: str
+
+    @property
+    def ratio(self) -> float:
+        """high/low of the interval; inf without one."""
+        if self.low > 0 and math.isfinite(self.high) and math.isfinite(self.low):
+            return self.high / self.low
+        return math.inf
+
+
+def interval_state(runs: pd.DataFrame, rule: str, bootstrap_samples: int) -> IntervalState:
+    """The study rule's B_crit and interval from its trials (rows of one target)."""
+    table = steps_to_result(runs[runs["lr_rule"] == rule], by=(), reduce="median")
+    fit = fit_critical_batch(table["batch_size"], table["steps_to_target"])
+    low, high = bootstrap_critical_batch(runs, rule, bootstrap_samples)
+    return IntervalState(fit.b_crit, low, high, fit.bound, fit.reason)
+
+
+def candidate_cells(done: Sequence[Cell], allowed: Sequence[int],
+                    seeds: Sequence[int]) -> list[Cell]:
+    """Cells not yet run: a new batch size (with the first seed), or another seed at a batch
+    size already run (the next unused seed, in the config's order)."""
+    ran = set(done)
+    batches = {c.batch_size for c in done}
+    new_batches = [Cell(b, seeds[0]) for b in allowed if b not in batches]
+    more_seeds = []
+    for b in sorted(batches):
+        unused = [s for s in seeds if Cell(b, s) not in ran]
+        if unused:
+            more_seeds.append(Cell(b, unused[0]))
+    return new_batches + more_seeds
+
+
+def _simulated(runs: pd.DataFrame, rule: str, cell: Cell, steps: float) -> pd.DataFrame:
+    """`runs` plus one made-up trial of `rule` at `cell` that reached the target in `steps`."""
+    template = runs[runs["lr_rule"] == rule].iloc[0].to_dict()
+    row = {**template, "batch_size": cell.batch_size, "seed": cell.seed,
+           "steps_to_target": steps, "status": "reached",
+           "trial_id": f"simulated-b{cell.batch_size}-s{cell.seed}"}
+    return pd.concat([runs, pd.DataFrame([row])], ignore_index=True)
+
+
+def expected_ratio(runs: pd.DataFrame, rule: str, cell: Cell, bootstrap_samples: int,
+                   rng: np.random.Generator) -> tuple[float, float]:
+    """(median interval ratio after running `cell`, the examples it would cost): its steps
+    drawn from the current fit with the fit's own relative scatter (the cell's result is
+    unknown until it runs)."""
+    table = steps_to_result(runs[runs["lr_rule"] == rule], by=(), reduce="median")
+    batch, steps = positive_pairs(table["batch_size"], table["steps_to_target"])
+    fits = fit_lines(batch, steps)
+    predicted = float(fits.s_min) + float(fits.e_min) / cell.batch_size
+    if not (math.isfinite(predicted) and predicted > 0):
+        return math.inf, math.inf
+    scatter = max(float(fits.scatter), 0.01)
+    ratios = []
+    for noise in rng.normal(0.0, scatter, SIMULATED_DRAWS):
+        trial = _simulated(runs, rule, cell, max(1.0, round(predicted * math.exp(noise))))
+        ratios.append(interval_state(trial, rule, bootstrap_samples).ratio)
+    return float(np.median(ratios)), predicted * cell.batch_size
+
+
+def unsupported_next(state: IntervalState, done: Sequence[Cell], candidates: Sequence[Cell],
+                     predicted: float) -> tuple[Cell | None, str]:
+    """The next cell while the fit gives no interval to narrow: past the bound it found, or the
+    batch size nearest the prediction that is not run yet, or a second seed where there is
+    none (the interval needs two seeds somewhere)."""
+    if not candidates:
+        return None, STOP_EXHAUSTED
+    new = [c for c in candidates if c.batch_size not in {d.batch_size for d in done}]
+    if state.bound == "above" and new:
+        return max(new, key=lambda c: c.batch_size), "steps still fall like 1/B: a larger batch"
+    if state.bound == "below" and new:
+        return min(new, key=lambda c: c.batch_size), "no batch saved steps: a smaller batch"
+    if math.isfinite(state.b_crit):
+        centre = state.b_crit
+        pool, why = [c for c in candidates if c not in new] or list(candidates), \
+            "a second seed nearest B_crit: the interval needs seeds to resample"
+    else:
+        centre = predicted if math.isfinite(predicted) and predicted > 0 else 1.0
+        pool, why = new or list(candidates), "too few batch sizes reached the target: another"
+    cell = min(pool, key=lambda c: (abs(math.log(c.batch_size / centre)), c.seed))
+    return cell, why
+
+
+def choose_next(runs: pd.DataFrame, rule: str, done: Sequence[Cell], candidates: Sequence[Cell],
+                predicted: float, bootstrap_samples: int,
+                seed: int = 0) -> tuple[Cell | None, str, float]:
+    """(cell, why, expected ratio after it): the candidate that narrows the interval most per
+    example it costs (log of the ratio gained ÷ predicted examples to target), or the rule of
+    `unsupported_next` while there is no interval yet. Per example, because a large batch
+    often narrows most but costs most: the study's point is the answer at a fraction of the
+    grid's cost."""
+    state = interval_state(runs, rule, bootstrap_samples)
+    if not math.isfinite(state.ratio):
+        cell, why = unsupported_next(state, done, candidates, predicted)
+        return cell, why, math.inf
+    if not candidates:
+        return None, STOP_EXHAUSTED, state.ratio
+    rng = np.random.default_rng(seed)
+    scored = []
+    for i, cell in enumerate(candidates):
+        ratio, cost = expected_ratio(runs, rule, cell, bootstrap_samples, rng)
+        gain = math.log(state.ratio) - math.log(ratio) if math.isfinite(ratio) else -math.inf
+        scored.append((gain / cost if gain > 0 else -math.inf, gain, -i, ratio, cell))
+    _, gain, _, ratio, cell = max(scored, key=lambda s: s[:3])
+    if gain <= 0:  # the steps scatter too much for more cells to help: stop spending
+        return None, STOP_NO_GAIN, state.ratio
+    return cell, f"narrows the interval most per example (expected ratio {ratio:.2f})", ratio

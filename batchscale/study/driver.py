@@ -1,0 +1,205 @@
+"""The adaptive study, run (issue 15): probe → predict → place → refine, each cell of trials
+launched the way every convergence cell is (`convergence.runner.run_convergence`: torchrun
+locally, a TrainJob with `launcher: kubeflow`), each decision a row of the `decisions` table.
+
+Resuming: a cell whose trials all finished is read back instead of launched, and every decision
+is a function of the finished trials alone (seeded bootstrap), so running a study again with
+the same run id replays its decisions over the finished cells and carries on where it stopped.
+docs/architecture.md, "Adaptive study".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+from batchscale.config import ExperimentConfig
+from batchscale.convergence.runner import run_convergence, work_dir
+from batchscale.schemas import make_table
+from batchscale.study.adaptive import (
+    STOP_BUDGET,
+    STOP_NARROW,
+    Cell,
+    IntervalState,
+    NoisePrediction,
+    candidate_cells,
+    choose_next,
+    interval_state,
+    place_batch_sizes,
+    predict_b_crit,
+)
+
+STUDY_BOOTSTRAP_SAMPLES = 200
+
+
+@dataclass
+class Study:
+    """What the study has run so far: trial tables per cell, decisions, and its cost."""
+
+    cfg: ExperimentConfig
+    run_id: str
+    data_dir: str
+    workers: int
+    echo: Callable[[str], None]
+    work_root: Path | None = None
+    cells: dict[Cell, tuple[pa.Table, pa.Table]] = field(default_factory=dict)
+    decisions: list[dict] = field(default_factory=list)
+
+    @property
+    def rule(self) -> str:
+        return self.cfg.convergence.lr_rules[0]
+
+    @property
+    def target(self):
+        targets = self.cfg.convergence.resolved_targets()
+        return next((t for t in targets if t.primary), targets[0])
+
+    def run_cell(self, cell: Cell) -> None:
+        """Train every LR rule of the config at one (batch size, seed) to the targets."""
+        if cell in self.cells:
+            return
+        c = self.cfg.convergence
+        one_seed = c.model_copy(update={"seeds": [cell.seed], "strategy": "grid"})
+        cfg = self.cfg.model_copy(update={"convergence": one_seed})
+        out_dir = work_dir(self.run_id, [cell.batch_size], self.workers, self.work_root)
+        self.cells[cell] = run_convergence(cfg, [cell.batch_size], data_dir=self.data_dir,
+                                           out_dir=str(out_dir), run_id=self.run_id,
+                                           workers=self.workers)
+
+    def tables(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        curves = pa.concat_tables([c for c, _ in self.cells.values()]).to_pandas()
+        runs = pa.concat_tables([r for _, r in self.cells.values()]).to_pandas()
+        return curves, runs
+
+    def target_runs(self) -> pd.DataFrame:
+        """The trials' rows for the study's target (a trial has a row per target)."""
+        _, runs = self.tables()
+        t = self.target
+        return runs[(runs["target_metric"] == t.metric) & (runs["target_value"] == t.value)]
+
+    def spent(self) -> tuple[int, float]:
+        """(examples, device-seconds) every trial so far trained: steps × batch size, and
+        training seconds × workers (probes and stopped trials included)."""
+        _, runs = self.tables()
+        trials = runs.drop_duplicates("trial_id")
+        examples = int((trials["steps_run"] * trials["batch_size"]).sum())
+        return examples, float((trials["train_time_s"] * trials["workers"]).sum())
+
+    def record(self, action: str, cell: Cell | None, reason: str, state: IntervalState,
+               prediction: NoisePrediction, expected_ratio: float = math.nan) -> None:
+        examples, device_s = self.spent() if self.cells else (0, 0.0)
+        row = {"decision": len(self.decisions), "action": action,
+               "batch_size": cell.batch_size if cell else None,
+               "seed": cell.seed if cell else None, "reason": reason,
+               "lr_rule": self.rule, "target_metric": self.target.metric,
+               "target_value": self.target.value,
+               "predicted_b_crit": _finite(prediction.b_crit),
+               "predicted_low": _finite(prediction.low),
+               "predicted_high": _finite(prediction.high),
+               "prediction_method": prediction.method,
+               "b_crit": _finite(state.b_crit), "b_crit_low": _finite(state.low),
+               "b_crit_high": _finite(state.high), "interval_ratio": _finite(state.ratio),
+               "expected_ratio": _finite(expected_ratio), "examples_spent": examples,
+               "device_s_spent": device_s, "workers": self.workers}
+        self.decisions.append(row)
+        self.echo(f"adaptive {row['decision']:>2} {action:<7} "
+                  f"{'' if cell is None else f'b={cell.batch_size} seed={cell.seed} '}"
+                  f"{reason}; B_crit {_interval_words(state)}; {examples:,} examples")
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _interval_words(state: IntervalState) -> str:
+    if math.isfinite(state.ratio):
+        return f"{state.b_crit:.3g} [{state.low:.3g}, {state.high:.3g}] (×{state.ratio:.2f})"
+    return state.reason or (f"{state.b_crit:.3g}, no interval yet" if math.isfinite(state.b_crit)
+                            else "not estimated yet")
+
+
+def _prediction_words(p: NoisePrediction) -> str:
+    if not math.isfinite(p.b_crit):
+        return f"no prediction ({p.reason})"
+    words = (f"B_simple {p.method} predicts B_crit ≈ {p.b_crit:.3g} "
+             f"[{p.low:.3g}, {p.high:.3g}] from {p.evaluations} evaluations")
+    return words + (f" ({p.reason})" if p.reason else "")
+
+
+def allowed_batch_sizes(cfg: ExperimentConfig, largest_batch: int | None) -> list[int]:
+    """The study chooses among the config's batch sizes, up to the largest that fits in memory
+    (from the sweep, where known)."""
+    sizes = list(cfg.convergence.batch_sizes)
+    return [b for b in sizes if largest_batch is None or b <= largest_batch] or sizes[:1]
+
+
+def run_adaptive(cfg: ExperimentConfig, *, data_dir: str, run_id: str,
+                 workers: int | None = None, largest_batch: int | None = None,
+                 work_root: Path | None = None,
+                 echo: Callable[[str], None] = print) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """(curves, runs, decisions) of an adaptive study (`convergence.strategy: adaptive`);
+    cells train under `work_root` (runner.work_dir)."""
+    c = cfg.convergence
+    study = Study(cfg, run_id, str(data_dir), workers or c.workers, echo, work_root)
+    allowed = allowed_batch_sizes(cfg, largest_batch)
+    none = IntervalState(math.nan, math.nan, math.nan, "", "")
+    for b in c.adaptive_probe_batch_sizes or allowed[:2]:
+        study.run_cell(Cell(b, c.seeds[0]))
+        study.record("probe", Cell(b, c.seeds[0]), "measures the gradient noise scale", none,
+                     NoisePrediction(math.nan, math.nan, math.nan, "none", 0))
+    curves, _ = study.tables()
+    prediction = predict_b_crit(curves, study.target.metric, study.target.value)
+    placed = place_batch_sizes(prediction.b_crit, allowed, c.adaptive_first_points)
+    study.record("predict", None, _prediction_words(prediction) +
+                 f"; placing {', '.join(map(str, placed))}", none, prediction)
+    for b in placed:
+        cell = Cell(b, c.seeds[0])
+        if cell not in study.cells:
+            study.run_cell(cell)
+            state = interval_state(study.target_runs(), study.rule, STUDY_BOOTSTRAP_SAMPLES)
+            study.record("place", cell, "around the prediction", state, prediction)
+    _refine(study, allowed, prediction)
+    curves_t, runs_t = (pa.concat_tables([t[i] for t in study.cells.values()]) for i in (0, 1))
+    return curves_t, runs_t, make_table("decisions", study.decisions, _environment(study, runs_t))
+
+
+def _environment(study: Study, runs: pa.Table) -> dict:
+    """The decisions' environment columns: the driver's, with the device and world size the
+    trials ran on (what the decisions are about)."""
+    from batchscale.envinfo import environment
+
+    cfg = study.cfg
+    env = environment(run_id=study.run_id, config_hash=cfg.config_hash, experiment=cfg.name,
+                      workload=cfg.workload, world_size=study.workers)
+    return {**env, "device_name": runs.column("device_name")[0].as_py()}
+
+
+def _refine(study: Study, allowed: list[int], prediction: NoisePrediction) -> None:
+    """Add the cell that most narrows the interval until it is narrow enough, the budget is
+    spent, the cell limit is reached or nothing is left to run."""
+    c = study.cfg.convergence
+    while True:
+        runs = study.target_runs()
+        state = interval_state(runs, study.rule, STUDY_BOOTSTRAP_SAMPLES)
+        examples, _ = study.spent()
+        stop = (STOP_NARROW if state.ratio <= c.target_interval_ratio else
+                STOP_BUDGET if c.adaptive_budget_examples and
+                examples >= c.adaptive_budget_examples else
+                "cell limit reached" if len(study.cells) >= c.adaptive_max_cells else "")
+        if not stop:
+            candidates = candidate_cells(list(study.cells), allowed, list(c.seeds))
+            cell, why, expected = choose_next(runs, study.rule, list(study.cells), candidates,
+                                              prediction.b_crit, STUDY_BOOTSTRAP_SAMPLES)
+            if cell is None:
+                stop = why
+        if stop:
+            study.record("stop", None, stop, state, prediction)
+            return
+        study.run_cell(cell)
+        after = interval_state(study.target_runs(), study.rule, STUDY_BOOTSTRAP_SAMPLES)
+        study.record("refine", cell, why, after, prediction, expected)

@@ -1,0 +1,28 @@
+"""Pipeline entry of a convergence cell: the grid's batch sizes (convergence.runner) or the
+adaptive study (driver.py), writing curves, runs and the study's decisions (empty for a grid
+cell, so every cell has the same outputs)."""
+
+from __future__ import annotations
+
+from batchscale.config import config_from_json
+from batchscale.config.convergence import ADAPTIVE_CELL
+from batchscale.convergence import runner
+from batchscale.schemas import make_table
+from batchscale.storage import write_table_atomic
+
+
+def run_stage(config_json: str, run_id: str, batch_sizes: str, workers: int, dataset_dir: str,
+              curves_path: str, runs_path: str, decisions_path: str) -> None:
+    if batch_sizes != ADAPTIVE_CELL:
+        runner.run_stage(config_json, run_id, batch_sizes, workers, dataset_dir, curves_path,
+                         runs_path)
+        write_table_atomic(decisions_path, make_table("decisions", [], {}))
+        return
+    from batchscale.study.driver import run_adaptive
+
+    cfg = config_from_json(config_json)
+    curves, runs, decisions = run_adaptive(cfg, data_dir=dataset_dir, run_id=run_id,
+                                           workers=workers)
+    write_table_atomic(curves_path, curves)
+    write_table_atomic(runs_path, runs)
+    write_table_atomic(decisions_path, decisions)

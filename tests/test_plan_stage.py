@@ -1,0 +1,58 @@
+"""The analysis stage's default plan (issue 17): the plan table for the configured worker
+counts and the extrapolated ones, passing its suite through the analysis's validate step, and
+the report's "What if" section — or, for a run without data-parallel runs, an empty plan table
+and the reason in the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import plan_tables as pt
+import pyarrow as pa
+
+from batchscale.analysis.stage import run_stage
+from batchscale.checks.stage import validate_analysis
+from batchscale.config import AnalysisConfig, ConvergenceConfig, ExperimentConfig
+from batchscale.schemas import make_table
+from batchscale.storage import read_table_file, write_table_atomic
+
+
+def stage(tmp: Path, parallel_batches=(128,)) -> tuple[str, pa.Table, str]:
+    tables = pt.tables(parallel_batches)
+    paths = {}
+    for name, table in (*tables.items(), ("curves", make_table("curves", [], pt.ENV))):
+        paths[name] = str(tmp / f"{name}.parquet")
+        write_table_atomic(paths[name], table)
+    scaling = {"scaling_workers": [2], "scaling_batch_sizes": [128]} if parallel_batches else {}
+    convergence = ConvergenceConfig(batch_sizes=list(pt.SINGLE_BATCHES), **scaling)
+    config = ExperimentConfig(name="plan-stage", convergence=convergence,
+                              analysis=AnalysisConfig(bootstrap_samples=10)).to_json()
+    out = {name: str(tmp / name) for name in ("analysis.parquet", "report.html", "summary.md",
+                                              "plan.parquet")}
+    run_stage(config, "plan-run", paths["sweep"], paths["curves"], paths["runs"],
+              out["analysis.parquet"], out["report.html"], out["summary.md"],
+              plan_path=out["plan.parquet"])
+    validate_analysis(config, out["analysis.parquet"], str(tmp / "v.json"),
+                      str(tmp / "v.html"), plan_path=out["plan.parquet"])
+    return Path(out["report.html"]).read_text(), read_table_file(out["plan.parquet"]), \
+        (tmp / "v.json").read_text()
+
+
+def test_stage_writes_a_validated_plan_and_the_what_if_section(tmp_path):
+    page, plan, validation = stage(tmp_path)
+    assert sorted(set(plan.column("workers").to_pylist())) == [1, 2, 4, 8]
+    extrapolated = {w for w, e in zip(plan.column("workers").to_pylist(),
+                                      plan.column("extrapolated").to_pylist(), strict=True) if e}
+    assert extrapolated == {4, 8}
+    assert [t["table"] for t in json.loads(validation)] == ["analysis", "plan"]
+    assert "<h2>What if: more workers</h2>" in page
+    assert "Pareto front" in page and "latency (assumed)" not in page
+    assert "Worker counts 4, 8 were not run" in page
+
+
+def test_without_data_parallel_runs_the_plan_is_empty_and_the_report_says_why(tmp_path):
+    page, plan, validation = stage(tmp_path, parallel_batches=())
+    assert plan.num_rows == 0
+    assert [t["table"] for t in json.loads(validation)] == ["analysis"]
+    assert "No plan for this run: the run has no data-parallel runs" in page

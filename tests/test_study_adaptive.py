@@ -1,0 +1,204 @@
+"""The adaptive study's decisions on known answers: the noise-scale prediction, the placement of
+the first batch sizes, the candidates and the choice of the next cell (batchscale.study.adaptive).
+Synthetic tables with a known S(B) = S_min + E_min/B; the trials themselves run for real in
+tests/test_study_driver.py."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from batchscale.errors import BadInput
+from batchscale.study.adaptive import (
+    STOP_EXHAUSTED,
+    STOP_NO_GAIN,
+    Cell,
+    candidate_cells,
+    choose_next,
+    interval_state,
+    place_batch_sizes,
+    powers_of_two_between,
+    predict_b_crit,
+)
+
+ALLOWED = powers_of_two_between(4, 1024)
+S_MIN, E_MIN = 100.0, 3200.0  # B_crit = 32
+
+
+def curves(b_simple_at: dict[float, float], trial: str = "t0", target: float = 0.9,
+           start: float = 0.1) -> pd.DataFrame:
+    """Evaluations of one trial: accuracy from `start` towards `target`, with B_simple given
+    per progress (0: first evaluation, 1: the target)."""
+    rows = []
+    for step, (progress, gns) in enumerate(sorted(b_simple_at.items())):
+        rows.append({"trial_id": trial, "step": 10 * step, "b_simple": gns,
+                     "val_accuracy": start + progress * (target - start)})
+    return pd.DataFrame(rows)
+
+
+def runs(cells: dict[tuple[int, int], float], rule: str = "sqrt") -> pd.DataFrame:
+    """A runs table with one reached trial per (batch, seed) and its steps to target."""
+    return pd.DataFrame([{"trial_id": f"b{b}-s{s}", "batch_size": b, "seed": s, "lr": 0.1,
+                          "lr_rule": rule, "status": "reached", "steps_to_target": steps,
+                          "steps_run": steps, "workers": 1}
+                         for (b, s), steps in cells.items()])
+
+
+def on_curve(batches, seeds=(0,), wobble=0.0) -> dict[tuple[int, int], float]:
+    """Steps on S(B) = S_MIN + E_MIN/B, each seed off by ±wobble (relative), alternating."""
+    return {(b, s): round((S_MIN + E_MIN / b) * (1 + wobble * (-1) ** (i + s)))
+            for i, b in enumerate(batches) for s in seeds}
+
+
+# ------------------------------------------------------------------------------ prediction
+
+
+def test_the_prediction_is_the_median_noise_scale_near_the_target():
+    table = curves({0.0: 2, 0.3: 5, 0.5: 8, 0.8: 30, 0.9: 34, 1.0: 38})
+    p = predict_b_crit(table, "val_accuracy", 0.9)
+    assert p.method == "near target" and p.evaluations == 3
+    assert p.b_crit == pytest.approx(34) and p.low == pytest.approx(32)
+    assert p.high == pytest.approx(36)
+
+
+def test_trials_are_pooled_each_from_its_own_start():
+    """A second trial that starts higher still counts its evaluations near the target."""
+    a = curves({0.0: 2, 0.8: 30, 1.0: 40}, trial="a")
+    b = curves({0.0: 3, 0.9: 20}, trial="b", start=0.5)
+    p = predict_b_crit(pd.concat([a, b]), "val_accuracy", 0.9)
+    assert p.method == "near target" and p.evaluations == 3 and p.b_crit == pytest.approx(30)
+
+
+def test_a_probe_that_stops_short_is_extrapolated_and_says_so():
+    """B_simple doubling every quarter of the way: log-linear, so the line gives 2**4·2 = 32
+    at the target; the reason says how far the probe got."""
+    table = curves({0.0: 2, 0.25: 4, 0.5: 8})
+    p = predict_b_crit(table, "val_accuracy", 0.9)
+    assert p.method == "extrapolated" and p.b_crit == pytest.approx(32, rel=1e-6)
+    assert "50% of the way" in p.reason
+
+
+def test_too_few_evaluations_give_no_prediction_and_a_reason():
+    p = predict_b_crit(curves({0.0: 2, 0.2: 3}), "val_accuracy", 0.9)
+    assert math.isnan(p.b_crit) and p.method == "none" and "fewer than 3" in p.reason
+
+
+def test_a_loss_target_counts_progress_downwards():
+    table = pd.DataFrame({"trial_id": "t", "step": [0, 10, 20, 30, 40],
+                          "b_simple": [1.0, 2.0, 50.0, 60.0, 70.0],
+                          "val_loss": [2.0, 1.5, 0.6, 0.55, 0.5]})
+    p = predict_b_crit(table, "val_loss", 0.5)
+    assert p.method == "near target" and p.b_crit == pytest.approx(60)
+
+
+def test_an_unknown_metric_is_refused_with_the_allowed_names():
+    with pytest.raises(BadInput, match="val_accuracy"):
+        predict_b_crit(curves({0.0: 1, 1.0: 2}), "val_nonsense", 0.9)
+
+
+# ------------------------------------------------------------------------------- placement
+
+
+def test_first_points_span_an_eighth_to_eight_times_the_prediction():
+    assert place_batch_sizes(32, ALLOWED) == [4, 16, 64, 256]
+
+
+def test_the_span_slides_inside_the_allowed_range():
+    assert place_batch_sizes(1000, ALLOWED) == [16, 64, 256, 1024]
+    assert place_batch_sizes(1.5, ALLOWED) == [4, 16, 64, 256]
+
+
+def test_without_a_prediction_the_smallest_allowed_are_placed():
+    assert place_batch_sizes(math.nan, ALLOWED, points=3) == [4, 8, 16]
+
+
+def test_powers_of_two_between():
+    assert powers_of_two_between(3, 40) == [4, 8, 16, 32]
+    assert powers_of_two_between(8, 4) == []
+
+
+# ----------------------------------------------------------------------- candidates, choice
+
+
+def test_candidates_are_new_batch_sizes_and_the_next_seed_where_run():
+    done = [Cell(8, 0), Cell(32, 0), Cell(32, 1)]
+    found = candidate_cells(done, [8, 16, 32], seeds=[0, 1, 2])
+    assert found == [Cell(16, 0), Cell(8, 1), Cell(32, 2)]
+
+
+def test_one_seed_everywhere_asks_for_a_second_seed_near_b_crit():
+    """The interval resamples seeds: with one seed per batch there is none, so the study adds
+    a seed at the batch size nearest the fitted B_crit (32)."""
+    table = runs(on_curve([4, 16, 64, 256], wobble=0.03))
+    done = [Cell(b, 0) for b in (4, 16, 64, 256)]
+    cell, why, expected = choose_next(table, "sqrt", done,
+                                      candidate_cells(done, ALLOWED, [0, 1]), 20, 50)
+    assert cell in (Cell(16, 1), Cell(64, 1)) and "second seed" in why
+    assert math.isinf(expected)
+
+
+def test_steps_still_falling_like_one_over_b_ask_for_a_larger_batch():
+    table = runs({(b, 0): 10000 / b for b in (4, 8, 16)})  # S_min = 0: B_crit above 16
+    done = [Cell(b, 0) for b in (4, 8, 16)]
+    assert interval_state(table, "sqrt", 50).bound == "above"
+    cell, why, _ = choose_next(table, "sqrt", done, candidate_cells(done, ALLOWED, [0]), 10, 50)
+    assert cell == Cell(1024, 0) and "larger batch" in why
+
+
+def test_with_an_interval_the_choice_is_expected_to_narrow_it():
+    data = on_curve([4, 16, 64, 256], seeds=(0, 1), wobble=0.05)
+    table = runs(data)
+    done = [Cell(b, s) for b, s in data]
+    before = interval_state(table, "sqrt", 100)
+    assert math.isfinite(before.ratio)
+    cell, why, expected = choose_next(table, "sqrt", done,
+                                      candidate_cells(done, ALLOWED, [0, 1, 2]), 32, 100)
+    assert cell is not None and cell not in done
+    assert expected < before.ratio and "per example" in why
+
+
+def test_when_no_cell_is_expected_to_narrow_the_interval_the_study_stops():
+    """Steps that scatter ±40 % around their fit (interval ×15 wide): a third seed at the
+    smallest batch is not expected to narrow it, so the study stops spending, says why and
+    keeps the interval as it is; a point at the knee (64) is expected to help and is run."""
+    rng = np.random.default_rng(0)
+    data = {(b, s): round((S_MIN + E_MIN / b) * math.exp(rng.normal(0, 0.4)))
+            for b in (4, 16, 64, 256) for s in (0, 1)}
+    table = runs(data)
+    done = [Cell(b, s) for b, s in data]
+    state = interval_state(table, "sqrt", 100)
+    assert 10 < state.ratio < 20
+    cell, why, expected = choose_next(table, "sqrt", done, [Cell(4, 2)], 32, 100)
+    assert cell is None and why == STOP_NO_GAIN and expected == state.ratio
+    cell, _, expected = choose_next(table, "sqrt", done, [Cell(4, 2), Cell(64, 2)], 32, 100)
+    assert cell == Cell(64, 2) and expected < state.ratio / 2
+
+
+def test_nothing_left_to_run_stops_the_study():
+    data = on_curve([4, 16, 64], seeds=(0, 1), wobble=0.05)
+    table = runs(data)
+    cell, why, _ = choose_next(table, "sqrt", [Cell(b, s) for b, s in data], [], 32, 50)
+    assert cell is None and why == STOP_EXHAUSTED
+
+
+def test_the_interval_narrows_as_cells_are_added_on_a_known_curve():
+    """The loop's premise on noisy data from a known S(B): refining towards the chosen cells
+    brings the interval around the true B_crit (32) and narrows it."""
+    rng = np.random.default_rng(3)
+    truth = {(b, s): round((S_MIN + E_MIN / b) * math.exp(rng.normal(0, 0.08)))
+             for b in ALLOWED for s in (0, 1, 2)}
+    done = [Cell(4, 0), Cell(16, 0), Cell(64, 0), Cell(256, 0), Cell(16, 1)]
+    ratios = []
+    for _ in range(5):
+        table = runs({(c.batch_size, c.seed): truth[(c.batch_size, c.seed)] for c in done})
+        ratios.append(interval_state(table, "sqrt", 100).ratio)
+        cell, _, _ = choose_next(table, "sqrt", done, candidate_cells(done, ALLOWED, [0, 1, 2]),
+                                 32, 100)
+        done.append(cell)
+    final = interval_state(runs({(c.batch_size, c.seed): truth[(c.batch_size, c.seed)]
+                                 for c in done}), "sqrt", 100)
+    assert final.low <= 32 <= final.high
+    assert final.ratio < ratios[0]

@@ -1,0 +1,77 @@
+"""The adaptive study for real: `batchscale converge --strategy adaptive` trains its cells with
+torchrun on digits, writes its decisions, and resumes after being killed without re-training a
+finished cell."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from batchscale.checks import validate_table
+from batchscale.storage import read_table_file
+from helpers import BATCHSCALE, cli_env, run_cli
+
+pytestmark = pytest.mark.slow
+
+RUN_ID = "20261201T120000Z-study"
+ARGS = ["converge", "--workload", "digits-mlp", "--strategy", "adaptive",
+        "--batch-sizes", "8", "16", "32", "64", "--seeds", "0", "1",
+        "--lr-rules", "sqrt", "--target", "val_accuracy=0.8", "--max-steps", "200",
+        "--target-interval-ratio", "3", "--run-id", RUN_ID]
+
+
+def _trial_files(out) -> dict:
+    return {p: p.stat().st_mtime_ns for p in (out / "work").rglob("trials/*.run.parquet")}
+
+
+def test_an_adaptive_study_killed_midway_resumes_and_reuses_finished_cells(tmp_path):
+    out = tmp_path / "out"
+    cmd = BATCHSCALE + [*ARGS, "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while len(_trial_files(out)) < 3 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    finished = _trial_files(out)
+    assert len(finished) >= 3 and not (out / "decisions.parquet").exists()
+
+    result = run_cli([*ARGS, "--out", str(out)], cwd=tmp_path, timeout_s=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for path, mtime in finished.items():
+        assert path.stat().st_mtime_ns == mtime  # read back, not trained again
+
+    decisions = read_table_file(out / "decisions.parquet")
+    assert validate_table("decisions", decisions).success
+    rows = decisions.to_pylist()
+    actions = [r["action"] for r in rows]
+    assert actions[:3] == ["probe", "probe", "predict"] and actions[-1] == "stop"
+    assert rows[2]["prediction_method"] in ("near target", "extrapolated")
+    spent = [r["examples_spent"] for r in rows]
+    assert spent == sorted(spent) and spent[-1] > 0
+    ran = {(r["batch_size"], r["seed"]) for r in rows if r["batch_size"] is not None}
+    runs = pq.read_table(out / "runs.parquet").to_pylist()
+    assert {(r["batch_size"], r["seed"]) for r in runs} == ran
+    assert len(ran) < 4 * 2 or rows[-1]["reason"] == "nothing left to measure"
+    assert rows[-1]["reason"] in ("interval narrow enough", "nothing left to measure",
+                                  "cell limit reached",
+                                  "no cell left is expected to narrow the interval")
+    stderr = result.stderr
+    assert "predicts B_crit" in stderr or "no prediction" in stderr
+
+    again = run_cli([*ARGS, "--out", str(out)], cwd=tmp_path, timeout_s=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    replayed = read_table_file(out / "decisions.parquet").to_pylist()
+    assert [(r["action"], r["batch_size"], r["seed"], r["b_crit"]) for r in replayed] == \
+        [(r["action"], r["batch_size"], r["seed"], r["b_crit"]) for r in rows]

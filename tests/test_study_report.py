@@ -1,0 +1,62 @@
+"""The report's "Adaptive study" section from a decisions table (batchscale.analysis
+.study_report): the sentences, the table rows and the plot, and the grid's cost stated as an
+estimate from the study's own fit."""
+
+from __future__ import annotations
+
+import pandas as pd
+from test_study_adaptive import on_curve, runs
+from test_study_tables import decision
+
+from batchscale.analysis.study_report import grid_examples_estimate, study_section
+
+BATCHES = [4, 16, 64, 256]
+
+
+def study_runs() -> pd.DataFrame:
+    table = runs(on_curve(BATCHES, seeds=(0, 1), wobble=0.05))
+    return table.assign(target_metric="val_accuracy", target_value=0.9)
+
+
+def study_decisions() -> pd.DataFrame:
+    rows = [decision(0, action="probe", batch_size=4, seed=0, b_crit=None, b_crit_low=None,
+                     b_crit_high=None, interval_ratio=None, predicted_b_crit=None,
+                     predicted_low=None, predicted_high=None, prediction_method="none"),
+            decision(1, action="predict", batch_size=None, seed=None, b_crit=None,
+                     b_crit_low=None, b_crit_high=None, interval_ratio=None,
+                     reason="B_simple near target predicts B_crit ≈ 20"),
+            decision(2, action="place", batch_size=64, seed=0),
+            decision(3, action="stop", batch_size=None, seed=None,
+                     reason="interval narrow enough")]
+    return pd.DataFrame(rows)
+
+
+def test_the_section_tells_the_prediction_the_points_the_interval_and_the_cost():
+    section = study_section(study_decisions(), study_runs(), BATCHES, 2)
+    text = " ".join(section.sentences)
+    assert "predicted B_crit ≈ 12.5 (interquartile range 10.4–17.4)" in text
+    assert "Probed and placed batch sizes: 4, 64." in text
+    assert "stopped (interval narrow enough) with B_crit 29.2, 90 % interval 21.2–40.7" in text
+    assert "an estimate: the grid was not run" in text and "4,000 examples" in text
+    assert [r["action"] for r in section.rows] == ["probe", "predict", "place", "stop"]
+    assert section.rows[2]["cell"] == "b=64, seed 0"
+    assert section.rows[2]["b_crit"] == "29.2 [21.2, 40.7]"
+    assert section.plot.image_uri.startswith("data:image/png;base64,")
+
+
+def test_the_grid_estimate_is_the_final_fits_examples_times_the_seeds():
+    """On S(B) = 100 + 3200/B exactly (no wobble), each batch costs 100·B + 3200 examples."""
+    exact = runs(on_curve(BATCHES, seeds=(0, 1))).assign(target_metric="val_accuracy",
+                                                        target_value=0.9)
+    expected = sum(100 * b + 3200 for b in BATCHES) * 2
+    estimate = grid_examples_estimate(study_decisions(), exact, BATCHES, 2)
+    assert abs(estimate - expected) / expected < 0.01
+
+
+def test_no_section_for_a_grid_and_no_plot_without_an_interval():
+    assert study_section(pd.DataFrame(), study_runs(), BATCHES, 2) is None
+    no_interval = study_decisions().assign(b_crit_low=None, b_crit_high=None)
+    section = study_section(no_interval, None, BATCHES, 2)
+    assert section.plot.image_uri is None
+    assert any("without a B_crit interval" in s for s in section.sentences)
+    assert any("cannot be estimated" in s for s in section.sentences)
