@@ -1,13 +1,13 @@
 """Faults injected for real: a store stopped in the middle of publish, a pipeline killed in the
-middle of convergence, two runs at once on one store. Nothing is mocked: the processes really
-die and the SeaweedFS server really stops."""
+middle of convergence, two stores started at once (two whole runs at once:
+test_reliability_runs.py). Nothing is mocked: the processes really die and the SeaweedFS server
+really stops."""
 
 import json
 import os
 import signal
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -152,36 +152,3 @@ def test_run_killed_in_convergence_keeps_rows_publishes_nothing_and_resumes(
     published = object_store.get_table(runs_key).to_pylist()
     assert {r["trial_id"] for r in published} >= {
         rows[0]["trial_id"] for _, rows in before.values()}
-
-
-ADAPTIVE = TINY_CONFIG.replace("  lr_rules: [sqrt]\n", "  lr_rules: [sqrt]\n  strategy: adaptive\n")
-
-
-def test_two_runs_at_once_on_one_store(tmp_path, seaweed):
-    """Run "b" is an adaptive study: one convergence step that runs the study's cells, and its
-    decisions published beside the other tables (run "a", a grid, publishes none)."""
-    store = ObjectStore(seaweed.settings(prefix=f"twice-{uuid.uuid4().hex[:8]}"))
-    procs = []
-    for name, config in (("a", TINY_CONFIG), ("b", ADAPTIVE)):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "tiny.yaml").write_text(config)
-        procs.append(subprocess.Popen(BATCHSCALE + ["run", "--config", "tiny.yaml"],
-                                      cwd=tmp_path / name, env=cli_env(store_env(store)),
-                                      text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    outs = [p.communicate(timeout=1200) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
-    run_ids = [line.split()[2] for out, _ in outs for line in out.splitlines()
-               if line.startswith("batchscale run ")]
-    assert len(set(run_ids)) == 2
-    decisions = []
-    for run_id in run_ids:
-        manifest = json.loads(store.get_bytes(run_manifest_key(store, run_id)))
-        for obj in manifest["objects"]:
-            assert sha256_b64(store.get_bytes(obj["key"])) == obj["sha256"]
-        decisions.append([o["key"] for o in manifest["objects"] if "/decisions/" in o["key"]])
-    assert decisions[0] == [] and len(decisions[1]) == 1
-    study = store.get_table(decisions[1][0]).to_pylist()
-    assert study[0]["action"] == "probe" and study[-1]["action"] == "stop"
-    report = (tmp_path / "b" / ".batchscale" / "runs" / run_ids[1] / "report.html").read_text()
-    assert "Adaptive study" in report

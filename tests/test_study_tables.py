@@ -93,3 +93,39 @@ def test_the_studys_pod_may_run_every_cell_it_is_allowed():
     margin = grid.kubernetes.convergence_timeout_margin_s
     assert deadline_s("convergence", grid) == 600 + margin
     assert deadline_s("convergence", study) == 6000 + margin
+
+
+def test_batchscale_validate_knows_every_table_kind():
+    """`batchscale validate --table KIND` offers every table that has a suite (decisions and
+    plan included), so a user can check a table they downloaded from the lake."""
+    import argparse
+
+    from batchscale.cli import build_parser
+    from batchscale.schemas import TABLES
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    validate = commands.choices["validate"]
+    table = next(a for a in validate._actions if a.dest == "table")
+    assert set(table.choices) == set(TABLES)
+
+
+def test_a_report_rebuilt_from_the_lake_keeps_the_study_section(tmp_path, object_store):
+    """`batchscale report --run-id` re-renders a published study: its decisions come back from
+    the lake and the grid it is compared with from the run's manifest."""
+    from test_study_report import study_decisions, study_runs
+
+    from batchscale.lake.summary import rebuild_report
+
+    run_id = "20261201T111111Z-study"
+    files = {}
+    for name, frame in (("runs", study_runs().assign(train_time_s=1.0)),
+                        ("decisions", study_decisions())):
+        rows = [{k: v for k, v in r.items() if v == v} for r in frame.to_dict("records")]
+        files[name] = tmp_path / f"{name}.parquet"
+        write_table_atomic(files[name], make_table(name, rows, ENV))
+    publish_run(object_store, run_id, files,
+                extra={"convergence_grid": {"batch_sizes": [4, 16, 64, 256], "seeds": 2}})
+    rebuild_report(object_store, run_id, tmp_path / "rebuilt.html")
+    page = (tmp_path / "rebuilt.html").read_text()
+    assert "<h2>Adaptive study</h2>" in page
+    assert "a grid of 4 batch sizes × 2 seeds would have needed about" in page

@@ -190,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     val = sub.add_parser("validate", help="run a table's great-expectations suite")
     val.add_argument("--table", required=True,
-                     choices=["dataset", "manifest", "sweep", "curves", "runs", "analysis"],
+                     choices=["dataset", "manifest", "sweep", "curves", "runs", "analysis",
+                              "regressions", "plan", "decisions"],
                      help="which table's suite")
     val.add_argument("--html", help="also write the readable result page here")
     val.add_argument("file", help="the table's Parquet file")

@@ -234,6 +234,23 @@ def print_run_summary(store: ObjectStore, run_id: str, local_dir: Path) -> None:
     print("\n".join(lines))
 
 
+def _study(manifest: dict, tables: dict, runs):
+    """The adaptive study's section of a rebuilt report, when the run published decisions;
+    its cost is compared with the grid the run's config described (older manifests: the batch
+    sizes and seeds its trials ran)."""
+    import pandas as pd
+
+    from batchscale.analysis.study_report import study_section
+
+    if "decisions" not in tables:
+        return None
+    grid = manifest.get("convergence_grid") or {}
+    ran = runs if runs is not None else pd.DataFrame({"batch_size": [], "seed": []})
+    batch_sizes = grid.get("batch_sizes") or sorted(set(ran["batch_size"]))
+    seeds = grid.get("seeds") or max(1, ran["seed"].nunique())
+    return study_section(tables["decisions"].to_pandas(), runs, list(batch_sizes), int(seeds))
+
+
 def rebuild_report(store: ObjectStore, run_id: str, out: Path) -> list[str]:
     """Re-run the analysis on the run's published tables and write the HTML report to `out`
     (with the published regression verdicts); returns the summary lines."""
@@ -249,7 +266,8 @@ def rebuild_report(store: ObjectStore, run_id: str, out: Path) -> list[str]:
                      primary_target=published_target(tables.get("analysis")),
                      gap_epochs=manifest.get("gap_epochs"))
     title = f"batchscale: {manifest.get('experiment', manifest.get('workload', 'run'))} ({run_id})"
-    page = render_html(result, frames["sweep"], frames["runs"], frames["curves"], title=title)
+    page = render_html(result, frames["sweep"], frames["runs"], frames["curves"], title=title,
+                       study=_study(manifest, tables, frames["runs"]))
     if "regressions" in tables:
         page = add_regressions(page, regressions_markdown(tables["regressions"].to_pandas()))
     out.parent.mkdir(parents=True, exist_ok=True)
