@@ -9,24 +9,21 @@ Only the S3 port serves objects, and only to requests signed with the S3 keys. w
 ports are all on 127.0.0.1 too and can be reached by any local user, so none of them may serve
 an object without a secret only we hold: see `_weed_args` and batchscale/weedconfig.py.
 
-One concern, the local store's process and its state files, hence a little over ~400 lines.
+One concern, the local store's process and its state files; its ports are chosen in
+batchscale/storeports.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import random
 import re
 import secrets
 import shlex
 import shutil
 import signal
-import socket
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -36,17 +33,15 @@ from pathlib import Path
 from batchscale.errors import BadInput, StoreError
 from batchscale.names import check_bucket
 from batchscale.storage import ObjectStore, S3Settings, write_bytes_atomic
+from batchscale.storeports import (
+    DEFAULT_PORTS,
+    GRPC_OFFSET,
+    choose_ports,
+    locked_file,
+    ports_lock,
+)
 from batchscale.weedconfig import HOST, write_weed_config
 
-GRPC_OFFSET = 10000
-"""weed serves gRPC on http port + 10000; parts of `weed mini` assume it whatever the flags say
-(its maintenance worker dials admin port + 10000), so we keep the convention for every service."""
-DEFAULT_PORTS = {"s3": 8333, "master": 9333, "volume": 9340, "filer": 8888, "admin": 23646}
-"""First choice of http port per service (weed's own defaults); gRPC is the port + GRPC_OFFSET."""
-RANDOM_PORTS = (10000, 22767)
-"""Fallback range: the port and its gRPC twin both stay below the kernel's ephemeral range."""
-PORTS_LOCK_NAME = "batchscale-store-ports.lock"
-"""In the system's temporary directory: serializes choosing ports and starting weed."""
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 REAP_WAIT_S = 2.0
@@ -108,8 +103,8 @@ def up(workdir: str | Path | None = None, bucket: str = "batchscale") -> StoreIn
             _stop(pid)
         # Machine-wide: two stores starting at once (two runs in two directories, test
         # processes) would both find the same ports free and one weed would fail to bind.
-        with _locked_file(Path(tempfile.gettempdir()) / PORTS_LOCK_NAME):
-            ports = _choose_ports(ports)
+        with ports_lock():
+            ports = choose_ports(ports)
             _record(state, bucket, ports)
             pid = _spawn(state, bucket, ports, access_key, secret_key)
             _write_text_atomic(state / "weed.pid", f"{pid}\n")
@@ -178,19 +173,8 @@ def weed_binary() -> str:
 @contextlib.contextmanager
 def _locked(state: Path) -> Iterator[None]:
     """Serialize `up` and `down` on one state dir, across processes."""
-    with _locked_file(state / "lock"):
+    with locked_file(state / "lock"):
         yield
-
-
-@contextlib.contextmanager
-def _locked_file(path: Path) -> Iterator[None]:
-    """An exclusive flock on `path` (created if missing) for the block, across processes."""
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _check_layout(state: Path) -> None:
@@ -352,38 +336,6 @@ def _stop(pid: int) -> None:
                 return
             time.sleep(0.1)
     raise StoreError(f"weed process {pid} did not stop, even after SIGKILL")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def _choose_ports(recorded: dict[str, int]) -> dict[str, int]:
-    """An http port per service whose gRPC twin is also free: recorded, else default, else random.
-
-    Reusing the recorded ports keeps the endpoint (and weed's per-master-port metadata dir)
-    stable across restarts.
-    """
-    taken: set[int] = set()
-    chosen: dict[str, int] = {}
-    for service, default in DEFAULT_PORTS.items():
-        candidates = [recorded.get(service), default]
-        candidates += random.sample(range(*RANDOM_PORTS), 200)
-        for port in candidates:
-            pair = {port, port + GRPC_OFFSET} if port else set()
-            if pair and not pair & taken and all(_port_free(p) for p in pair):
-                chosen[service] = port
-                taken |= pair
-                break
-        else:
-            raise StoreError(f"no free loopback port pair found for the weed {service} server")
-    return chosen
 
 
 def _weed_args(data_dir: Path, config_dir: Path, bucket: str, ports: dict[str, int]) -> list[str]:
