@@ -245,3 +245,14 @@ def test_objective_is_checked():
 )
 def test_format_duration(seconds, text):
     assert format_duration(seconds) == text
+
+
+def test_the_steps_band_contains_the_fits_own_figure_even_outside_the_interval():
+    """A fit whose B_crit (E_min/S_min = 50) lies above the reported interval [20, 40] (cut at
+    the measured range): the band still brackets the steps the plan prints, so no plot draws a
+    negative error bar (a run's report failed on that)."""
+    from batchscale.analysis.planner import StepsFit
+
+    fit = StepsFit(s_min=100.0, e_min=5000.0, b_crit_low=20.0, b_crit_high=40.0)
+    band = fit.steps(64)
+    assert band.low <= band.value <= band.high and band.high == band.value

@@ -159,8 +159,12 @@ class StepsFit:
         """S(batch) and its band. The band keeps S_min fixed and takes E_min = S_min·B_crit at
         the interval's ends: the interval on B_crit is what the study reports, and S_min (the
         large-batch steps) is the better-determined parameter."""
-        ends = (self.s_min * (1 + edge / batch) for edge in (self.b_crit_low, self.b_crit_high))
-        return Band(self.s_min + self.e_min / batch, *ends)
+        value = self.s_min + self.e_min / batch
+        low, high = (self.s_min * (1 + edge / batch)
+                     for edge in (self.b_crit_low, self.b_crit_high))
+        # The fit's own B_crit need not lie inside the reported interval (it is cut at the
+        # measured range and unites two intervals): the band always contains the figure.
+        return Band(value, min(low, value), max(high, value))
 
 
 @dataclass(frozen=True)
