@@ -190,6 +190,16 @@ RUNS = pa.schema(
         pa.field("target_metric", pa.string()),
         pa.field("target_value", pa.float64()),
         pa.field("final_metric_value", pa.float64()),
+        # The trial's environment for the planner (convergence/trialenv.py): the bytes one
+        # gradient all-reduce carries, and, with 2+ workers, the group's bare all-reduce timed
+        # at a small message and at the gradient's size (median of repeats, their CV) over
+        # its backend. Null with one worker and in rows written before the probe.
+        pa.field("gradient_bytes", pa.int64()),
+        pa.field("allreduce_backend", pa.string()),
+        pa.field("allreduce_small_bytes", pa.int64()),
+        pa.field("allreduce_small_s", pa.float64()),
+        pa.field("allreduce_gradient_s", pa.float64()),
+        pa.field("allreduce_cv", pa.float64()),
     ]
 )
 
@@ -276,6 +286,9 @@ PLAN = pa.schema(
         pa.field("workers", pa.int64(), nullable=False),
         pa.field("per_worker_batch", pa.int64(), nullable=False),
         pa.field("global_batch", pa.int64(), nullable=False),
+        # Micro-batches of ceil(b/k) per optimizer step where b exceeds the memory limit
+        # (gradient accumulation: k passes, one all-reduce); 1 where b fits as one batch.
+        pa.field("accumulation_steps", pa.int64(), nullable=False),
         # A worker count the run did not measure: communication from the model alone.
         pa.field("extrapolated", pa.bool_(), nullable=False),
         pa.field("compute_s", pa.float64(), nullable=False),

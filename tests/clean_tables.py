@@ -137,7 +137,8 @@ def plan_rows() -> list[dict]:
               "gradient_bytes": 4000, "bandwidth_Bps": 1e8, "latency_s": 0.0,
               "hidden_share": 0.0, "bandwidth_source": "measured", "latency_source": "assumed",
               "hidden_share_source": "assumed", "memory_note": "no memory limit measured",
-              "b_crit": 20.0, "b_crit_low": 15.0, "feasible": True, "recommended": False}
+              "b_crit": 20.0, "b_crit_low": 15.0, "feasible": True, "recommended": False,
+              "accumulation_steps": 1}
     return [
         {**common, "workers": 1, "per_worker_batch": 16, "global_batch": 16,
          "extrapolated": False, "compute_s": 0.01, "comm_s": 0.0, "step_time_s": 0.01,

@@ -152,6 +152,9 @@ def test_trial_reaches_the_target_and_records_its_curve(tmp_path, digits_dir):
     assert trial.state.curve[-1]["val_accuracy"] >= 0.9
     assert summary["b_simple"] is not None and summary["b_simple"] > 0
     assert [r["step"] for r in trial.state.curve][:3] == [0, 5, 10]
+    # one worker: the gradient's bytes, no all-reduce to probe
+    assert summary["gradient_bytes"] == 4 * sum(p.numel() for p in trial.params)
+    assert summary["allreduce_gradient_s"] is None and summary["allreduce_backend"] is None
     # how long its threads waited for a CPU (the kernel's run-queue delay; None off Linux)
     if run_queue_wait_s() is None:
         assert summary["cpu_wait_share"] is None
@@ -279,6 +282,15 @@ def test_converge_cli_runs_the_grid_on_two_workers(tmp_path, digits_dir):
     assert {(r["lr_rule"], r["workers"], r["world_size"]) for r in runs} == {("grid", 2, 2)}
     # the worst of the two ranks' waits for a CPU, reduced over the process group
     assert all(r["cpu_wait_share"] is None or 0 <= r["cpu_wait_share"] < 1 for r in runs)
+    # the group's bare all-reduce, probed over gloo at a small message and at the gradient's
+    # bytes (the digits MLP's trainable parameters in fp32)
+    model = train.workload_for_data(runs[0]["workload"], str(digits_dir)).build()
+    grad_bytes = 4 * sum(p.numel() for p in model.parameters())
+    for r in runs:
+        assert (r["gradient_bytes"], r["allreduce_backend"]) == (grad_bytes, "gloo")
+        assert r["allreduce_small_bytes"] == 1024 < grad_bytes
+        assert 0 < r["allreduce_small_s"] and 0 < r["allreduce_gradient_s"]
+        assert r["allreduce_cv"] >= 0
     curves = pq.read_table(tmp_path / "out" / "curves.parquet").to_pylist()
     assert {c["world_size"] for c in curves} == {2}
     assert all(c["examples_seen"] == 64 * c["step"] for c in curves)

@@ -22,6 +22,8 @@ from batchscale.analysis.planner import (
     CommSource,
     Objective,
     StepsFit,
+    accumulation,
+    describe,
     fit_comm_model,
     format_duration,
     pareto_front,
@@ -166,11 +168,85 @@ def test_communication_dominated_plan_names_communication():
     assert "unbounded" in recommend(rows, Objective(FASTEST_WITHIN_BUDGET, 1e6))[1]
 
 
-def test_memory_limit_marks_rows_infeasible():
-    rows = plan_rows(STEP_LINE, STEPS, FAST_LINK, 1e8, [1, 2], [32, 128], max_per_worker_batch=64)
-    too_big = [row for row in rows if row.per_worker_batch == 128]
-    assert all(not row.feasible and row.limit == LIMIT_MEMORY for row in too_big)
-    assert all(row.per_worker_batch == 32 for row in pareto_front(rows))
+@pytest.mark.parametrize(
+    ("b", "max_b", "expected"),
+    [
+        (64, 64, (1, 64)),  # fits as one batch
+        (128, 64, (2, 64)),  # ceil(128/64) = 2 micro-batches of 64
+        (129, 64, (3, 43)),  # ceil(129/64) = 3; ceil(129/3) = 43, 3·43 = 129
+        (130, 64, (3, 44)),  # ceil(130/3) = 44: 3·44 = 132 > 130, the compute is an upper bound
+        (128, None, (1, 128)),  # no limit measured: unchecked, as before
+        (128, 0, (1, 128)),  # not even one example fits: no micro-batch helps
+    ],
+)
+def test_accumulation_splits_a_batch_into_micro_batches_that_fit(b, max_b, expected):
+    assert accumulation(b, max_b) == expected
+
+
+def test_an_accumulated_row_pays_k_passes_and_one_all_reduce():
+    """N = 2, b = 128 over a limit of 64: 2 micro-batches of 64. One pass 10 + 6.4 = 16.4 ms,
+    two 32.8 ms; all-reduce 2·1/2·1e8 / 12.5e9 = 8 ms + 2 hops · 5 µs = 8.01 ms, once: step
+    40.81 ms (per micro-batch it would be 2·(16.4 + 8.01) = 48.82 ms). B = 256: S = 1000 +
+    256000/256 = 2000, time 2000 · 0.04081 = 81.62 s, 2 workers: 2·81.62/3600 device-hours."""
+    rows = plan_rows(STEP_LINE, STEPS, FAST_LINK, 1e8, [2], [128], max_per_worker_batch=64)
+    row = rows[0]
+    assert (row.accumulation_steps, row.micro_batch, row.global_batch) == (2, 64, 256)
+    assert row.comm_s == pytest.approx(0.00801)
+    assert row.step_time_s == pytest.approx(0.04081)
+    assert row.step_time_s != pytest.approx(2 * (0.0164 + 0.00801))
+    assert row.comm_share == pytest.approx(0.00801 / 0.04081)
+    assert row.steps.value == pytest.approx(2000)
+    assert row.time_to_target_s.value == pytest.approx(81.62)
+    assert row.device_hours.value == pytest.approx(2 * 81.62 / 3600)
+    assert row.feasible and row.limit == ""  # B = 256 <= 300, comm 20 % of the step
+    assert "b = 128 per worker as 2×64 accumulated" in describe(row)
+
+
+def test_an_accumulated_row_uses_the_measured_step_at_its_micro_batch():
+    # measured 50 ms at 64: b = 128 over a limit of 64 is 2 · 50 ms (the line would say 32.8)
+    rows = plan_rows(STEP_LINE, STEPS, FAST_LINK, 1e8, [1], [128], max_per_worker_batch=64,
+                     measured_step_s={64: 0.05, 128: 0.02})
+    assert rows[0].step_time_s == pytest.approx(0.1)
+    assert rows[0].compute_source == "measured"
+
+
+def test_accumulation_wins_where_the_all_reduce_dominates():
+    """A slow link: 8 Gbit/s = 1e9 bytes/s, no latency: 2·1/2·1e8 / 1e9 = 0.1 s per all-reduce
+    at N = 2; limit 64. b = 64: 16.4 + 100 = 116.4 ms, B = 128, S = 3000: 349.2 s and
+    2·349.2/3600 = 0.194 device-hours. b = 128 as 2×64: 32.8 + 100 = 132.8 ms (the all-reduce
+    once for two passes), B = 256, S = 2000: 265.6 s, 0.1476 device-hours: faster and cheaper,
+    so it alone is on the front (its limit says why more is no better: communication 75 %)."""
+    slow_link = CommModel.from_link(gbps=8, latency_us=0)
+    plain, accumulated = plan_rows(STEP_LINE, STEPS, slow_link, 1e8, [2], [64, 128],
+                                   max_per_worker_batch=64)
+    assert plain.time_to_target_s.value == pytest.approx(349.2)
+    assert plain.device_hours.value == pytest.approx(2 * 349.2 / 3600)
+    assert accumulated.accumulation_steps == 2
+    assert accumulated.time_to_target_s.value == pytest.approx(265.6)
+    assert accumulated.device_hours.value == pytest.approx(2 * 265.6 / 3600)
+    assert accumulated.limit == LIMIT_COMMUNICATION and accumulated.feasible
+    assert pareto_front([plain, accumulated]) == [accumulated]
+
+
+def test_a_fitting_batch_beats_accumulation_without_communication():
+    """One worker, limit 64: b = 64 takes S(64)·16.4 ms = 5000 · 0.0164 = 82 s; b = 128 as 2×64
+    takes S(128)·32.8 ms = 3000 · 0.0328 = 98.4 s (same compute per example, more examples to
+    target): slower and dearer, kept but off the front."""
+    fits, accumulated = plan_rows(STEP_LINE, STEPS, FAST_LINK, 1e8, [1], [64, 128],
+                                  max_per_worker_batch=64)
+    assert fits.time_to_target_s.value == pytest.approx(82)
+    assert accumulated.time_to_target_s.value == pytest.approx(98.4)
+    assert pareto_front([fits, accumulated]) == [fits]
+
+
+def test_only_a_limit_below_one_example_marks_rows_infeasible():
+    rows = plan_rows(STEP_LINE, STEPS, FAST_LINK, 1e8, [1, 2], [32, 128], max_per_worker_batch=0)
+    assert all(not r.feasible and r.limit == LIMIT_MEMORY for r in rows)
+    assert all(r.accumulation_steps == 1 for r in rows)
+    assert pareto_front(rows) == []
+    unchecked = plan_rows(STEP_LINE, STEPS, FAST_LINK, 1e8, [1], [128])
+    assert unchecked[0].feasible and unchecked[0].accumulation_steps == 1
+    assert unchecked[0].step_time_s == pytest.approx(0.01 + 1e-4 * 128)
 
 
 def test_steps_fit_as_a_tuple_and_bad_inputs():

@@ -1,14 +1,9 @@
 """The what-if planner's inputs read from one run's tables (issue 17): the steps fit S(B) with
 its B_crit interval (analysis table), one device's step time (the convergence runs' own, else
-the sweep's line; batchscale.fits), the largest batch that fits (sweep), and the communication
-points of the data-parallel runs (runs with workers > 1 against one worker at the same
-per-worker batch). What is missing for a plan is a BadInput naming it; what is only weak (no
-interval, no memory limit measured, latency not separable) is carried as a note.
-
-The communication measured here is what a data-parallel step costs beyond one worker's step at
-the per-worker batch: the exposed all-reduce (the part not hidden behind backward) plus any
-contention between workers sharing a machine. So the fitted "bandwidth" is an effective one and
-the hidden share is folded into it (hidden_share 0, marked assumed).
+the sweep's line; batchscale.fits), the largest batch that fits (sweep), the gradient bytes,
+and the data-parallel cells and all-reduce probes (their model: plan_comm.py). What is missing
+for a plan is a BadInput naming it; what is only weak (no interval, no memory limit measured)
+is carried as a note.
 """
 
 from __future__ import annotations
@@ -21,13 +16,8 @@ import numpy as np
 import pandas as pd
 
 from batchscale import schemas
-from batchscale.analysis.planner import (
-    ASSUMED,
-    CommModel,
-    CommSource,
-    StepsFit,
-    fit_comm_model,
-)
+from batchscale.analysis.plan_comm import data_parallel_cells, probe_points, with_cells
+from batchscale.analysis.planner import StepsFit
 from batchscale.analysis.timetotarget import convergence_step_times, step_times
 from batchscale.config import AnalysisConfig
 from batchscale.errors import BadInput
@@ -59,6 +49,13 @@ class PlanInputs:
     data_parallel: pd.DataFrame  # batch_size, workers, step_time_s, compute_s, comm_s,
     # trials, cpu_wait (the worst share of time the cell's threads waited for a CPU)
     per_worker_batches: list[int]
+    probe: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    """The data-parallel trials' bare all-reduce probes (convergence/trialenv.py): workers,
+    bytes, seconds (a small message and the gradient per trial), cv; empty in older runs."""
+    shared_compute_factor: float = 1.0
+    """On a shared host: the data-parallel step's compute over one process's at the whole
+    batch (plan_comm.shared_compute_factor); 1 elsewhere."""
+    shared_compute_note: str = ""
 
     def compute_s(self, batch: float) -> float:
         """One device's seconds per step at `batch`: measured where it was, else the line."""
@@ -85,9 +82,11 @@ def gradient_bytes(workload: str, num_classes: int | None = None,
 
 
 def read_plan_inputs(sweep: pd.DataFrame | None, runs: pd.DataFrame | None,
-                     analysis: pd.DataFrame | None, grad_bytes: float,
+                     analysis: pd.DataFrame | None, grad_bytes: float | None,
                      lr_rule: str | None = None) -> PlanInputs:
-    """The planner's inputs from a run's tables; BadInput naming what is missing."""
+    """The planner's inputs from a run's tables; BadInput naming what is missing. The gradient
+    bytes the trials recorded win over `grad_bytes` (counted from the workload by the caller,
+    for runs from before the trials recorded them)."""
     if analysis is None or analysis.empty:
         raise BadInput("the run has no analysis rows: no S(B) fit to plan with (no convergence "
                        "trial reached the target at enough batch sizes)")
@@ -100,10 +99,22 @@ def read_plan_inputs(sweep: pd.DataFrame | None, runs: pd.DataFrame | None,
     max_b, memory_note = memory_limit(sweep)
     single = runs[numeric_column(runs, "workers") == 1]
     batches = sorted({int(b) for b in numeric_column(single, "batch_size") if math.isfinite(b)})
+    recorded = recorded_gradient_bytes(runs)
+    if recorded is None and grad_bytes is None:
+        raise BadInput("the run's trials did not record their gradient bytes (a run from before "
+                       "the all-reduce probe) and no workload was given to count them from")
     inputs = PlanInputs(target, rule, fit, band_note, line, measured, source, max_b,
-                        memory_note, float(grad_bytes), shares_host(runs), pd.DataFrame(),
-                        batches)
-    return _with_data_parallel(inputs, runs)
+                        memory_note, float(recorded or grad_bytes), shares_host(runs),
+                        pd.DataFrame(), batches, probe_points(runs))
+    return with_cells(inputs, data_parallel_cells(runs))
+
+
+def recorded_gradient_bytes(runs: pd.DataFrame) -> float | None:
+    """The gradient bytes the trials recorded (the model they trained, with the dataset's own
+    classes and shape); None in runs from before they did."""
+    values = numeric_column(runs, "gradient_bytes")
+    values = values[np.isfinite(values) & (values > 0)]
+    return float(np.median(values)) if len(values) else None
 
 
 def analysis_target(analysis: pd.DataFrame) -> tuple[str, float] | None:
@@ -215,63 +226,3 @@ def shares_host(runs: pd.DataFrame) -> bool:
     return len(names) > 0 and bool(names.str.startswith("cpu").all())
 
 
-def parallel_compute_s(inputs: PlanInputs, batch: float, workers: int) -> float:
-    """The compute in a data-parallel step at global `batch`: one device's step at the
-    per-worker batch, or, where the workers shared one machine's cores, the whole batch on
-    those cores (the N processes together have what one had)."""
-    return inputs.compute_s(batch if inputs.shared_host else batch / workers)
-
-
-def _with_data_parallel(inputs: PlanInputs, runs: pd.DataFrame) -> PlanInputs:
-    """Per (global batch, workers > 1): median seconds per step over the trials, the compute in
-    it (`parallel_compute_s`), and the difference: the communication."""
-    frame = pd.DataFrame({
-        "batch_size": numeric_column(runs, "batch_size"),
-        "workers": numeric_column(runs, "workers"),
-        "t": numeric_column(runs, "train_time_s") / numeric_column(runs, "steps_run"),
-        "trial_id": runs["trial_id"].to_numpy(),
-        "wait": numeric_column(runs, "cpu_wait_share"),
-    })
-    frame = frame[(frame["workers"] > 1) & np.isfinite(frame["t"]) & (frame["t"] > 0)]
-    cells = frame.drop_duplicates("trial_id").groupby(["batch_size", "workers"]).agg(
-        step_time_s=("t", "median"), trials=("t", "size"), cpu_wait=("wait", "max"))
-    cells = cells.reset_index()
-    cells["compute_s"] = [parallel_compute_s(inputs, b, n) for b, n in
-                          zip(cells["batch_size"], cells["workers"], strict=True)]
-    cells["comm_s"] = cells["step_time_s"] - cells["compute_s"]
-    return dataclasses.replace(inputs, data_parallel=cells)
-
-
-def comm_model(inputs: PlanInputs, link_gbps: float | None = None,
-               latency_us: float | None = None) -> CommModel:
-    """A stated link (every parameter assumed), else the fit to the data-parallel runs. With
-    one worker count and one gradient size measured, latency and bandwidth cannot be told
-    apart: latency is `latency_us` or 0 (assumed) and the fitted bandwidth carries the rest."""
-    if link_gbps is not None:
-        if latency_us is None:
-            raise BadInput("--link-gbps needs --latency-us too (a link is its bandwidth and "
-                           "its latency per hop)")
-        return CommModel.from_link(link_gbps, latency_us)
-    cells = inputs.data_parallel
-    if cells.empty:
-        raise BadInput("the run has no data-parallel runs (workers > 1) to measure the "
-                       "communication from: give --link-gbps and --latency-us, or set "
-                       "convergence.scaling_workers")
-    if (cells["comm_s"] <= 0).all():
-        raise BadInput("the data-parallel runs were no slower per step than one worker at the "
-                       "per-worker batch, so their communication cannot be measured: give "
-                       "--link-gbps and --latency-us")
-    points = [(n, inputs.gradient_bytes, max(c, 0.0))
-              for n, c in zip(cells["workers"], cells["comm_s"], strict=True)]
-    separable = cells["workers"].nunique() >= 2
-    latency_s = None if separable and latency_us is None else (latency_us or 0.0) * 1e-6
-    try:
-        model = fit_comm_model(points, latency_s=latency_s)
-    except ValueError as err:
-        raise BadInput(f"cannot fit the communication model: {err}") from None
-    if latency_s is not None and latency_us is None:
-        note = ("latency assumed 0: one worker count measured cannot separate latency from "
-                "bandwidth, so past it the all-reduce is taken as bandwidth-bound")
-        model = CommModel(model.bandwidth_Bps, model.latency_s, model.hidden_share,
-                          CommSource(model.source.bandwidth, ASSUMED, ASSUMED), note)
-    return model

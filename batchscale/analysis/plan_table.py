@@ -8,7 +8,6 @@ comes from the model alone (a fitted or stated link), not from a measured step.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Sequence
@@ -17,12 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from batchscale.analysis.plan_inputs import (
-    STARVED_SHARE,
-    PlanInputs,
-    comm_model,
-    parallel_compute_s,
-)
+from batchscale.analysis.plan_comm import comm_model, parallel_compute_s, with_cells
+from batchscale.analysis.plan_inputs import STARVED_SHARE, PlanInputs
 from batchscale.analysis.planner import (
     CommModel,
     Objective,
@@ -119,7 +114,8 @@ def table_rows(plan: Plan) -> list[dict]:
     for r in plan.rows:
         out.append({
             **common, "workers": r.workers, "per_worker_batch": r.per_worker_batch,
-            "global_batch": r.global_batch, "extrapolated": r.workers not in plan.measured_workers,
+            "global_batch": r.global_batch, "accumulation_steps": r.accumulation_steps,
+            "extrapolated": r.workers not in plan.measured_workers,
             "compute_s": r.step_time_s - r.comm_s, "compute_source": r.compute_source,
             "comm_s": r.comm_s, "step_time_s": r.step_time_s, "comm_share": r.comm_share,
             "steps": r.steps.value, "steps_low": _finite(r.steps.low),
@@ -148,17 +144,17 @@ def plan_lines(plan: Plan) -> list[str]:
         f"  step time of one device: {inputs.step_time_source}; line "
         f"{1e3 * inputs.step_line[0]:.3g} ms + {1e6 * inputs.step_line[1]:.3g} µs/sample "
         "(measured where a batch was trained)",
-        f"  memory: {inputs.memory_note}",
+        f"  memory: {inputs.memory_note}{_accumulation_note(plan)}",
         f"  all-reduce of {inputs.gradient_bytes / 1e6:.3g} MB: bandwidth "
         f"{8 * comm.bandwidth_Bps / 1e9:.3g} Gbit/s ({comm.source.bandwidth}), latency "
         f"{1e6 * comm.latency_s:.3g} µs per hop ({comm.source.latency}), hidden share "
         f"{comm.hidden_share:.0%} ({comm.source.hidden_share})"
         + (f"; {comm.note}" if comm.note else ""),
         f"  workers measured: {', '.join(map(str, plan.measured_workers))}; the others are "
-        "extrapolated (marked *)" + ("; the measured workers shared one machine's CPUs, so "
-                                     "their communication is taken beyond the whole batch's "
-                                     "compute there, and the plan gives each worker its own "
-                                     "device" if inputs.shared_host else ""),
+        "extrapolated (marked *)" + (f"; the measured workers shared one machine's CPUs "
+                                     f"({inputs.shared_compute_note}), so their communication "
+                                     "is taken beyond that compute, and the plan gives each "
+                                     "worker its own device" if inputs.shared_host else ""),
         f"  {'N':>4s} {'b':>6s} {'B':>7s} {'step ms':>9s} {'comm':>6s} "
         f"{'time to target [band]':>30s} {'device-h [band]':>28s}  front  limit",
     ]
@@ -172,12 +168,26 @@ def plan_lines(plan: Plan) -> list[str]:
         lines.append(
             f"  {r.workers:>3d}{star} {r.per_worker_batch:>6d} {r.global_batch:>7d} "
             f"{1e3 * r.step_time_s:>9.3g} {r.comm_share:>6.0%} {band:>30s} {hband:>28s}  "
-            f"{'yes' if id(r) in on_front else '':5s}  {r.limit or '-'}")
+            f"{'yes' if id(r) in on_front else '':5s}  {r.limit or '-'}{_accumulated(r)}")
     lines.append(f"recommendation: {plan.recommendation}")
     assumed = comm.source.assumed_names()
     lines.append(f"assumed, not measured: {assumed}" if assumed else
                  "every communication parameter was measured")
     return lines
+
+
+def _accumulation_note(plan: Plan) -> str:
+    if not any(r.accumulation_steps > 1 for r in plan.rows):
+        return ""
+    return (f"; a per-worker batch above {plan.inputs.max_per_worker_batch} accumulates "
+            "micro-batches that fit (k passes, one all-reduce per step: slower per example)")
+
+
+def _accumulated(row: PlanRow) -> str:
+    """'  b 512 = 4×128 accumulated' for an accumulated row, else ''."""
+    if row.accumulation_steps == 1:
+        return ""
+    return f"  b {row.per_worker_batch} = {row.accumulation_steps}×{row.micro_batch} accumulated"
 
 
 def _hours(value: float) -> str:
@@ -223,11 +233,11 @@ def check_rows(inputs: PlanInputs, runs: pd.DataFrame, link_gbps: float | None =
     out = []
     for cell in measured[measured["batch_size"].isin(batches)].itertuples():
         batch, n = int(cell.batch_size), int(cell.workers)
-        comm_s, how = 0.0, "one worker: no communication"
+        comm_s, how, fitted = 0.0, "one worker: no communication", inputs
         if n > 1:
-            model, how = _cell_comm_model(inputs, batch, n, link_gbps, latency_us)
+            model, how, fitted = _cell_comm_model(inputs, batch, n, link_gbps, latency_us)
             comm_s = (1 - model.hidden_share) * model.comm_time_s(n, inputs.gradient_bytes)
-        step_s = parallel_compute_s(inputs, batch, n) + comm_s
+        step_s = parallel_compute_s(fitted, batch, n) + comm_s
         steps = inputs.steps_fit.steps(batch)
         predicted = steps.value * step_s
         if float(cell.cpu_wait) >= STARVED_SHARE:
@@ -243,24 +253,26 @@ def check_rows(inputs: PlanInputs, runs: pd.DataFrame, link_gbps: float | None =
 
 
 def _cell_comm_model(inputs: PlanInputs, batch: int, workers: int, link_gbps: float | None,
-                     latency_us: float | None) -> tuple[CommModel, str]:
-    """The communication model a cell's prediction uses, and how it was made: fitted without the
-    cell where the other cells allow it (out of sample), else with it (in sample, said so)."""
+                     latency_us: float | None) -> tuple[CommModel, str, PlanInputs]:
+    """The communication model a cell's prediction uses, how it was made, and the inputs fitted
+    with it (on a shared host they carry the compute factor): fitted without the cell where the
+    other cells allow it (out of sample), else with it (in sample, said so)."""
     if link_gbps is not None:
-        return comm_model(inputs, link_gbps, latency_us), "communication from the stated link"
+        return (comm_model(inputs, link_gbps, latency_us), "communication from the stated link",
+                inputs)
     parallel = inputs.data_parallel
     others = parallel[(parallel["batch_size"] != batch) | (parallel["workers"] != workers)]
     if len(others):
         try:
-            model = comm_model(dataclasses.replace(inputs, data_parallel=others), None,
-                               latency_us)
-            return model, "communication fitted without this cell"
+            without = with_cells(inputs, others)
+            return (comm_model(without, None, latency_us),
+                    "communication fitted without this cell", without)
         except BadInput as err:
             why = f" (the other cells alone: {err})"
     else:
         why = ""
     return (comm_model(inputs, None, latency_us),
-            f"in sample: the communication model was fitted to this cell{why}")
+            f"in sample: the communication model was fitted to this cell{why}", inputs)
 
 
 def check_lines(checks: list[dict], goal: float = 0.25) -> list[str]:

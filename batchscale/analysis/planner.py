@@ -185,13 +185,33 @@ class PlanRow:
     feasible: bool
     limit: str
     assumed: str
-    compute_source: str = "line"  # "measured": one device's measured step at b; "line": α + βb
+    compute_source: str = "line"  # "measured": one device's measured step at the micro-batch
+    accumulation_steps: int = 1  # micro-batches per optimizer step (1: b fits as one batch)
+
+    @property
+    def micro_batch(self) -> int:
+        """The batch one forward/backward pass holds: b, or ceil(b/k) when accumulated."""
+        return math.ceil(self.per_worker_batch / self.accumulation_steps)
 
 
-def _limit(global_batch: int, b: int, comm_share: float, fit: StepsFit, max_b: int | None) -> str:
-    """The first reason that applies: memory (infeasible beats slow), then steps that no longer
-    fall (B above B_crit's high end), then a step time grown by communication."""
-    if max_b is not None and b > max_b:
+def accumulation(b: int, max_b: int | None) -> tuple[int, int]:
+    """(k, micro): a per-worker batch b above the largest that fits (`max_b`) is run as k =
+    ceil(b/max_b) micro-batches of micro = ceil(b/k) <= max_b per optimizer step. Where k does
+    not divide b, k·micro exceeds b by at most k − 1 examples: the compute charged for them is
+    an upper bound. (1, b) when b fits, without a measured limit, or when nothing fits
+    (max_b < 1: no micro-batch helps, the row is infeasible)."""
+    if max_b is None or b <= max_b or max_b < 1:
+        return 1, b
+    k = math.ceil(b / max_b)
+    return k, math.ceil(b / k)
+
+
+def _limit(global_batch: int, comm_share: float, fit: StepsFit, max_b: int | None) -> str:
+    """The first reason that applies: memory (infeasible beats slow: not even a micro-batch of
+    one fits), then steps that no longer fall (B above B_crit's high end), then a step time
+    grown by communication. An accumulated row is not limited by memory: it is feasible, and
+    slower per example, which the Pareto front weighs."""
+    if max_b is not None and max_b < 1:
         return LIMIT_MEMORY
     if global_batch > fit.b_crit_high:
         return LIMIT_PAST_B_CRIT
@@ -208,7 +228,9 @@ def plan_rows(
     t = α + β·b at its own batch b; `steps_fit` = (S_min, E_min, B_crit low, B_crit high).
     B = N·b; t = α + β·b + (1 − hidden_share)·t_comm(N); S(B) with its band
     (`StepsFit.steps`); time to target S·t; device-hours N·time/3600. A row with
-    b > `max_per_worker_batch` is kept, marked infeasible with limit "memory".
+    b > `max_per_worker_batch` accumulates (`accumulation`): its compute is k × one device's
+    step at the micro-batch (k forward/backward passes), its all-reduce is paid once per
+    optimizer step; only with `max_per_worker_batch` < 1 is it infeasible (limit "memory").
     `measured_step_s` (per-worker batch -> one device's measured seconds per step) replaces the
     line where given: the line is for batches not measured, as in the analysis's T(B)."""
     alpha_s, beta_s = step_time
@@ -222,18 +244,20 @@ def plan_rows(
                 if math.isfinite(t) and t > 0}
     rows = []
     for n in workers:
-        # Only the part not hidden behind backward adds to the step.
+        # Only the part not hidden behind backward adds to the step; once per optimizer step,
+        # accumulated or not (the micro-batches before the last skip the all-reduce, as DDP's
+        # no_sync does), so it overlaps the last micro-batch's backward only.
         comm_s = (1 - comm.hidden_share) * comm.comm_time_s(n, gradient_bytes)
         for b in per_worker_batches:
-            compute_s = measured.get(b, alpha_s + beta_s * b)
-            step_s = compute_s + comm_s
+            k, micro = accumulation(b, max_per_worker_batch)
+            step_s = k * measured.get(micro, alpha_s + beta_s * micro) + comm_s
             steps = fit.steps(n * b)
             time_s = steps.scaled(step_s)
-            limit = _limit(n * b, b, comm_s / step_s, fit, max_per_worker_batch)
+            limit = _limit(n * b, comm_s / step_s, fit, max_per_worker_batch)
             hours = time_s.scaled(n / 3600)
             rows.append(PlanRow(n, b, n * b, step_s, comm_s, comm_s / step_s, steps, time_s, hours,
                                 b_crit, limit != LIMIT_MEMORY, limit, comm.source.assumed_names(),
-                                "measured" if b in measured else "line"))
+                                "measured" if micro in measured else "line", k))
     return rows
 
 
@@ -275,8 +299,8 @@ def describe(row: PlanRow) -> str:
     """The plan and its figures, each with its band, and its flags."""
     time, hours, b_crit = row.time_to_target_s, row.device_hours, row.b_crit
     text = (
-        f"N = {row.workers}, b = {row.per_worker_batch} per worker (global batch "
-        f"B = {row.global_batch}): {format_duration(time.value)} to target (band "
+        f"N = {row.workers}, b = {row.per_worker_batch} per worker{_accumulated(row)} (global "
+        f"batch B = {row.global_batch}): {format_duration(time.value)} to target (band "
         f"{format_duration(time.low)}–{format_duration(time.high)} from the B_crit interval "
         f"{b_crit.low:.4g}–{b_crit.high:.4g}) for {hours.value:.3g} device-hours (band "
         f"{hours.low:.3g}–{hours.high:.3g})"
@@ -284,6 +308,11 @@ def describe(row: PlanRow) -> str:
     if row.limit:
         text += f"; adding workers stops helping here: {row.limit}"
     return text + (f"; assumed, not measured: {row.assumed}" if row.assumed else "")
+
+
+def _accumulated(row: PlanRow) -> str:
+    k = row.accumulation_steps
+    return f" as {k}×{row.micro_batch} accumulated" if k > 1 else ""
 
 
 def recommend(rows: Iterable[PlanRow], objective: Objective) -> tuple[PlanRow | None, str]:

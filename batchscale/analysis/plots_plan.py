@@ -1,6 +1,7 @@
 """The report's "What if" section (issue 17): time to target against device-hours of every plan
 row, with the B_crit interval's band as error bars, the Pareto front joined, rows where adding
-workers stops helping marked by their reason, extrapolated worker counts hollow; and the
+workers stops helping marked by their reason, extrapolated worker counts hollow, rows that
+accumulate micro-batches (per-worker batch above the memory limit) framed in a diamond; and the
 section's Markdown (what was measured, what assumed, the recommendation)."""
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def plan_plot(plan: Plan | None) -> Plot:
     return make_plot(
         lambda: None if plan is None else _draw(plan),
         "What if: time to target vs device-hours per (workers, per-worker batch); bars: the "
-        "B_crit interval's band; line: Pareto front; hollow: extrapolated worker count",
+        "B_crit interval's band; line: Pareto front; hollow: extrapolated worker count; "
+        "diamond: gradient accumulation",
         NO_PLAN,
     )
 
@@ -50,11 +52,20 @@ def _draw(plan: Plan) -> Figure:
     ax.plot([r.device_hours.value for r in front], [r.time_to_target_s.value for r in front],
             "-o", color="black", linewidth=1, markersize=11, markerfacecolor="none",
             label="Pareto front (ringed)")
+    _frame_accumulated(ax, [r for r in plan.rows if r.accumulation_steps > 1])
     for limit, marker in LIMIT_MARKERS.items():
         if limit:
             ax.plot([], [], marker, color="gray", linestyle="none", label=f"stops helping: {limit}")
     ax.legend(fontsize="x-small", ncol=2)
     return fig
+
+
+def _frame_accumulated(ax: Axes, rows: list[PlanRow]) -> None:
+    """A diamond around each row whose per-worker batch runs as k micro-batches per step."""
+    if rows:
+        ax.plot([r.device_hours.value for r in rows], [r.time_to_target_s.value for r in rows],
+                "D", color="crimson", markersize=13, markerfacecolor="none", linestyle="none",
+                label="accumulated: k micro-batches per step (b above the memory limit)")
 
 
 def _has_plain(plan: Plan, n: int) -> bool:
@@ -93,6 +104,18 @@ def what_if_markdown(plan: Plan | None, missing: str = "") -> str:
         f"Worker counts {', '.join(map(str, extrapolated)) or 'none'} were not run: their "
         "step time is the model's extrapolation (one device's measured step plus the fitted "
         "or stated all-reduce), and is only as good as that model; a cluster run at those "
-        "counts would check it.", "",
+        "counts would check it.", "", *_accumulation_words(plan),
         "Pareto front (fastest first):", "", front or "- (no feasible row)",
     ])
+
+
+def _accumulation_words(plan: Plan) -> list[str]:
+    accumulated = sorted({(r.per_worker_batch, r.accumulation_steps, r.micro_batch)
+                          for r in plan.rows if r.accumulation_steps > 1})
+    if not accumulated:
+        return []
+    cases = ", ".join(f"b {b} = {k}×{micro}" for b, k, micro in accumulated)
+    return [f"Per-worker batches above the largest that fits "
+            f"({plan.inputs.max_per_worker_batch}) accumulate gradients ({cases}): k forward and "
+            "backward passes of the micro-batch, one all-reduce and one optimizer step; the "
+            "step time is k × one device's step at the micro-batch (a diamond in the plot).", ""]

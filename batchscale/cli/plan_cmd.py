@@ -80,7 +80,7 @@ def _checks(inputs, tables: dict, args) -> list[dict]:
 
 
 def cmd_plan(args) -> int:
-    from batchscale.analysis.plan_inputs import comm_model
+    from batchscale.analysis.plan_comm import comm_model
     from batchscale.analysis.plan_table import (
         DEFAULT_EXTRA_WORKERS,
         check_lines,

@@ -34,8 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from batchscale.conditions import run_queue_wait_s
-from batchscale.convergence import checkpoint
+from batchscale.convergence import checkpoint, trialenv
 from batchscale.convergence.distributed import Dist, all_reduce, barrier, init_distributed
 from batchscale.convergence.noise import NoiseScale, grad_list, sq_norm
 from batchscale.convergence.schedule import DataOrder, LrSchedule, build_optimizer
@@ -71,33 +70,6 @@ def maybe_inject_fault(step: int, rank: int) -> None:
 
 
 # ------------------------------------------------------------------------------ one trial
-class CpuContention:
-    """How long this process's threads waited for a CPU while the trial ran (the kernel's
-    run-queue delay, conditions.run_queue_wait_s), as a share of their runnable time. A trial
-    resumed from a checkpoint covers only its last segment. Evaluation and checkpoints are in
-    the span: they run under the same conditions, and the share is about the machine, not the
-    steps (docs/architecture.md, "Measurement rules")."""
-
-    def __init__(self) -> None:
-        self.wait_started = run_queue_wait_s()
-        self.cpu_started = time.process_time()
-
-    def share(self, d: Dist) -> float | None:
-        """The worst share over the ranks (a collective: every rank calls it); None where the
-        kernel does not report the wait."""
-        wait_now = run_queue_wait_s()
-        if self.wait_started is None or wait_now is None:
-            local = -1.0  # unknown on this rank; the max over ranks keeps any known value
-        else:
-            waited = max(0.0, wait_now - self.wait_started)
-            runnable = waited + (time.process_time() - self.cpu_started)
-            local = waited / runnable if runnable > 0 else -1.0
-        worst = all_reduce(torch.tensor([local], dtype=torch.float64), d,
-                           dist.ReduceOp.MAX if d.world_size > 1 else None)
-        value = float(worst[0])
-        return value if value >= 0 else None
-
-
 @dataclass
 class TrialState:
     """The training loop's state: everything a resumed trial needs besides the model, the
@@ -340,7 +312,7 @@ class Trial:
             return self.finished
         s = self.state
         sync = torch.cuda.synchronize if self.d.device.startswith("cuda") else (lambda: None)
-        contention = CpuContention()
+        contention = trialenv.CpuContention()
         status = None
         if s.step == 0:
             status = self.record_eval()  # the untrained model, step 0
@@ -367,7 +339,8 @@ class Trial:
         self.log(f"{status} at step {s.step} ({len(s.reached)} of {len(self.targets)} targets, "
                  f"{s.train_time_s:.2f} s)")
         summary = {"rows": self.summary_rows(status),
-                   "cpu_wait_share": contention.share(self.d)}
+                   "cpu_wait_share": contention.share(self.d),
+                   "allreduce": trialenv.allreduce_probe(self.d, self.params)}
         self.save_checkpoint(summary)
         return summary
 
@@ -459,7 +432,8 @@ def summary_run_rows(summary: dict) -> list[dict]:
     written before several targets) the one row it held."""
     if "rows" not in summary:
         return [summary]
-    return [{**row, "cpu_wait_share": summary["cpu_wait_share"]} for row in summary["rows"]]
+    return [{**row, "cpu_wait_share": summary["cpu_wait_share"], **summary.get("allreduce", {})}
+            for row in summary["rows"]]
 
 
 def run_spec(spec: ConvergenceSpec) -> None:

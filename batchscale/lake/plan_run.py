@@ -1,12 +1,18 @@
 """A published run's tables as the what-if planner's inputs (`batchscale plan`): the run read
-back from the lake by its manifest, the gradient size from its workload, and the environment
+back from the lake by its manifest, the gradient size its trials recorded (counted from its
+workload for older runs), and the environment
 columns its plan table carries (the run's own)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from batchscale.analysis.plan_inputs import PlanInputs, gradient_bytes, read_plan_inputs
+from batchscale.analysis.plan_inputs import (
+    PlanInputs,
+    gradient_bytes,
+    read_plan_inputs,
+    recorded_gradient_bytes,
+)
 from batchscale.errors import BadInput
 from batchscale.schemas import ENV_FIELDS
 from batchscale.storage import ObjectStore
@@ -35,8 +41,9 @@ def plan_inputs_of_run(store: ObjectStore, run_id: str, lr_rule: str | None = No
     runs = frames["runs"]
     if runs.empty:
         raise BadInput(f"run {run_id} has an empty runs table: nothing to plan from")
-    grad = gradient_bytes(str(runs["workload"].iloc[0]), _num_classes(frames),
-                          _image_size(frames.get("sweep")))
+    # Runs from before the trials recorded their gradient bytes: count them from the workload.
+    grad = None if recorded_gradient_bytes(runs) else gradient_bytes(
+        str(runs["workload"].iloc[0]), _num_classes(frames), _image_size(frames.get("sweep")))
     inputs = read_plan_inputs(frames.get("sweep"), runs, frames["analysis"], grad, lr_rule)
     return inputs, frames
 

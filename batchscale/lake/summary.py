@@ -251,9 +251,36 @@ def _study(manifest: dict, tables: dict, runs):
     return study_section(tables["decisions"].to_pandas(), runs, list(batch_sizes), int(seeds))
 
 
+def _what_if(manifest: dict, frames: dict, analysis_rows: list[dict]):
+    """The "What if: more workers" section's plan, made as the pipeline's analysis made it
+    (`default_plan` on the same tables, the re-run analysis's rows): for the workload the
+    manifest names (older manifests: the runs'), the worker counts the run's trials ran (the
+    configured ones) and the sweep's image size. (plan, why there is none)."""
+    import pandas as pd
+
+    from batchscale.analysis.plan_table import default_plan
+    from batchscale.fits import ensure_columns, numeric_column
+    from batchscale.schemas import schema_for
+
+    runs, sweep = frames["runs"], frames["sweep"]
+    if runs is None or runs.empty:
+        return None, "the run published no convergence runs: nothing to plan from"
+    trials = ensure_columns(runs, schema_for("runs"))  # older tables: missing columns null
+    runs_workloads = trials["workload"].dropna().astype(str).tolist()
+    workload = manifest.get("workload") or next(iter(runs_workloads), None)
+    if not workload:
+        return None, "neither the run's manifest nor its runs name the workload"
+    workers = sorted({int(n) for n in numeric_column(trials, "workers") if n >= 1})
+    sizes = numeric_column(ensure_columns(sweep, schema_for("sweep")), "image_size_px")
+    image_size = next((int(v) for v in sizes if v > 0), None)
+    return default_plan(sweep, runs, pd.DataFrame(analysis_rows), workload=workload,
+                        configured_workers=workers, image_size=image_size)
+
+
 def rebuild_report(store: ObjectStore, run_id: str, out: Path) -> list[str]:
     """Re-run the analysis on the run's published tables and write the HTML report to `out`
-    (with the published regression verdicts); returns the summary lines."""
+    (with the published regression verdicts and the what-if plan, rebuilt from the same
+    tables by the pipeline's own code path); returns the summary lines."""
     from batchscale.analysis.analyze import analyze
     from batchscale.analysis.report import add_regressions, render_html
     from batchscale.lake.regression import regressions_markdown
@@ -266,7 +293,9 @@ def rebuild_report(store: ObjectStore, run_id: str, out: Path) -> list[str]:
                      primary_target=published_target(tables.get("analysis")),
                      gap_epochs=manifest.get("gap_epochs"))
     title = f"batchscale: {manifest.get('experiment', manifest.get('workload', 'run'))} ({run_id})"
+    plan, plan_missing = _what_if(manifest, frames, result.rows)
     page = render_html(result, frames["sweep"], frames["runs"], frames["curves"], title=title,
+                       plan=plan, plan_missing=plan_missing,
                        study=_study(manifest, tables, frames["runs"]))
     if "regressions" in tables:
         page = add_regressions(page, regressions_markdown(tables["regressions"].to_pandas()))

@@ -1,0 +1,115 @@
+"""The planner's link from the trials' all-reduce probes (plan_inputs.probed_model), with known
+answers: a ring over 2 workers with latency 50 µs per hop and 1e9 bytes/s takes
+2·50 µs + 1024 B / 1e9 B/s for the small message and 2·50 µs + 1e6 B / 1e9 B/s = 1.1 ms for the
+1 MB gradient (2(N−1)/N = 1 at N = 2)."""
+
+from __future__ import annotations
+
+import plan_tables as pt
+import pytest
+
+from batchscale.analysis.plan_comm import comm_model
+from batchscale.analysis.plan_inputs import read_plan_inputs
+from batchscale.analysis.plan_table import check_rows, make_plan
+from batchscale.analysis.planner import MEASURED
+from batchscale.checks import validate_table
+from batchscale.errors import BadInput
+from batchscale.schemas import make_table
+
+LATENCY_S, BANDWIDTH_BPS, SMALL_BYTES = 50e-6, 1e9, 1024
+
+
+def ring_s(n_bytes: float) -> float:
+    return 2 * LATENCY_S + n_bytes / BANDWIDTH_BPS
+
+
+def probed_frames(comm_s: float = pt.COMM_S, parallel_batches=(128,),
+                  gradient_bytes: float = pt.GRADIENT_BYTES) -> dict:
+    """The known-answer run, its two-worker trials carrying the probe's columns."""
+    frames = pt.frames(parallel_batches=parallel_batches, comm_s=comm_s)
+    runs = frames["runs"]
+    two = runs["workers"] == 2
+    runs["gradient_bytes"] = int(gradient_bytes)
+    runs.loc[two, "allreduce_backend"] = "gloo"
+    runs.loc[two, "allreduce_small_bytes"] = SMALL_BYTES
+    runs.loc[two, "allreduce_small_s"] = ring_s(SMALL_BYTES)
+    runs.loc[two, "allreduce_gradient_s"] = ring_s(gradient_bytes)
+    runs.loc[two, "allreduce_cv"] = 0.1
+    return frames
+
+
+def inputs_of(frames: dict, grad_bytes: float | None = pt.GRADIENT_BYTES):
+    return read_plan_inputs(frames["sweep"], frames["runs"], frames["analysis"], grad_bytes)
+
+
+def test_two_message_sizes_separate_latency_from_bandwidth_at_one_worker_count():
+    """The exposed 2 ms per step is more than the bare 1.1 ms all-reduce: nothing hidden, and
+    the excess is an effective bandwidth over the probe's (measured) latency."""
+    comm = comm_model(inputs_of(probed_frames()))
+    assert comm.latency_s == pytest.approx(LATENCY_S, rel=1e-6)
+    # 2 ms exposed − 2·50 µs latency = 1.9 ms for 1e6 bytes
+    assert comm.bandwidth_Bps == pytest.approx(1e6 / 1.9e-3, rel=1e-6)
+    assert comm.hidden_share == 0
+    assert (comm.source.bandwidth, comm.source.latency, comm.source.hidden_share) == (
+        MEASURED, MEASURED, MEASURED)
+    assert "1.8× the bare all-reduce" in comm.note and "contend" in comm.note
+    assert "latency 50 µs per hop, 8 Gbit/s" in comm.note and "probe CV 10%" in comm.note
+
+
+def test_a_step_exposing_less_than_the_all_reduce_hid_the_rest_behind_backward():
+    # a slower link: the bare all-reduce takes 4 ms; the two-worker step exposes 2 ms of it
+    frames = probed_frames(comm_s=2e-3)
+    runs, slow_bandwidth = frames["runs"], 1e6 / (4e-3 - 2 * LATENCY_S)
+    runs.loc[runs["workers"] == 2, "allreduce_gradient_s"] = 4e-3
+    runs.loc[runs["workers"] == 2, "allreduce_small_s"] = 2 * LATENCY_S + 1024 / slow_bandwidth
+    inputs = inputs_of(frames)
+    comm = comm_model(inputs)
+    assert comm.hidden_share == pytest.approx(0.5, rel=1e-6)
+    assert comm.latency_s == pytest.approx(LATENCY_S, rel=1e-6)
+    assert comm.bandwidth_Bps == pytest.approx(slow_bandwidth, rel=1e-6)
+    assert comm.source.assumed_names() == ""
+    # the plan reproduces the measured two-worker step: compute + (1 − 0.5)·4 ms
+    plan = make_plan(inputs, comm, [1, 2, 8])
+    row = next(r for r in plan.rows if (r.workers, r.per_worker_batch) == (2, 64))
+    assert row.step_time_s == pytest.approx(pt.one_device_s(64) + 2e-3, rel=1e-6)
+    # 8 workers: 14 hops of 50 µs and 2·7/8 of the gradient over the link, half of it exposed
+    eight = next(r for r in plan.rows if (r.workers, r.per_worker_batch) == (8, 64))
+    bare_8 = 14 * LATENCY_S + 2 * 7 / 8 * 1e6 / comm.bandwidth_Bps
+    assert eight.comm_s == pytest.approx(0.5 * bare_8, rel=1e-6)
+
+
+def test_check_with_probes_is_exact_on_exact_data():
+    frames = probed_frames(parallel_batches=(64, 128))
+    inputs = inputs_of(frames)
+    checks = check_rows(inputs, frames["runs"])
+    assert {(c["workers"], c["batch_size"]) for c in checks if c["workers"] == 2} == {
+        (2, 64), (2, 128)}
+    for c in checks:
+        assert c["error"] == pytest.approx(0, abs=0.02), c  # steps_run is rounded
+
+
+def test_the_gradient_bytes_the_trials_recorded_win_over_the_callers_count():
+    frames = probed_frames(gradient_bytes=2e6)
+    assert inputs_of(frames, grad_bytes=1e6).gradient_bytes == 2e6
+    assert inputs_of(frames, grad_bytes=None).gradient_bytes == 2e6
+    with pytest.raises(BadInput, match="did not record their gradient bytes"):
+        inputs_of(pt.frames(), grad_bytes=None)
+
+
+def probe_columns(row: dict, **changes) -> dict:
+    if row["workers"] == 1:
+        return {**row, "gradient_bytes": int(pt.GRADIENT_BYTES)}
+    return {**row, "gradient_bytes": int(pt.GRADIENT_BYTES), "allreduce_backend": "gloo",
+            "allreduce_small_bytes": SMALL_BYTES, "allreduce_small_s": ring_s(SMALL_BYTES),
+            "allreduce_gradient_s": ring_s(pt.GRADIENT_BYTES), "allreduce_cv": 0.1, **changes}
+
+
+def test_runs_with_probe_columns_pass_the_runs_suite_and_a_bad_probe_fails_it():
+    good = [probe_columns(row) for row in pt.run_rows()]
+    report = validate_table("runs", make_table("runs", good, pt.ENV))
+    assert report.success, report.failure_message()
+    bad = [probe_columns(row, allreduce_gradient_s=0.0, allreduce_backend="carrier-pigeon")
+           for row in pt.run_rows()]
+    message = validate_table("runs", make_table("runs", bad, pt.ENV)).failure_message()
+    assert "expect_column_values_to_be_between(allreduce_gradient_s)" in message
+    assert "expect_column_values_to_be_in_set(allreduce_backend)" in message
