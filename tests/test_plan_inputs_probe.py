@@ -113,3 +113,47 @@ def test_runs_with_probe_columns_pass_the_runs_suite_and_a_bad_probe_fails_it():
     message = validate_table("runs", make_table("runs", bad, pt.ENV)).failure_message()
     assert "expect_column_values_to_be_between(allreduce_gradient_s)" in message
     assert "expect_column_values_to_be_in_set(allreduce_backend)" in message
+
+
+# ------------------------------------------------- workers sharing one machine's cores
+def shared_host_frames(factor: float, exposed_s: float = 1.5e-3,
+                       batches=(32, 64, 128)) -> dict:
+    """Two CPU processes on one machine: each two-worker step is `exposed_s` plus `factor` ×
+    one process's step at the whole batch."""
+    rows = [pt.trial(b, 1, seed, pt.one_device_s(b)) for b in pt.SINGLE_BATCHES
+            for seed in (0, 1)]
+    rows += [pt.trial(b, 2, seed, exposed_s + factor * pt.one_device_s(b)) for b in batches
+             for seed in (0, 1)]
+    frames = pt.frames()
+    frames["runs"] = make_table("runs", rows, {**pt.ENV, "device_name": "cpu: Test CPU"}
+                                ).to_pandas()
+    return frames
+
+
+def test_a_shared_hosts_compute_factor_is_fitted_and_left_out_with_its_cell():
+    frames = shared_host_frames(factor=0.7)
+    inputs = inputs_of(frames, grad_bytes=pt.GRADIENT_BYTES)
+    assert inputs.shared_host
+    assert inputs.shared_compute_factor == pytest.approx(0.7, rel=1e-6)
+    assert "0.7 × one process's at the whole batch (fitted to 3 cells)" in \
+        inputs.shared_compute_note
+    assert inputs.data_parallel["comm_s"].to_numpy() == pytest.approx([1.5e-3] * 3, rel=1e-6)
+    # each cell predicted from the other two: the factor and the exposed time refitted
+    checks = check_rows(inputs, frames["runs"])
+    assert sorted(c["batch_size"] for c in checks if c["workers"] == 2) == [32, 64, 128]
+    for c in checks:
+        assert c["error"] == pytest.approx(0, abs=0.02), c  # steps_run is rounded
+    # the plan gives each worker a device: one device's step at b plus the exposed time
+    row = next(r for r in make_plan(inputs, comm_model(inputs), [2]).rows
+               if r.per_worker_batch == 64)
+    assert row.step_time_s == pytest.approx(pt.one_device_s(64) + 1.5e-3, rel=1e-6)
+
+
+def test_a_shared_hosts_factor_that_cannot_be_fitted_is_one_and_says_why():
+    one_cell = inputs_of(shared_host_frames(factor=0.7, batches=(64,)))
+    assert one_cell.shared_compute_factor == 1.0
+    assert "one cell per worker count" in one_cell.shared_compute_note
+    # steps that grow 5× faster than one process's: noise, not the host
+    noisy = inputs_of(shared_host_frames(factor=5.0))
+    assert noisy.shared_compute_factor == 1.0
+    assert "fitted to 5, outside 0.25–2: noise" in noisy.shared_compute_note

@@ -162,6 +162,9 @@ def test_trainjob_trains_two_nodes_and_returns_their_tables(cluster, digits_dir,
                                           out_dir="unused", run_id="k8s", workers=2)
     [run] = runs.to_pylist()
     assert (run["status"], run["workers"], run["world_size"]) == ("reached", 2, 2)
+    # the pods probed their own group's all-reduce (gloo on the stand-in's CPUs; nccl between
+    # a real cluster's GPUs, which these machines do not have)
+    assert run["allreduce_backend"] == "gloo" and run["allreduce_gradient_s"] > 0
     assert set(curves.column("world_size").to_pylist()) == {2}
     body = created_job(cluster)
     name = body["metadata"]["name"]

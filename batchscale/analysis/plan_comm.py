@@ -166,10 +166,9 @@ def probed_model(inputs: PlanInputs, latency_us: float | None = None) -> CommMod
         link = fit_comm_model(probe[["workers", "bytes", "seconds"]].to_numpy(),
                               latency_s=given_latency_s)
     except ValueError as err:
-        raise BadInput(f"cannot fit the link to the all-reduce probes: {err}") from None
-    cv = numeric_column(probe, "cv")
+        return _unresolved_link(inputs, given_latency_s, str(err))
     measured = (f"link from {len(probe) // 2} all-reduce probe(s), {_link_words(link)}"
-                f"{f', probe CV {np.nanmedian(cv):.0%}' if np.isfinite(cv).any() else ''}")
+                f"{_probe_cv(probe)}")
     cells = inputs.data_parallel
     if cells.empty:
         return CommModel(link.bandwidth_Bps, link.latency_s, 0.0, CommSource(
@@ -200,3 +199,35 @@ def _link_words(link: CommModel) -> str:
     """'latency 41 µs per hop, 2.3 Gbit/s' (gigabits: 1e9 bit)."""
     return (f"latency {link.latency_s * 1e6:.3g} µs per hop, "
             f"{8 * link.bandwidth_Bps / 1e9:.3g} Gbit/s")
+
+
+def _probe_cv(probe: pd.DataFrame) -> str:
+    cv = numeric_column(probe, "cv")
+    return f", probe CV {np.nanmedian(cv):.0%}" if np.isfinite(cv).any() else ""
+
+
+def _unresolved_link(inputs: PlanInputs, latency_s: float | None, why: str) -> CommModel:
+    """The probes' two sizes did not separate the ring's terms (noise: the gradient's
+    all-reduce no slower than the small message's). The small message still measures the
+    latency (its bytes take nothing); the bandwidth is then the effective one of the cells, and
+    nothing is taken as hidden (assumed)."""
+    probe, cells = inputs.probe, inputs.data_parallel
+    small = probe[probe["bytes"] == probe["bytes"].min()]
+    if latency_s is None:
+        latency_s = float(np.median(small["seconds"] / (2 * (small["workers"] - 1))))
+    if cells.empty or (cells["comm_s"] <= 0).all():
+        raise BadInput(f"the all-reduce probes did not resolve the link ({why}) and no "
+                       "data-parallel step was slower than its compute: give --link-gbps and "
+                       "--latency-us")
+    points = [(n, inputs.gradient_bytes, max(c, 0.0))
+              for n, c in zip(cells["workers"], cells["comm_s"], strict=True)]
+    try:
+        effective = fit_comm_model(points, latency_s=latency_s)
+    except ValueError as err:
+        raise BadInput(f"cannot fit the communication model: {err}") from None
+    return CommModel(effective.bandwidth_Bps, latency_s, 0.0,
+                     CommSource(MEASURED, MEASURED, ASSUMED),
+                     f"the all-reduce probes did not resolve the link's bandwidth ({why}"
+                     f"{_probe_cv(probe)}): latency {latency_s * 1e6:.3g} µs per hop from "
+                     "their small message, an effective bandwidth fitted to the data-parallel "
+                     "steps, hidden share assumed 0")
