@@ -34,6 +34,9 @@ class RunStatus(StrEnum):
     REACHED = "reached"
     NOT_REACHED = "not_reached"
     DIVERGED = "diverged"
+    PRUNED = "pruned"
+    """Stopped by the adaptive study: hopelessly behind what its fit implies (excluded from
+    the fit; convergence.adaptive_prune_factor)."""
 
 
 ENV_FIELDS = [

@@ -11,7 +11,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
+from plan_tables import ENV
 
+from batchscale.checks import validate_table
 from batchscale.conditions import run_queue_wait_s
 from batchscale.config import parse_config
 from batchscale.convergence import checkpoint, runner, train
@@ -22,6 +24,7 @@ from batchscale.convergence.spec import LATER_SETTINGS
 from batchscale.data.prep import prepare
 from batchscale.errors import BadInput
 from batchscale.location import LocalLocation
+from batchscale.schemas import make_table
 from batchscale.workloads import get_workload
 from helpers import run_cli
 
@@ -160,6 +163,25 @@ def test_trial_reaches_the_target_and_records_its_curve(tmp_path, digits_dir):
         assert summary["cpu_wait_share"] is None
     else:
         assert 0 <= summary["cpu_wait_share"] < 1
+
+
+def test_a_trial_past_its_prune_bound_stops_as_pruned_and_its_suite_accepts_it(tmp_path,
+                                                                               digits_dir):
+    cfg = config(target_val_accuracy=1.0)  # out of reach in 300 steps
+    spec = runner.build_spec(cfg, [64], data_dir=str(digits_dir), out_dir=str(tmp_path),
+                             run_id="t", prune_at_step=12)
+    workload = get_workload(cfg.workload)
+    trial = train.Trial(spec, spec.trials[0], train.load_data(spec.data_dir, workload),
+                        Dist(0, 1, "cpu"), LocalLocation(tmp_path / "ckpt"), workload)
+    [row] = train.summary_run_rows(trial.run())
+    # evaluations every 5 steps: the first at or past step 12 is step 15
+    assert (row["status"], row["steps_run"], row["steps_to_target"]) == ("pruned", 15, None)
+    report = validate_table("runs", make_table("runs", [row], ENV))
+    assert report.success, report.failure_message()
+    # the bound changes where a trial stops, not its trajectory: not part of the identity
+    unbounded = runner.build_spec(cfg, [64], data_dir=str(digits_dir), out_dir=str(tmp_path),
+                                  run_id="t")
+    assert spec.identity(spec.trials[0]) == unbounded.identity(unbounded.trials[0])
 
 
 def test_accumulation_gives_the_same_updates_as_one_big_batch(tmp_path, digits_dir):
@@ -305,6 +327,7 @@ def test_converge_cli_runs_the_grid_on_two_workers(tmp_path, digits_dir):
     (["--lr-rules", "grid", "--lr-grid", "inf"], "--lr-grid: 'inf' is not a finite number"),
     (["--batch-sizes", "64,,256"], "--batch-sizes: '64,,256' has an empty item"),
     (["--workload", "builtins:breakpoint"], "standard library"),
+    (["--dataset-dir", "nowhere"], "has no manifest.parquet: not a batchscale dataset directory"),
 ])
 def test_converge_cli_refuses_bad_input_and_writes_nothing(tmp_path, args, message):
     result = run_cli(["converge", "--batch-sizes", "64", "--out", str(tmp_path / "out"),

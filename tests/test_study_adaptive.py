@@ -16,12 +16,14 @@ from batchscale.study.adaptive import (
     STOP_EXHAUSTED,
     STOP_NO_GAIN,
     Cell,
+    IntervalState,
     candidate_cells,
     choose_next,
     interval_state,
     place_batch_sizes,
     powers_of_two_between,
     predict_b_crit,
+    prune_step,
 )
 
 ALLOWED = powers_of_two_between(4, 1024)
@@ -202,3 +204,38 @@ def test_the_interval_narrows_as_cells_are_added_on_a_known_curve():
                                  for c in done}), "sqrt", 100)
     assert final.low <= 32 <= final.high
     assert final.ratio < ratios[0]
+
+
+# ------------------------------------------------------------------------------- pruning
+def test_the_prune_bound_is_a_factor_past_the_fits_steps_at_the_intervals_far_end():
+    state = IntervalState(b_crit=32.0, low=16.0, high=64.0, bound="", reason="", s_min=100.0)
+    # S at batch 32 with B_crit 64: 100·(1 + 64/32) = 300 steps; three times that
+    assert prune_step(state, 32, 3.0, max_steps=3000) == 900
+    assert prune_step(state, 128, 2.0, max_steps=3000) == 300  # 2·100·1.5
+    assert prune_step(state, 32, 3.0, max_steps=900) is None  # the step budget comes first
+    assert prune_step(state, 32, None, max_steps=3000) is None  # pruning off
+    open_above = IntervalState(32.0, 16.0, math.inf, "", "", 100.0)
+    no_fit = IntervalState(math.nan, math.nan, math.nan, "", "")
+    assert prune_step(open_above, 32, 3.0, 3000) is None
+    assert prune_step(no_fit, 32, 3.0, 3000) is None
+
+
+def test_interval_state_carries_the_fits_s_min():
+    state = interval_state(runs(on_curve(ALLOWED[:6], seeds=(0, 1), wobble=0.05)), "sqrt", 50)
+    assert state.s_min == pytest.approx(S_MIN, rel=0.2)
+
+
+def test_pruned_trials_are_left_out_of_the_fit():
+    from batchscale.analysis.analyze import without_pruned
+    from batchscale.analysis.critical import steps_to_result
+
+    table = runs(on_curve([8, 32, 128]))
+    pruned = table.iloc[[0]].assign(trial_id="b8-s1", seed=1, status="pruned",
+                                    steps_to_target=np.nan, steps_run=2000)
+    with_pruned = pd.concat([table, pruned], ignore_index=True)
+    kept = steps_to_result(without_pruned(with_pruned), by=())
+    assert kept["steps_to_target"].tolist() == steps_to_result(table, by=())[
+        "steps_to_target"].tolist()
+    # counted, it would have been a seed that never reached: the median at batch 8 moves to inf
+    counted = steps_to_result(with_pruned, by=())
+    assert not np.isfinite(counted["steps_to_target"].iloc[0])

@@ -79,6 +79,12 @@ class AnalysisResult:
         return self.summary.metrics()
 
 
+def without_pruned(runs: pd.DataFrame) -> pd.DataFrame:
+    """The trials the fits use: all but those the adaptive study pruned (stopped hopelessly
+    behind its own fit; convergence.adaptive_prune_factor)."""
+    return runs[runs["status"].ne(schemas.RunStatus.PRUNED).to_numpy(dtype=bool)]
+
+
 def analyze(
     sweep: pd.DataFrame | None,
     runs: pd.DataFrame | None,
@@ -97,7 +103,7 @@ def analyze(
     `convergence.gap_epochs`) only labels the generalization gap."""
     settings = settings or AnalysisConfig()
     sweep = ensure_columns(sweep, schemas.SWEEP)
-    all_runs = ensure_columns(runs, schemas.RUNS)
+    all_runs = without_pruned(ensure_columns(runs, schemas.RUNS))
     curves = ensure_columns(curves, schemas.CURVES)
     groups = split_by_target(all_runs)
     tables = target_tables(groups)

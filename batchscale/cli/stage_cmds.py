@@ -52,6 +52,10 @@ def cmd_converge(args) -> int:
     run_id = given_run_id(args)
     check_output_dir(args.out, "--out")
     check_builds(get_workload(cfg.workload))  # before the dataset is prepared
+    if args.dataset_dir:  # named here, not by every rank of a torchrun group and its restarts
+        from batchscale.shards import read_manifest
+
+        read_manifest(args.dataset_dir)
     from batchscale.convergence.runner import run_convergence  # torch: input known good now
     from batchscale.data.prep import prepare
     from batchscale.storage import write_table_atomic

@@ -209,6 +209,12 @@ class ConvergenceConfig(_Strict):
     same on any machine and compare directly with a grid's. None: no budget."""
     adaptive_max_cells: PositiveInt = 24
     """Most (batch size, seed) cells the adaptive study runs, probes included."""
+    adaptive_prune_factor: float | None = Field(3.0, gt=1.0, allow_inf_nan=False)
+    """The adaptive study stops a new cell's trials as `pruned` (kept in the tables, left out
+    of the fit) when they have not reached the target after this many times the steps its
+    current fit allows at their batch size at the B_crit interval's far end,
+    S_min x (1 + B_crit_high / B): hopelessly behind. Only with an interval (no bound before
+    it). None: never prune."""
 
     @field_validator("batch_sizes")
     @classmethod

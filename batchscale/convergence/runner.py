@@ -44,11 +44,11 @@ def trial_lrs(cfg: ExperimentConfig, rule: str, batch_size: int) -> list[float]:
 
 
 def build_trials(cfg: ExperimentConfig, batch_sizes: list[int],
-                 workers: int) -> list[TrialSpec]:
+                 workers: int, prune_at_step: int | None = None) -> list[TrialSpec]:
     c = cfg.convergence
     return [
         TrialSpec(trial_id=trial_id(b, rule, seed, workers, lr), batch_size=b, lr_rule=rule,
-                  lr=lr, seed=seed)
+                  lr=lr, seed=seed, prune_at_step=prune_at_step)
         for b in batch_sizes for rule in c.lr_rules for lr in trial_lrs(cfg, rule, b)
         for seed in c.seeds
     ]
@@ -81,7 +81,8 @@ def target_settings(c) -> dict:
 
 def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, out_dir: str,
                run_id: str, workers: int | None = None,
-               checkpoint_dir: str | None = None) -> ConvergenceSpec:
+               checkpoint_dir: str | None = None,
+               prune_at_step: int | None = None) -> ConvergenceSpec:
     """Everything the training script needs; paths may be local or s3:// URIs. Checkpoints go
     to `checkpoint_dir`, else `<checkpoint_uri>/<run_id>` for an s3:// URI, else a directory
     inside `out_dir` (the config's relative `checkpoint_uri`, default `checkpoints`)."""
@@ -103,7 +104,7 @@ def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, 
         run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name,
         data_dir=str(data_dir), out_dir=str(out_dir), checkpoint_dir=str(checkpoint_dir),
         checkpoint_every_steps=c.checkpoint_every_steps, training=training,
-        trials=build_trials(cfg, batch_sizes, workers))
+        trials=build_trials(cfg, batch_sizes, workers, prune_at_step))
 
 
 def check_checkpoints(spec: ConvergenceSpec) -> None:
@@ -170,11 +171,13 @@ def collect(spec: ConvergenceSpec,
 
 
 def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str,
-                    out_dir: str, run_id: str, workers: int | None = None):
+                    out_dir: str, run_id: str, workers: int | None = None,
+                    prune_at_step: int | None = None):
     """Train every trial of `batch_sizes` to the target; (curves, runs) tables. torchrun here,
     or a TrainJob on the cluster with `launcher: kubeflow` (`out_dir` is then unused: the
     TrainJob's pods write to the object store). The run id (a directory and a key part) and
-    a user model (built once) are checked before any process starts."""
+    a user model (built once) are checked before any process starts. `prune_at_step`: the
+    adaptive study's bound (TrialSpec.prune_at_step)."""
     c = cfg.convergence
     check_run_id(run_id)
     if workers is not None and workers < 1:
@@ -184,9 +187,9 @@ def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
         from batchscale.convergence.trainjob import run_on_kubeflow
 
         return run_on_kubeflow(cfg, batch_sizes, data_dir=data_dir, run_id=run_id,
-                               workers=workers or c.workers)
+                               workers=workers or c.workers, prune_at_step=prune_at_step)
     spec = build_spec(cfg, batch_sizes, data_dir=data_dir, out_dir=out_dir, run_id=run_id,
-                      workers=workers)
+                      workers=workers, prune_at_step=prune_at_step)
     check_checkpoints(spec)
     if not finished(spec):  # a resumed run reads finished trials back without a torchrun
         # timeout_s is per batch size: a cell of several batch sizes gets one limit per size.

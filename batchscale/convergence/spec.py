@@ -38,6 +38,10 @@ class TrialSpec(_StrictModel):
     """Peak learning rate, reached after the warm-up."""
     seed: int
     """Seed of the model initialization and of the data order."""
+    prune_at_step: PositiveInt | None = None
+    """Stop as pruned at the first evaluation from this step on while a target is still
+    unreached (the adaptive study's bound from its fit); None: never. Not part of the
+    checkpoint identity: it changes where a trial stops, not its trajectory."""
 
 
 class TargetSpec(_StrictModel):
@@ -147,7 +151,7 @@ class ConvergenceSpec(_StrictModel):
         for name, default in LATER_SETTINGS.items():
             if settings[name] == default:
                 settings[name] = None
-        return {**settings, **trial.model_dump(mode="json")}
+        return {**settings, **trial.model_dump(mode="json", exclude={"prune_at_step"})}
 
     def to_json(self) -> bytes:
         return self.model_dump_json(indent=1).encode()

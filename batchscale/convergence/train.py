@@ -286,6 +286,8 @@ class Trial:
             len(s.reached) == len(self.targets))  # past the targets, only the gap budget waits
         if s.step >= self.settings.max_steps or stalled:
             return RunStatus.NOT_REACHED
+        if self.t.prune_at_step is not None and s.step >= self.t.prune_at_step:
+            return RunStatus.PRUNED
         return None
 
     def note_targets(self, row: dict) -> bool:
@@ -365,7 +367,7 @@ class Trial:
                 "target_val_accuracy": target.value if name == "val_accuracy" else None,
                 "final_metric_value": finite_or_none(last.get(name)),
                 "status": RunStatus.REACHED.value if hit else (
-                    RunStatus.DIVERGED.value if status == RunStatus.DIVERGED
+                    status.value if status in (RunStatus.DIVERGED, RunStatus.PRUNED)
                     else RunStatus.NOT_REACHED.value),
                 "steps_to_target": hit["step"] if hit else None,
                 "examples_to_target": hit["examples_seen"] if hit else None,

@@ -83,7 +83,8 @@ def cell_name(batch_sizes: list[int], workers: int) -> str:
 
 
 def stage_inputs(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, run_id: str,
-                 workers: int, store: ObjectStore) -> StagedRun:
+                 workers: int, store: ObjectStore,
+                 prune_at_step: int | None = None) -> StagedRun:
     """Copy the dataset and the spec to `convergence/<run_id>/<cell>/` in the store (create-only
     keys: a retried step re-sends identical bytes; the spec is named by its hash, so a changed
     config gets a new spec, and its checkpoints are then refused by identity)."""
@@ -91,7 +92,7 @@ def stage_inputs(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str
     data = root.child("data")
     copy_files(LocalLocation(data_dir), data)
     spec = build_spec(cfg, batch_sizes, data_dir=data.uri, out_dir=root.child("out").uri,
-                      run_id=run_id, workers=workers)
+                      run_id=run_id, workers=workers, prune_at_step=prune_at_step)
     text = spec.to_json()
     name = f"spec-{hashlib.sha256(text).hexdigest()[:SPEC_HASH_CHARS]}.json"
     root.put_bytes(name, text)
@@ -260,8 +261,8 @@ def sigterm_raises() -> Iterator[None]:
 
 # ------------------------------------------------------------------------------ the launch
 def run_on_kubeflow(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str,
-                    run_id: str, workers: int,
-                    limits: WaitLimits = DEFAULT_LIMITS) -> tuple[pa.Table, pa.Table]:
+                    run_id: str, workers: int, limits: WaitLimits = DEFAULT_LIMITS,
+                    prune_at_step: int | None = None) -> tuple[pa.Table, pa.Table]:
     """Stage, submit, await, delete; (curves, runs) of the trials the job's pods wrote."""
     ckpt = cfg.convergence.checkpoint_uri
     if ckpt and not is_s3_uri(ckpt):
@@ -276,7 +277,7 @@ def run_on_kubeflow(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
     runtime = torch_runtime(client, cfg.convergence.trainjob_runtime)
     settings = S3Settings.from_env()
     staged = stage_inputs(cfg, batch_sizes, data_dir=data_dir, run_id=run_id, workers=workers,
-                          store=ObjectStore(settings))
+                          store=ObjectStore(settings), prune_at_step=prune_at_step)
     check_checkpoints(staged.spec)
     deadline_s = limits.job_deadline_s(
         cfg.convergence.timeout_s, None if pod_end is None else pod_end - time.monotonic())

@@ -155,6 +155,7 @@ class IntervalState:
     high: float
     bound: str
     reason: str
+    s_min: float = math.nan
 
     @property
     def ratio(self) -> float:
@@ -169,7 +170,20 @@ def interval_state(runs: pd.DataFrame, rule: str, bootstrap_samples: int) -> Int
     table = steps_to_result(runs[runs["lr_rule"] == rule], by=(), reduce="median")
     fit = fit_critical_batch(table["batch_size"], table["steps_to_target"])
     low, high = bootstrap_critical_batch(runs, rule, bootstrap_samples)
-    return IntervalState(fit.b_crit, low, high, fit.bound, fit.reason)
+    return IntervalState(fit.b_crit, low, high, fit.bound, fit.reason, fit.s_min)
+
+
+def prune_step(state: IntervalState, batch_size: int, factor: float | None,
+               max_steps: int) -> int | None:
+    """The step from which a trial at `batch_size` still short of the target is hopelessly
+    behind: `factor` × the steps the fit allows there at the interval's far end,
+    S_min·(1 + B_crit_high/B) (more steps at every batch than the centre's). None without a
+    factor, an interval or a fit, or when the bound is past the trial's own step budget."""
+    if factor is None or not (math.isfinite(state.s_min) and state.s_min > 0
+                              and math.isfinite(state.high) and state.high > 0):
+        return None
+    bound = math.ceil(factor * state.s_min * (1 + state.high / batch_size))
+    return bound if bound < max_steps else None
 
 
 def candidate_cells(done: Sequence[Cell], allowed: Sequence[int],

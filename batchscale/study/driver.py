@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from batchscale.config import ExperimentConfig
 from batchscale.convergence.runner import run_convergence, work_dir
-from batchscale.schemas import make_table
+from batchscale.schemas import RunStatus, make_table
 from batchscale.study.adaptive import (
     STOP_BUDGET,
     STOP_NARROW,
@@ -32,6 +32,7 @@ from batchscale.study.adaptive import (
     interval_state,
     place_batch_sizes,
     predict_b_crit,
+    prune_step,
 )
 
 STUDY_BOOTSTRAP_SAMPLES = 200
@@ -59,17 +60,28 @@ class Study:
         targets = self.cfg.convergence.resolved_targets()
         return next((t for t in targets if t.primary), targets[0])
 
-    def run_cell(self, cell: Cell) -> None:
-        """Train every LR rule of the config at one (batch size, seed) to the targets."""
+    def run_cell(self, cell: Cell, prune_at_step: int | None = None) -> str:
+        """Train every LR rule of the config at one (batch size, seed) to the targets, stopping
+        trials still short of them at `prune_at_step` as pruned; what pruning did, in words."""
         if cell in self.cells:
-            return
+            return ""
         c = self.cfg.convergence
         one_seed = c.model_copy(update={"seeds": [cell.seed], "strategy": "grid"})
         cfg = self.cfg.model_copy(update={"convergence": one_seed})
         out_dir = work_dir(self.run_id, [cell.batch_size], self.workers, self.work_root)
         self.cells[cell] = run_convergence(cfg, [cell.batch_size], data_dir=self.data_dir,
                                            out_dir=str(out_dir), run_id=self.run_id,
-                                           workers=self.workers)
+                                           workers=self.workers, prune_at_step=prune_at_step)
+        if prune_at_step is None:
+            return ""
+        trials = self.cells[cell][1].to_pandas().drop_duplicates("trial_id")
+        pruned = int((trials["status"] == RunStatus.PRUNED).sum())
+        return (f"; {pruned} of {len(trials)} trial(s) pruned (bound: step {prune_at_step}, "
+                f"{c.adaptive_prune_factor:g}× the fit's steps at the interval's far end)")
+
+    def prune_bound(self, cell: Cell, state: IntervalState) -> int | None:
+        c = self.cfg.convergence
+        return prune_step(state, cell.batch_size, c.adaptive_prune_factor, c.max_steps)
 
     def tables(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         curves = pa.concat_tables([c for c, _ in self.cells.values()]).to_pandas()
@@ -80,7 +92,9 @@ class Study:
         """The trials' rows for the study's target (a trial has a row per target)."""
         _, runs = self.tables()
         t = self.target
-        return runs[(runs["target_metric"] == t.metric) & (runs["target_value"] == t.value)]
+        keep = ((runs["target_metric"] == t.metric) & (runs["target_value"] == t.value)
+                & (runs["status"] != RunStatus.PRUNED))  # pruned trials are left out of the fit
+        return runs[keep]
 
     def spent(self) -> tuple[int, float]:
         """(examples, device-seconds) every trial so far trained: steps × batch size, and
@@ -160,9 +174,10 @@ def run_adaptive(cfg: ExperimentConfig, *, data_dir: str, run_id: str,
     for b in placed:
         cell = Cell(b, c.seeds[0])
         if cell not in study.cells:
-            study.run_cell(cell)
+            before = interval_state(study.target_runs(), study.rule, STUDY_BOOTSTRAP_SAMPLES)
+            pruning = study.run_cell(cell, study.prune_bound(cell, before))
             state = interval_state(study.target_runs(), study.rule, STUDY_BOOTSTRAP_SAMPLES)
-            study.record("place", cell, "around the prediction", state, prediction)
+            study.record("place", cell, "around the prediction" + pruning, state, prediction)
     _refine(study, allowed, prediction)
     curves_t, runs_t = (pa.concat_tables([t[i] for t in study.cells.values()]) for i in (0, 1))
     return curves_t, runs_t, make_table("decisions", study.decisions, _environment(study, runs_t))
@@ -200,6 +215,6 @@ def _refine(study: Study, allowed: list[int], prediction: NoisePrediction) -> No
         if stop:
             study.record("stop", None, stop, state, prediction)
             return
-        study.run_cell(cell)
+        pruning = study.run_cell(cell, study.prune_bound(cell, state))
         after = interval_state(study.target_runs(), study.rule, STUDY_BOOTSTRAP_SAMPLES)
-        study.record("refine", cell, why, after, prediction, expected)
+        study.record("refine", cell, why + pruning, after, prediction, expected)
