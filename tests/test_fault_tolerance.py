@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from batchscale.config import parse_config
-from batchscale.convergence import runner, train
+from batchscale.convergence import faults, runner
 from batchscale.convergence.spec import ConvergenceSpec
 from batchscale.data.prep import prepare
 from batchscale.errors import BadInput, BatchscaleError
@@ -46,8 +46,8 @@ def with_workers(spec: ConvergenceSpec, workers: int) -> ConvergenceSpec:
 def run_group(spec: ConvergenceSpec, max_restarts: int, monkeypatch, kill_rank: int | None = None):
     """The launcher's own torchrun call; with `kill_rank`, that rank dies at KILL_AT_STEP."""
     if kill_rank is not None:
-        monkeypatch.setenv(train.FAULT_KILL_AT_STEP_ENV, str(KILL_AT_STEP))
-        monkeypatch.setenv(train.FAULT_KILL_RANK_ENV, str(kill_rank))
+        monkeypatch.setenv(faults.FAULT_KILL_AT_STEP_ENV, str(KILL_AT_STEP))
+        monkeypatch.setenv(faults.FAULT_KILL_RANK_ENV, str(kill_rank))
     runner.launch_local(spec, RUN_TIMEOUT_S, max_restarts)
     curves, runs = runner.collect(spec)
     return curves.to_pylist(), runs.to_pylist()[0]
@@ -131,7 +131,7 @@ def test_cli_refuses_to_resume_a_changed_config(tmp_path, digits_dir):
     config.write_text("\n".join(lines) + "\n")
     args = ["converge", "--config", str(config), "--batch-sizes", "64", "--dataset-dir",
             str(digits_dir), "--out", str(tmp_path / "out"), "--run-id", "r1"]
-    first = run_cli(args, cwd=tmp_path, env={train.FAULT_KILL_AT_STEP_ENV: str(KILL_AT_STEP)})
+    first = run_cli(args, cwd=tmp_path, env={faults.FAULT_KILL_AT_STEP_ENV: str(KILL_AT_STEP)})
     assert first.returncode == 1 and "finished trials are kept" in first.stderr
     config.write_text(config.read_text().replace("seeds: [0]", "seeds: [0]\n  momentum: 0.8"))
     second = run_cli(args, cwd=tmp_path)

@@ -21,7 +21,7 @@ import torch
 
 from batchscale.checks import validate_table
 from batchscale.config import parse_config
-from batchscale.convergence import checkpoint, runner, train
+from batchscale.convergence import checkpoint, faults, runner, train
 from batchscale.convergence.distributed import Dist
 from batchscale.convergence.schedule import LrSchedule, build_optimizer, lr_at
 from batchscale.convergence.spec import LATER_SETTINGS, TrainingSettings
@@ -230,9 +230,9 @@ def run_entry_point(spec_path: Path, kill_at_step: int | None = None):
     """The training script as its own process, one rank (no torchrun needed for one worker);
     with `kill_at_step` its fault drill SIGKILLs it after that step."""
     env = {k: v for k, v in os.environ.items()
-           if k not in (train.FAULT_KILL_AT_STEP_ENV, "TORCHELASTIC_RESTART_COUNT")}
+           if k not in (faults.FAULT_KILL_AT_STEP_ENV, "TORCHELASTIC_RESTART_COUNT")}
     if kill_at_step is not None:
-        env[train.FAULT_KILL_AT_STEP_ENV] = str(kill_at_step)
+        env[faults.FAULT_KILL_AT_STEP_ENV] = str(kill_at_step)
     return subprocess.run([sys.executable, "-m", "batchscale.convergence.train",
                            "--spec", str(spec_path)], env=env, capture_output=True, text=True,
                           timeout=RUN_TIMEOUT_S)

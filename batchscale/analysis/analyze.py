@@ -24,6 +24,7 @@ from batchscale.analysis.critical_summary import critical_by_rule
 from batchscale.analysis.gap import gap_summary
 from batchscale.analysis.narrative import render_markdown
 from batchscale.analysis.parallel import noise_scale
+from batchscale.analysis.pruning import pruning_text
 from batchscale.analysis.quality import measurement_quality
 from batchscale.analysis.recommend import recommend
 from batchscale.analysis.summary import (
@@ -103,7 +104,8 @@ def analyze(
     `convergence.gap_epochs`) only labels the generalization gap."""
     settings = settings or AnalysisConfig()
     sweep = ensure_columns(sweep, schemas.SWEEP)
-    all_runs = without_pruned(ensure_columns(runs, schemas.RUNS))
+    every_trial = ensure_columns(runs, schemas.RUNS)
+    all_runs = without_pruned(every_trial)
     curves = ensure_columns(curves, schemas.CURVES)
     groups = split_by_target(all_runs)
     tables = target_tables(groups)
@@ -136,6 +138,7 @@ def analyze(
         target_value=choice.target[1] if choice.target else math.nan,
         targets=_target_fits(groups, tables, settings, step_fit, cap, choice.target, critical),
         gap=gap_summary(curves, gap_epochs, choice.target[0] if choice.target else None),
+        pruning=pruning_text(every_trial),
     )
     rows = _rows(table, summary, labels, b_simple)
     return AnalysisResult(rows, summary, render_markdown(summary))

@@ -79,6 +79,8 @@ def narrative_markdown(summary: AnalysisSummary, *, with_quality: bool = True) -
     if summary.gap is not None and (summary.gap.measured or summary.critical_batch):
         lines.append(f"- **Generalization gap.** {gap_text(summary)}")
     lines.append(f"- **Gradient noise scale.** {_b_simple_text(summary.noise_scale)}")
+    if summary.pruning:
+        lines.append(f"- **Pruned trials.** {summary.pruning}")
     if summary.recommendation.batch_size is not None:
         lines.append(
             f"- **Fastest to target:** {_num(summary.min_time_to_target_s)} s of training"

@@ -255,6 +255,8 @@ class AnalysisSummary:
     targets: tuple[TargetCriticalBatch, ...] = ()
     """B_crit per target and LR rule ("B_crit vs target"), easiest target first per metric."""
     gap: GapSummary | None = None
+    pruning: str = ""
+    """The pruned trials and what pruning saved, in words (analysis/pruning.py); "" if none."""
 
     def metrics(self) -> dict[str, float]:
         """Finite headline numbers, flat, for KFP Metrics (which cannot store NaN or inf)."""

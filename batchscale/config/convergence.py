@@ -88,6 +88,15 @@ class ConvergenceConfig(_Strict):
     lr_grid: list[LearningRate] = []
     """Learning rates the `grid` rule tries at every batch size (required with `grid`), each
     finite and at most 1e6."""
+    lr_halving_eta: int | None = Field(None, ge=2)
+    """Successive halving over `lr_grid` (the grid rule only): at each rung, the learning rates
+    of one (batch size, seed) still training are ranked by the primary target's metric at the
+    rung's step (one batch size, so matched examples) and only the best 1/eta continue; the
+    others stop as `pruned` (kept in the tables, left out of the fit). None: every learning
+    rate trains to the target."""
+    lr_halving_first_rung_steps: PositiveInt = 50
+    """Step of the first halving rung; the next ones are eta, eta^2, ... times it. A multiple
+    of eval_every_steps (the ranking uses an evaluation at the rung)."""
     accumulation_steps: PositiveInt = 1
     """Micro-batches accumulated per optimizer step: global batch = micro-batch x
     accumulation_steps x workers (each batch size must divide evenly)."""
@@ -247,6 +256,14 @@ class ConvergenceConfig(_Strict):
             raise ValueError("scaling_workers: must be given together with scaling_batch_sizes")
         if "grid" in self.lr_rules and not self.lr_grid:
             raise ValueError("lr_grid: the grid rule needs at least one learning rate")
+        if self.lr_halving_eta is not None:
+            if "grid" not in self.lr_rules:
+                raise ValueError("lr_halving_eta: successive halving is over lr_grid; add grid "
+                                 "to lr_rules or leave lr_halving_eta unset")
+            if self.lr_halving_first_rung_steps % self.eval_every_steps:
+                raise ValueError(f"lr_halving_first_rung_steps: "
+                                 f"{self.lr_halving_first_rung_steps} is not a multiple of "
+                                 f"eval_every_steps {self.eval_every_steps}")
         horizon = self.decay_steps or self.max_steps
         if self.lr_decay != "none" and horizon <= self.warmup_steps:
             field = "decay_steps" if self.decay_steps else "max_steps"

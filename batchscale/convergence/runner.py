@@ -18,7 +18,13 @@ import pyarrow as pa
 from batchscale.config import ExperimentConfig
 from batchscale.convergence import checkpoint, train
 from batchscale.convergence.schedule import scaled_lr
-from batchscale.convergence.spec import ConvergenceSpec, TargetSpec, TrainingSettings, TrialSpec
+from batchscale.convergence.spec import (
+    ConvergenceSpec,
+    HalvingSpec,
+    TargetSpec,
+    TrainingSettings,
+    TrialSpec,
+)
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import Location, is_s3_uri, open_location
 from batchscale.names import check_run_id
@@ -104,7 +110,18 @@ def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, 
         run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name,
         data_dir=str(data_dir), out_dir=str(out_dir), checkpoint_dir=str(checkpoint_dir),
         checkpoint_every_steps=c.checkpoint_every_steps, training=training,
-        trials=build_trials(cfg, batch_sizes, workers, prune_at_step))
+        trials=build_trials(cfg, batch_sizes, workers, prune_at_step),
+        halving=halving_spec(c))
+
+
+def halving_spec(c) -> HalvingSpec | None:
+    """Successive halving of `c` (ConvergenceConfig), ranking by the primary target's metric."""
+    if c.lr_halving_eta is None:
+        return None
+    targets = c.resolved_targets()
+    primary = next((t for t in targets if t.primary), targets[0])
+    return HalvingSpec(eta=c.lr_halving_eta, first_rung_steps=c.lr_halving_first_rung_steps,
+                       metric=primary.metric)
 
 
 def check_checkpoints(spec: ConvergenceSpec) -> None:

@@ -121,6 +121,19 @@ LATER_SETTINGS = {name: f.default for name, f in TrainingSettings.model_fields.i
 """The settings added after checkpoint format 2, with the defaults older trials trained with."""
 
 
+class HalvingSpec(_StrictModel):
+    """Successive halving over the learning rates of one (batch size, seed), grid rule only
+    (convergence.lr_halving_eta): where trials stop, not how they train, so outside
+    `TrainingSettings` and the checkpoint identity."""
+
+    eta: Annotated[int, Field(ge=2)]
+    """The best 1/eta of the learning rates still training continue past each rung."""
+    first_rung_steps: PositiveInt
+    """The first rung's step; the next ones are eta, eta^2, ... times it."""
+    metric: str
+    """The metric the rungs rank by (the primary target's)."""
+
+
 class ConvergenceSpec(_StrictModel):
     """The trials of one launch and where their inputs and outputs live (paths or s3:// URIs)."""
 
@@ -142,6 +155,8 @@ class ConvergenceSpec(_StrictModel):
     """The settings every trial trains under."""
     trials: list[TrialSpec] = Field(min_length=1)
     """The trials, run one after another."""
+    halving: HalvingSpec | None = None
+    """Successive halving of the grid rule's learning rates; None: off."""
 
     def identity(self, trial: TrialSpec) -> dict[str, object]:
         """What a checkpoint of `trial` must agree on to be resumed: the training settings and

@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,8 +32,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from batchscale.convergence import checkpoint, trialenv
+from batchscale.convergence import checkpoint, halving, trialenv
 from batchscale.convergence.distributed import Dist, all_reduce, barrier, init_distributed
+from batchscale.convergence.faults import maybe_inject_fault
 from batchscale.convergence.noise import NoiseScale, grad_list, sq_norm
 from batchscale.convergence.schedule import DataOrder, LrSchedule, build_optimizer
 from batchscale.convergence.spec import ConvergenceSpec, TrialSpec, read_spec
@@ -47,26 +46,6 @@ from batchscale.precision import autocast
 from batchscale.schemas import RunStatus, make_table
 from batchscale.shards import load_split, read_manifest
 from batchscale.workloads import Workload, get_workload
-
-# Fault-injection drill (tests, game days): the rank named by FAULT_KILL_RANK_ENV (default 0)
-# SIGKILLs itself after the step named by FAULT_KILL_AT_STEP_ENV, on the group's first attempt
-# only, so `torchrun --max-restarts` has something real to recover from.
-FAULT_KILL_AT_STEP_ENV = "BATCHSCALE_FAULT_KILL_AT_STEP"
-FAULT_KILL_RANK_ENV = "BATCHSCALE_FAULT_KILL_RANK"
-
-
-# ---------------------------------------------------------------------------- fault drill
-def maybe_inject_fault(step: int, rank: int) -> None:
-    """The fault-injection drill (see FAULT_KILL_AT_STEP_ENV): SIGKILL, no cleanup, like an OOM
-    kill or a lost node."""
-    at = os.environ.get(FAULT_KILL_AT_STEP_ENV)
-    if at is None or int(at) != step:
-        return
-    if rank == int(os.environ.get(FAULT_KILL_RANK_ENV, "0")) and \
-            os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
-        print(f"fault drill: rank {rank} kills itself after step {step}", file=sys.stderr,
-              flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ------------------------------------------------------------------------------ one trial
@@ -308,11 +287,16 @@ class Trial:
                 improved = True
         return improved
 
-    def run(self) -> dict:
+    def run(self, pause_at_step: int | None = None) -> dict | None:
+        """Train until finished and return the summary. With `pause_at_step` (a successive
+        halving rung), stop at the first evaluation from that step on with a checkpoint and
+        return None while not finished."""
         self.maybe_resume()
         if self.finished is not None:
             return self.finished
         s = self.state
+        if pause_at_step is not None and s.step >= pause_at_step:
+            return None  # resumed at or past the rung
         sync = torch.cuda.synchronize if self.d.device.startswith("cuda") else (lambda: None)
         contention = trialenv.CpuContention()
         status = None
@@ -336,12 +320,29 @@ class Trial:
             elif (s.step % self.settings.eval_every_steps == 0 or s.step == self.gap_step
                   or s.step >= self.settings.max_steps):
                 status = self.record_eval()
+                if status is None and pause_at_step is not None and s.step >= pause_at_step:
+                    self.save_checkpoint()
+                    return None
                 if status is None and s.step % self.spec.checkpoint_every_steps == 0:
                     self.save_checkpoint()
         self.log(f"{status} at step {s.step} ({len(s.reached)} of {len(self.targets)} targets, "
                  f"{s.train_time_s:.2f} s)")
+        return self.finish(status, contention)
+
+    def stop_pruned(self) -> dict:
+        """End a paused trial as pruned (successive halving): its summary from the state its
+        last checkpoint holds."""
+        self.maybe_resume()
+        if self.finished is not None:
+            return self.finished
+        self.log(f"pruned at step {self.state.step} (successive halving)")
+        return self.finish(RunStatus.PRUNED, None)
+
+    def finish(self, status: RunStatus, contention: trialenv.CpuContention | None) -> dict:
+        """The final summary (runs rows, the CPU wait over the last segment where measured, the
+        all-reduce probe), saved as the final checkpoint."""
         summary = {"rows": self.summary_rows(status),
-                   "cpu_wait_share": contention.share(self.d),
+                   "cpu_wait_share": contention.share(self.d) if contention else None,
                    "allreduce": trialenv.allreduce_probe(self.d, self.params)}
         self.save_checkpoint(summary)
         return summary
@@ -447,14 +448,29 @@ def run_spec(spec: ConvergenceSpec) -> None:
     env = environment(run_id=spec.run_id, config_hash=spec.config_hash,
                       experiment=spec.experiment, workload=spec.training.workload,
                       device=d.device, world_size=d.world_size)
-    for trial in spec.trials:
-        if out.exists(trial_files(trial.trial_id)[1]):
-            continue
-        runner = Trial(spec, trial, data, d, checkpoints, workload)
-        summary = runner.run()
+    def start(trial: TrialSpec) -> Trial:
+        return Trial(spec, trial, data, d, checkpoints, workload)
+
+    def keep(trial: TrialSpec, runner: Trial, summary: dict) -> None:
         if d.is_main:
             write_trial_results(out, trial, runner, summary, env)
         barrier(d)
+
+    def finished_curve(trial: TrialSpec) -> list[dict] | None:
+        curves_name, run_name = trial_files(trial.trial_id)
+        return out.get_table(curves_name).to_pylist() if out.exists(run_name) else None
+
+    def log(message: str) -> None:
+        if d.is_main:
+            print(message, file=sys.stderr, flush=True)
+
+    for group in halving.trial_groups(spec):
+        if len(group) > 1:
+            halving.run_group(group, spec.halving, finished_curve, start, keep, log)
+            continue
+        if not out.exists(trial_files(group[0].trial_id)[1]):
+            runner = start(group[0])
+            keep(group[0], runner, runner.run())
     if dist.is_initialized():
         dist.destroy_process_group()
 
