@@ -355,6 +355,11 @@ DECISIONS = pa.schema(
         pa.field("b_crit_low", pa.float64()),
         pa.field("b_crit_high", pa.float64()),
         pa.field("interval_ratio", pa.float64()),
+        # B* = sqrt(B_crit·α/β) and its interval (B_crit's mapped), where the trials' own step
+        # times give the line t = α + βB; the adaptive_objective b_star narrows it.
+        pa.field("b_star", pa.float64()),
+        pa.field("b_star_low", pa.float64()),
+        pa.field("b_star_high", pa.float64()),
         # What the simulated results of this cell made the study expect the ratio to become.
         pa.field("expected_ratio", pa.float64()),
         pa.field("examples_spent", pa.int64(), nullable=False),

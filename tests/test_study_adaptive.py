@@ -239,3 +239,40 @@ def test_pruned_trials_are_left_out_of_the_fit():
     # counted, it would have been a seed that never reached: the median at batch 8 moves to inf
     counted = steps_to_result(with_pruned, by=())
     assert not np.isfinite(counted["steps_to_target"].iloc[0])
+
+
+# --------------------------------------------------------------------- the B* objective
+def test_b_star_and_its_interval_are_b_crits_through_the_square_root():
+    from batchscale.study.adaptive import optimum
+
+    state = IntervalState(b_crit=32.0, low=16.0, high=64.0, bound="", reason="")
+    best = optimum(state, (1e-3, 1e-5))  # α/β = 100 samples
+    assert (best.b_star, best.low, best.high) == pytest.approx((math.sqrt(3200), 40.0, 80.0))
+    assert best.ratio == pytest.approx(2.0)  # sqrt of B_crit's ratio 4
+    assert math.isinf(optimum(state, (math.nan, math.nan)).ratio)  # no step-time line yet
+    open_above = IntervalState(32.0, 16.0, math.inf, "", "")
+    assert math.isinf(optimum(open_above, (1e-3, 1e-5)).ratio)
+
+
+def test_the_study_narrows_b_star_when_asked_and_reads_the_line_from_its_trials():
+    import pyarrow as pa
+
+    from batchscale.config import parse_config
+    from batchscale.study.driver import Study
+
+    def cell(batch: int) -> tuple[pa.Table, pa.Table]:
+        steps = 100
+        row = {"trial_id": f"b{batch}", "batch_size": batch, "workers": 1, "lr_rule": "sqrt",
+               "steps_run": steps, "train_time_s": steps * (1e-3 + 1e-5 * batch)}
+        return pa.table({"trial_id": [f"b{batch}"]}), pa.Table.from_pylist([row])
+
+    state = IntervalState(b_crit=32.0, low=16.0, high=64.0, bound="", reason="")
+    ratios = {}
+    for objective in ("b_crit", "b_star"):
+        cfg = parse_config({"convergence": {"strategy": "adaptive",
+                                            "adaptive_objective": objective}})
+        study = Study(cfg, "t", "data", 1, echo=lambda line: None)
+        study.cells = {Cell(16, 0): cell(16), Cell(256, 0): cell(256)}
+        assert study.step_line() == pytest.approx((1e-3, 1e-5))
+        ratios[objective] = study.objective_ratio(state)
+    assert ratios == pytest.approx({"b_crit": 4.0, "b_star": 2.0})

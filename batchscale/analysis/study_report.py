@@ -105,8 +105,19 @@ def _final_sentence(last: pd.Series) -> str:
     cells = int(last["decision"])
     if math.isfinite(low) and math.isfinite(high):
         return (f"The study stopped ({last['reason']}) with B_crit {b_crit:.3g}, 90 % interval "
-                f"{low:.3g}–{high:.3g} (high/low {high / low:.2f}), after {cells} decisions.")
+                f"{low:.3g}–{high:.3g} (high/low {high / low:.2f}), after {cells} decisions."
+                + _b_star_sentence(last))
     return f"The study stopped ({last['reason']}) without a B_crit interval."
+
+
+def _b_star_sentence(last: pd.Series) -> str:
+    """B* = sqrt(B_crit·α/β) with B_crit's interval mapped, where the decisions have it."""
+    b_star, low, high = (_number(last.get(k)) for k in ("b_star", "b_star_low", "b_star_high"))
+    if not (math.isfinite(b_star) and math.isfinite(low) and math.isfinite(high) and low > 0):
+        return ""
+    return (f" B*, the batch fastest to the target (sqrt(B_crit·α/β) with the trials' own "
+            f"step-time line), is {b_star:.3g}, interval {low:.3g}–{high:.3g} (high/low "
+            f"{high / low:.2f}).")
 
 
 def _cost_sentence(decisions: pd.DataFrame, runs: pd.DataFrame | None, batch_sizes: list[int],

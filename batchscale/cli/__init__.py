@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "max_restarts", "optimizer", "precision", "lr_decay",
                                          "weight_decay", "train_eval_rows", "gap_epochs",
                                          "seeds", "max_steps", "strategy",
-                                         "target_interval_ratio",
+                                         "target_interval_ratio", "adaptive_objective",
                                          "adaptive_budget_examples", "lr_halving_eta",
                                          "lr_halving_first_rung_steps"])
     cv.add_argument("--target", action="append", type=target_flag, metavar="METRIC=VALUE",

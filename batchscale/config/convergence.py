@@ -211,7 +211,13 @@ class ConvergenceConfig(_Strict):
     adaptive_first_points: int = Field(4, ge=2, le=16)
     """Batch sizes the adaptive study places around the predicted B_crit before refining."""
     target_interval_ratio: float = Field(2.0, gt=1.0, allow_inf_nan=False)
-    """The adaptive study stops when the B_crit interval's high/low is at most this."""
+    """The adaptive study stops when its objective's interval (`adaptive_objective`) has
+    high/low at most this."""
+    adaptive_objective: Literal["b_crit", "b_star"] = "b_crit"
+    """What the adaptive study narrows: b_crit (the critical batch), or b_star (the batch
+    fastest to the target, B* = sqrt(B_crit x alpha/beta) from S(B) and the step-time line
+    t = alpha + beta B of its own trials; the answer when a recommendation, not B_crit, is
+    wanted). B*'s interval is B_crit's through that square root, so it narrows sooner."""
     adaptive_budget_examples: PositiveInt | None = None
     """Training examples (steps x batch size, summed over trials) after which the adaptive
     study stops even if its interval is wider: examples, not seconds, because they cost the

@@ -24,6 +24,7 @@ from batchscale.analysis.critical import (
     steps_to_result,
 )
 from batchscale.analysis.interval import fit_lines
+from batchscale.analysis.timetotarget import optimal_batch
 from batchscale.errors import BadInput
 from batchscale.fits import positive_pairs
 from batchscale.metrics import metric as metric_named
@@ -44,6 +45,7 @@ candidates, and each draw costs a bootstrap."""
 STOP_NARROW, STOP_BUDGET, STOP_EXHAUSTED = "interval narrow enough", "budget spent", \
     "nothing left to measure"
 STOP_NO_GAIN = "no cell left is expected to narrow the interval"
+STOP_B_STAR = "B* interval narrow enough (adaptive_objective b_star)"
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,30 @@ def prune_step(state: IntervalState, batch_size: int, factor: float | None,
         return None
     bound = math.ceil(factor * state.s_min * (1 + state.high / batch_size))
     return bound if bound < max_steps else None
+
+
+@dataclass(frozen=True)
+class Optimum:
+    """B* = sqrt(B_crit·α/β), the batch fastest to the target, with its interval: B_crit's
+    interval mapped through the same (monotone) square root, α/β taken as measured."""
+
+    b_star: float
+    low: float
+    high: float
+
+    @property
+    def ratio(self) -> float:
+        if self.low > 0 and math.isfinite(self.high) and math.isfinite(self.low):
+            return self.high / self.low
+        return math.inf
+
+
+def optimum(state: IntervalState, step_line: tuple[float, float]) -> Optimum:
+    """B* and its interval from the B_crit state and one device's step-time line (α, β); NaN
+    where either is missing (B_crit not a number, α or β not positive)."""
+    alpha_s, beta_s = step_line
+    return Optimum(*(optimal_batch(alpha_s, beta_s, b) for b in
+                     (state.b_crit, state.low, state.high)))
 
 
 def candidate_cells(done: Sequence[Cell], allowed: Sequence[int],

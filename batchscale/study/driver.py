@@ -22,6 +22,7 @@ from batchscale.config import ExperimentConfig
 from batchscale.convergence.runner import run_convergence, work_dir
 from batchscale.schemas import RunStatus, make_table
 from batchscale.study.adaptive import (
+    STOP_B_STAR,
     STOP_BUDGET,
     STOP_NARROW,
     Cell,
@@ -30,6 +31,7 @@ from batchscale.study.adaptive import (
     candidate_cells,
     choose_next,
     interval_state,
+    optimum,
     place_batch_sizes,
     predict_b_crit,
     prune_step,
@@ -96,6 +98,23 @@ class Study:
                 & (runs["status"] != RunStatus.PRUNED))  # pruned trials are left out of the fit
         return runs[keep]
 
+    def step_line(self) -> tuple[float, float]:
+        """One device's step-time line (α, β) from the study's own one-worker trials (train
+        time per step, the analysis's first source); NaN before two batch sizes ran."""
+        from batchscale.analysis.timetotarget import convergence_step_times
+        from batchscale.fits import fit_step_time
+
+        _, runs = self.tables()
+        times = convergence_step_times(runs[runs["workers"] == 1])
+        fit = fit_step_time(list(times), list(times.values()))
+        return fit.alpha_s, fit.beta_s
+
+    def objective_ratio(self, state: IntervalState) -> float:
+        """high/low of what the study narrows: B_crit's interval, or B*'s."""
+        if self.cfg.convergence.adaptive_objective == "b_star":
+            return optimum(state, self.step_line()).ratio
+        return state.ratio
+
     def spent(self) -> tuple[int, float]:
         """(examples, device-seconds) every trial so far trained: steps × batch size, and
         training seconds × workers (probes and stopped trials included)."""
@@ -107,6 +126,7 @@ class Study:
     def record(self, action: str, cell: Cell | None, reason: str, state: IntervalState,
                prediction: NoisePrediction, expected_ratio: float = math.nan) -> None:
         examples, device_s = self.spent() if self.cells else (0, 0.0)
+        best = optimum(state, self.step_line() if self.cells else (math.nan, math.nan))
         row = {"decision": len(self.decisions), "action": action,
                "batch_size": cell.batch_size if cell else None,
                "seed": cell.seed if cell else None, "reason": reason,
@@ -119,11 +139,20 @@ class Study:
                "b_crit": _finite(state.b_crit), "b_crit_low": _finite(state.low),
                "b_crit_high": _finite(state.high), "interval_ratio": _finite(state.ratio),
                "expected_ratio": _finite(expected_ratio), "examples_spent": examples,
+               "b_star": _finite(best.b_star), "b_star_low": _finite(best.low),
+               "b_star_high": _finite(best.high),
                "device_s_spent": device_s, "workers": self.workers}
         self.decisions.append(row)
         self.echo(f"adaptive {row['decision']:>2} {action:<7} "
                   f"{'' if cell is None else f'b={cell.batch_size} seed={cell.seed} '}"
-                  f"{reason}; B_crit {_interval_words(state)}; {examples:,} examples")
+                  f"{reason}; B_crit {_interval_words(state)}{_b_star_words(best)}; "
+                  f"{examples:,} examples")
+
+
+def _b_star_words(best) -> str:
+    if not math.isfinite(best.ratio):
+        return ""
+    return f"; B* {best.b_star:.3g} [{best.low:.3g}, {best.high:.3g}] (×{best.ratio:.2f})"
 
 
 def _finite(value: float | None) -> float | None:
@@ -202,7 +231,8 @@ def _refine(study: Study, allowed: list[int], prediction: NoisePrediction) -> No
         runs = study.target_runs()
         state = interval_state(runs, study.rule, STUDY_BOOTSTRAP_SAMPLES)
         examples, _ = study.spent()
-        stop = (STOP_NARROW if state.ratio <= c.target_interval_ratio else
+        narrow = study.objective_ratio(state) <= c.target_interval_ratio
+        stop = ((STOP_NARROW if c.adaptive_objective == "b_crit" else STOP_B_STAR) if narrow else
                 STOP_BUDGET if c.adaptive_budget_examples and
                 examples >= c.adaptive_budget_examples else
                 "cell limit reached" if len(study.cells) >= c.adaptive_max_cells else "")
