@@ -71,7 +71,8 @@ def _stages(cells: list[dict], config_json: str, run_id: str) -> tuple[Tasks, ob
     with dsl.ParallelFor(cells, parallelism=1) as cell:
         conv = _no_cache(convergence(config_json=config_json, run_id=run_id,
                                      batch_sizes=cell.batch_sizes, workers=cell.workers,
-                                     dataset=dataset).after(sweep_ok))
+                                     dataset=dataset,
+                                     sweep=sweep.outputs["sweep"]).after(sweep_ok))
     runs_ok = _no_cache(validate_runs(config_json=config_json,
                                       curves=dsl.Collected(conv.outputs["curves"]),
                                       runs=dsl.Collected(conv.outputs["runs"]),

@@ -157,3 +157,12 @@ def test_a_shared_hosts_factor_that_cannot_be_fitted_is_one_and_says_why():
     noisy = inputs_of(shared_host_frames(factor=5.0))
     assert noisy.shared_compute_factor == 1.0
     assert "fitted to 5, outside 0.25–2: noise" in noisy.shared_compute_note
+
+
+def test_steps_no_slower_than_their_compute_hid_the_whole_all_reduce():
+    """Noise can make a data-parallel step come out faster than its compute reference: the
+    exposed time is negative, and the hidden share is 1, not above it."""
+    frames = probed_frames(comm_s=-1e-4)
+    comm = comm_model(inputs_of(frames))
+    assert comm.hidden_share == 1.0
+    assert comm.source.hidden_share == MEASURED

@@ -276,3 +276,23 @@ def test_the_study_narrows_b_star_when_asked_and_reads_the_line_from_its_trials(
         assert study.step_line() == pytest.approx((1e-3, 1e-5))
         ratios[objective] = study.objective_ratio(state)
     assert ratios == pytest.approx({"b_crit": 4.0, "b_star": 2.0})
+
+
+def test_the_pipelines_study_is_clipped_at_the_sweeps_memory_boundary(tmp_path):
+    """The study stage reads the largest batch that fitted from the validated sweep table."""
+    from batchscale.schemas import make_table
+    from batchscale.storage import write_table_atomic
+    from batchscale.study.stage import largest_batch
+
+    rows = [{"input_mode": "synthetic", "batch_size": b, "status": s, "precision": "fp32",
+             "timed_steps": 20 if s == "ok" else 0}
+            for b, s in ((64, "ok"), (256, "ok"), (1024, "oom"))]
+    env = {"run_id": "r", "config_hash": "c", "experiment": "e", "workload": "w",
+           "git_commit": "g", "batchscale_version": "0", "torch_version": "2", "threads": 2,
+           "python_version": "3", "device_name": "cpu", "world_size": 1}
+    path = tmp_path / "sweep.parquet"
+    write_table_atomic(path, make_table("sweep", rows, env))
+    assert largest_batch(str(path)) == 256
+    write_table_atomic(path, make_table("sweep", rows[:2], env))
+    assert largest_batch(str(path)) is None  # nothing ran out of memory: nothing to clip at
+    assert largest_batch(None) is None

@@ -181,7 +181,8 @@ def probed_model(inputs: PlanInputs, latency_us: float | None = None) -> CommMod
               if len(exposed) > 1 else f"{ratio:.2g}× the bare all-reduce (one cell)")
     source = CommSource(MEASURED, link.source.latency, MEASURED)
     if ratio <= 1:
-        return CommModel(link.bandwidth_Bps, link.latency_s, max(0.0, 1 - ratio), source,
+        # A step no slower than its compute (ratio <= 0: the reference's own noise) hid it all.
+        return CommModel(link.bandwidth_Bps, link.latency_s, min(1.0, 1 - ratio), source,
                          f"{measured}; training exposed {spread}")
     points = [(n, inputs.gradient_bytes, max(c, 0.0))
               for n, c in zip(cells["workers"], cells["comm_s"], strict=True)]

@@ -320,3 +320,5 @@ def default_plan(sweep: pd.DataFrame | None, runs: pd.DataFrame | None,
         return make_plan(inputs, comm_model(inputs), workers), ""
     except BadInput as err:
         return None, str(err)
+    except ValueError as err:  # a planner check on the numbers: the run's analysis goes on
+        return None, f"the planner could not use this run's measurements: {err}"

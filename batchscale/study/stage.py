@@ -12,7 +12,10 @@ from batchscale.storage import write_table_atomic
 
 
 def run_stage(config_json: str, run_id: str, batch_sizes: str, workers: int, dataset_dir: str,
-              curves_path: str, runs_path: str, decisions_path: str) -> None:
+              curves_path: str, runs_path: str, decisions_path: str,
+              sweep_path: str | None = None) -> None:
+    """One convergence cell; the adaptive study places its batch sizes within the largest that
+    fitted in the sweep (`sweep_path`, the validated sweep table), where it found one."""
     if batch_sizes != ADAPTIVE_CELL:
         runner.run_stage(config_json, run_id, batch_sizes, workers, dataset_dir, curves_path,
                          runs_path)
@@ -22,7 +25,24 @@ def run_stage(config_json: str, run_id: str, batch_sizes: str, workers: int, dat
 
     cfg = config_from_json(config_json)
     curves, runs, decisions = run_adaptive(cfg, data_dir=dataset_dir, run_id=run_id,
-                                           workers=workers)
+                                           workers=workers,
+                                           largest_batch=largest_batch(sweep_path))
     write_table_atomic(curves_path, curves)
     write_table_atomic(runs_path, runs)
     write_table_atomic(decisions_path, decisions)
+
+
+def largest_batch(sweep_path: str | None) -> int | None:
+    """The largest batch that fitted in the sweep's memory (its OOM boundary); None without a
+    sweep or an OOM (every batch the sweep tried fitted: nothing to clip at)."""
+    import math
+
+    from batchscale import schemas
+    from batchscale.fits import ensure_columns, largest_fitting_batch
+    from batchscale.storage import read_table_file
+
+    if sweep_path is None:
+        return None
+    sweep = ensure_columns(read_table_file(sweep_path).to_pandas(), schemas.SWEEP)
+    largest, _ = largest_fitting_batch(sweep)
+    return int(largest) if math.isfinite(largest) else None

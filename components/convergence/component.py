@@ -9,9 +9,9 @@ from batchscale.images import GPU_IMAGE
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
 def convergence(config_json: str, run_id: str, batch_sizes: str, workers: str,
-                dataset: Input[Dataset], curves: Output[Dataset], runs: Output[Dataset],
-                decisions: Output[Dataset]):
+                dataset: Input[Dataset], sweep: Input[Dataset], curves: Output[Dataset],
+                runs: Output[Dataset], decisions: Output[Dataset]):
     from batchscale.study.stage import run_stage
 
     run_stage(config_json, run_id, batch_sizes, int(workers), dataset.path, curves.path,
-              runs.path, decisions.path)
+              runs.path, decisions.path, sweep_path=sweep.path)
