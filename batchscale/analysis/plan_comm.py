@@ -136,14 +136,9 @@ def comm_model(inputs: PlanInputs, link_gbps: float | None = None,
         raise BadInput("the data-parallel runs were no slower per step than one worker at the "
                        "per-worker batch, so their communication cannot be measured: give "
                        "--link-gbps and --latency-us")
-    points = [(n, inputs.gradient_bytes, max(c, 0.0))
-              for n, c in zip(cells["workers"], cells["comm_s"], strict=True)]
     separable = cells["workers"].nunique() >= 2
     latency_s = None if separable and latency_us is None else (latency_us or 0.0) * 1e-6
-    try:
-        model = fit_comm_model(points, latency_s=latency_s)
-    except ValueError as err:
-        raise BadInput(f"cannot fit the communication model: {err}") from None
+    model = cells_model(inputs, latency_s)
     if latency_s is not None and latency_us is None:
         note = ("latency assumed 0: one worker count measured cannot separate latency from "
                 "bandwidth, so past it the all-reduce is taken as bandwidth-bound")
@@ -184,12 +179,7 @@ def probed_model(inputs: PlanInputs, latency_us: float | None = None) -> CommMod
         # A step no slower than its compute (ratio <= 0: the reference's own noise) hid it all.
         return CommModel(link.bandwidth_Bps, link.latency_s, min(1.0, 1 - ratio), source,
                          f"{measured}; training exposed {spread}")
-    points = [(n, inputs.gradient_bytes, max(c, 0.0))
-              for n, c in zip(cells["workers"], cells["comm_s"], strict=True)]
-    try:
-        effective = fit_comm_model(points, latency_s=link.latency_s)
-    except ValueError as err:
-        raise BadInput(f"cannot fit the communication model: {err}") from None
+    effective = cells_model(inputs, link.latency_s)
     return CommModel(effective.bandwidth_Bps, link.latency_s, 0.0, source,
                      f"{measured}; the data-parallel steps exposed {spread}: more than the "
                      "all-reduce itself (workers sharing one machine's cores contend), so an "
@@ -220,15 +210,22 @@ def _unresolved_link(inputs: PlanInputs, latency_s: float | None, why: str) -> C
         raise BadInput(f"the all-reduce probes did not resolve the link ({why}) and no "
                        "data-parallel step was slower than its compute: give --link-gbps and "
                        "--latency-us")
-    points = [(n, inputs.gradient_bytes, max(c, 0.0))
-              for n, c in zip(cells["workers"], cells["comm_s"], strict=True)]
-    try:
-        effective = fit_comm_model(points, latency_s=latency_s)
-    except ValueError as err:
-        raise BadInput(f"cannot fit the communication model: {err}") from None
+    effective = cells_model(inputs, latency_s)
     return CommModel(effective.bandwidth_Bps, latency_s, 0.0,
                      CommSource(MEASURED, MEASURED, ASSUMED),
                      f"the all-reduce probes did not resolve the link's bandwidth ({why}"
                      f"{_probe_cv(probe)}): latency {latency_s * 1e6:.3g} µs per hop from "
                      "their small message, an effective bandwidth fitted to the data-parallel "
                      "steps, hidden share assumed 0")
+
+
+def cells_model(inputs: PlanInputs, latency_s: float | None) -> CommModel:
+    """The ring model fitted to the data-parallel cells' exposed times (an effective bandwidth;
+    latency fitted too where `latency_s` is None); BadInput where they cannot be fitted."""
+    cells = inputs.data_parallel
+    points = [(n, inputs.gradient_bytes, max(c, 0.0))
+              for n, c in zip(cells["workers"], cells["comm_s"], strict=True)]
+    try:
+        return fit_comm_model(points, latency_s=latency_s)
+    except ValueError as err:
+        raise BadInput(f"cannot fit the communication model: {err}") from None
