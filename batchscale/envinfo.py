@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import batchscale
+from batchscale.config.variants import study_id_of
 
 
 @functools.cache
@@ -49,8 +50,10 @@ def device_name(device: str = "cpu") -> str:
 
 def environment(
     *, run_id: str, config_hash: str, experiment: str, workload: str,
-    device: str = "cpu", world_size: int = 1,
+    device: str = "cpu", world_size: int = 1, variant: str | None = None,
 ) -> dict:
+    """The environment columns; `variant`: the config's (a study's variant), from which with
+    the run id the row's study_id follows."""
     import torch
 
     return {
@@ -65,4 +68,6 @@ def environment(
         "device_name": device_name(device),
         "threads": torch.get_num_threads(),
         "world_size": world_size,
+        "study_id": study_id_of(run_id, variant),
+        "variant": variant,
     }

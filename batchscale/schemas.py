@@ -55,11 +55,16 @@ ENV_FIELDS = [
     # the column existed (version 1). Readers take older partitions under today's schema, the
     # columns added since reading as null (docs/architecture.md, "Schema versions").
     pa.field("schema_version", pa.int32()),
+    # A study's variant (config `variant`) and the study (its run id less the variant's name);
+    # null for a single run, and in rows written before version 3.
+    pa.field("study_id", pa.string()),
+    pa.field("variant", pa.string()),
 ]
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """2: several targets per trial (runs: a row per trial and target, target_metric and
 target_value), every evaluated metric in curves, curves' train_loss on a fixed training subset
-(the running batch mean moved to train_batch_loss)."""
+(the running batch mean moved to train_batch_loss). 3: `study_id` and `variant` in every result
+row."""
 
 DATASET = pa.schema(
     [
@@ -368,6 +373,63 @@ DECISIONS = pa.schema(
     ]
 )
 
+STUDY = pa.schema(
+    [
+        # A study's comparison (batchscale/variants/): one row per (variant, target, LR rule),
+        # the figures the variant's own analysis gives, recomputed from its published tables.
+        # `run_id` is the study id; the variant's own run is `variant_run_id`.
+        pa.field("variant_run_id", pa.string(), nullable=False),
+        # The variant's axis values as JSON ({"dataset_fraction": 0.25, "model": "..."}).
+        pa.field("axis_values", pa.string(), nullable=False),
+        pa.field("target_metric", pa.string(), nullable=False),
+        pa.field("target_value", pa.float64(), nullable=False),
+        pa.field("lr_rule", pa.string(), nullable=False),
+        # B_crit with its 90 % interval; NaN where the data support only a bound (b_crit_bound
+        # "above"/"below" b_crit_bound_batch) or nothing (`b_crit_reason`).
+        pa.field("b_crit", pa.float64()),
+        pa.field("b_crit_low", pa.float64()),
+        pa.field("b_crit_high", pa.float64()),
+        pa.field("b_crit_bound", pa.string()),
+        pa.field("b_crit_bound_batch", pa.float64()),
+        pa.field("b_crit_reason", pa.string()),
+        pa.field("s_min", pa.float64()),
+        pa.field("e_min", pa.float64()),
+        # The gradient noise scale at the end of the variant's trials (median over trials).
+        pa.field("b_simple", pa.float64()),
+        pa.field("saturation_batch", pa.int64()),
+        # B* = sqrt(α·B_crit/β) with B_crit's interval through the same square root.
+        pa.field("b_star", pa.float64()),
+        pa.field("b_star_low", pa.float64()),
+        pa.field("b_star_high", pa.float64()),
+        # The model's parameter count (the model-size axis's x when the axis names workloads).
+        pa.field("parameters", pa.int64()),
+    ]
+)
+
+STUDY_AXES = pa.schema(
+    [
+        # One row per (axis, target, LR rule): does B_crit move with this axis? The slope of
+        # log B_crit on log x (x_scale "log"; "linear" when an axis value is not positive), its
+        # 90 % interval from the variants' B_crit intervals, and the factor B_crit changes by
+        # over the axis's studied range. NaN slope: `verdict` says why it was not fitted.
+        pa.field("axis", pa.string(), nullable=False),
+        pa.field("x_name", pa.string(), nullable=False),
+        pa.field("x_scale", pa.string(), nullable=False),
+        pa.field("target_metric", pa.string(), nullable=False),
+        pa.field("target_value", pa.float64(), nullable=False),
+        pa.field("lr_rule", pa.string(), nullable=False),
+        pa.field("variants_fitted", pa.int64(), nullable=False),
+        pa.field("slope", pa.float64()),
+        pa.field("slope_low", pa.float64()),
+        pa.field("slope_high", pa.float64()),
+        pa.field("range_factor", pa.float64()),
+        pa.field("range_factor_low", pa.float64()),
+        pa.field("range_factor_high", pa.float64()),
+        # "grows", "shrinks", "no detectable change" or "not fitted: <why>".
+        pa.field("verdict", pa.string(), nullable=False),
+    ]
+)
+
 RESULT_TABLES = {
     "sweep": SWEEP,
     "curves": CURVES,
@@ -375,6 +437,8 @@ RESULT_TABLES = {
     "analysis": ANALYSIS,
     "plan": PLAN,
     "decisions": DECISIONS,
+    "study": STUDY,
+    "study_axes": STUDY_AXES,
 }
 TABLES = {"dataset": DATASET, "manifest": MANIFEST, **RESULT_TABLES, "regressions": REGRESSIONS}
 

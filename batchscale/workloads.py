@@ -25,7 +25,9 @@ CLASSIFIERS = ("resnet18", "resnet50", "mobilenet_v3_small", "vit_b_16")
 DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_resnet50_fpn")
 SEGMENTERS = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "fcn_resnet50")
 LANGUAGE_MODELS = ("byte-transformer", "byte-lstm")
-WORKLOAD_NAMES = ("digits-mlp", "digits-cnn", *CLASSIFIERS, *DETECTORS, *SEGMENTERS,
+# The digits MLP at other hidden widths: a model-size axis for studies (README "Studies").
+DIGITS_MLP_WIDTHS = {"digits-mlp-narrow": 32, "digits-mlp": 128, "digits-mlp-wide": 512}
+WORKLOAD_NAMES = (*DIGITS_MLP_WIDTHS, "digits-cnn", *CLASSIFIERS, *DETECTORS, *SEGMENTERS,
                   *LANGUAGE_MODELS)
 # The module that turns dataset rows into batches, a loss and metrics, per kind of task.
 TASK_MODULES = {
@@ -157,12 +159,16 @@ def _detection_batch(x, num_classes: int, gen, device: str):
     return [img.to(device) for img in x], targets
 
 
-def _digits_mlp():
-    from torch import nn
+def _digits_mlp(width: int):
+    def build():
+        from torch import nn
 
-    return nn.Sequential(
-        nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)
-    )
+        return nn.Sequential(
+            nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+            nn.Linear(width, 10),
+        )
+
+    return build
 
 
 def _digits_cnn():
@@ -288,8 +294,10 @@ def get_workload(
     image_size), with `num_classes` outputs, default 10). Language models take sequences of
     `seq_len` bytes (or `input_shape`'s one dimension); segmenters and detectors images of
     `image_size` pixels with `num_classes` classes, background included."""
-    if name == "digits-mlp":
-        return Workload(name, "classification", (64,), 10, _digits_mlp, "3-layer MLP, 8x8 digits")
+    if name in DIGITS_MLP_WIDTHS:
+        width = DIGITS_MLP_WIDTHS[name]
+        return Workload(name, "classification", (64,), 10, _digits_mlp(width),
+                        f"3-layer MLP, {width} wide, 8x8 digits")
     if name == "digits-cnn":
         return Workload(name, "classification", (1, 8, 8), 10, _digits_cnn, "2-conv CNN, digits")
     image = (3, image_size, image_size)

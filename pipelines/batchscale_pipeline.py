@@ -14,6 +14,15 @@ CPU and memory requests per stage and per convergence cell, images, node placeme
 deadlines, S3 settings from a Secret: pipelines/cluster.py) and takes the run id from KFP, so
 every run and every scheduled run publishes under its own id. kfp.local ignores those
 settings, so the local pipeline is built without them.
+
+A study config (a `study:` section) compiles for a cluster into one pipeline in which every
+variant is its own branch of the stages above, with the variant's config baked in as a
+constant (the fan-out is fixed at build time, like the batch sizes') and its run id
+`<run UUID>-<variant>`; nothing joins the branches until `compare-study`, which runs after every
+variant has published, so a cluster with the GPUs runs the variants side by side: each
+measuring pod requests its own GPUs (and with `kubernetes.measure_cpus` reserves its CPUs), but
+variants placed on one node still share its memory bandwidth and links. Locally `batchscale
+study` runs the variants one after another without a pipeline of its own.
 """
 
 from kfp import dsl
@@ -22,6 +31,7 @@ from batchscale.components.analysis.component import analysis
 from batchscale.components.convergence.component import convergence
 from batchscale.components.data_prep.component import data_prep
 from batchscale.components.publish.component import publish, regression_gate
+from batchscale.components.study.component import compare_study, variant_run_id
 from batchscale.components.throughput_sweep.component import throughput_sweep
 from batchscale.components.validate.component import (
     validate_analysis,
@@ -31,8 +41,11 @@ from batchscale.components.validate.component import (
     validate_sweep,
 )
 from batchscale.config import ExperimentConfig
+from batchscale.config.variants import Variant, expand
+from batchscale.errors import BadInput
 from batchscale.pipelines.cluster import (
     GPU_STAGES,
+    STUDY_STAGE,
     apply_cluster_settings,
     check_devices,
     cluster_cells,
@@ -45,7 +58,9 @@ PIPELINE_DESCRIPTION = ("Why a bigger batch does not train faster: throughput, m
 STAGE_NAMES = ("data-prep", "validate-dataset", "throughput-sweep", "validate-sweep",
                "convergence", "validate-runs", "analysis", "validate-analysis", "publish",
                "validate-regressions", "regression-gate")
-__all__ = ["GPU_STAGES", "STAGE_NAMES", "build_pipeline", "compile_pipeline"]
+VARIANT_RUN_ID_STAGE = "variant-run-id"
+__all__ = ["GPU_STAGES", "STAGE_NAMES", "STUDY_STAGE", "VARIANT_RUN_ID_STAGE", "build_pipeline",
+           "compile_pipeline"]
 LOCAL_RUN_ID = "manual"
 PUBLISH_RETRIES = 3
 PUBLISH_BACKOFF = "30s"
@@ -106,13 +121,51 @@ def _stages(cells: list[dict], config_json: str, run_id: str) -> tuple[Tasks, ob
     return tasks, cell
 
 
+# -------------------------------------------------------------------------------- studies
+def _variant_branch(variant: Variant) -> dsl.PipelineTask:
+    """One variant's stages, with its own config, cells, cluster settings and run id; returns
+    its publish task, which the study's comparison waits for."""
+    cfg = variant.config
+    run_id = _no_cache(variant_run_id(study_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                                      variant=variant.name))
+    tasks, cell = _stages(cluster_cells(cfg), cfg.to_json(), run_id.output)
+    apply_cluster_settings({VARIANT_RUN_ID_STAGE: run_id, **tasks}, cell, cfg)
+    return tasks["publish"]
+
+
+def _study_pipeline(cfg: ExperimentConfig):
+    """The cluster pipeline of a study config: a branch per variant, then `compare-study`. The
+    study id is KFP's run UUID (see build_pipeline); each variant's run id is made from it by a
+    step of its own, since a backend does not reliably substitute the UUID inside a formatted
+    string (kubeflow/pipelines#11035)."""
+    variants = expand(cfg)
+    for variant in variants:
+        check_devices(variant.config)
+
+    @dsl.pipeline(name=PIPELINE_NAME, description=PIPELINE_DESCRIPTION)
+    def batchscale_study_pipeline(config_json: str = cfg.to_json()):
+        published = [_variant_branch(variant) for variant in variants]
+        compare = _no_cache(compare_study(config_json=config_json,
+                                          study_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER
+                                          ).after(*published))
+        apply_cluster_settings({STUDY_STAGE: compare}, None, cfg)
+
+    return batchscale_study_pipeline
+
+
 # ------------------------------------------------------------------------------ pipelines
 def build_pipeline(cfg: ExperimentConfig, for_cluster: bool = False):
     """A pipeline function for `cfg`: the batch-size fan-out is fixed at build time, the config
     itself is the `config_json` parameter (its default is `cfg`). Locally the run id is a
     parameter (the CLI makes one, and reusing it resumes a run); on a cluster it is KFP's run
     UUID, because parameter macros are not expanded in v2 recurring runs (kubeflow/pipelines
-    #12494) and a fixed id would collide in the create-only lake."""
+    #12494) and a fixed id would collide in the create-only lake. A study config builds the
+    study's cluster pipeline (see the module's docstring); it has no local pipeline."""
+    if cfg.study.is_study:
+        if not for_cluster:
+            raise BadInput("a study config has no local pipeline: run it with `batchscale "
+                           "study`, which runs its variants one after another")
+        return _study_pipeline(cfg)
     if for_cluster:
         check_devices(cfg)
 

@@ -46,6 +46,8 @@ POD_FIELD_ENV = {"BATCHSCALE_POD_NAME": "metadata.name", "BATCHSCALE_POD_UID": "
 """Downward-API variables of a kubeflow-launched convergence pod: its TrainJob's owner."""
 LOOP_FIELD = re.compile(r"(pipelinechannel--loop-item-param-\d+)-subvar-(\w+)")
 """How the SDK names a loop item's field (kfp/dsl/for_loop.py, LoopArgumentVariable)."""
+STUDY_STAGE = "compare-study"
+"""A study's last step: it reads every variant's tables from the lake and publishes the study."""
 TRAINJOB_IMAGE_ENV = "BATCHSCALE_TRAINJOB_IMAGE"
 POD_DEADLINE_ENV = "BATCHSCALE_POD_DEADLINE_S"
 
@@ -118,9 +120,10 @@ def deadline_s(stage: str, cfg: ExperimentConfig) -> int:
 
 def s3_stages(cfg: ExperimentConfig) -> set[str]:
     """Stages that talk to S3 with the store's credentials; only they get the Secret. Publish
-    writes the lake; data_prep reads an s3:// dataset source; convergence stages its inputs for
-    a TrainJob's pods (which share nothing but the store) or keeps s3:// checkpoints."""
-    stages = {"publish"}
+    writes the lake, a study's comparison reads and writes it; data_prep reads an s3:// dataset
+    source; convergence stages its inputs for a TrainJob's pods (which share nothing but the
+    store) or keeps s3:// checkpoints."""
+    stages = {"publish", STUDY_STAGE}
     if (cfg.dataset.source_uri or "").startswith("s3://"):
         stages.add("data-prep")
     conv = cfg.convergence
@@ -216,7 +219,7 @@ def _launch_env(task: dsl.PipelineTask, cfg: ExperimentConfig) -> None:
 
 def apply_cluster_settings(tasks: Tasks, cell, cfg: ExperimentConfig) -> None:
     """Placement, deadlines, pull secrets, S3 access, images and sizes of every stage; `cell`
-    is the convergence loop's item (cluster_cells)."""
+    is the convergence loop's item (cluster_cells; None where `tasks` has no convergence)."""
     k8s, lake_stages = cfg.kubernetes, s3_stages(cfg)
     for stage, task in tasks.items():
         _place(task, k8s.node_selector, k8s.tolerations)

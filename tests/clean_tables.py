@@ -176,10 +176,37 @@ def decision_rows() -> list[dict]:
     ]
 
 
+def study_rows() -> list[dict]:
+    """A fitted variant and one whose data support only a lower bound (NaN figures)."""
+    nan = float("nan")
+    common = {"study_id": ENV["run_id"], "target_metric": "val_accuracy", "target_value": 0.9,
+              "lr_rule": "sqrt", "s_min": 40.0, "b_simple": 11.5, "saturation_batch": 64,
+              "parameters": 26_122}
+    return [
+        {**common, "variant": "fraction0.5", "variant_run_id": "run-1-fraction0.5",
+         "axis_values": '{"dataset_fraction": 0.5}', "b_crit": 40.0, "b_crit_low": 28.0,
+         "b_crit_high": 56.0, "e_min": 1600.0, "b_star": 20.0, "b_star_low": 16.7,
+         "b_star_high": 23.7},
+        {**common, "variant": "fraction1", "variant_run_id": "run-1-fraction1",
+         "axis_values": '{"dataset_fraction": 1.0}', "b_crit": nan, "b_crit_low": nan,
+         "b_crit_high": nan, "b_crit_bound": "above", "b_crit_bound_batch": 64.0,
+         "b_crit_reason": "steps still fall like 1/B", "s_min": nan, "e_min": nan,
+         "b_star": nan, "b_star_low": nan, "b_star_high": nan},
+    ]
+
+
+def study_axes_rows() -> list[dict]:
+    return [{"study_id": ENV["run_id"], "axis": "dataset_fraction", "x_name": "dataset_fraction",
+             "x_scale": "log", "target_metric": "val_accuracy", "target_value": 0.9,
+             "lr_rule": "sqrt", "variants_fitted": 3, "slope": 0.4, "slope_low": -0.1,
+             "slope_high": 0.9, "range_factor": 1.7, "range_factor_low": 0.87,
+             "range_factor_high": 3.5, "verdict": "no detectable change"}]
+
+
 ROWS = {"dataset": dataset_rows, "manifest": manifest_rows, "sweep": sweep_rows,
         "curves": curve_rows, "runs": run_rows, "analysis": analysis_rows,
         "regressions": regression_rows, "plan": plan_rows,
-        "decisions": decision_rows}
+        "decisions": decision_rows, "study": study_rows, "study_axes": study_axes_rows}
 
 
 def table(kind: str, rows: list[dict] | None = None) -> pa.Table:
@@ -198,6 +225,8 @@ def context(kind: str) -> dict:
         "regressions": {},
         "plan": {},
         "decisions": {},
+        "study": {},
+        "study_axes": {},
     }[kind]
 
 

@@ -190,7 +190,9 @@ def test_sweep_with_negative_throughput(tmp_path):
 UNBOUNDED_ABOVE = {"b_simple", "train_loss", "measured_slope", "train_batch_loss", "val_loss",
                    "val_perplexity", "target_value", "final_metric_value"}
 # a noisy estimate of tr(Sigma)/|G|^2 can come out negative; slopes d log S / d log B are <= 0
-SIGNED = {"b_simple", "measured_slope", "fit_slope", "change"}  # change: a drop is negative
+# change: a drop is negative; slope: B_crit may shrink along a study's axis
+SIGNED = {"b_simple", "measured_slope", "fit_slope", "change", "slope", "slope_low",
+          "slope_high"}
 NAN_MEANS_NOT_MEASURED = {
     "dataset": set(), "manifest": set(),
     "sweep": {"step_time_cv"},
@@ -203,6 +205,10 @@ NAN_MEANS_NOT_MEASURED = {
     "regressions": {"samples_per_s", "history_median", "history_mad", "allowed_drop", "change"},
     "plan": set(),
     "decisions": set(),
+    "study": {"b_crit", "b_crit_bound_batch", "b_crit_high", "b_crit_low", "b_simple", "b_star",
+              "b_star_high", "b_star_low", "e_min", "s_min"},
+    "study_axes": {"range_factor", "range_factor_high", "range_factor_low", "slope",
+                   "slope_high", "slope_low"},
 }
 ROWS_TO_CORRUPT = {"curves": [0, 1, 2, 4, 5, 7]}  # not a trial's last row (diverged may be NaN)
 EXTREMES = ("inf", "-inf", "nan", "huge", "negative")

@@ -1,7 +1,10 @@
-"""End to end: the real pipeline under kfp.local, publishing to a real SeaweedFS.
+"""End to end: the real pipeline under kfp.local, publishing to a real SeaweedFS, run as a
+two-variant study (issue 16): the tiny config on all the training rows and on half of them.
+Most tests check the full-data variant's run as a single run's; the study's own tests check the
+comparison, the `variant` columns and resuming variant by variant.
 
-The tiny config keeps it around a minute on 2 cores; the assertions read the published tables
-back from the store and check their contents, not only that they exist.
+The tiny config keeps each variant around a minute on 2 cores; the assertions read the
+published tables back from the store and check their contents, not only that they exist.
 """
 
 import json
@@ -11,12 +14,15 @@ import pyarrow.dataset as ds
 import pytest
 
 from batchscale.config import load_config
+from batchscale.config.variants import expand
 from batchscale.lake.publish import LAKE_TABLES, run_manifest_key
 from batchscale.storage import sha256_b64
 from helpers import run_cli, store_env
 
 pytestmark = pytest.mark.slow
 PLANTED_SECRET = "planted-secret-7f3a9c1e5b"
+STUDY_ID = "20261129T000000Z-e2etest"
+STUDY_AXES = "study:\n  axes:\n    dataset_fraction: [0.5, 1.0]\n"
 
 
 @pytest.fixture(scope="module")
@@ -27,13 +33,20 @@ def published(tmp_path_factory, seaweed):
     workdir = tmp_path_factory.mktemp("e2e")
     from helpers import TINY_CONFIG
 
-    (workdir / "tiny.yaml").write_text(TINY_CONFIG)
-    run_id = "20261129T000000Z-e2etest"
+    (workdir / "tiny.yaml").write_text(TINY_CONFIG + STUDY_AXES)
     env = {**store_env(store), "KF_PIPELINES_TOKEN": PLANTED_SECRET}
-    result = run_cli(["run", "--config", "tiny.yaml", "--run-id", run_id], cwd=workdir,
-                     env=env, timeout_s=900)
+    result = run_cli(["run", "--config", "tiny.yaml", "--run-id", STUDY_ID], cwd=workdir,
+                     env=env, timeout_s=1500)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return store, run_id, workdir, result, load_config(workdir / "tiny.yaml")
+    full = expand(load_config(workdir / "tiny.yaml"))[-1]
+    return store, f"{STUDY_ID}-{full.name}", workdir, result, full.config
+
+
+@pytest.fixture(scope="module")
+def variants(published):
+    """The study's variants: name → run id."""
+    _, _, workdir, _, _ = published
+    return {v.name: f"{STUDY_ID}-{v.name}" for v in expand(load_config(workdir / "tiny.yaml"))}
 
 
 def _table(store, name, run_id):
@@ -105,14 +118,14 @@ def test_summary_printed_and_report_saved(published):
     assert "<img" in report.read_text()
 
 
-def test_lake_reads_with_pyarrow_dataset_and_hive_partitions(published):
+def test_lake_reads_with_pyarrow_dataset_and_hive_partitions(published, variants):
     store, run_id, _, _, _ = published
     fs = store.pyarrow_filesystem()
     for name in LAKE_TABLES:
         table = ds.dataset(f"{store.settings.bucket}/{store.key(name)}", filesystem=fs,
                            format="parquet", partitioning="hive").to_table()
         assert table.num_rows > 0
-        assert set(table.column("run_id").to_pylist()) == {run_id}
+        assert set(table.column("run_id").to_pylist()) == set(variants.values())
         assert set(table.column("date").to_pylist()) == {"2026-11-29"}
 
 
@@ -142,3 +155,66 @@ def test_no_secret_in_any_output(published):
     for key in store.list():
         data = store.get_bytes(key)
         assert all(s not in data for s in secrets), key
+
+
+# ------------------------------------------------------------------ the study (issue 16)
+def test_every_row_of_every_variant_names_its_variant_and_study(published, variants):
+    store, _, _, _, _ = published
+    for name, run_id in variants.items():
+        for table in LAKE_TABLES:
+            rows = _table(store, table, run_id)
+            if table in ("dataset_manifest", "regressions"):
+                continue  # not result tables: no environment columns
+            assert {(r["variant"], r["study_id"]) for r in rows} == {(name, STUDY_ID)}, table
+
+
+def test_the_half_data_variant_trained_on_half_the_rows(published, variants):
+    store, _, _, _, _ = published
+    rows = {name: sum(r["rows"] for r in _table(store, "dataset_manifest", run_id)
+                      if r["split"] == "train") for name, run_id in variants.items()}
+    assert rows == {"fraction0.5": 719, "fraction1": 1438}
+
+
+def test_the_study_is_published_as_a_run_with_its_comparison(published, variants):
+    store, _, workdir, result, _ = published
+    manifest = json.loads(store.get_bytes(run_manifest_key(store, STUDY_ID)))
+    assert manifest["kind"] == "study" and manifest["variants"] == variants
+    study = _table(store, "study", STUDY_ID)
+    assert {r["variant"] for r in study} == set(variants)
+    assert {r["variant_run_id"] for r in study} == set(variants.values())
+    # One seed: no B_crit interval, so the slope is refused with the reason, not printed.
+    axes = _table(store, "study_axes", STUDY_ID)
+    assert [r["axis"] for r in axes] == ["dataset_fraction"]
+    assert axes[0]["verdict"].startswith("not fitted: ")
+    assert "What moves the critical batch?" in result.stdout
+    page = (workdir / ".batchscale" / "studies" / STUDY_ID / "report.html").read_text()
+    assert "fraction0.5" in page and "dataset_fraction" in page
+
+
+def test_a_finished_study_run_again_skips_its_variants_and_republishes_nothing(published):
+    store, _, workdir, _, _ = published
+    before = {key: store.get_bytes(key) for key in store.list()}
+    again = run_cli(["study", "--config", "tiny.yaml", "--run-id", STUDY_ID], cwd=workdir,
+                    env=store_env(store), timeout_s=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stderr.count(", skipped") == 2
+    assert "(2 already published)" in again.stderr
+    assert {key: store.get_bytes(key) for key in store.list()} == before
+
+
+def test_history_lists_the_study_and_report_rebuilds_it(published, tmp_path):
+    store, _, workdir, _, _ = published
+    history = run_cli(["history", "--studies", "--experiment", "tiny"], cwd=workdir,
+                      env=store_env(store), timeout_s=300)
+    assert history.returncode == 0, history.stderr[-2000:]
+    assert f"study {STUDY_ID} (2026-11-29, tiny," in history.stdout
+    assert "dataset_fraction" in history.stdout and "not fitted: " in history.stdout
+    other = run_cli(["history", "--studies", "--experiment", "other"], cwd=workdir,
+                    env=store_env(store), timeout_s=300)
+    assert "no published study in the lake" in other.stdout
+    out = tmp_path / "study.html"
+    report = run_cli(["report", "--run-id", STUDY_ID, "--out", str(out)], cwd=workdir,
+                     env=store_env(store), timeout_s=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "What moves the critical batch?" in report.stdout
+    assert "fraction0.5" in out.read_text()

@@ -38,8 +38,8 @@ def run_stage(
     result = analyze(sweep, runs, curves, cfg.analysis, primary_target=primary_target(cfg),
                      gap_epochs=cfg.convergence.gap_epochs)
     env = environment(
-        run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name, workload=cfg.workload
-    )
+        run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name, workload=cfg.workload,
+        variant=cfg.variant)
     write_table_atomic(analysis_path, make_table("analysis", result.rows, env))
     plan, plan_missing = default_plan(
         sweep, runs, pd.DataFrame(result.rows), workload=cfg.workload,

@@ -39,15 +39,17 @@ from batchscale.cli.stage_cmds import (
     cmd_validate,
     target_flag,
 )
+from batchscale.cli.study_cmd import cmd_study
 from batchscale.cliflags import Parser, add_config_flags, whole_number
 from batchscale.errors import BatchscaleError
 from batchscale.metrics import METRICS
 from batchscale.names import redact_url
+from batchscale.schemas import TABLES
 
 __all__ = [
     "CONFIG_FLAGS_NOTE", "CONFIG_HELP", "STATE_DIR", "build_parser", "cmd_analyze", "cmd_clean",
     "cmd_compile", "cmd_config", "cmd_converge", "cmd_datasets", "cmd_history", "cmd_report",
-    "cmd_run", "cmd_schedule", "cmd_schedules", "cmd_store", "cmd_submit", "cmd_sweep",
+    "cmd_run", "cmd_schedule", "cmd_schedules", "cmd_store", "cmd_study", "cmd_submit", "cmd_sweep",
     "cmd_validate", "cmd_workloads", "connect_store", "given_run_id", "main", "new_run_id",
     "target_flag",
 ]
@@ -94,13 +96,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(run, "publish", ["fail_on_regression"])
     run.set_defaults(func=cmd_run)
 
+    study = sub.add_parser("study", help="run every variant of a study config locally, then "
+                           "compare them (also what `run` does with a study config)",
+                           description=CONFIG_FLAGS_NOTE)
+    study.add_argument("--config", help=CONFIG_HELP)
+    study.add_argument("--run-id", help="the study id: reuse it to resume an interrupted study "
+                       "(published variants are skipped)")
+    study.set_defaults(func=cmd_study, config_fields=[])
+
     hist = sub.add_parser("history", help="throughput and B_crit of a workload over time, "
-                          "from the results lake (table and plot)")
-    hist.add_argument("--workload", required=True, help="workload name as in the config")
+                          "or the studies' answers over time (--studies), from the results "
+                          "lake")
+    hist.add_argument("--workload", help="workload name as in the config (required unless "
+                      "--studies)")
+    hist.add_argument("--studies", action="store_true",
+                      help="list the published studies instead: each axis's answer per study")
+    hist.add_argument("--experiment", help="with --studies: only studies of this experiment")
     hist.add_argument("--device", help="only runs whose device name contains this (any case)")
     hist.add_argument("--precision", choices=["fp32", "bf16"],
                       help="only runs at this precision")
-    hist.add_argument("--last", type=whole_number, help="only the most recent N runs")
+    hist.add_argument("--last", type=whole_number, help="only the most recent N runs (or "
+                      "studies)")
     hist.add_argument("--plot", help="PNG to write (default: history-<workload>.png)")
     hist.set_defaults(func=cmd_history)
 
@@ -191,8 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     val = sub.add_parser("validate", help="run a table's great-expectations suite")
     val.add_argument("--table", required=True,
-                     choices=["dataset", "manifest", "sweep", "curves", "runs", "analysis",
-                              "regressions", "plan", "decisions"],
+                     choices=list(TABLES),
                      help="which table's suite")
     val.add_argument("--html", help="also write the readable result page here")
     val.add_argument("file", help="the table's Parquet file")

@@ -9,7 +9,7 @@ from pathlib import Path
 from batchscale.cli.common import STATE_DIR, connect_store
 from batchscale.cliflags import check_output_file
 from batchscale.errors import BadInput
-from batchscale.names import check_run_id, check_workload
+from batchscale.names import check_name, check_run_id, check_workload
 
 
 def cmd_history(args) -> int:
@@ -23,6 +23,12 @@ def cmd_history(args) -> int:
 
     if args.last is not None and args.last < 1:
         raise BadInput(f"--last: must be a positive number of runs, got {args.last}")
+    if args.studies:
+        return _study_history(args)
+    if args.experiment is not None:
+        raise BadInput("--experiment: applies to --studies only")
+    if args.workload is None:
+        raise BadInput("history needs --workload NAME (or --studies)")
     workload = check_workload(args.workload, "--workload")
     plot_path = default_plot_path(workload) if args.plot is None else Path(args.plot)
     check_output_file(str(plot_path), "--plot")
@@ -33,12 +39,30 @@ def cmd_history(args) -> int:
     return 0
 
 
+def _study_history(args) -> int:
+    from batchscale.lake.study_history import study_history, study_history_lines
+
+    for flag, value in (("--workload", args.workload), ("--device", args.device),
+                        ("--precision", args.precision), ("--plot", args.plot)):
+        if value is not None:
+            raise BadInput(f"{flag}: does not apply to --studies (use --experiment, --last)")
+    experiment = None if args.experiment is None else check_name(args.experiment, "--experiment")
+    print("\n".join(study_history_lines(study_history(connect_store(), experiment, args.last))))
+    return 0
+
+
 def cmd_report(args) -> int:
     from batchscale.lake.summary import rebuild_report
+    from batchscale.variants.stage import is_study, rebuild_study_report
 
     run_id = check_run_id(args.run_id)
     check_output_file(args.out, "--out")
-    print("\n".join(rebuild_report(connect_store(), run_id, Path(args.out))))
+    store = connect_store()
+    if is_study(store, run_id):
+        print(rebuild_study_report(store, run_id, Path(args.out)))
+        print(f"report: {args.out} (the study's, rebuilt from the lake)")
+        return 0
+    print("\n".join(rebuild_report(store, run_id, Path(args.out))))
     return 0
 
 

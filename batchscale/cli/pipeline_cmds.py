@@ -17,6 +17,10 @@ def cmd_run(args) -> int:
 
     cfg = config_from_args(args)
     run_id = given_run_id(args)
+    if cfg.study.is_study:
+        from batchscale.cli.study_cmd import run_study
+
+        return run_study(cfg, run_id)
     # A user factory that cannot be imported or returns no nn.Module fails here, not later.
     check_builds(get_workload(cfg.workload, image_size=cfg.sweep.image_size_px))
     store = connect_store()

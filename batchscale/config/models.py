@@ -65,6 +65,7 @@ from batchscale.config.kubernetes import (  # noqa: F401  re-exported
     TolerationConfig,
     Tolerations,
 )
+from batchscale.config.study import StudyConfig
 from batchscale.workloads import (
     DEFAULT_IMAGE_SIZE,
     WORKLOAD_NAMES,
@@ -116,6 +117,14 @@ class DataPrepConfig(_Strict):
     max_rows: PositiveInt | None = None
     """Keep at most this many rows, a random subset drawn with `split_seed` before the split;
     null keeps every row. Enough must remain for the split (see `val_fraction`)."""
+    train_fraction: float = Field(1.0, gt=0.0, le=1.0)
+    """Keep this share of the training rows, a subset drawn with `split_seed` after the split
+    (the validation rows stay the same, so variants compare on one validation set): a
+    study's dataset-size axis (`dataset_fraction`)."""
+    train_label_noise: float = Field(0.0, ge=0.0, le=1.0)
+    """Classification datasets: replace this share of the training labels with a random class
+    (drawn with `split_seed`; validation labels stay clean, so one target compares across noise
+    levels): a study's data-complexity axis (`label_noise`)."""
 
     @field_validator("name")
     @classmethod
@@ -139,6 +148,13 @@ class DataPrepConfig(_Strict):
         if uri:
             _check_location(uri, "S3 URI")
         return uri
+
+    @model_validator(mode="after")
+    def _label_noise_needs_labels(self) -> DataPrepConfig:
+        if self.train_label_noise and "classification" not in DATASET_TASKS[self.name]:
+            raise ValueError(f"train_label_noise: dataset {self.name!r} has no class labels; "
+                             "it applies to classification datasets")
+        return self
 
     @model_validator(mode="after")
     def _synthetic_rows_fit(self) -> DataPrepConfig:
@@ -278,17 +294,26 @@ class ExperimentConfig(_Strict):
     128, starting with a letter or digit, no '..')."""
     workload: str = "digits-mlp"
     """Named workload (model + input + loss); see `batchscale workloads`."""
+    variant: str | None = None
+    """Set by a study on each of its variants' configs: the variant's name, recorded in every
+    row (the `variant` column, and `study_id` from the run id). null: a single run."""
     dataset: DataPrepConfig = DataPrepConfig()
     sweep: SweepConfig = SweepConfig()
     convergence: ConvergenceConfig = ConvergenceConfig()
     analysis: AnalysisConfig = AnalysisConfig()
     publish: PublishConfig = PublishConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
+    study: StudyConfig = StudyConfig()
 
     @field_validator("name")
     @classmethod
     def _safe_name(cls, name: str) -> str:
         return _checked(names.check_name, name, "experiment name")
+
+    @field_validator("variant")
+    @classmethod
+    def _safe_variant(cls, name: str | None) -> str | None:
+        return None if name is None else _checked(names.check_name, name, "variant name")
 
     @field_validator("workload")
     @classmethod
@@ -317,6 +342,20 @@ class ExperimentConfig(_Strict):
             if target.metric not in measured:
                 raise ValueError(f"convergence.targets: {self.workload} does not measure "
                                  f"{target.metric}; its metrics: {', '.join(measured)}")
+        return self
+
+    @model_validator(mode="after")
+    def _variants_are_valid(self) -> ExperimentConfig:
+        """Every variant of a study is checked as a whole experiment when the config loads."""
+        from batchscale.config.variants import expand
+        from batchscale.errors import BadInput
+
+        if self.study.is_study and self.variant is not None:
+            raise ValueError("study: a study's variant cannot itself be a study")
+        try:
+            expand(self)
+        except BadInput as err:
+            raise ValueError(str(err)) from None
         return self
 
     def to_json(self) -> str:

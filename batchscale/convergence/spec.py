@@ -143,6 +143,8 @@ class ConvergenceSpec(_StrictModel):
     """Hash of the experiment config, recorded in every result row."""
     experiment: str
     """Experiment name, recorded in every result row."""
+    variant: str | None = None
+    """The study variant the run is (config `variant`), recorded in every result row."""
     data_dir: str
     """Prepared dataset: a directory or an s3://bucket/prefix."""
     out_dir: str

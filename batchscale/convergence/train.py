@@ -447,7 +447,7 @@ def run_spec(spec: ConvergenceSpec) -> None:
     data = load_data(spec.data_dir, workload)
     env = environment(run_id=spec.run_id, config_hash=spec.config_hash,
                       experiment=spec.experiment, workload=spec.training.workload,
-                      device=d.device, world_size=d.world_size)
+                      device=d.device, world_size=d.world_size, variant=spec.variant)
     def start(trial: TrialSpec) -> Trial:
         return Trial(spec, trial, data, d, checkpoints, workload)
 

@@ -31,16 +31,31 @@ class on average): a validation split of one row reads as accuracy 0 or 1 (a tri
 the target at step 0), and an empty training split has nothing to train on."""
 
 
+LABEL_NOISE_STREAM = 1
+"""Seeds the label-noise draws apart from the split's shuffle (which uses `split_seed` alone)."""
+
+
 def val_rows(rows: int, val_fraction: float) -> int:
     """Rows of the validation split: the nearest whole number to the fraction, at least 1."""
     return max(1, int(round(rows * val_fraction)))
 
 
-def split_indices(rows: int, val_fraction: float, seed: int) -> dict[str, np.ndarray]:
-    """A deterministic shuffle-split; the same seed gives the same split on every machine."""
+def train_rows(rows: int, val_fraction: float, train_fraction: float = 1.0) -> int:
+    """Rows of the training split: what validation leaves, times `train_fraction` (rounded),
+    at least 1 when any are left."""
+    left = rows - val_rows(rows, val_fraction)
+    return min(left, max(1, int(round(left * train_fraction))))
+
+
+def split_indices(rows: int, val_fraction: float, seed: int,
+                  train_fraction: float = 1.0) -> dict[str, np.ndarray]:
+    """A deterministic shuffle-split; the same seed gives the same split on every machine.
+    `train_fraction` keeps a prefix of the shuffled training rows: a smaller fraction is a
+    subset of a larger one, and the validation rows do not depend on it."""
     order = np.random.default_rng(seed).permutation(rows)
     n_val = val_rows(rows, val_fraction)
-    return {"val": np.sort(order[:n_val]), "train": np.sort(order[n_val:])}
+    n_train = train_rows(rows, val_fraction, train_fraction)
+    return {"val": np.sort(order[:n_val]), "train": np.sort(order[n_val:n_val + n_train])}
 
 
 def check_split(raw: RawDataset, cfg: DataPrepConfig) -> None:
@@ -49,7 +64,8 @@ def check_split(raw: RawDataset, cfg: DataPrepConfig) -> None:
     is written."""
     rows = len(raw.labels)
     n_val = val_rows(rows, cfg.val_fraction)
-    sizes = {"training": rows - n_val, "validation": n_val}
+    sizes = {"training": train_rows(rows, cfg.val_fraction, cfg.train_fraction),
+             "validation": n_val}
     # A label per row (classification): one row per class on average; a text or mask row
     # holds many targets (bytes, pixels), so only the minimum applies there.
     dense = cfg.name in TEXT_DATASETS + MASK_DATASETS
@@ -58,6 +74,8 @@ def check_split(raw: RawDataset, cfg: DataPrepConfig) -> None:
     if not short:
         return
     fields = ["dataset.val_fraction"]
+    if cfg.train_fraction < 1.0:
+        fields.append("dataset.train_fraction")
     if cfg.max_rows is not None:
         fields.append("dataset.max_rows")
     if cfg.name in ("teacher-student", "shapes"):
@@ -66,10 +84,23 @@ def check_split(raw: RawDataset, cfg: DataPrepConfig) -> None:
         f"dataset {cfg.name}: {rows} rows split into {sizes['training']} training and "
         f"{sizes['validation']} validation rows (val_fraction {cfg.val_fraction}"
         + (f", max_rows {cfg.max_rows}" if cfg.max_rows is not None else "")
+        + (f", train_fraction {cfg.train_fraction}" if cfg.train_fraction < 1.0 else "")
         + f"); each split needs at least {need} rows ("
         + ("" if dense else f"one per class on average for {raw.num_classes} classes, and ")
         + f"at least {MIN_SPLIT_ROWS}); the {' and '.join(short)} "
         f"split falls short: change {', '.join(fields)}")
+
+
+def noisy_labels(labels: np.ndarray, num_classes: int, noise: float, seed: int) -> np.ndarray:
+    """`labels` with a `noise` share replaced by a uniformly random class (which may be the
+    same one). The draws do not depend on `noise`: a higher noise replaces a superset of the
+    rows a lower one does, so noise levels compare on the same rows."""
+    if noise <= 0:
+        return labels
+    rng = np.random.default_rng([seed, LABEL_NOISE_STREAM])
+    replace = rng.random(len(labels)) < noise
+    random_labels = rng.integers(0, num_classes, len(labels))
+    return np.where(replace, random_labels, labels).astype(labels.dtype)
 
 
 def to_arrow(features: np.ndarray, labels: np.ndarray) -> pa.Table:
@@ -90,12 +121,17 @@ def row_group_rows(feature_shape: tuple[int, ...], rows_per_shard: int) -> int:
 def write_shards(raw: RawDataset, cfg: DataPrepConfig, out_dir: Path) -> list[dict]:
     rows = []
     group_rows = row_group_rows(raw.features.shape[1:], cfg.rows_per_shard)
-    for split, idx in split_indices(len(raw.labels), cfg.val_fraction, cfg.split_seed).items():
+    splits = split_indices(len(raw.labels), cfg.val_fraction, cfg.split_seed, cfg.train_fraction)
+    labels_by_split = {split: raw.labels[idx] for split, idx in splits.items()}
+    labels_by_split["train"] = noisy_labels(labels_by_split["train"], raw.num_classes,
+                                            cfg.train_label_noise, cfg.split_seed)
+    for split, idx in splits.items():
         for shard_no, start in enumerate(range(0, len(idx), cfg.rows_per_shard)):
             part = idx[start:start + cfg.rows_per_shard]
             name = f"{split}-{shard_no:05d}.parquet"
-            hist = np.bincount(raw.labels[part], minlength=raw.num_classes).tolist()
-            write_table_atomic(out_dir / name, to_arrow(raw.features[part], raw.labels[part]),
+            labels = labels_by_split[split][start:start + cfg.rows_per_shard]
+            hist = np.bincount(labels, minlength=raw.num_classes).tolist()
+            write_table_atomic(out_dir / name, to_arrow(raw.features[part], labels),
                                row_group_size=group_rows)
             rows.append({
                 "dataset": cfg.name, "source": raw.source, "split": split, "shard": name,

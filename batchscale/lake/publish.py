@@ -49,9 +49,10 @@ from batchscale.storage import (
 )
 
 LAKE_TABLES = ("dataset_manifest", "sweep", "curves", "runs", "analysis", "regressions")
-OPTIONAL_LAKE_TABLES = ("decisions", "plan")
+OPTIONAL_LAKE_TABLES = ("decisions", "plan", "study", "study_axes")
 """Published only by the runs that have them (decisions: an adaptive study's; plan: the what-if
-plan, absent when the run lacked a measurement it needs)."""
+plan, absent when the run lacked a measurement it needs; study, study_axes: a study's
+comparison, published as a run of its own under the study id)."""
 _RUN_DATE = re.compile(r"^(\d{4})(\d{2})(\d{2})T")
 
 

@@ -219,7 +219,7 @@ def _environment(study: Study, runs: pa.Table) -> dict:
 
     cfg = study.cfg
     env = environment(run_id=study.run_id, config_hash=cfg.config_hash, experiment=cfg.name,
-                      workload=cfg.workload, world_size=study.workers)
+                      workload=cfg.workload, world_size=study.workers, variant=cfg.variant)
     return {**env, "device_name": runs.column("device_name")[0].as_py()}
 
 

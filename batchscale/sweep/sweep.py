@@ -352,7 +352,7 @@ def run_stage(config_json: str, run_id: str, dataset_dir: str | None, out_path: 
     cfg = config_from_json(config_json)
     device = resolve_device(cfg.sweep.device)
     env = environment(run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name,
-                      workload=cfg.workload, device=device)
+                      workload=cfg.workload, device=device, variant=cfg.variant)
     rows = sweep(cfg.sweep, cfg.workload, env, out_path, dataset_dir=dataset_dir)
     for line in summary_lines(summarize(rows, cfg.analysis.saturation_tolerance)):
         _stderr(line)

@@ -1,0 +1,94 @@
+"""`batchscale study` (and `batchscale run` with a `study:` config): run every variant of a study
+through the whole local pipeline, one after another, then compare them and publish the study.
+
+Each variant is an ordinary run under `<study id>-<variant>`: an interrupted study resumes
+variant by variant (a published variant is skipped, a half-run one resumes from its own
+tables and checkpoints), and every variant's tables are in the lake before the comparison."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+
+from batchscale.cli.common import STATE_DIR, connect_store, given_run_id
+from batchscale.cliflags import config_from_args
+from batchscale.errors import BadInput, BatchscaleError
+
+
+def cmd_study(args) -> int:
+    cfg = config_from_args(args)
+    if not cfg.study.is_study:
+        raise BadInput("the config has no study.axes: a study needs at least one axis (see "
+                       "README, \"Studies\"); `batchscale run` runs a single experiment")
+    return run_study(cfg, given_run_id(args))
+
+
+def run_study(cfg, study_id: str) -> int:
+    from batchscale.config.variants import expand, variant_run_id
+    from batchscale.lake.publish import run_manifest_key
+    from batchscale.variants.stage import published_variants
+
+    variants = expand(cfg)
+    store = connect_store()
+    done = published_variants(store, study_id, variants)
+    print(f"batchscale study {study_id}: {cfg.name}, {len(variants)} variants over "
+          f"{', '.join(cfg.study.axes)} ({sum(done.values())} already published)",
+          file=sys.stderr)
+    started = time.monotonic()
+    for index, variant in enumerate(variants, start=1):
+        run_id = variant_run_id(study_id, variant.name)
+        head = f"[{index}/{len(variants)}] {variant.name} {variant.values}"
+        if done[variant.name]:
+            print(f"{head}: published as {run_id}, skipped", file=sys.stderr)
+            continue
+        print(f"{head}: run {run_id} ({_elapsed(started)} into the study)", file=sys.stderr)
+        _run_variant(store, variant.config, run_id, study_id)
+    if store.exists(run_manifest_key(store, study_id)):
+        return _already_compared(store, study_id)
+    return _compare(cfg, study_id, started)
+
+
+def _already_compared(store, study_id: str) -> int:
+    """A study whose comparison is in the lake: rebuild its report from there, publish
+    nothing."""
+    from batchscale.variants.stage import rebuild_study_report
+
+    out = STATE_DIR / "studies" / study_id / "report.html"
+    print(rebuild_study_report(store, study_id, out))
+    print(f"\nstudy {study_id} was already compared and published; report rebuilt from the "
+          f"lake: {out}", file=sys.stderr)
+    return 0
+
+
+def _run_variant(store, variant_cfg, run_id: str, study_id: str) -> None:
+    from batchscale.lake.summary import print_run_summary
+    from batchscale.pipelines.local import run_local
+
+    try:
+        run_local(variant_cfg, run_id, STATE_DIR.resolve())
+    except RuntimeError as err:
+        reason = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+        raise BatchscaleError(
+            f"study {study_id}: variant run {run_id} failed: {reason} The variants published "
+            f"so far stay in the lake and this one's tables under {STATE_DIR / 'work' / run_id}; "
+            f"rerun with --run-id {study_id} to resume.") from None
+    print_run_summary(store, run_id, STATE_DIR / "runs" / run_id)
+
+
+def _compare(cfg, study_id: str, started: float) -> int:
+    from batchscale.variants.stage import run_compare_stage
+
+    out = STATE_DIR / "studies" / study_id
+    out.mkdir(parents=True, exist_ok=True)
+    answer = run_compare_stage(cfg.to_json(), study_id, str(out / "study.parquet"),
+                               str(out / "study_axes.parquet"), str(out / "report.html"))
+    print(answer)
+    print(f"\nstudy {study_id}: {len(cfg.study.axes)} axes compared in "
+          f"{_elapsed(started)}; report: {out / 'report.html'}", file=sys.stderr)
+    return 0
+
+
+def _elapsed(started: float) -> str:
+    seconds = int(time.monotonic() - started)
+    return f"{seconds // 60} min {seconds % 60:02d} s"

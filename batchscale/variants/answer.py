@@ -1,0 +1,124 @@
+"""The study's answer in words: a sentence per axis from its fitted slope, and Golmant et al.'s
+question ("does the critical batch depend more on the model and the data's complexity than on
+the dataset's size?") answered from those slopes, with the numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+
+from batchscale.config.study import axis_key
+
+DATASET_SIZE_KEYS = ("dataset.train_fraction", "dataset.synthetic_train_rows", "dataset.max_rows")
+MODEL_KEYS = ("workload",)
+
+
+def kind_of(axis: str) -> str:
+    """What an axis varies, for Golmant's question: dataset size, model, or data complexity
+    (any other dataset option); "other" for training settings."""
+    key = axis_key(axis)
+    if key in DATASET_SIZE_KEYS:
+        return "dataset size"
+    if key in MODEL_KEYS or key.startswith("sweep.image"):
+        return "model"
+    if key.startswith("dataset."):
+        return "data complexity"
+    return "other"
+
+
+def _n(value: float) -> str:
+    return f"{value:.3g}" if math.isfinite(value) else "?"
+
+
+def _range(study: pd.DataFrame, axis: str, x_name: str) -> str:
+    if x_name == "parameters":
+        values = sorted(set(study["parameters"].dropna().astype(int)))
+        return f"{values[0]:,} → {values[-1]:,} parameters" if values else "?"
+    values = sorted({json.dumps(json.loads(v)[axis]) for v in study["axis_values"]},
+                    key=lambda text: json.loads(text))
+    return f"{axis} {json.loads(values[0])} → {json.loads(values[-1])}"
+
+
+def axis_sentence(row: dict, study: pd.DataFrame) -> str:
+    span = _range(study, row["axis"], row["x_name"])
+    if row["verdict"].startswith("not fitted"):
+        return f"**{row['axis']}** ({span}): {row['verdict']}."
+    power = "exponent" if row["x_scale"] == "log" else "slope of log B_crit per unit"
+    numbers = (f"B_crit ×{_n(row['range_factor'])} [{_n(row['range_factor_low'])}, "
+               f"{_n(row['range_factor_high'])}] over {span} ({power} {_n(row['slope'])} "
+               f"[{_n(row['slope_low'])}, {_n(row['slope_high'])}], {row['variants_fitted']} "
+               "variants)")
+    if row["verdict"] == "no detectable change":
+        return f"**{row['axis']}**: no detectable change: {numbers}; the interval covers ×1."
+    return f"**{row['axis']}**: B_crit {row['verdict']}: {numbers}."
+
+
+def _effect(row: dict) -> tuple[float, float, float]:
+    """|log factor| over the range, with its interval's ends (nearest and farthest from 0)."""
+    ends = sorted(abs(math.log(row[k])) for k in ("range_factor_low", "range_factor_high"))
+    if row["verdict"] == "no detectable change":
+        ends[0] = 0.0
+    return abs(math.log(row["range_factor"])), ends[0], ends[1]
+
+
+def golmant_answer(rows: list[dict]) -> str:
+    """Which kind of axis moved B_crit, and whether by more than dataset size did."""
+    fitted = [r for r in rows if not r["verdict"].startswith("not fitted")
+              and kind_of(r["axis"]) != "other"]
+    size = [r for r in fitted if kind_of(r["axis"]) == "dataset size"]
+    others = [r for r in fitted if kind_of(r["axis"]) in ("model", "data complexity")]
+    if not size or not others:
+        missing = "dataset size" if not size else "model or data complexity"
+        return (f"Golmant et al.'s question cannot be answered from this study: no {missing} "
+                "axis was fitted.")
+    moved = [r for r in others if r["verdict"] != "no detectable change"]
+    size_row = size[0]
+    size_text = (f"dataset size ({size_row['axis']}: ×{_n(size_row['range_factor'])} "
+                 f"[{_n(size_row['range_factor_low'])}, {_n(size_row['range_factor_high'])}])")
+    if not moved and size_row["verdict"] == "no detectable change":
+        return ("Not distinguishable here: neither " + size_text + " nor the model or data "
+                "complexity moved B_crit beyond the intervals; more seeds or wider ranges are "
+                "needed.")
+    if not moved:
+        return (f"No, here: {size_text} moved B_crit, and neither the model nor the data "
+                "complexity did detectably.")
+    strongest = max(moved, key=lambda r: _effect(r)[0])
+    other_text = (f"{kind_of(strongest['axis'])} ({strongest['axis']}: "
+                  f"×{_n(strongest['range_factor'])} [{_n(strongest['range_factor_low'])}, "
+                  f"{_n(strongest['range_factor_high'])}])")
+    if size_row["verdict"] == "no detectable change":
+        return (f"Yes, here: B_crit moved with {other_text} but not detectably with "
+                f"{size_text}, over the ranges studied.")
+    _, strong_low, _ = _effect(strongest)
+    _, _, size_high = _effect(size_row)
+    if strong_low > size_high:
+        return (f"Yes, here: both moved B_crit, {other_text} by more than {size_text} "
+                "(their intervals do not overlap), over the ranges studied.")
+    return (f"Not distinguishable here: both {other_text} and {size_text} moved B_crit, by "
+            "amounts whose intervals overlap.")
+
+
+def answer_markdown(study: pd.DataFrame, axes: pd.DataFrame) -> str:
+    """The answer for the study's first target and LR rule (the others are in the tables)."""
+    if axes.empty:
+        return "No axis to compare."
+    first = axes.iloc[0]
+    mask = ((axes["target_metric"] == first["target_metric"])
+            & (axes["target_value"] == first["target_value"])
+            & (axes["lr_rule"] == first["lr_rule"]))
+    rows = axes[mask].to_dict("records")
+    same = ((study["target_metric"] == first["target_metric"])
+            & (study["target_value"] == first["target_value"])
+            & (study["lr_rule"] == first["lr_rule"]))
+    variants = study[same]
+    target = f"{first['target_metric']} {first['target_value']:g}, {first['lr_rule']} rule"
+    lines = [f"## What moves the critical batch? ({target}, {len(variants)} variants)", ""]
+    lines += [f"- {axis_sentence(r, variants)}" for r in rows]
+    lines += ["", "**Golmant et al. (2018)**: does B_crit depend more on the model and the "
+              "data's complexity than on the dataset's size? " + golmant_answer(rows), "",
+              "Intervals are 90 %, from each variant's B_crit interval; they do not include "
+              "the error of the additive model itself (an axis whose effect depends on "
+              "another's value)."]
+    return "\n".join(lines)

@@ -1,0 +1,208 @@
+"""Studies without running them: the `study:` section expanded into variants, the variants'
+datasets (training subset, label noise) and models, the slope fit on known answers, and the
+answer's sentences. The whole study runs end to end in tests/test_pipeline.py."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from batchscale.config import parse_config
+from batchscale.config.variants import expand, study_id_of, variant_run_id
+from batchscale.data.prep import noisy_labels, split_indices, train_rows
+from batchscale.envinfo import environment
+from batchscale.errors import BadInput
+from batchscale.variants.answer import answer_markdown, golmant_answer, kind_of
+from batchscale.variants.compare import axis_rows
+from batchscale.variants.slopes import AxisPoint, fit_slopes
+from batchscale.workloads import get_workload
+from helpers import run_cli
+
+STUDY = {"study": {"axes": {"dataset_fraction": [0.25, 1.0], "model": ["digits-mlp",
+                                                                       "digits-mlp-wide"]}}}
+
+
+# ------------------------------------------------------------------ config and expansion
+def test_axes_expand_to_their_product_each_a_valid_experiment():
+    variants = expand(parse_config(STUDY))
+    assert [v.name for v in variants] == [
+        "fraction0.25_digits-mlp", "fraction0.25_digits-mlp-wide", "fraction1_digits-mlp",
+        "fraction1_digits-mlp-wide"]
+    wide = variants[1].config
+    assert wide.workload == "digits-mlp-wide" and wide.dataset.train_fraction == 0.25
+    assert wide.variant == variants[1].name and not wide.study.is_study
+
+
+def test_explicit_variants_keep_the_base_value_of_axes_they_leave_out():
+    cfg = parse_config({"dataset": {"train_label_noise": 0.1},
+                        "study": {"axes": {"label_noise": [0.1, 0.3], "convergence.base_lr":
+                                           [0.05, 0.1]},
+                                  "variants": [{}, {"label_noise": 0.3},
+                                               {"convergence.base_lr": 0.1}]}})
+    values = [v.values for v in expand(cfg)]
+    assert values == [{"label_noise": 0.1, "convergence.base_lr": 0.05},
+                      {"label_noise": 0.3, "convergence.base_lr": 0.05},
+                      {"label_noise": 0.1, "convergence.base_lr": 0.1}]
+    assert expand(cfg)[2].config.convergence.base_lr == 0.1
+
+
+@pytest.mark.parametrize("study, message", [
+    ({"axes": {"dataset.nope": [1, 2]}}, "'dataset.nope' is not a config key a study can vary"),
+    ({"axes": {"kubernetes.namespace": ["a", "b"]}}, "is not a config key a study can vary"),
+    ({"axes": {"dataset_fraction": [0.5, 1.5]}}, "dataset.train_fraction"),
+    ({"axes": {"model": ["digits-mlp", "nonexistent-net"]}}, "unknown workload"),
+    ({"axes": {"dataset_fraction": []}}, "has no values"),
+    ({"axes": {"dataset_fraction": [0.5, 0.5]}}, "repeats a value"),
+    ({"axes": {"dataset_fraction": [0.5]}, "variants": [{"label_noise": 0.1}]},
+     "'label_noise' is not an axis"),
+    ({"axes": {"dataset_fraction": [0.5]}, "variants": [{"dataset_fraction": 0.7}]},
+     "not one of the axis's values"),
+    ({"axes": {"dataset_fraction": [0.5, 1.0]}, "variants": [{}, {"dataset_fraction": 1.0}]},
+     "repeats an earlier variant"),
+])
+def test_a_bad_study_is_refused_naming_the_problem(study, message):
+    with pytest.raises(BadInput, match="invalid config") as err:
+        parse_config({"study": study})
+    assert message in str(err.value)
+
+
+def test_label_noise_is_refused_for_data_without_class_labels():
+    with pytest.raises(BadInput, match="train_label_noise: dataset 'python-docs' has no class"):
+        parse_config({"workload": "byte-lstm", "dataset": {"name": "python-docs",
+                                                           "train_label_noise": 0.1}})
+
+
+def test_variant_run_ids_give_back_their_study_id():
+    run_id = variant_run_id("20261201T000000Z-abc", "fraction0.25_digits-mlp")
+    assert run_id == "20261201T000000Z-abc-fraction0.25_digits-mlp"
+    assert study_id_of(run_id, "fraction0.25_digits-mlp") == "20261201T000000Z-abc"
+    assert study_id_of(run_id, None) is None
+    assert study_id_of("other-run", "fraction0.25_digits-mlp") is None
+    env = environment(run_id=run_id, config_hash="h", experiment="e", workload="w",
+                      variant="fraction0.25_digits-mlp")
+    assert (env["study_id"], env["variant"]) == ("20261201T000000Z-abc",
+                                                 "fraction0.25_digits-mlp")
+
+
+# ------------------------------------------------------------------ the variants' data, models
+def test_a_smaller_training_fraction_is_a_subset_and_validation_does_not_change():
+    full = split_indices(1797, 0.2, 0)
+    half = split_indices(1797, 0.2, 0, train_fraction=0.5)
+    assert np.array_equal(full["val"], half["val"])
+    assert set(half["train"]) < set(full["train"])
+    assert len(half["train"]) == train_rows(1797, 0.2, 0.5) == round(len(full["train"]) / 2)
+
+
+def test_label_noise_replaces_its_share_and_more_noise_a_superset():
+    labels = np.arange(20000) % 10
+    low, high = (noisy_labels(labels, 10, noise, seed=3) for noise in (0.1, 0.3))
+    changed_low, changed_high = labels != low, labels != high
+    # A replaced label is a random class: it stays the same one time in ten.
+    assert changed_low.mean() == pytest.approx(0.1 * 0.9, abs=0.01)
+    assert changed_high.mean() == pytest.approx(0.3 * 0.9, abs=0.015)
+    assert not (changed_low & ~changed_high).any()
+    assert noisy_labels(labels, 10, 0.0, seed=3) is labels
+
+
+def test_the_mlp_widths_are_models_of_different_sizes():
+    def count(name):
+        return sum(p.numel() for p in get_workload(name).build().parameters())
+
+    assert [count(n) for n in ("digits-mlp-narrow", "digits-mlp", "digits-mlp-wide")] == [
+        64 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10, 26_122,
+        64 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10]
+
+
+# ------------------------------------------------------------------ slopes: known answers
+def _power_law_points(exponents: dict[str, float], grid: dict[str, list[float]],
+                      ratio: float = 1.3) -> list[AxisPoint]:
+    """B_crit = 100 · Π x^exponent at every combination, each with a ×ratio interval."""
+    points = []
+    for combo in pd.MultiIndex.from_product(list(grid.values())):
+        x = dict(zip(grid, combo, strict=True))
+        b = 100 * math.prod(x[a] ** exponents[a] for a in grid)
+        points.append(AxisPoint(x, b, b / ratio, b * ratio))
+    return points
+
+
+def test_slopes_recover_the_exponents_of_a_power_law():
+    grid = {"fraction": [0.25, 0.5, 1.0], "parameters": [3e3, 3e4, 3e5]}
+    slopes = fit_slopes(_power_law_points({"fraction": 0.5, "parameters": 0.0}, grid),
+                        list(grid))
+    fraction, size = slopes
+    assert fraction.slope == pytest.approx(0.5) and fraction.verdict == "grows"
+    assert fraction.slope_low < 0.5 < fraction.slope_high
+    assert fraction.range_factor == pytest.approx(4 ** 0.5)
+    assert size.slope == pytest.approx(0.0, abs=1e-9) and size.verdict == "no detectable change"
+    assert size.slope_low < 0 < size.slope_high
+
+
+def test_a_one_axis_at_a_time_design_separates_the_axes():
+    base = {"fraction": 1.0, "noise": 0.0}
+    design = [base, {**base, "fraction": 0.25}, {**base, "fraction": 0.5},
+              {**base, "noise": 0.2}]
+    points = [AxisPoint(x, 50 * x["fraction"] ** -0.7 * math.exp(4 * x["noise"]),
+                        1, 1) for x in design]
+    points = [AxisPoint(p.x, p.b_crit, p.b_crit / 1.2, p.b_crit * 1.2) for p in points]
+    fraction, noise = fit_slopes(points, ["fraction", "noise"])
+    assert fraction.slope == pytest.approx(-0.7) and fraction.verdict == "shrinks"
+    assert noise.x_scale == "linear" and noise.slope == pytest.approx(4.0)
+
+
+def test_axes_the_data_cannot_separate_are_not_fitted_with_the_reason():
+    same = [AxisPoint({"a": 1.0}, 10, 8, 12), AxisPoint({"a": 1.0}, 11, 9, 13)]
+    assert fit_slopes(same, ["a"])[0].verdict.startswith("not fitted: the variants with a "
+                                                         "B_crit interval take one value")
+    together = [AxisPoint({"a": v, "b": 2 * v}, 10 * v, 9 * v, 11 * v) for v in (1.0, 2.0, 4.0)]
+    assert all("do not separate the axes" in s.verdict for s in fit_slopes(together, ["a", "b"]))
+    bound_only = [AxisPoint({"a": 1.0}, 10, 8, 12), AxisPoint({"a": 2.0}, math.nan, math.nan,
+                                                                math.nan)]
+    verdict = fit_slopes(bound_only, ["a"])[0].verdict
+    assert "1 variant(s) without a B_crit interval left out" in verdict
+
+
+# ------------------------------------------------------------------ the answer
+def _study_frame() -> pd.DataFrame:
+    rows = []
+    for fraction, model, params, b in ((0.25, "digits-mlp", 26122, 40.0),
+                                       (1.0, "digits-mlp", 26122, 42.0),
+                                       (1.0, "digits-mlp-wide", 301066, 160.0)):
+        rows.append({"variant": f"{fraction}-{model}", "target_metric": "val_accuracy",
+                     "target_value": 0.9, "lr_rule": "sqrt", "parameters": params,
+                     "axis_values": json.dumps({"dataset_fraction": fraction, "model": model}),
+                     "b_crit": b, "b_crit_low": b / 1.15, "b_crit_high": b * 1.15})
+    return pd.DataFrame(rows)
+
+
+def test_the_answer_says_which_axis_moved_b_crit_with_numbers():
+    study = _study_frame()
+    axes = pd.DataFrame(axis_rows(study, ["dataset_fraction", "model"]))
+    fraction, model = axes.to_dict("records")
+    assert fraction["verdict"] == "no detectable change" and model["verdict"] == "grows"
+    assert model["x_name"] == "parameters" and model["x_scale"] == "log"
+    text = answer_markdown(study, axes)
+    assert "**dataset_fraction**: no detectable change" in text
+    assert "26,122 → 301,066 parameters" in text
+    assert "Yes, here: B_crit moved with model (model: ×3.81" in text
+
+
+def test_golmant_answer_needs_both_kinds_of_axis():
+    row = {"axis": "label_noise", "verdict": "grows", "range_factor": 2.0,
+           "range_factor_low": 1.5, "range_factor_high": 2.6}
+    assert "no dataset size axis was fitted" in golmant_answer([row])
+    size = {**row, "axis": "dataset_fraction", "range_factor": 2.1, "range_factor_low": 1.4,
+            "range_factor_high": 3.0}
+    assert golmant_answer([size, row]).startswith("Not distinguishable here: both")
+    assert kind_of("convergence.base_lr") == "other" and kind_of("dataset.val_fraction") == (
+        "data complexity")
+
+
+def test_study_on_a_config_without_axes_exits_2_naming_the_section(tmp_path):
+    (tmp_path / "plain.yaml").write_text("name: plain\n")
+    result = run_cli(["study", "--config", "plain.yaml"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "the config has no study.axes" in result.stderr
