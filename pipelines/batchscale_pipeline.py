@@ -128,7 +128,7 @@ def _variant_branch(variant: Variant) -> dsl.PipelineTask:
     cfg = variant.config
     run_id = _no_cache(variant_run_id(study_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                                       variant=variant.name))
-    tasks, cell = _stages(cluster_cells(cfg), cfg.to_json(), run_id.output)
+    tasks, cell = _stages(cluster_cells(cfg), cfg.to_compact_json(), run_id.output)
     apply_cluster_settings({VARIANT_RUN_ID_STAGE: run_id, **tasks}, cell, cfg)
     return tasks["publish"]
 

@@ -16,7 +16,7 @@ from kfp import dsl
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from batchscale.components.study.component import compare_study, variant_run_id
-from batchscale.config import load_config
+from batchscale.config import config_from_json, load_config
 from batchscale.config.variants import expand
 from batchscale.errors import BadInput
 from batchscale.pipelines.batchscale_pipeline import (
@@ -138,13 +138,15 @@ def test_the_study_parameter_is_the_study_config(study):
 def test_every_stage_runs_once_per_variant_with_that_variants_config(study):
     names = sorted(v.name for v in study["variants"])
     assert len(names) == 2
-    configs = {v.name: json.loads(v.config.to_json()) for v in study["variants"]}
+    configs = {v.name: v.config for v in study["variants"]}
     for stage in STAGE_NAMES:
         found = _by_stage(study["spec"], stage)
         assert sorted(_variant_of(task) for _, _, task in found) == names, stage
         for _, _, task in found:
-            constant = json.loads(_constant(task, "config_json"))
-            assert constant == configs[constant["variant"]], stage
+            # The compact form (defaults left out): the same config, hash included.
+            constant = config_from_json(_constant(task, "config_json"))
+            assert constant == configs[constant.variant], stage
+            assert constant.config_hash == configs[constant.variant].config_hash
     fractions = {v.name: v.config.dataset.train_fraction for v in study["variants"]}
     assert sorted(fractions.values()) == [0.5, 1.0]
 

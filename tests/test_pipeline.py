@@ -1,13 +1,19 @@
 """End to end: the real pipeline under kfp.local, publishing to a real SeaweedFS, run as a
-two-variant study (issue 16): the tiny config on all the training rows and on half of them.
-Most tests check the full-data variant's run as a single run's; the study's own tests check the
-comparison, the `variant` columns and resuming variant by variant.
+two-variant study (issue 16): the tiny config on half the training rows, then on all of them.
+The study is killed in the middle of its second variant's convergence and resumed with its id.
+Most tests check the full-data variant's run as a single run's; the others check what the kill
+left (rows kept, nothing half-published) and the study: resuming variant by variant, the
+comparison, the `variant` columns.
 
 The tiny config keeps each variant around a minute on 2 cores; the assertions read the
 published tables back from the store and check their contents, not only that they exist.
 """
 
 import json
+import os
+import signal
+import subprocess
+import time
 import uuid
 
 import pyarrow.dataset as ds
@@ -16,8 +22,8 @@ import pytest
 from batchscale.config import load_config
 from batchscale.config.variants import expand
 from batchscale.lake.publish import LAKE_TABLES, run_manifest_key
-from batchscale.storage import sha256_b64
-from helpers import run_cli, store_env
+from batchscale.storage import read_table_file, sha256_b64
+from helpers import BATCHSCALE, cli_env, run_cli, store_env
 
 pytestmark = pytest.mark.slow
 PLANTED_SECRET = "planted-secret-7f3a9c1e5b"
@@ -25,21 +31,56 @@ STUDY_ID = "20261129T000000Z-e2etest"
 STUDY_AXES = "study:\n  axes:\n    dataset_fraction: [0.5, 1.0]\n"
 
 
+def _wait_for(predicate, timeout_s: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"study ended early:\n{proc.stdout.read()[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError("timed out waiting")
+
+
 @pytest.fixture(scope="module")
-def published(tmp_path_factory, seaweed):
+def killed(tmp_path_factory, seaweed):
+    """The study killed (SIGTERM to its process group: the pipeline and its torchrun group)
+    once its second variant has a finished trial; what it left behind."""
     from batchscale.storage import ObjectStore
+    from helpers import TINY_CONFIG
 
     store = ObjectStore(seaweed.settings(prefix=f"e2e-{uuid.uuid4().hex[:8]}"))
     workdir = tmp_path_factory.mktemp("e2e")
-    from helpers import TINY_CONFIG
-
     (workdir / "tiny.yaml").write_text(TINY_CONFIG + STUDY_AXES)
     env = {**store_env(store), "KF_PIPELINES_TOKEN": PLANTED_SECRET}
+    last = f"{STUDY_ID}-{expand(load_config(workdir / 'tiny.yaml'))[-1].name}"
+    trials = workdir / ".batchscale" / "work" / last
+    proc = subprocess.Popen(BATCHSCALE + ["study", "--config", "tiny.yaml", "--run-id", STUDY_ID],
+                            cwd=workdir, env=cli_env(env), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for(lambda: any(trials.glob("*/trials/*.run.parquet")), 1200, proc)
+        os.killpg(proc.pid, signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    kept = {p: (p.stat().st_mtime_ns, read_table_file(p).to_pylist())
+            for p in sorted(trials.glob("*/trials/*.run.parquet"))}
+    return {"store": store, "workdir": workdir, "env": env, "run_id": last, "output": output,
+            "returncode": proc.returncode, "kept": kept, "objects": store.list()}
+
+
+@pytest.fixture(scope="module")
+def published(killed):
+    """The killed study resumed with its id (through `run`, which runs a study config as one):
+    the full-data variant's run, as a single run's tests read it."""
+    workdir = killed["workdir"]
     result = run_cli(["run", "--config", "tiny.yaml", "--run-id", STUDY_ID], cwd=workdir,
-                     env=env, timeout_s=1500)
+                     env=killed["env"], timeout_s=1500)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     full = expand(load_config(workdir / "tiny.yaml"))[-1]
-    return store, f"{STUDY_ID}-{full.name}", workdir, result, full.config
+    return killed["store"], killed["run_id"], workdir, result, full.config
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +259,26 @@ def test_history_lists_the_study_and_report_rebuilds_it(published, tmp_path):
     assert report.returncode == 0, report.stderr[-2000:]
     assert "What moves the critical batch?" in report.stdout
     assert "fraction0.5" in out.read_text()
+
+
+def test_a_study_killed_in_convergence_keeps_its_rows_and_publishes_nothing_of_that_variant(
+        killed, published, variants):
+    store = killed["store"]
+    assert killed["returncode"] != 0
+    assert PLANTED_SECRET not in killed["output"]
+    assert killed["kept"], "the killed variant kept no finished trial"
+    first, last = variants.values()
+    assert killed["run_id"] == last
+    # The first variant was published before the kill; nothing of the second, nor the study.
+    keys = killed["objects"]
+    assert any(f"run_id={first}/" in k for k in keys)
+    assert not any(f"run_id={last}/" in k or f"run_id={STUDY_ID}/" in k for k in keys)
+    # Resumed: the first variant skipped, the second's finished trials kept, not re-run.
+    _, _, _, result, _ = published
+    assert "(1 already published)" in result.stderr
+    assert f"published as {first}, skipped" in result.stderr
+    for path, (mtime, rows) in killed["kept"].items():
+        assert path.stat().st_mtime_ns == mtime
+        assert read_table_file(path).to_pylist() == rows
+    runs = {r["trial_id"] for r in _table(store, "runs", last)}
+    assert runs >= {rows[0]["trial_id"] for _, rows in killed["kept"].values()}

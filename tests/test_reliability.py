@@ -1,13 +1,9 @@
-"""Faults injected for real: a store stopped in the middle of publish, a pipeline killed in the
-middle of convergence, two stores started at once (two whole runs at once:
-test_reliability_runs.py). Nothing is mocked: the processes really die and the SeaweedFS server
-really stops."""
+"""Faults injected for real: a store stopped in the middle of publish, two stores started at
+once (two whole runs at once: test_reliability_runs.py; a run killed in the middle of
+convergence: tests/test_pipeline.py, whose study is killed in its second variant and resumed).
+Nothing is mocked: the processes really die and the SeaweedFS server really stops."""
 
-import json
-import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,8 +12,8 @@ import pytest
 from batchscale import localstore
 from batchscale.errors import StoreError
 from batchscale.lake.publish import publish_run, run_manifest_key
-from batchscale.storage import ObjectStore, read_table_file, sha256_b64, write_table_atomic
-from helpers import BATCHSCALE, TINY_CONFIG, cli_env, run_cli, store_env
+from batchscale.storage import ObjectStore, sha256_b64, write_table_atomic
+from helpers import BATCHSCALE
 
 pytestmark = pytest.mark.slow
 
@@ -105,50 +101,3 @@ def test_concurrent_store_up_starts_one_server(tmp_path):
         assert len(pids) == 1
     finally:
         localstore.down(tmp_path)
-
-
-def _wait_for(predicate, timeout_s: float, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended early:\n{proc.stdout.read()[-3000:]}")
-        time.sleep(0.2)
-    raise AssertionError("timed out waiting")
-
-
-def test_run_killed_in_convergence_keeps_rows_publishes_nothing_and_resumes(
-        tmp_path, object_store):
-    (tmp_path / "tiny.yaml").write_text(TINY_CONFIG)
-    run_id = "20261129T121212Z-killed"
-    env = cli_env(store_env(object_store))
-    trials = tmp_path / ".batchscale" / "work" / run_id
-    proc = subprocess.Popen(BATCHSCALE + ["run", "--config", "tiny.yaml", "--run-id", run_id],
-                            cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        _wait_for(lambda: any(trials.glob("*/trials/*.run.parquet")), 600, proc)
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0
-    finished = sorted(trials.glob("*/trials/*.run.parquet"))
-    assert finished
-    before = {p: (p.stat().st_mtime_ns, read_table_file(p).to_pylist()) for p in finished}
-    assert not object_store.exists(run_manifest_key(object_store, run_id))
-    assert object_store.list() == []  # publish never ran: nothing half-written is visible
-
-    result = run_cli(["run", "--config", "tiny.yaml", "--run-id", run_id], cwd=tmp_path,
-                     env=store_env(object_store), timeout_s=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    for path, (mtime, rows) in before.items():
-        assert path.stat().st_mtime_ns == mtime  # finished trials were kept, not re-run
-        assert read_table_file(path).to_pylist() == rows
-    manifest = json.loads(object_store.get_bytes(run_manifest_key(object_store, run_id)))
-    runs_key = next(o["key"] for o in manifest["objects"] if "/runs/" in o["key"])
-    published = object_store.get_table(runs_key).to_pylist()
-    assert {r["trial_id"] for r in published} >= {
-        rows[0]["trial_id"] for _, rows in before.values()}

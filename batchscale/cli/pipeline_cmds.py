@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 from batchscale.cli.common import STATE_DIR, connect_store, given_run_id
 from batchscale.cliflags import check_output_file, config_from_args
 from batchscale.config import load_config
 from batchscale.errors import BatchscaleError
+
+WORKFLOW_SIZE_WARNING_BYTES = 1_000_000
+"""A compiled pipeline above this may not fit the workflow object a cluster stores (a study's
+variants each add their tasks)."""
 
 
 def cmd_run(args) -> int:
@@ -62,5 +67,12 @@ def cmd_compile(args) -> int:
 
     cfg = load_config(args.config)
     check_output_file(args.output, "--output").parent.mkdir(parents=True, exist_ok=True)
-    print(f"wrote {compile_pipeline(cfg, args.output)} (images {CPU_IMAGE}, {GPU_IMAGE})")
+    path = compile_pipeline(cfg, args.output)
+    print(f"wrote {path} (images {CPU_IMAGE}, {GPU_IMAGE})")
+    size = Path(path).stat().st_size
+    if size > WORKFLOW_SIZE_WARNING_BYTES:
+        print(f"warning: the pipeline is {size / 2**20:.1f} MiB; Argo keeps the whole workflow "
+              "in one Kubernetes object, which etcd stores up to about 1.5 MiB (kubeflow/"
+              "pipelines#13738): split the study into fewer variants per pipeline",
+              file=sys.stderr)
     return 0
