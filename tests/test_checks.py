@@ -447,3 +447,30 @@ def test_importing_checks_does_not_import_great_expectations():
             "assert 'great_expectations' not in sys.modules, 'great_expectations imported'")
     root = Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
+
+
+DEFERRED_CHECK = """
+import math, sys
+from batchscale.checks import gx, validate_table
+from clean_tables import context, refused, sweep_row, table
+assert not [m for m in gx.DEFERRED_MODULES if m in sys.modules], 'imported before GX'
+report = validate_table('sweep', table('sweep'), context=context('sweep'))
+assert report.success, report.failure_message()
+refused('sweep', table('sweep', [sweep_row('real', 4, samples_per_s=-1.0)]),
+        'expect_column_values_to_be_between(samples_per_s)')
+bodies = ('scipy.stats._stats_py', 'altair.vegalite')
+assert not [m for m in bodies if m in sys.modules], [m for m in bodies if m in sys.modules]
+import altair, scipy.stats
+assert math.isclose(scipy.stats.entropy([0.5, 0.5]), math.log(2)) and altair.Chart
+assert all(m in sys.modules for m in bodies)
+"""
+
+
+@pytest.mark.slow
+def test_great_expectations_import_defers_what_the_suites_do_not_use():
+    """What gx.DEFERRED_MODULES saves in every validate task, through the task's own path (the
+    first GX import inside validate_table): their code does not run while a suite passes a
+    clean table and refuses a bad one, and they still work on first use. A fresh process: this
+    one may have imported them already."""
+    subprocess.run([sys.executable, "-c", DEFERRED_CHECK], cwd=Path(__file__).parent,
+                   check=True, timeout=300)

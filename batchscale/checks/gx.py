@@ -1,13 +1,20 @@
 """The great-expectations adapter: run a suite on a dataframe, return plain result rows.
 
 great_expectations is imported here only, inside the functions that run it (≈2–7 s, ≈250 MB):
-importing batchscale.checks stays cheap, and one ephemeral context per process is reused.
+importing batchscale.checks stays cheap, and one ephemeral context per process is reused. Its
+import defers the modules it loads only for expectations our suites do not use
+(DEFERRED_MODULES).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib.abc
+import importlib.util
 import os
+import sys
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pandas as pd
@@ -15,12 +22,60 @@ import pandas as pd
 from batchscale.checks.results import MAX_SHOWN, SOURCE_GX, result
 from batchscale.checks.suites import load_suite
 
+DEFERRED_MODULES = ("scipy.stats", "altair")
+"""Imported by great_expectations at start-up only for the KL-divergence and KS-test
+expectations and their charts, which no suite here uses: 1.7 s of its 4.9 s import (one
+`python -X importtime`, 2 cores, load ≈1.5); a validate task's start-up × 0.78, 90 % interval
+[0.68, 0.79] (benchmarks/bench_startup.py, 5 rounds, load 2.3-3.5). Each is loaded lazily: the
+same module, its code run unchanged on first attribute access (importlib.util.LazyLoader)."""
+
+
+class _LazyFinder(importlib.abc.MetaPathFinder):
+    """Finds `names` through the other finders and defers running them to their first use
+    (on Python < 3.12 not safe if two threads make that first use at once: none here does)."""
+
+    def __init__(self, names: Iterable[str]):
+        self.names = frozenset(names)
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in self.names:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if hasattr(spec.loader, "exec_module"):
+                    spec.loader = importlib.util.LazyLoader(spec.loader)
+                return spec
+        return None
+
+
+@contextlib.contextmanager
+def _deferred(names: Iterable[str]) -> Iterator[None]:
+    """Inside the block, a first import of one of `names` makes a lazy module (it stays
+    lazy, and stays in sys.modules, after the block); outside it, imports are as usual."""
+    finder = _LazyFinder(n for n in names if n not in sys.modules)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
+def _great_expectations() -> Any:
+    """The great_expectations module; every import of it here goes through this function, so
+    that whichever runs first defers DEFERRED_MODULES."""
+    os.environ["GX_ANALYTICS_ENABLED"] = "false"
+    with _deferred(DEFERRED_MODULES):
+        import great_expectations
+    return great_expectations
+
 
 @functools.cache
 def gx_context() -> Any:
     """One ephemeral GX context per process: creating it (and importing GX) takes seconds."""
-    os.environ["GX_ANALYTICS_ENABLED"] = "false"
-    import great_expectations as gx
+    gx = _great_expectations()
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     ctx = gx.get_context(mode="ephemeral")
@@ -32,8 +87,7 @@ def gx_context() -> Any:
 @functools.cache
 def _validation_definition(kind: str) -> Any:
     """The suite of `kind` bound to a whole-dataframe batch, registered once per process."""
-    import great_expectations as gx
-
+    gx = _great_expectations()
     ctx = gx_context()
     data = load_suite(kind)
     suite = gx.ExpectationSuite(
