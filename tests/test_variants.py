@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchscale.config import parse_config
+from batchscale.config import config_from_json, parse_config
 from batchscale.config.variants import expand, study_id_of, variant_run_id
 from batchscale.data.prep import noisy_labels, split_indices, train_rows
 from batchscale.envinfo import environment
@@ -35,6 +35,16 @@ def test_axes_expand_to_their_product_each_a_valid_experiment():
     wide = variants[1].config
     assert wide.workload == "digits-mlp-wide" and wide.dataset.train_fraction == 0.25
     assert wide.variant == variants[1].name and not wide.study.is_study
+
+
+def test_variants_do_not_depend_on_the_order_axes_are_written_in():
+    """The config's JSON (what a cluster's components and the comparison read) sorts keys: the
+    variants, their names and their order must be the same from it as from the file."""
+    cfg = parse_config({"study": {"axes": {"model": ["digits-mlp", "digits-mlp-wide"],
+                                           "dataset_fraction": [0.5, 1.0]}}})
+    names = [v.name for v in expand(cfg)]
+    assert names == [v.name for v in expand(config_from_json(cfg.to_json()))]
+    assert names[0] == "fraction0.5_digits-mlp"
 
 
 def test_explicit_variants_keep_the_base_value_of_axes_they_leave_out():

@@ -33,7 +33,7 @@ def run_study(cfg, study_id: str) -> int:
     store = connect_store()
     done = published_variants(store, study_id, variants)
     print(f"batchscale study {study_id}: {cfg.name}, {len(variants)} variants over "
-          f"{', '.join(cfg.study.axes)} ({sum(done.values())} already published)",
+          f"{', '.join(sorted(cfg.study.axes))} ({sum(done.values())} already published)",
           file=sys.stderr)
     started = time.monotonic()
     for index, variant in enumerate(variants, start=1):

@@ -42,10 +42,16 @@ def study_id_of(run_id: str, variant: str | None) -> str | None:
     return run_id[: -len(suffix)]
 
 
+def sorted_axes(cfg) -> dict[str, list]:
+    """The study's axes by name: the config's JSON form (its hash, what a cluster's components
+    and the comparison read) sorts keys, so every order the code relies on is this one."""
+    return dict(sorted(cfg.study.axes.items()))
+
+
 def _settings(cfg) -> list[dict[str, object]]:
-    """Each variant's axis values, in the order they run: the product of the axes, or the
-    explicit list with the base config's values filled in."""
-    axes = cfg.study.axes
+    """Each variant's axis values, in the order they run: the product of the axes (by name),
+    or the explicit list with the base config's values filled in."""
+    axes = sorted_axes(cfg)
     if cfg.study.variants is None:
         return [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())]
     base = cfg.model_dump(mode="json")

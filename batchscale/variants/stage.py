@@ -5,14 +5,13 @@ report), so `batchscale history --studies` finds it."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 
 from batchscale.config import config_from_json
-from batchscale.config.variants import expand, variant_run_id
+from batchscale.config.variants import expand, sorted_axes, variant_run_id
 from batchscale.envinfo import environment
 from batchscale.errors import BadInput
 from batchscale.schemas import make_table
@@ -54,7 +53,7 @@ def compare(store: ObjectStore, cfg, study_id: str) -> tuple[pa.Table, pa.Table,
     env = {**environment(run_id=study_id, config_hash=cfg.config_hash, experiment=cfg.name,
                          workload=cfg.workload), "study_id": study_id}
     study = make_table("study", rows, env)
-    axes = make_table("study_axes", axis_rows(study.to_pandas(), list(cfg.study.axes)), env)
+    axes = make_table("study_axes", axis_rows(study.to_pandas(), list(sorted_axes(cfg))), env)
     return study, axes, answer_markdown(study.to_pandas(), axes.to_pandas())
 
 
@@ -78,7 +77,7 @@ def run_compare_stage(config_json: str, study_id: str, study_path: str, axes_pat
     check_tables([(kind, kind, read_table_file(path), {}) for kind, path in paths.items()],
                  str(out / "study-validation.json"), str(out / "study-validation.html"))
     Path(report_path).write_text(render_study_report(
-        study.to_pandas(), axes.to_pandas(), answer, dict(cfg.study.axes),
+        study.to_pandas(), axes.to_pandas(), answer, sorted_axes(cfg),
         title=f"batchscale study: {cfg.name} ({study_id})"))
     publish_study(store, cfg, study_id, paths, report_path)
     return answer
@@ -91,7 +90,7 @@ def publish_study(store: ObjectStore, cfg, study_id: str, files: dict[str, str],
 
     variants = expand(cfg)
     extra = {"kind": "study", "experiment": cfg.name, "config_hash": cfg.config_hash,
-             "axes": json.loads(json.dumps(cfg.study.axes)),
+             "axes": sorted_axes(cfg),
              "variants": {v.name: variant_run_id(study_id, v.name) for v in variants}}
     return publish_run(store, study_id, files, report_path, extra)
 
