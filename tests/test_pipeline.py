@@ -241,6 +241,14 @@ def test_a_finished_study_run_again_skips_its_variants_and_republishes_nothing(p
     assert again.stderr.count(", skipped") == 2
     assert "(2 already published)" in again.stderr
     assert {key: store.get_bytes(key) for key in store.list()} == before
+    changed = (workdir / "tiny.yaml").read_text().replace("bootstrap_samples: 20",
+                                                          "bootstrap_samples: 21")
+    (workdir / "changed.yaml").write_text(changed)
+    refused = run_cli(["study", "--config", "changed.yaml", "--run-id", STUDY_ID], cwd=workdir,
+                      env=store_env(store), timeout_s=600)
+    assert refused.returncode == 2
+    assert "was published with another config" in refused.stderr
+    assert {key: store.get_bytes(key) for key in store.list()} == before
 
 
 def test_history_lists_the_study_and_report_rebuilds_it(published, tmp_path):

@@ -14,8 +14,9 @@ from batchscale.storage import ObjectStore
 def _interval(row) -> str:
     if not math.isfinite(row["slope"]):
         return row["verdict"]
+    power = "exponent" if row["x_scale"] == "log" else "ln B_crit per unit"
     return (f"{row['verdict']}: ×{row['range_factor']:.3g} [{row['range_factor_low']:.3g}, "
-            f"{row['range_factor_high']:.3g}] over the range, exponent {row['slope']:.2f} "
+            f"{row['range_factor_high']:.3g}] over the range, {power} {row['slope']:.2f} "
             f"[{row['slope_low']:.2f}, {row['slope_high']:.2f}]")
 
 

@@ -45,7 +45,7 @@ def axis_sentence(row: dict, study: pd.DataFrame) -> str:
     span = _range(study, row["axis"], row["x_name"])
     if row["verdict"].startswith("not fitted"):
         return f"**{row['axis']}** ({span}): {row['verdict']}."
-    power = "exponent" if row["x_scale"] == "log" else "slope of log B_crit per unit"
+    power = "exponent" if row["x_scale"] == "log" else "slope of ln B_crit per unit"
     numbers = (f"B_crit ×{_n(row['range_factor'])} [{_n(row['range_factor_low'])}, "
                f"{_n(row['range_factor_high'])}] over {span} ({power} {_n(row['slope'])} "
                f"[{_n(row['slope_low'])}, {_n(row['slope_high'])}], {row['variants_fitted']} "
@@ -84,10 +84,11 @@ def golmant_answer(rows: list[dict]) -> str:
     if not moved:
         return (f"No, here: {size_text} moved B_crit, and neither the model nor the data "
                 "complexity did detectably.")
-    strongest = max(moved, key=lambda r: _effect(r)[0])
-    other_text = (f"{kind_of(strongest['axis'])} ({strongest['axis']}: "
-                  f"×{_n(strongest['range_factor'])} [{_n(strongest['range_factor_low'])}, "
-                  f"{_n(strongest['range_factor_high'])}])")
+    moved.sort(key=lambda r: _effect(r)[0], reverse=True)
+    strongest = moved[0]
+    other_text = " and ".join(
+        f"{kind_of(r['axis'])} ({r['axis']}: ×{_n(r['range_factor'])} "
+        f"[{_n(r['range_factor_low'])}, {_n(r['range_factor_high'])}])" for r in moved)
     if size_row["verdict"] == "no detectable change":
         return (f"Yes, here: B_crit moved with {other_text} but not detectably with "
                 f"{size_text}, over the ranges studied.")
@@ -95,7 +96,8 @@ def golmant_answer(rows: list[dict]) -> str:
     _, _, size_high = _effect(size_row)
     if strong_low > size_high:
         return (f"Yes, here: both moved B_crit, {other_text} by more than {size_text} "
-                "(their intervals do not overlap), over the ranges studied.")
+                f"({strongest['axis']}'s interval and dataset size's do not overlap), over the "
+                "ranges studied.")
     return (f"Not distinguishable here: both {other_text} and {size_text} moved B_crit, by "
             "amounts whose intervals overlap.")
 
