@@ -392,6 +392,9 @@ STUDY = pa.schema(
         pa.field("b_crit_bound", pa.string()),
         pa.field("b_crit_bound_batch", pa.float64()),
         pa.field("b_crit_reason", pa.string()),
+        # Where the interval is cut at the measured batch range or extrapolates past it (then it
+        # is narrower than 90 % on that side; the slope fit leaves the variant out); null: inside.
+        pa.field("b_crit_interval_note", pa.string()),
         pa.field("s_min", pa.float64()),
         pa.field("e_min", pa.float64()),
         # The gradient noise scale at the end of the variant's trials (median over trials).

@@ -172,7 +172,11 @@ def test_axes_the_data_cannot_separate_are_not_fitted_with_the_reason():
     bound_only = [AxisPoint({"a": 1.0}, 10, 8, 12), AxisPoint({"a": 2.0}, math.nan, math.nan,
                                                                 math.nan)]
     verdict = fit_slopes(bound_only, ["a"])[0].verdict
-    assert "1 variant(s) without a B_crit interval left out" in verdict
+    assert "1 variant(s) without a B_crit interval inside the measured batches left out" in verdict
+    none = fit_slopes(bound_only[1:], ["a"])[0].verdict
+    assert none.startswith("not fitted: no variant has a B_crit interval inside")
+    cut = [AxisPoint({"a": 1.0}, 10, 8, 12), AxisPoint({"a": 2.0}, 20, 5, 40, False)]
+    assert "1 variant(s) without" in fit_slopes(cut, ["a"])[0].verdict
 
 
 # ------------------------------------------------------------------ the answer
@@ -208,7 +212,8 @@ def test_golmant_answer_needs_both_kinds_of_axis():
             "range_factor_high": 3.0}
     assert golmant_answer([size, row]).startswith("Not distinguishable here: both")
     assert kind_of("convergence.base_lr") == "other" and kind_of("dataset.val_fraction") == (
-        "data complexity")
+        "other")
+    assert kind_of("label_noise") == kind_of("dataset.synthetic_noise") == "data complexity"
 
 
 def test_study_on_a_config_without_axes_exits_2_naming_the_section(tmp_path):
@@ -216,3 +221,16 @@ def test_study_on_a_config_without_axes_exits_2_naming_the_section(tmp_path):
     result = run_cli(["study", "--config", "plain.yaml"], cwd=tmp_path)
     assert result.returncode == 2
     assert "the config has no study.axes" in result.stderr
+
+
+def test_golmant_answer_does_not_say_yes_when_dataset_size_could_have_moved_as_much():
+    """Dataset size undetected but with a wide interval: the detected axis's low end does not
+    exceed what dataset size could still have done unseen."""
+    size = {"axis": "dataset_fraction", "verdict": "no detectable change", "range_factor": 0.79,
+            "range_factor_low": 0.55, "range_factor_high": 1.13}
+    noise = {"axis": "label_noise", "verdict": "grows", "range_factor": 1.94,
+             "range_factor_low": 1.34, "range_factor_high": 2.82}
+    assert golmant_answer([size, noise]).startswith("Not distinguishable here, leaning yes")
+    sharp = {**size, "range_factor_low": 0.95, "range_factor_high": 1.05}
+    assert golmant_answer([sharp, noise]).startswith("Yes, here: B_crit moved with data "
+                                                     "complexity (label_noise: ×1.94")

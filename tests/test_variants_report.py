@@ -173,3 +173,11 @@ def test_an_axis_with_a_zero_value_is_fitted_and_described_on_a_linear_scale():
     text = text_of(render(rows, axes, {"label_noise": [0.0, 0.2]}))
     assert ("shrinks: B_crit ×0.6 [0.45, 0.9] over label_noise 0 → 0.2 (slope −2.5 [−4, −0.5]"
             " of ln B_crit per unit of label_noise; 2 variants)") in text
+
+
+def test_an_interval_cut_at_the_measured_batches_says_it_is_not_in_the_slope_fit():
+    rows = study_rows()
+    rows[1]["b_crit_interval_note"] = "its top is cut at 2,048, 2× the largest batch measured"
+    page = text_of(render(rows))
+    assert ("180 [140, 240] (not in the slope fit: its top is cut at 2,048, 2× the largest "
+            "batch measured)") in page

@@ -27,12 +27,17 @@ def cmd_study(args) -> int:
 def run_study(cfg, study_id: str) -> int:
     from batchscale.config.variants import expand, variant_run_id
     from batchscale.lake.publish import run_manifest_key
-    from batchscale.variants.stage import published_variants
+    from batchscale.variants.stage import (
+        check_published_configs,
+        check_study_id,
+        published_variants,
+    )
 
     variants = expand(cfg)
     store = connect_store()
+    check_study_id(store, cfg, study_id)
     done = published_variants(store, study_id, variants)
-    _refuse_changed_variants(store, study_id, [v for v in variants if done[v.name]])
+    check_published_configs(store, study_id, [v for v in variants if done[v.name]])
     print(f"batchscale study {study_id}: {cfg.name}, {len(variants)} variants over "
           f"{', '.join(sorted(cfg.study.axes))} ({sum(done.values())} already published)",
           file=sys.stderr)
@@ -60,21 +65,6 @@ def _already_compared(store, study_id: str) -> int:
     print(f"\nstudy {study_id} was already compared and published; report rebuilt from the "
           f"lake: {out}", file=sys.stderr)
     return 0
-
-
-def _refuse_changed_variants(store, study_id: str, published) -> None:
-    """A study resumed with another config would compare variants measured under different
-    settings: refuse, naming the first variant that differs."""
-    from batchscale.config.variants import variant_run_id
-    from batchscale.lake.publish import published_manifest
-
-    for variant in published:
-        manifest = published_manifest(store, variant_run_id(study_id, variant.name)) or {}
-        if manifest.get("config_hash") != variant.config.config_hash:
-            raise BadInput(f"study {study_id}: variant {variant.name} was published with another "
-                           f"config (hash {manifest.get('config_hash')}, now "
-                           f"{variant.config.config_hash}); resume a study with the config it "
-                           "started with, or start a new study (another --run-id)")
 
 
 def _run_variant(store, variant_cfg, run_id: str, study_id: str) -> None:

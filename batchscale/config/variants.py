@@ -103,6 +103,11 @@ def expand(cfg) -> list[Variant]:
         return []
     for axis in cfg.study.axes:
         _check_key(cfg, axis)
+    keys = [axis_key(axis) for axis in cfg.study.axes]
+    if len(set(keys)) < len(keys):
+        raise BadInput(f"study.axes: two axes set the same config key ({', '.join(keys)}); a "
+                       "short name and its key (dataset_fraction and dataset.train_fraction, "
+                       "model and workload) are one axis")
     settings = _settings(cfg)
     repeated = [i for i, values in enumerate(settings) if values in settings[:i]]
     if repeated:
@@ -112,7 +117,7 @@ def expand(cfg) -> list[Variant]:
         raise BadInput(f"study: {len(settings)} variants; at most {MAX_VARIANTS} (list fewer "
                        "under study.variants)")
     named = [_name(values) for values in settings]
-    if len(set(named)) < len(named) or any(len(n) > 64 for n in named):
+    if len(set(named)) < len(named) or any(len(n) > 64 or ".." in n for n in named):
         named = [f"v{index:02d}" for index in range(len(settings))]
     variants = []
     for name, values in zip(named, settings, strict=True):
@@ -121,9 +126,19 @@ def expand(cfg) -> list[Variant]:
             _set(data, axis_key(axis), value)
         data["study"], data["variant"] = {}, name
         try:
-            variants.append(Variant(name, values, ExperimentConfig.model_validate(data)))
+            variant_cfg = ExperimentConfig.model_validate(data)
         except ValidationError as err:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
                                  for e in err.errors())
             raise BadInput(f"study variant {name} ({values}): {problems}") from None
+        # The value as the config holds it ("1e-3" read as text becomes 0.001), so the slope
+        # fit sees a number and two spellings of one value are one variant.
+        dumped = variant_cfg.model_dump(mode="json")
+        values = {axis: _get(dumped, axis_key(axis)) for axis in values}
+        variants.append(Variant(name, values, variant_cfg))
+    same = [v.name for i, v in enumerate(variants)
+            if any(v.values == w.values for w in variants[:i])]
+    if same:
+        raise BadInput(f"study: variant {same[0]} repeats an earlier one once its values are "
+                       "read as the config reads them; list each value once")
     return variants

@@ -10,9 +10,13 @@ import math
 import pandas as pd
 
 from batchscale.config.study import axis_key
+from batchscale.variants.slopes import AxisPoint, usable
 
 DATASET_SIZE_KEYS = ("dataset.train_fraction", "dataset.synthetic_train_rows", "dataset.max_rows")
-MODEL_KEYS = ("workload",)
+MODEL_KEYS = ("workload", "sweep.image_size_px")
+COMPLEXITY_KEYS = ("dataset.train_label_noise", "dataset.synthetic_noise", "dataset.name",
+                   "dataset.shapes_image_size_px", "dataset.sequence_length_tokens")
+"""What makes the data harder to learn; other dataset keys (the split, its seed) are "other"."""
 
 
 def kind_of(axis: str) -> str:
@@ -21,9 +25,9 @@ def kind_of(axis: str) -> str:
     key = axis_key(axis)
     if key in DATASET_SIZE_KEYS:
         return "dataset size"
-    if key in MODEL_KEYS or key.startswith("sweep.image"):
+    if key in MODEL_KEYS:
         return "model"
-    if key.startswith("dataset."):
+    if key in COMPLEXITY_KEYS:
         return "data complexity"
     return "other"
 
@@ -32,13 +36,29 @@ def _n(value: float) -> str:
     return f"{value:.3g}" if math.isfinite(value) else "?"
 
 
+def _fitted(study: pd.DataFrame) -> pd.DataFrame:
+    """The variants the slope fit used (a B_crit interval inside the measured batches)."""
+    if study.empty:
+        return study
+    return study[[usable(point) for point in _points(study)]]
+
+
+def _points(study: pd.DataFrame) -> list[AxisPoint]:
+    notes = study.get("b_crit_interval_note", pd.Series([None] * len(study), index=study.index))
+    return [AxisPoint({}, b, low, high, not isinstance(note, str))
+            for b, low, high, note in zip(study["b_crit"], study["b_crit_low"],
+                                          study["b_crit_high"], notes, strict=True)]
+
+
 def _range(study: pd.DataFrame, axis: str, x_name: str) -> str:
+    """The span the factor is over: the fitted variants' values of the axis."""
+    study = _fitted(study)
     if x_name == "parameters":
         values = sorted(set(study["parameters"].dropna().astype(int)))
         return f"{values[0]:,} → {values[-1]:,} parameters" if values else "?"
-    values = sorted({json.dumps(json.loads(v)[axis]) for v in study["axis_values"]},
-                    key=lambda text: json.loads(text))
-    return f"{axis} {json.loads(values[0])} → {json.loads(values[-1])}"
+    found = {json.dumps(json.loads(v).get(axis)) for v in study["axis_values"]}
+    values = sorted(found, key=lambda text: (type(json.loads(text)).__name__, text))
+    return f"{axis} {json.loads(values[0])} → {json.loads(values[-1])}" if values else "?"
 
 
 def axis_sentence(row: dict, study: pd.DataFrame) -> str:
@@ -89,11 +109,16 @@ def golmant_answer(rows: list[dict]) -> str:
     other_text = " and ".join(
         f"{kind_of(r['axis'])} ({r['axis']}: ×{_n(r['range_factor'])} "
         f"[{_n(r['range_factor_low'])}, {_n(r['range_factor_high'])}])" for r in moved)
-    if size_row["verdict"] == "no detectable change":
-        return (f"Yes, here: B_crit moved with {other_text} but not detectably with "
-                f"{size_text}, over the ranges studied.")
     _, strong_low, _ = _effect(strongest)
     _, _, size_high = _effect(size_row)
+    if size_row["verdict"] == "no detectable change":
+        if strong_low > size_high:
+            return (f"Yes, here: B_crit moved with {other_text}, by more than {size_text} "
+                    "could have moved it unseen, over the ranges studied.")
+        return (f"Not distinguishable here, leaning yes: B_crit moved detectably with "
+                f"{other_text} and not with {size_text}; but the dataset-size interval still "
+                f"allows a change as large as {strongest['axis']}'s, so which matters more is "
+                "not settled at this precision (more seeds or wider ranges would settle it).")
     if strong_low > size_high:
         return (f"Yes, here: both moved B_crit, {other_text} by more than {size_text} "
                 f"({strongest['axis']}'s interval and dataset size's do not overlap), over the "

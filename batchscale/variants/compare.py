@@ -9,9 +9,11 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from batchscale.analysis.analyze import analyze
+from batchscale.analysis.analyze import analyze, without_pruned
+from batchscale.analysis.critical import interval_note
 from batchscale.analysis.plan_inputs import BYTES_PER_GRADIENT_VALUE, gradient_bytes
 from batchscale.analysis.stage import primary_target
+from batchscale.analysis.targets import same_target, split_by_target
 from batchscale.analysis.timetotarget import optimal_batch
 from batchscale.config.study import axis_key
 from batchscale.config.variants import Variant
@@ -47,6 +49,7 @@ def variant_rows(variant: Variant, run_id: str, frames: dict[str, pd.DataFrame])
         "saturation_batch": summary.throughput.saturation_batch,
         "parameters": parameters(cfg.workload, cfg.sweep.image_size_px),
     }
+    groups = split_by_target(without_pruned(frames["runs"])) if "runs" in frames else {}
     rows = []
     for fit in summary.targets:
         b_star = [optimal_batch(*line, _finite(b), cap)
@@ -56,11 +59,26 @@ def variant_rows(variant: Variant, run_id: str, frames: dict[str, pd.DataFrame])
             "lr_rule": fit.rule, "b_crit": _finite(fit.b_crit),
             "b_crit_low": _finite(fit.b_crit_low), "b_crit_high": _finite(fit.b_crit_high),
             "b_crit_bound": fit.bound or None, "b_crit_bound_batch": _finite(fit.bound_batch),
-            "b_crit_reason": fit.reason or None, "s_min": _finite(fit.s_min),
+            "b_crit_reason": fit.reason or None,
+            "b_crit_interval_note": _interval_note(groups, fit, cfg.analysis.b_crit_range_factor),
+            "s_min": _finite(fit.s_min),
             "e_min": _finite(fit.e_min), "b_star": b_star[0], "b_star_low": b_star[1],
             "b_star_high": b_star[2],
         })
     return rows
+
+
+def _interval_note(groups, fit, range_factor: float) -> str | None:
+    """Where a B_crit interval leaves the measured batches (cut or extrapolated); None inside
+    them, or without an interval."""
+    if not (math.isfinite(fit.b_crit_low) and math.isfinite(fit.b_crit_high)):
+        return None
+    runs = next((r for t, r in groups.items() if same_target(t, (fit.metric, fit.value))), None)
+    if runs is None:
+        return None
+    note = interval_note(runs, fit.rule, (fit.b_crit_low, fit.b_crit_high),
+                         range_factor=range_factor)
+    return note or None
 
 
 def axis_x(axis: str, row: dict) -> float | None:
@@ -86,13 +104,18 @@ def axis_rows(study: pd.DataFrame, axes: Sequence[str]) -> list[dict]:
         records = group.to_dict("records")
         numeric = [a for a in axes if all(axis_x(a, r) is not None for r in records)]
         points = [AxisPoint({a: axis_x(a, r) for a in numeric}, r["b_crit"], r["b_crit_low"],
-                            r["b_crit_high"]) for r in records]
+                            r["b_crit_high"], not _note(r)) for r in records]
         slopes = {s.axis: s for s in fit_slopes(points, numeric)}
         for axis in axes:
             slope = slopes.get(axis) or _categorical(axis, len(records))
             rows.append({"axis": axis, "x_name": x_name(axis), "target_metric": metric,
                          "target_value": value, "lr_rule": rule, **_slope_columns(slope)})
     return rows
+
+
+def _note(row: dict) -> str:
+    note = row.get("b_crit_interval_note")
+    return note if isinstance(note, str) else ""
 
 
 def _categorical(axis: str, count: int) -> AxisSlope:

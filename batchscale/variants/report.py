@@ -33,8 +33,9 @@ MODEL_X = "parameters"
 """The x of an axis whose values are workload names: the model's parameter count."""
 MAX_LABELLED_TICKS = 8
 """An axis with at most this many distinct x values gets a tick labelled at each."""
-FIGURE_HEADINGS = ("S_min (fit)", "E_min (fit)", "B_simple (median over trials)",
-                   "saturation batch", "B* [90 % interval]")
+FIGURE_HEADINGS = ("S_min (fit, no interval)", "E_min (fit, no interval)",
+                   "B_simple (median over trials, no interval)",
+                   "saturation batch (no interval)", "B* [90 % interval]")
 ENV_LABELS = (("run_id", "study id"), ("experiment", "experiment"), ("workload", "workloads"),
               ("git_commit", "commit"), ("batchscale_version", "batchscale"),
               ("torch_version", "torch"), ("python_version", "python"), ("device_name", "device"),
@@ -85,7 +86,9 @@ def b_crit_cell(row: dict) -> str:
     if _has_bound(row):
         return b_crit_text(math.nan, row["b_crit_bound"], _float(row["b_crit_bound_batch"]))
     if math.isfinite(_float(row["b_crit"])):
-        return _with_interval(row["b_crit"], row["b_crit_low"], row["b_crit_high"])
+        text = _with_interval(row["b_crit"], row["b_crit_low"], row["b_crit_high"])
+        note = _text(row.get("b_crit_interval_note"))
+        return f"{text} (not in the slope fit: {note})" if note else text
     reason = _text(row.get("b_crit_reason"))
     return f"not estimated: {reason}" if reason else "not estimated"
 

@@ -23,9 +23,9 @@ CONFIDENCE = 0.90
 """Of the slopes' intervals, and the level the variants' B_crit intervals are read at."""
 DRAWS = 4000
 SEED = 0
+"""The draws are seeded: the same variants give the same intervals (and the same lake bytes)."""
 LOG_FACTOR_LIMIT = math.log(1e15)
 """Range factors are clipped to [1e-15, 1e15] (the study_axes suite's bounds)."""
-"""The draws are seeded: the same variants give the same intervals (and the same lake bytes)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,9 @@ class AxisPoint:
     b_crit: float
     low: float
     high: float
+    interval_inside: bool = True
+    """False where the interval is cut at (or extrapolates past) the measured batch range: not
+    a 90 % interval on that side, so not fitted."""
 
 
 @dataclass(frozen=True)
@@ -61,9 +64,12 @@ def _log_sigma(point: AxisPoint) -> float:
 
 
 def usable(point: AxisPoint) -> bool:
-    """A B_crit number with a finite, positive interval (a bound alone is not fitted)."""
+    """A B_crit number inside a finite, positive interval of non-zero width that lies within
+    the measured batches (a bound alone, or a cut interval, is not fitted)."""
     values = (point.b_crit, point.low, point.high)
-    return all(math.isfinite(v) and v > 0 for v in values) and point.high >= point.low
+    return (all(math.isfinite(v) and v > 0 for v in values)
+            and point.low <= point.b_crit <= point.high and point.high > point.low
+            and point.interval_inside)
 
 
 def _scale(values: list[float]) -> str:
@@ -95,9 +101,11 @@ def fit_slopes(points: list[AxisPoint], axes: list[str]) -> list[AxisSlope]:
     dropped = len(points) - len(fitted)
     scales = {a: _scale([p.x[a] for p in fitted] or [1.0]) for a in axes}
     varying = [a for a in axes if len({p.x[a] for p in fitted}) >= 2]
-    note = f" ({dropped} variant(s) without a B_crit interval left out)" if dropped else ""
-    results = {a: _unfitted(a, scales[a], len(fitted), "the variants with a B_crit interval "
-                            f"take one value of it{note}") for a in axes if a not in varying}
+    note = (f" ({dropped} variant(s) without a B_crit interval inside the measured batches "
+            "left out)" if dropped else "")
+    why = (f"no variant has a B_crit interval inside the measured batches{note}" if not fitted
+           else f"the variants with a B_crit interval take one value of it{note}")
+    results = {a: _unfitted(a, scales[a], len(fitted), why) for a in axes if a not in varying}
     if varying:
         design = _design(fitted, varying, scales)
         if np.linalg.matrix_rank(design) < design.shape[1]:

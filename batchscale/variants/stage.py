@@ -26,6 +26,37 @@ def published_variants(store: ObjectStore, study_id: str, variants) -> dict[str,
             for v in variants}
 
 
+def check_published_configs(store: ObjectStore, study_id: str, variants) -> None:
+    """Refuse to compare, or to resume, variants published under another config: the study
+    would mix settings. Names the first variant that differs."""
+    from batchscale.lake.publish import published_manifest
+
+    for variant in variants:
+        manifest = published_manifest(store, variant_run_id(study_id, variant.name)) or {}
+        if manifest.get("config_hash") != variant.config.config_hash:
+            raise BadInput(f"study {study_id}: variant {variant.name} was published with another "
+                           f"config (hash {manifest.get('config_hash')}, now "
+                           f"{variant.config.config_hash}); resume a study with the config it "
+                           "started with, or start a new study (another --run-id)")
+
+
+def check_study_id(store: ObjectStore, cfg, study_id: str) -> None:
+    """Before any variant runs: the id must not be a single run's, nor a study published with
+    another config (a changed axis would run new variants and then keep the old comparison)."""
+    from batchscale.lake.publish import published_manifest
+
+    manifest = published_manifest(store, study_id)
+    if manifest is None:
+        return
+    if manifest.get("kind") != "study":
+        raise BadInput(f"run id {study_id} is a published single run, not a study: give the "
+                       "study another --run-id")
+    if manifest.get("config_hash") != cfg.config_hash:
+        raise BadInput(f"study {study_id} was published with another config (hash "
+                       f"{manifest.get('config_hash')}, now {cfg.config_hash}); start a new "
+                       "study (another --run-id)")
+
+
 def _variant_frames(store: ObjectStore, run_id: str) -> dict[str, pd.DataFrame]:
     from batchscale.lake.summary import load_run
 
@@ -46,6 +77,7 @@ def compare(store: ObjectStore, cfg, study_id: str) -> tuple[pa.Table, pa.Table,
         raise BadInput(f"study {study_id}: {len(missing)} of {len(variants)} variants are not "
                        f"published yet ({', '.join(missing)}); run `batchscale study --run-id "
                        f"{study_id}` with the same config to finish them")
+    check_published_configs(store, study_id, variants)
     rows = []
     for variant in variants:
         run_id = variant_run_id(study_id, variant.name)
