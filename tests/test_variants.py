@@ -73,6 +73,9 @@ def test_explicit_variants_keep_the_base_value_of_axes_they_leave_out():
      "not one of the axis's values"),
     ({"axes": {"dataset_fraction": [0.5, 1.0]}, "variants": [{}, {"dataset_fraction": 1.0}]},
      "repeats an earlier variant"),
+    ({"axes": {"dataset_fraction": [0.5], "dataset.train_fraction": [1.0]}},
+     "two axes set the same config key"),
+    ({"axes": {"label_noise": [0.001, "1e-3"]}}, "repeats an earlier one once its values"),
 ])
 def test_a_bad_study_is_refused_naming_the_problem(study, message):
     with pytest.raises(BadInput, match="invalid config") as err:
