@@ -13,6 +13,22 @@ import pytest
 from batchscale import localstore
 from batchscale.storage import ObjectStore
 
+# --- order: the longest files first ------------------------------------------------------------
+# `make test` hands whole files to its xdist workers in collection order (--dist loadfile). A
+# 6-minute file collected late keeps one worker busy while the other has nothing left; started
+# first, the short files fill in beside it (longest-processing-time-first scheduling). The list
+# is by measured duration (CI's --durations); a file not in it keeps its place after them.
+LONGEST_FILES = ("test_pipeline.py", "test_domains.py", "test_reliability_runs.py",
+                 "test_fault_tolerance.py", "test_study_driver.py", "test_reliability.py",
+                 "test_task_segmentation.py", "test_convergence.py", "test_optimizers.py",
+                 "test_regression.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: index for index, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order within
+
+
 # --- object storage: a real SeaweedFS (`weed mini`) on loopback, one per test session ---------
 
 

@@ -40,8 +40,9 @@ def test_plan_prints_bands_assumptions_recommendation_and_check(lake, capsys, tm
     out = tmp_path / "plan.parquet"
     code = main(["plan", "--run-id", "plan-run", "--workers", "1,2,4,64", "--deadline", "1h",
                  "--check", "--out", str(out)])
-    text = capsys.readouterr().out
-    assert code == 0, text
+    captured = capsys.readouterr()
+    text = captured.out
+    assert code == 0, text + captured.err
     assert "B_crit interval 48-96" in text
     assert "latency 0 µs per hop (assumed)" in text
     assert "assumed, not measured: latency, hidden share" in text

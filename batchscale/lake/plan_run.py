@@ -68,4 +68,8 @@ def run_env(frames: dict[str, pd.DataFrame]) -> dict:
 
 
 def _plain(value):
+    """A plain Python value; a missing one (NaN or None in pandas, e.g. a column written before
+    it existed, as `variant` before schema 3) as None."""
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return None
     return value.item() if hasattr(value, "item") else value
