@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from batchscale import schemas
+from batchscale import schemacheck
 from batchscale.checks import gx, suites, validate_table
 from batchscale.checks.report import validation_page
 from batchscale.config import SweepConfig
@@ -121,7 +121,7 @@ def test_duplicated_column_is_refused_by_name():
                                  names=["features", "label", "label"])
     message = refused("dataset", twice, "expect_column_names_to_be_unique(label)", '"times": 2')
     with pytest.raises(BadInput, match="duplicated columns 'label' \\(2 times\\)"):
-        schemas.check_schema("dataset", twice)
+        schemacheck.check_schema("dataset", twice)
     assert "features" not in message.split("\n", 1)[1]  # only the duplicated one is blamed
 
 

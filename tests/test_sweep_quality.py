@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from batchscale.checks.stage import validate_sweep
 from batchscale.config import ExperimentConfig, SweepConfig
 from batchscale.errors import ValidationFailed
-from batchscale.schemas import TrialStatus, check_schema
+from batchscale.schemacheck import check_schema
+from batchscale.schemas import TrialStatus
 from batchscale.storage import read_table_file
 from batchscale.sweep.cells import Cell, measured_columns, worst_conditions
 from batchscale.sweep.rounds import (

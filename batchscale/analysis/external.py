@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 import batchscale
-from batchscale import schemas
+from batchscale import schemacheck, schemas
 from batchscale.analysis.usertables import (
     RUNS_INPUT,
     SWEEP_INPUT,
@@ -165,7 +165,7 @@ def read_user_table(path_text: str, what: str) -> UserTable:
     except OSError as err:
         raise BadInput(f"{label} cannot be read: {err.strerror}") from None
     table = parse_parquet(str(path), label) if suffix == ".parquet" else _read_csv(path, label)
-    duplicated = schemas.duplicated_columns(table)
+    duplicated = schemacheck.duplicated_columns(table)
     if duplicated:
         raise BadInput(f"{label} has duplicated columns {', '.join(map(quote, duplicated))}; "
                        "each column name must appear once")

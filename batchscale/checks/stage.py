@@ -14,7 +14,7 @@ from batchscale.checks.report import validation_page
 from batchscale.checks.validate import validate_table
 from batchscale.config import config_from_json
 from batchscale.errors import BadInput, ValidationFailed
-from batchscale.schemas import check_schema
+from batchscale.schemacheck import check_schema
 from batchscale.storage import read_table_file, write_table_atomic
 
 

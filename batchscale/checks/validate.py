@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from batchscale import schemas
+from batchscale import schemacheck, schemas
 from batchscale.checks import gx, suites
 from batchscale.checks.report import ValidationReport, make_report
 from batchscale.checks.results import SOURCE_SCHEMA, result
@@ -39,7 +39,7 @@ def _conform(kind: str, table: pa.Table) -> tuple[pa.Table, list[dict]]:
     columns. Nulls in required columns pass here so the suite's not-null expectations name
     them."""
     try:
-        return schemas.check_schema(kind, table, allow_nulls=True), []
+        return schemacheck.check_schema(kind, table, allow_nulls=True), []
     except BadInput as err:
         return table, _explain_schema_error(kind, table, str(err))
 
@@ -58,7 +58,7 @@ def _explain_schema_error(kind: str, table: pa.Table, message: str) -> list[dict
     schema = schemas.schema_for(kind)
     extra = [n for n in table.column_names if n not in schema.names]
     results = [_duplicated_result(n, count)
-               for n, count in schemas.duplicated_columns(table).items()]
+               for n, count in schemacheck.duplicated_columns(table).items()]
     results += [
         result(
             "expect_column_to_exist", name, False, SOURCE_SCHEMA,
@@ -68,7 +68,7 @@ def _explain_schema_error(kind: str, table: pa.Table, message: str) -> list[dict
         for name in schema.names
         if name not in table.column_names
     ]
-    for name, why in schemas.column_problems(kind, table).items():
+    for name, why in schemacheck.column_problems(kind, table).items():
         results.append(
             result(
                 "expect_column_type_to_be", name, False, SOURCE_SCHEMA,
