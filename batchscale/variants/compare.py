@@ -3,6 +3,7 @@ analysis a single run gets (`analysis.analyze`), then the axes' slopes and the a
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -27,8 +28,10 @@ def _finite(value) -> float:
     return float(value) if value is not None and math.isfinite(value) else math.nan
 
 
+@functools.cache
 def parameters(workload: str, image_size: int) -> int:
-    """Trainable parameters of a workload's model (10 classes, as the embedded data have)."""
+    """Trainable parameters of a workload's model (10 classes, as the embedded data have);
+    built once per workload, not once per variant."""
     return int(gradient_bytes(workload, None, image_size) // BYTES_PER_GRADIENT_VALUE)
 
 
