@@ -70,6 +70,16 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Each kind of built-in workload owns its default target (a workload's, not the config's): used
+# when a config names none. Values from the example configs of batchscale/configs.
+TASK_DEFAULT_TARGETS: dict[str, tuple[str, float]] = {
+    "classification": ("val_accuracy", 0.95),
+    "language_model": ("val_loss", 2.6),
+    "segmentation": ("val_miou", 0.5),
+    "detection": ("val_loss", 1.5),
+}
+
+
 def metric(name: str) -> Metric:
     """The metric called `name`; KeyError names the allowed ones."""
     try:

@@ -3,22 +3,28 @@
 torch and torchvision are imported inside the builders so that listing workloads or validating a
 config stays fast.
 
-A user model, 'package.module:factory', runs the user's code with the user's rights: importing
-the module runs its top level, and the factory is called with no arguments (like any Python
-import and call). Two guards keep a typo or a borrowed command line from doing something else:
+A user workload, 'package.module:name', names either a `batchscale.Workload` (the public
+contract, batchscale/contract.py: model, data, loss, metrics, targets), a no-argument function
+returning one, or (the older form) a model factory returning a torch.nn.Module, trained as a
+classifier on a prepared dataset. It runs the user's code with the user's rights: importing the
+module runs its top level, and a function is called with no arguments (like any Python import
+and call). Two guards keep a typo or a borrowed command line from doing something else:
 a module of the standard library (os, builtins, subprocess, ...) is refused before anything is
 imported, and whatever the factory returns must be a torch.nn.Module before it is used.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 import reprlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from batchscale import names
+from batchscale.contract import is_contract
 from batchscale.errors import BadInput
 
 CLASSIFIERS = ("resnet18", "resnet50", "mobilenet_v3_small", "vit_b_16")
@@ -36,6 +42,8 @@ TASK_MODULES = {
     "segmentation": "batchscale.tasks.segmentation",
     "language_model": "batchscale.tasks.language",
 }
+# A workload of the public contract: its own data, loss and metrics (batchscale/contract.py).
+CONTRACT_KIND = "custom"
 # Language models: byte-level (256 symbols, no tokenizer to download); a sequence of
 # LM_SEQ_LEN bytes is one sample, and the model has positions for up to LM_MAX_SEQ_LEN.
 LM_VOCAB_SIZE = 256
@@ -67,6 +75,9 @@ class Workload:
     uses_torchvision: bool = False
     tokens_per_sample: int | None = None
     """Language models: tokens in one sample (a sequence), for tokens/s."""
+    contract: object | None = field(default=None, repr=False)
+    """The user's `batchscale.Workload` (kind "custom"): its data, loss and metrics are used
+    instead of a task module's."""
 
     @property
     def is_image(self) -> bool:
@@ -97,7 +108,14 @@ class Workload:
         """The metrics a convergence trial of this workload records (batchscale/metrics.py)."""
         from batchscale.metrics import TASK_METRICS
 
+        if self.contract is not None:
+            return tuple(dict.fromkeys((*self.contract.metrics, "train_loss")))
         return TASK_METRICS[self.kind]
+
+    @property
+    def has_own_data(self) -> bool:
+        """A contract workload that brings its training data (no prepared dataset needed)."""
+        return self.contract is not None and self.contract.train_data is not None
 
     @property
     def task(self):
@@ -108,6 +126,10 @@ class Workload:
         """A batch already on the device: pure compute, no input pipeline."""
         import torch
 
+        if self.contract is not None:
+            from batchscale.contract_check import synthetic_batch
+
+            return synthetic_batch(self.contract, batch_size, device)
         gen = torch.Generator().manual_seed(seed)
         x = torch.randn((batch_size, *self.input_shape), generator=gen)
         if self.kind == "detection":
@@ -123,6 +145,8 @@ class Workload:
 
     def loss(self, model, batch):
         """Scalar training loss of `model` on `batch`."""
+        if self.contract is not None:
+            return self.contract.loss(model, batch)
         return self.task.loss(model, batch)
 
     def evaluate(self, model, x, y, device: str, autocast) -> dict[str, float]:
@@ -216,15 +240,16 @@ def _language_model(name: str):
     return build
 
 
-def _user_factory(spec: str) -> Callable[[], object]:
-    """The factory of 'package.module:factory', wrapped so that its result is checked: a
-    standard-library module is refused before it is imported."""
+def _user_attribute(spec: str) -> object:
+    """The object 'package.module:name' names; a standard-library module is refused before it
+    is imported."""
     module_name, attr = names.split_factory_spec(spec)
     top = module_name.split(".")[0]
     if top in REFUSED_FACTORY_MODULES:
         raise BadInput(f"workload {spec!r}: {module_name!r} is part of Python's standard library, "
                        "which holds no model factory; give a module of your own that returns a "
-                       "torch.nn.Module")
+                       "torch.nn.Module or a batchscale.Workload")
+    _importable_from_cwd()
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
@@ -232,13 +257,56 @@ def _user_factory(spec: str) -> Callable[[], object]:
     except Exception as err:  # the module's own top-level code failed: it is the user's code
         raise BadInput(f"workload {spec!r}: importing module {module_name!r} failed: "
                        f"{type(err).__name__}: {err}") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise BadInput(f"workload {spec!r}: {module_name} has no callable {attr!r}")
-    return _returning_a_module(spec, factory)
+    value = getattr(module, attr, None)
+    if value is None or not (callable(value) or is_contract(value)):
+        raise BadInput(f"workload {spec!r}: {module_name} has no callable {attr!r} (a function "
+                       "returning a batchscale.Workload or a torch.nn.Module)")
+    return value
 
 
-def _returning_a_module(spec: str, factory: Callable[[], object]) -> Callable[[], object]:
+def _importable_from_cwd() -> None:
+    """The current directory is searched for a user's module (after the installed packages),
+    as `python -m` would, also from the `batchscale` command; torchrun workers get it through
+    PYTHONPATH (convergence/runner.py)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
+@functools.cache
+def _resolve_user(spec: str) -> tuple[object | None, Callable[[], object]]:
+    """(the user's contract Workload or None, the model factory) of 'package.module:name'. A
+    function is called once to see what it returns; a model it returned is handed to the first
+    build instead of being built twice (a sweep trial's peak memory is the trial's model)."""
+    value = _user_attribute(spec)
+    first: list = []  # the call's outcome, handed to the first build
+    if not is_contract(value):
+        try:
+            value = value()
+        except BadInput:
+            raise
+        except Exception as err:  # a model factory failing: its build fails the same way
+            first.append(err)
+    if is_contract(value):
+        if not callable(value.model):
+            raise BadInput(f"workload {spec!r}: Workload.model must be a no-argument function "
+                           f"returning a torch.nn.Module, got {_describe(value.model)}")
+        return value, _returning_a_module(spec, value.model, "Workload.model")
+    first = first or [value]
+
+    def factory():
+        if not first:
+            return _user_attribute(spec)()
+        outcome = first.pop()
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    return None, _returning_a_module(spec, factory, "the factory")
+
+
+def _returning_a_module(spec: str, factory: Callable[[], object],
+                        member: str) -> Callable[[], object]:
     """`factory`, with its result checked before anyone uses it. Exceptions it raises pass
     through as they are (an out-of-memory while building is an oom trial, not bad input)."""
 
@@ -247,7 +315,7 @@ def _returning_a_module(spec: str, factory: Callable[[], object]) -> Callable[[]
 
         model = factory()
         if not isinstance(model, nn.Module):
-            raise BadInput(f"workload {spec!r}: the factory returned {_describe(model)}, not "
+            raise BadInput(f"workload {spec!r}: {member} returned {_describe(model)}, not "
                            "a torch.nn.Module")
         return model
 
@@ -261,21 +329,6 @@ def _describe(value: object) -> str:
     except Exception:
         shown = "(unprintable)"
     return f"{type(value).__name__} {names.redact_url(shown)}"
-
-
-def check_builds(workload: Workload) -> None:
-    """Build a user model once, before any trial starts, so that a factory that fails or
-    returns something else is refused up front (exit 2) instead of inside every trial. The
-    registered workloads are not built: they are known to work."""
-    if workload.name in WORKLOAD_NAMES:
-        return
-    try:
-        workload.build()
-    except BadInput:
-        raise
-    except Exception as err:
-        raise BadInput(f"workload {workload.name!r}: the factory failed: "
-                       f"{type(err).__name__}: {err}") from None
 
 
 def _check_vit_size(image_size: int) -> None:
@@ -325,10 +378,14 @@ def get_workload(
         return Workload(name, "language_model", (seq_len,), LM_VOCAB_SIZE, _language_model(name),
                         LANGUAGE_MODEL_DESCRIPTIONS[name], tokens_per_sample=seq_len)
     if names.is_factory_spec(name):
-        factory = _user_factory(name)
+        contract, factory = _resolve_user(name)
+        if contract is not None:
+            return Workload(name, CONTRACT_KIND, (), 0, factory,
+                            contract.description or f"user workload {contract.name}",
+                            tokens_per_sample=contract.tokens_per_sample, contract=contract)
         return Workload(
             name, "classification", input_shape or image, num_classes or 10, factory,
-            f"user factory {name}",
+            f"user model factory {name}",
         )
     raise BadInput(
         f"unknown workload {name!r}; allowed: {', '.join(WORKLOAD_NAMES)} "
@@ -349,9 +406,13 @@ def workload_kind(name: str) -> str:
 
 
 def workload_metrics(name: str) -> tuple[str, ...]:
-    """The metrics a convergence trial of workload `name` records (no model is built)."""
-    from batchscale.metrics import TASK_METRICS
+    """The metrics a convergence trial of workload `name` records (no model is built). A user
+    workload's are known only once it is imported (contract_check.check_workload checks its
+    targets then): any metric is allowed here."""
+    from batchscale.metrics import METRIC_NAMES, TASK_METRICS
 
+    if names.is_factory_spec(name):
+        return METRIC_NAMES
     return TASK_METRICS[workload_kind(name)]
 
 

@@ -12,8 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchscale.contract_check import check_workload
 from batchscale.errors import BadInput
-from batchscale.workloads import TASK_MODULES, WORKLOAD_NAMES, check_builds, get_workload
+from batchscale.workloads import TASK_MODULES, WORKLOAD_NAMES, get_workload
 from helpers import run_cli
 
 TESTS_DIR = Path(__file__).parent
@@ -173,7 +174,7 @@ def test_importing_this_prints_nothing_before_the_refusal(tmp_path):
 ])
 def test_a_factory_must_return_a_module_before_it_is_used(spec, shown):
     workload = get_workload(spec)  # importing is fine; the result is checked when built
-    for build in (workload.build, lambda: check_builds(workload)):
+    for build in (workload.build, lambda: check_workload(workload)):
         with pytest.raises(BadInput, match="not a torch.nn.Module") as err:
             build()
         message = str(err.value)
@@ -183,11 +184,11 @@ def test_a_factory_must_return_a_module_before_it_is_used(spec, shown):
 
 def test_a_failing_factory_is_bad_input_up_front_and_itself_in_a_trial():
     with pytest.raises(BadInput, match="the factory failed: RuntimeError: the user's model"):
-        check_builds(get_workload("test_workloads:raises"))
+        check_workload(get_workload("test_workloads:raises"))
     with pytest.raises(RuntimeError):  # in a trial: an error row (or an oom), not bad input
         get_workload("test_workloads:raises").build()
-    check_builds(get_workload("test_workloads:tiny_conv"))
-    check_builds(get_workload("digits-mlp"))
+    check_workload(get_workload("test_workloads:tiny_conv"))
+    check_workload(get_workload("digits-mlp"))
 
 
 def test_a_module_whose_import_fails_is_bad_input(tmp_path, monkeypatch):

@@ -180,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(sw, "sweep", ["batch_sizes", "device", "precision", "channels_last",
                                    "torch_compile", "memory_limit_bytes", "image_size_px",
                                    "max_batch_size", "time_budget_s"])
+    sw.add_argument("--dataset", metavar="NAME",
+                    help="the config's dataset.name (see `batchscale datasets`): the dataset "
+                    "the workload is for (e.g. shapes for a detector); with --dataset-dir its "
+                    "prepared shards are also timed as real input")
     sw.add_argument("--dataset-dir", help="prepared dataset: also time real input batches")
     sw.add_argument("--run-id", help="run id recorded in every row (default: a new one)")
     sw.add_argument("--out", required=True, help="output Parquet file")
@@ -200,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--target", action="append", type=target_flag, metavar="METRIC=VALUE",
                     help="a target, e.g. val_accuracy=0.95 or val_loss=0.3 (repeat the flag for "
                     "several); replaces the config's targets. Metrics: " + ", ".join(METRICS))
+    cv.add_argument("--dataset", metavar="NAME",
+                    help="the config's dataset.name (see `batchscale datasets`), prepared "
+                    "unless --dataset-dir is given or the workload brings its own data")
     cv.add_argument("--dataset-dir", help="prepared dataset (default: prepare the config's)")
     cv.add_argument("--run-id", help="reuse a run id to resume from its checkpoints")
     cv.add_argument("--out", required=True, help="output directory")

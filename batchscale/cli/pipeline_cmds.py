@@ -18,7 +18,8 @@ variants each add their tasks)."""
 
 
 def cmd_run(args) -> int:
-    from batchscale.workloads import check_builds, get_workload
+    from batchscale.contract_check import check_workload, with_workload_targets
+    from batchscale.workloads import get_workload
 
     cfg = config_from_args(args)
     run_id = given_run_id(args)
@@ -27,7 +28,9 @@ def cmd_run(args) -> int:
 
         return run_study(cfg, run_id)
     # A user factory that cannot be imported or returns no nn.Module fails here, not later.
-    check_builds(get_workload(cfg.workload, image_size=cfg.sweep.image_size_px))
+    workload = get_workload(cfg.workload, image_size=cfg.sweep.image_size_px)
+    cfg = with_workload_targets(cfg, workload)
+    check_workload(workload, targets=cfg.convergence.resolved_targets())
     store = connect_store()
     print(f"batchscale run {run_id}: {cfg.name} ({cfg.workload} on {cfg.dataset.name})",
           file=sys.stderr)

@@ -15,10 +15,17 @@ from batchscale.names import check_run_id
 from batchscale.schemas import RunStatus
 
 
+def _dataset_flag(args) -> dict:
+    """--dataset NAME as a config override."""
+    return {"dataset": {"name": args.dataset}} if args.dataset else {}
+
+
 def cmd_sweep(args) -> int:
-    # Without a prepared dataset there are no real batches to time.
-    cfg = config_from_args(args, {} if args.dataset_dir else
-                           {"sweep": {"input_modes": ["synthetic"]}})
+    cfg = config_from_args(args, _dataset_flag(args))
+    if not args.dataset_dir and not _brings_its_data(cfg.workload):
+        # Without a prepared dataset there are no real batches to time.
+        cfg = config_from_args(args, {**_dataset_flag(args),
+                                      "sweep": {"input_modes": ["synthetic"]}})
     run_id = given_run_id(args)
     check_output_file(args.out, "--out")
     from batchscale.sweep.sweep import run_stage  # torch: only once the input is known good
@@ -26,6 +33,18 @@ def cmd_sweep(args) -> int:
     rows = run_stage(cfg.to_json(), run_id, args.dataset_dir, args.out)
     print(f"wrote {len(rows)} rows to {args.out}")
     return 0
+
+
+def _brings_its_data(workload_name: str) -> bool:
+    """Whether the workload is a user's batchscale.Workload with its own training data (its
+    module is imported: the sweep imports it anyway)."""
+    from batchscale import names
+
+    if not names.is_factory_spec(workload_name):
+        return False
+    from batchscale.workloads import get_workload
+
+    return get_workload(workload_name).has_own_data
 
 
 def target_flag(text: str) -> dict:
@@ -42,16 +61,20 @@ def target_flag(text: str) -> dict:
 
 
 def cmd_converge(args) -> int:
-    from batchscale.workloads import check_builds, get_workload
+    from batchscale.contract_check import check_workload, with_workload_targets
+    from batchscale.workloads import get_workload
 
     # No scaling runs (the pipeline's extra worker counts): here --workers sets the one count.
     fixed = {"scaling_workers": [], "scaling_batch_sizes": []}
     if args.target:  # they replace the config's targets (and its shorthand)
         fixed |= {"targets": args.target, "target_val_accuracy": None}
-    cfg = config_from_args(args, {"convergence": fixed})
+    cfg = config_from_args(args, {**_dataset_flag(args), "convergence": fixed})
     run_id = given_run_id(args)
     check_output_dir(args.out, "--out")
-    check_builds(get_workload(cfg.workload))  # before the dataset is prepared
+    workload = get_workload(cfg.workload)
+    cfg = with_workload_targets(cfg, workload)
+    check_workload(workload, batch_sizes=_largest_batches(cfg), convergence=True,
+                   targets=cfg.convergence.resolved_targets())  # before the dataset is prepared
     if args.dataset_dir:  # named here, not by every rank of a torchrun group and its restarts
         from batchscale.shards import read_manifest
 
@@ -62,7 +85,7 @@ def cmd_converge(args) -> int:
 
     out = Path(args.out)
     data_dir = args.dataset_dir or out / "data"
-    if not args.dataset_dir:
+    if not args.dataset_dir and not workload.has_own_data:
         prepare(cfg.dataset, data_dir)
     print(f"batchscale converge {run_id} (rerun with --run-id {run_id} to resume)",
           file=sys.stderr)
@@ -89,6 +112,13 @@ def cmd_converge(args) -> int:
             "and curves are in the tables above): lower the target, raise max_steps, or check "
             "the learning rates")
     return 0
+
+
+def _largest_batches(cfg) -> list[int]:
+    """The convergence batch sizes a dataset must hold (none known before an adaptive study
+    picks them: its probes are checked when they start)."""
+    sizes = cfg.convergence.batch_sizes
+    return [] if isinstance(sizes, str) else list(sizes)
 
 
 def cmd_validate(args) -> int:

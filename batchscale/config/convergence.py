@@ -153,8 +153,9 @@ class ConvergenceConfig(_Strict):
     """Targets every trial trains to, each {metric, value[, primary]}: a trial records the
     first step, examples and time at which it reaches each one and trains until it has reached
     all of them (or max_steps, divergence, a stall); the runs table has a row per (trial,
-    target) and the analysis fits B_crit per target. Empty: one target, val_accuracy >=
-    `target_val_accuracy`."""
+    target) and the analysis fits B_crit per target. Empty: the workload's default target
+    (`batchscale workloads`: val_accuracy >= `target_val_accuracy` for classifiers; a
+    user's batchscale.Workload names its own in `targets`)."""
     train_eval_rows: PositiveInt = 512
     """train_loss is evaluated on the first this-many rows of the training split (fixed for the
     whole run, the same for every batch size), not on the running average of the batches."""

@@ -64,8 +64,11 @@ def _describe(err: ValidationError, source: str) -> str:
             field, msg = f"{field}.{named[1]}", named[2]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
+        # A model-level check's input is a whole section (or config): its message says what
+        # was wrong, and the section's dump would bury it.
+        whole = isinstance(e.get("input"), dict) and e["type"] == "value_error"
         got = quote_value(e.get("input"))
-        entries.setdefault(field, []).append(msg if got in msg else f"{msg} (got {got})")
+        entries.setdefault(field, []).append(msg if whole or got in msg else f"{msg} (got {got})")
     parents = {f[:i] for f in entries for i, c in enumerate(f) if c == "."}
     fields = [f for f in entries if f not in parents]
     lines = [f"  {f}: {' or '.join(entries[f])}" for f in fields[:MAX_REPORTED_FIELDS]]

@@ -66,6 +66,7 @@ from batchscale.config.kubernetes import (  # noqa: F401  re-exported
     Tolerations,
 )
 from batchscale.config.study import StudyConfig
+from batchscale.metrics import TASK_DEFAULT_TARGETS
 from batchscale.workloads import (
     DEFAULT_IMAGE_SIZE,
     WORKLOAD_NAMES,
@@ -324,6 +325,27 @@ class ExperimentConfig(_Strict):
                 "or 'package.module:factory'"
             )
         return name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _workload_default_targets(cls, data):
+        """A built-in workload that does not measure val_accuracy gets its own default target
+        (metrics.TASK_DEFAULT_TARGETS) when the config names none but the built-in
+        `target_val_accuracy` default; a user's batchscale.Workload gets its `targets` when
+        its module is imported (contract_check.with_workload_targets)."""
+        if not isinstance(data, dict):
+            return data
+        workload = data.get("workload", cls.model_fields["workload"].default)
+        conv = data.get("convergence", {})
+        if (not isinstance(workload, str) or workload not in WORKLOAD_NAMES
+                or not isinstance(conv, dict) or conv.get("targets")
+                or conv.get("target_val_accuracy") not in (None, DEFAULT_TARGET_VAL_ACCURACY)):
+            return data
+        metric, value = TASK_DEFAULT_TARGETS[workload_kind(workload)]
+        if metric == "val_accuracy":
+            return data
+        return {**data, "convergence": {**conv, "target_val_accuracy": None,
+                                        "targets": [{"metric": metric, "value": value}]}}
 
     @model_validator(mode="after")
     def _dataset_suits_the_workload(self) -> ExperimentConfig:

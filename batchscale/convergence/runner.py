@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from batchscale.config import ExperimentConfig
+from batchscale.contract_check import check_workload, with_workload_targets
 from batchscale.convergence import checkpoint, train
 from batchscale.convergence.schedule import scaled_lr
 from batchscale.convergence.spec import (
@@ -29,7 +30,7 @@ from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import Location, is_s3_uri, open_location
 from batchscale.names import check_run_id
 from batchscale.storage import write_bytes_atomic
-from batchscale.workloads import check_builds, get_workload
+from batchscale.workloads import get_workload
 
 ENTRY_POINT = Path(train.__file__)
 ENTRY_MODULE = "batchscale.convergence.train"
@@ -147,6 +148,8 @@ def torchrun_env(workers: int) -> dict:
     # evenly instead of oversubscribing them.
     env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # A user's workload module is found from the launching directory, as in the launcher.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), os.getcwd()) if p)
     return env
 
 
@@ -195,11 +198,14 @@ def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
     TrainJob's pods write to the object store). The run id (a directory and a key part) and
     a user model (built once) are checked before any process starts. `prune_at_step`: the
     adaptive study's bound (TrialSpec.prune_at_step)."""
-    c = cfg.convergence
     check_run_id(run_id)
     if workers is not None and workers < 1:
         raise BadInput(f"workers: must be at least 1, got {workers}")
-    check_builds(get_workload(cfg.workload))
+    workload = get_workload(cfg.workload)
+    cfg = with_workload_targets(cfg, workload)
+    c = cfg.convergence
+    check_workload(workload, batch_sizes=batch_sizes, targets=c.resolved_targets(),
+                   convergence=True)
     if c.launcher == "kubeflow":
         from batchscale.convergence.trainjob import run_on_kubeflow
 

@@ -38,6 +38,7 @@ from batchscale.convergence.faults import maybe_inject_fault
 from batchscale.convergence.noise import NoiseScale, grad_list, sq_norm
 from batchscale.convergence.schedule import DataOrder, LrSchedule, build_optimizer
 from batchscale.convergence.spec import ConvergenceSpec, TrialSpec, read_spec
+from batchscale.datasplit import TensorSplit
 from batchscale.envinfo import environment
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import Location, open_location
@@ -95,12 +96,11 @@ class Trial:
         self.settings = spec.training
         self.identity = spec.identity(trial)
         self.workload = workload
-        (self.x, self.y), (self.vx, self.vy) = data
+        self.train, self.val = data  # datasplit.TensorSplit or DatasetSplit
         # train_loss: always the same first rows, so every evaluation and batch size compares
-        self.train_eval = (self.x[:self.settings.train_eval_rows],
-                           self.y[:self.settings.train_eval_rows])
+        self.train_eval = self.train.head(self.settings.train_eval_rows)
         self.targets = [Target(METRICS[t.metric], t.value) for t in self.settings.all_targets()]
-        self.gap_step = self._gap_step(len(self.y))
+        self.gap_step = self._gap_step(len(self.train))
         torch.manual_seed(trial.seed)
         model = self.workload.build().to(d.device)
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -111,7 +111,7 @@ class Trial:
         self.opt = build_optimizer(self.params, self.settings, trial.lr)
         # the trial's precision for a forward pass and loss (training and evaluation alike)
         self.autocast = partial(autocast, d.device, self.settings.precision)
-        self.order = DataOrder(len(self.y), trial.seed)
+        self.order = DataOrder(len(self.train), trial.seed)
         self.state = TrialState()
         self.finished: dict | None = None
         b, accumulation = trial.batch_size, self.settings.accumulation_steps
@@ -176,22 +176,20 @@ class Trial:
 
     def train_step(self, step: int) -> float:
         """One optimizer step over the global batch; returns this rank's mean loss."""
-        idx = self.local_indices(step)
-        x, y = self.x[idx], self.y[idx]  # dataset rows; the task makes them a batch
+        idx = self.local_indices(step)  # this rank's rows; the split makes them a batch
         for group in self.opt.param_groups:
             group["lr"] = self.schedule.at(step)
         self.opt.zero_grad(set_to_none=True)
         measure = step % self.settings.gns_every_steps == 0
         ddp_noise = measure and self.d.world_size > 1
         # On one process the noise needs >= 2 micro-batches (the small batch); split if needed.
-        local_noise = measure and self.d.world_size == 1 and len(y) >= 2
+        local_noise = measure and self.d.world_size == 1 and len(idx) >= 2
         parts = max(self.accumulation, 2) if local_noise else self.accumulation
         micro_sq, before, loss_value = [], None, 0.0
-        xs, ys = ((x,), (y,)) if parts == 1 else (x.tensor_split(parts), y.tensor_split(parts))
-        for i, (xb, yb) in enumerate(zip(xs, ys, strict=True)):
-            weight = len(yb) / len(y)
+        for i, part in enumerate((idx,) if parts == 1 else idx.tensor_split(parts)):
+            weight = len(part) / len(idx)
             with self._sync_context(i == parts - 1, ddp_noise):
-                batch = self.workload.to_batch(xb, yb, self.d.device)
+                batch = self.train.batch(part, self.d.device)
                 with self.autocast():  # the forward and loss only; backward outside, as advised
                     loss = self.workload.loss(self.model, batch)
                 (loss if parts == 1 else loss * weight).backward()
@@ -205,7 +203,7 @@ class Trial:
             self._reduce_with_noise()
         elif local_noise:
             self.state.noise.update(sum(micro_sq) / parts, sq_norm(grad_list(self.params)),
-                                    len(y) / parts, len(y))
+                                    len(idx) / parts, len(idx))
         self.opt.step()
         return loss_value
 
@@ -229,10 +227,9 @@ class Trial:
         """Every metric the workload measures: the validation split's, and train_loss on the
         fixed training subset. Every rank computes the same numbers (same model, same data)."""
         model, device = self._bare_model(), self.d.device
-        val = self.workload.evaluate(model, self.vx, self.vy, device, self.autocast)
-        metrics = {f"val_{name}": value for name, value in val.items()}
-        metrics["train_loss"] = self.workload.evaluate(model, *self.train_eval, device,
-                                                       self.autocast)["loss"]
+        val = self.val.evaluate(model, device, self.autocast)
+        metrics = {f"val_{name}": float(value) for name, value in val.items()}
+        metrics["train_loss"] = self.train_eval.mean_loss(model, device, self.autocast)
         return metrics
 
     def record_eval(self) -> RunStatus | None:
@@ -389,20 +386,25 @@ def trial_files(trial_id: str) -> tuple[str, str]:
 
 
 def load_data(data_uri: str, workload: Workload):
-    """(train, val) tensors of the dataset at `data_uri` (a directory or an s3:// prefix), in
-    the workload's shape, or the dataset's own where the model takes any size. Every rank holds
-    the full, small split and slices each global batch by rank, so the global batch is
+    """(train, val) splits (batchscale/datasplit.py): a contract workload's own datasets, read
+    by index a batch at a time; else the prepared dataset at `data_uri` (a directory or an
+    s3:// prefix) as tensors, in the workload's shape or the dataset's own where the model
+    takes any size. Each rank reads its slice of each global batch, so the global batch is
     identical for any worker count."""
+    if workload.has_own_data:
+        from batchscale.contract_check import load_split as contract_split
+
+        return contract_split(workload.contract, "train"), contract_split(workload.contract, "val")
     shape = None if workload.shape_from_data else workload.example_shape
-    return (load_split(data_uri, "train", input_shape=shape),
-            load_split(data_uri, "val", input_shape=shape))
+    return tuple(TensorSplit(workload, *load_split(data_uri, split, input_shape=shape))
+                 for split in ("train", "val"))
 
 
 def workload_for_data(name: str, data_uri: str) -> Workload:
     """The workload `name`, sized by the dataset where its model takes any size: the image
     side and classes of a segmentation or detection dataset, the sequence length of text."""
     workload = get_workload(name)
-    if not workload.shape_from_data:
+    if workload.has_own_data or not workload.shape_from_data:
         return workload
     first = read_manifest(data_uri).to_pylist()[0]
     shape, classes = tuple(first["feature_shape"]), first["num_classes"]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from batchscale.conditions import busy_warning, host_conditions
 from batchscale.config import SweepConfig
-from batchscale.errors import BadInput
+from batchscale.errors import BadInput, BatchscaleError
 from batchscale.schemas import Quality, TrialStatus, make_table
 from batchscale.storage import write_table_atomic
 from batchscale.sweep.cells import Cell, measured_columns
@@ -274,7 +274,7 @@ def input_modes(cfg: SweepConfig, workload: Workload, dataset_dir: str | None,
     """The configured modes that can run: real needs a dataset whose examples fit the model."""
     modes = []
     for mode in cfg.input_modes:
-        if mode == "real":
+        if mode == "real" and not workload.has_own_data:
             reason = "no dataset given" if not dataset_dir else check_real_input(workload,
                                                                                 dataset_dir)
             if reason:
@@ -294,9 +294,13 @@ def sweep(cfg: SweepConfig, workload_name: str, env: dict, out_path: str | Path,
     workload, unavailable device, unusable dataset) is refused before anything is written."""
     import torch
 
+    from batchscale.contract_check import check_workload
+
     workload = get_workload(workload_name, image_size=cfg.image_size_px,
                             seq_len=cfg.sequence_length_tokens)
     device = resolve_device(cfg.device)
+    check_workload(workload, batch_sizes=cfg.batch_sizes if "real" in cfg.input_modes else (),
+                   probe_synthetic=True)
     modes = input_modes(cfg, workload, dataset_dir, log)
     peak, peak_source = peak_flops_per_s(device, cfg.precision)
     cap = memory_cap_bytes(device, cfg)
@@ -356,4 +360,17 @@ def run_stage(config_json: str, run_id: str, dataset_dir: str | None, out_path: 
     rows = sweep(cfg.sweep, cfg.workload, env, out_path, dataset_dir=dataset_dir)
     for line in summary_lines(summarize(rows, cfg.analysis.saturation_tolerance)):
         _stderr(line)
+    if rows and not any(row["status"] == TrialStatus.OK for row in rows):
+        raise BatchscaleError(f"no batch size of {cfg.workload} was timed: "
+                              f"{_failure_reasons(rows)} (rows written to {out_path})")
     return rows
+
+
+def _failure_reasons(rows: list[dict]) -> str:
+    """What kept the rows from being timed, each distinct reason once with its batch sizes."""
+    reasons: dict[str, list[int]] = {}
+    for row in rows:
+        why = row.get("error") or row["status"]
+        reasons.setdefault(str(why), []).append(row["batch_size"])
+    return "; ".join(f"batch {', '.join(map(str, sorted(set(sizes))))}: {why}"
+                     for why, sizes in reasons.items())

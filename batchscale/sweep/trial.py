@@ -164,8 +164,10 @@ def train_flops_per_sample(workload: Workload, model, batch, batch_size: int) ->
 
 def _to_format(batch, channels_last: bool):
     """Image batches in the channels_last layout when asked (detection inputs stay lists)."""
+    if not channels_last:
+        return batch
     x, y = batch
-    if channels_last and isinstance(x, torch.Tensor) and x.dim() == 4:
+    if isinstance(x, torch.Tensor) and x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
     return x, y
 
@@ -178,18 +180,29 @@ def _batches(spec: TrialSpec, workload: Workload) -> Iterator:
         batch = _to_format(workload.synthetic_batch(spec.batch_size, spec.device), channels_last)
         while True:
             yield batch
-    from batchscale.shards import load_split
-
-    x_all, y_all = load_split(spec.dataset_dir, "train", input_shape=workload.example_shape)
-    if len(y_all) < spec.batch_size:
-        raise ValueError(f"the dataset has {len(y_all)} training rows, fewer than batch "
+    split = _train_split(spec, workload)
+    if len(split) < spec.batch_size:
+        raise ValueError(f"the dataset has {len(split)} training rows, fewer than batch "
                          f"{spec.batch_size}")
     gen = torch.Generator().manual_seed(0)
     while True:
-        for idx in torch.randperm(len(y_all), generator=gen).split(spec.batch_size):
+        for idx in torch.randperm(len(split), generator=gen).split(spec.batch_size):
             if len(idx) == spec.batch_size:
-                yield _to_format(workload.to_batch(x_all[idx], y_all[idx], spec.device),
-                                 channels_last)
+                yield _to_format(split.batch(idx, spec.device), channels_last)
+
+
+def _train_split(spec: TrialSpec, workload: Workload):
+    """The training rows real input reads: a contract workload's own dataset, else the
+    prepared dataset's shards."""
+    if workload.has_own_data:
+        from batchscale.contract_check import load_split as contract_split
+
+        return contract_split(workload.contract, "train")
+    from batchscale.datasplit import TensorSplit
+    from batchscale.shards import load_split
+
+    return TensorSplit(workload, *load_split(spec.dataset_dir, "train",
+                                             input_shape=workload.example_shape))
 
 
 def _progress(spec: TrialSpec):

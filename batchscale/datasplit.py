@@ -1,0 +1,120 @@
+"""A split of a workload's data as the trainer and the sweep read it: rows by index, made into a
+batch on the device, and the split's metrics.
+
+Two sources, one interface: the Parquet shards of a prepared dataset (loaded as tensors; the
+built-in workloads' task modules make the batch), and a contract workload's own map-style
+dataset (batchscale/contract.py; items read by index a batch at a time, so only the rows a rank
+trains on are ever read). The trainer picks a global batch's indices (a function of the seed and
+the step), each rank reads its slice: the global batch is the same for any worker count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+from batchscale.contract import Batch, default_collate, to_device
+
+EVAL_BATCH_EXAMPLES = 256
+"""Examples per batch when a contract workload's split is evaluated."""
+
+
+class TensorSplit:
+    """Rows of a prepared dataset held as tensors; `workload` (batchscale/workloads.py) turns
+    rows into a batch and evaluates a split."""
+
+    def __init__(self, workload, x: torch.Tensor, y: torch.Tensor):
+        self.workload, self.x, self.y = workload, x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def batch(self, idx: torch.Tensor, device: str) -> Batch:
+        return self.workload.to_batch(self.x[idx], self.y[idx], device)
+
+    def head(self, rows: int) -> TensorSplit:
+        return TensorSplit(self.workload, self.x[:rows], self.y[:rows])
+
+    def evaluate(self, model, device: str, autocast: Callable) -> dict[str, float]:
+        return self.workload.evaluate(model, self.x, self.y, device, autocast)
+
+    def mean_loss(self, model, device: str, autocast: Callable) -> float:
+        return self.evaluate(model, device, autocast)["loss"]
+
+
+class DatasetSplit:
+    """A contract workload's dataset: `dataset[i]` items, collated by the workload."""
+
+    def __init__(self, contract, dataset: Sequence, member: str):
+        self.contract, self.dataset, self.member = contract, dataset, member
+        self.collate = contract.collate or default_collate
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def batch(self, idx: torch.Tensor, device: str) -> Batch:
+        items = [self.dataset[int(i)] for i in idx]
+        return to_device(self.collate(items), device)
+
+    def head(self, rows: int) -> DatasetSplit:
+        return DatasetSplit(self.contract, _Head(self.dataset, min(rows, len(self))), self.member)
+
+    def batches(self, device: str) -> Iterator[tuple[int, Batch]]:
+        """(examples, batch) over the whole split in order."""
+        n = len(self)
+        for start in range(0, n, EVAL_BATCH_EXAMPLES):
+            idx = torch.arange(start, min(n, start + EVAL_BATCH_EXAMPLES))
+            yield len(idx), self.batch(idx, device)
+
+    def evaluate(self, model, device: str, autocast: Callable) -> dict[str, float]:
+        """The workload's `evaluate` over the split (model in eval mode, no gradients), or the
+        mean loss when it has none."""
+        if self.contract.evaluate is None:
+            return {"loss": self.mean_loss(model, device, autocast)}
+        with _evaluating(model), autocast():
+            return dict(self.contract.evaluate(model, (b for _, b in self.batches(device))))
+
+    def mean_loss(self, model, device: str, autocast: Callable) -> float:
+        """The example-weighted mean of the workload's loss over the split."""
+        total, count = 0.0, 0
+        with _evaluating(model):
+            for n, batch in self.batches(device):
+                with autocast():
+                    total += float(self.contract.loss(model, batch)) * n
+                count += n
+        return total / count if count else math.nan
+
+
+class _Head:
+    """The first `rows` items of a dataset (a fixed training subset for train_loss)."""
+
+    def __init__(self, dataset: Sequence, rows: int):
+        self.dataset, self.rows = dataset, rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < self.rows:
+            raise IndexError(i)
+        return self.dataset[i]
+
+
+class _evaluating:
+    """Eval mode and no gradients for the block; the model's mode is restored after."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        self.was_training = self.model.training
+        self.no_grad = torch.no_grad()
+        self.no_grad.__enter__()
+        self.model.eval()
+
+    def __exit__(self, *exc):
+        self.model.train(self.was_training)
+        self.no_grad.__exit__(*exc)
+        return False

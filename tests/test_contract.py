@@ -1,0 +1,167 @@
+"""The public workload contract (batchscale.Workload): a user's model, dataset, loss, metrics
+and targets reach the sweep and the convergence trials through it alone, and a member that
+cannot work is refused before any trial. The user workloads are in contract_workloads.py;
+the CLI runs for real (torchrun process groups included)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from contract_workloads import Points, good
+
+from batchscale.config import load_config
+from batchscale.config.loading import with_overrides
+from batchscale.contract_check import (
+    check_workload,
+    load_split,
+    synthetic_batch,
+    with_workload_targets,
+)
+from batchscale.errors import BadInput
+from batchscale.workloads import get_workload
+from helpers import run_cli
+
+TESTS_DIR = Path(__file__).parent
+EXAMPLE_DIR = TESTS_DIR.parent / "examples" / "plain_pytorch"
+
+
+def test_a_contract_workload_is_resolved_from_an_object_or_a_function():
+    for spec in ("contract_workloads:good", "contract_workloads:good_function"):
+        workload = get_workload(spec)
+        assert workload.contract is good and workload.has_own_data
+        assert workload.metrics == ("val_loss", "val_accuracy", "train_loss")
+
+
+def test_the_synthetic_batch_is_real_examples_cycled_to_the_batch_size():
+    x, y = synthetic_batch(good, 5, "cpu")
+    points = Points(600, 0)
+    assert x.shape == (5, 2) and y.dtype == torch.int64
+    assert torch.equal(x[3], points.x[3]) and torch.equal(y, points.y[:5])
+
+
+def test_a_split_reads_only_the_examples_of_the_batch():
+    split = load_split(good, "train")
+    x, y = split.batch(torch.tensor([7, 3]), "cpu")
+    assert split.dataset.reads == 2
+    assert torch.equal(x, split.dataset.x[[7, 3]]) and torch.equal(y, split.dataset.y[[7, 3]])
+    assert len(split.head(4)) == 4
+
+
+def test_without_evaluate_the_metric_is_the_example_weighted_mean_loss():
+    from contextlib import nullcontext
+
+    from contract_workloads import cross_entropy, loss_only, mlp
+
+    torch.manual_seed(0)
+    model = mlp()
+    split = load_split(loss_only, "val")
+    got = split.evaluate(model, "cpu", nullcontext)
+    with torch.no_grad():
+        want = float(cross_entropy(model, (split.dataset.x, split.dataset.y)))
+    assert got == {"loss": pytest.approx(want, rel=1e-5)}
+
+
+def test_the_workload_owns_its_default_targets():
+    cfg = with_overrides(load_config(None), {"workload": "contract_workloads:good"}, "test")
+    assert [t.label for t in cfg.convergence.resolved_targets()] == ["val_accuracy >= 0.95"]
+    own = with_workload_targets(cfg, get_workload("contract_workloads:good"))
+    assert [t.label for t in own.convergence.resolved_targets()] == ["val_accuracy >= 0.9"]
+    named = with_overrides(cfg, {"convergence": {"targets": [
+        {"metric": "val_loss", "value": 0.2}], "target_val_accuracy": None}}, "test")
+    kept = with_workload_targets(named, get_workload("contract_workloads:good"))
+    assert [t.label for t in kept.convergence.resolved_targets()] == ["val_loss <= 0.2"]
+
+
+def test_a_builtin_workload_without_accuracy_gets_its_own_default_target():
+    cfg = with_overrides(load_config(None), {"workload": "byte-transformer",
+                                             "dataset": {"name": "python-docs"}}, "test")
+    assert [t.label for t in cfg.convergence.resolved_targets()] == ["val_loss <= 2.6"]
+
+
+@pytest.mark.parametrize(("name", "sizes", "message"), [
+    ("wrong_input", (), r"Workload.loss failed on a batch of 2 training examples "
+                        r"\(tensor \[2, 2\] float32, tensor \[2\] int64\)"),
+    ("vector_loss", (), "expected a scalar floating-point tensor"),
+    ("nan_loss", (), "expected a finite value"),
+    ("no_accuracy", (), "must return accuracy"),
+    ("unknown_metric", (), "Workload.metrics names 'val_f1'; allowed: val_accuracy"),
+    ("unreported_target", (), "a target is on val_accuracy, which the workload does not "
+                              "report; its metrics .*: val_loss, train_loss"),
+    ("tiny_data", (4, 16), "has 5 examples, fewer than the largest global batch 16"),
+    ("no_val", (), "Workload.val_data is not given"),
+    ("failing_data", (), "Workload.train_data failed: FileNotFoundError"),
+])
+def test_a_member_that_cannot_work_is_refused_naming_it(name, sizes, message):
+    with pytest.raises(BadInput, match=message):
+        check_workload(get_workload(f"contract_workloads:{name}"), batch_sizes=sizes,
+                       convergence=True)
+
+
+def test_converge_refuses_a_broken_workload_before_any_trial(tmp_path):
+    out = tmp_path / "out"
+    result = run_cli(["converge", "--workload", "contract_workloads:wrong_input",
+                      "--batch-sizes", "8", "--out", str(out)], cwd=TESTS_DIR)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "Workload.loss failed" in result.stderr and "the model must accept" in result.stderr
+    assert not (out / "runs.parquet").exists() and not (out / "work").exists()
+
+
+def test_sweep_of_a_factory_that_rejects_its_input_exits_2(tmp_path):
+    """The 1-channel CNN given as a bare model factory: fed 3-channel images, refused."""
+    out = tmp_path / "sweep.parquet"
+    result = run_cli(["sweep", "--workload", "contract_workloads:one_channel_cnn",
+                      "--batch-sizes", "2", "--out", str(out)], cwd=TESTS_DIR)
+    assert result.returncode == 2, result.stderr
+    assert "rejected a synthetic batch (tensor [2, 3, 224, 224] float32" in result.stderr
+    assert "batchscale.Workload" in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_a_sweep_that_times_no_batch_exits_non_zero(tmp_path):
+    out = tmp_path / "sweep.parquet"
+    result = run_cli(["sweep", "--workload", "contract_workloads:fails_in_trials",
+                      "--batch-sizes", "4,8", "--time-budget-s", "0.2", "--out", str(out)],
+                     cwd=TESTS_DIR)
+    assert result.returncode == 1, result.stderr
+    assert "no batch size of contract_workloads:fails_in_trials was timed" in result.stderr
+    assert "batch 4: RuntimeError: this loss takes at most 3 examples, got 4" in result.stderr
+    assert pq.read_table(out).num_rows >= 2  # the error rows are kept
+
+
+def test_two_workers_train_a_contract_workload_to_its_own_target(tmp_path):
+    """A real 2-process torchrun group, each rank reading its slice of the user's Dataset."""
+    out = tmp_path / "conv"
+    result = run_cli(["converge", "--workload", "contract_workloads:good", "--batch-sizes",
+                      "8,32", "--workers", "2", "--lr-rules", "sqrt", "--seeds", "0",
+                      "--out", str(out)], cwd=TESTS_DIR)
+    assert result.returncode == 0, result.stderr
+    runs = pq.read_table(out / "runs.parquet").to_pandas()
+    assert set(runs["workers"]) == {2} and set(runs["target_value"]) == {0.9}
+    assert set(runs["target_metric"]) == {"val_accuracy"} and set(runs["status"]) == {"reached"}
+    curves = pq.read_table(out / "curves.parquet").to_pandas()
+    assert curves["val_accuracy"].notna().all() and curves["train_loss"].notna().all()
+
+
+def test_the_plain_pytorch_example_gives_b_crit_and_a_recommendation(tmp_path):
+    """examples/plain_pytorch from its README commands, on a copy (a user's own directory)."""
+    work = tmp_path / "example"
+    shutil.copytree(EXAMPLE_DIR, work)
+    sweep = run_cli(["sweep", "--config", "config.yaml", "--batch-sizes", "8,128",
+                     "--time-budget-s", "0.3", "--out", "sweep.parquet"], cwd=work)
+    assert sweep.returncode == 0, sweep.stderr
+    rows = pq.read_table(work / "sweep.parquet").to_pandas()
+    assert set(rows["input_mode"]) == {"synthetic", "real"} and set(rows["status"]) == {"ok"}
+    conv = run_cli(["converge", "--config", "config.yaml", "--out", "conv"], cwd=work)
+    assert conv.returncode == 0, conv.stderr
+    analysis = run_cli(["analyze", "conv/runs.parquet", "--sweep", "sweep.parquet",
+                        "--out", "analysis"], cwd=work)
+    assert analysis.returncode == 0, analysis.stderr
+    text = analysis.stdout
+    assert "for val_accuracy >= 0.9" in text
+    assert "B_crit = E_min/S_min ≈" in text or "B_crit not estimated" in text
+    assert "**Batch size:" in text
