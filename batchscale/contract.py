@@ -33,7 +33,7 @@ class Workload:
     """A model, its data and its loss, as batchscale measures and trains them."""
 
     name: str
-    """A short name recorded in every result row: letters, digits, '.', '_' or '-'."""
+    """A short name for messages; result rows record the `--workload` spec that loaded it."""
     model: Callable[[], Any]
     """No-argument factory returning a fresh `torch.nn.Module` (random weights; every trial
     builds its own after seeding torch, so a factory without its own RNG is reproducible)."""

@@ -180,7 +180,8 @@ def bare_samples_per_s(data, lr: float) -> float:
 
     from batchscale.workloads import get_workload
 
-    (x, y), _ = data
+    train, _ = data
+    x, y = train.x, train.y
     torch.manual_seed(0)
     model = get_workload(WORKLOAD).build()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)

@@ -5,6 +5,7 @@ the CLI runs for real (torchrun process groups included)."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -165,3 +166,24 @@ def test_the_plain_pytorch_example_gives_b_crit_and_a_recommendation(tmp_path):
     assert "for val_accuracy >= 0.9" in text
     assert "B_crit = E_min/S_min ≈" in text or "B_crit not estimated" in text
     assert "**Batch size:" in text
+
+
+def test_the_hugging_face_example_trains_a_gpt2_to_its_own_loss_target(tmp_path):
+    """examples/huggingface: transformers' GPT2LMHeadModel from a config (random weights, no
+    download), its own outputs.loss, a Dataset of dict items; B_crit or a bound, and a
+    recommendation."""
+    work = tmp_path / "example"
+    shutil.copytree(TESTS_DIR.parent / "examples" / "huggingface", work)
+    conv = run_cli(["converge", "--config", "config.yaml", "--batch-sizes", "4,16,64",
+                    "--seeds", "0", "--out", "conv"], cwd=work)
+    assert conv.returncode == 0, conv.stderr
+    runs = pq.read_table(work / "conv" / "runs.parquet").to_pandas()
+    assert set(runs["target_metric"]) == {"val_loss"} and set(runs["target_value"]) == {3.0}
+    assert (runs["status"] == "reached").sum() >= 2
+    curves = pq.read_table(work / "conv" / "curves.parquet").to_pandas()
+    first = curves[curves["step"] == 0]["val_loss"]
+    assert (first > 5.0).all()  # untrained: about ln 256 = 5.55 nats per byte
+    assert (curves["val_perplexity"] - curves["val_loss"].map(math.exp)).abs().max() < 1e-6
+    analysis = run_cli(["analyze", "conv/runs.parquet", "--out", "analysis"], cwd=work)
+    assert analysis.returncode == 0, analysis.stderr
+    assert "for val_loss <= 3" in analysis.stdout and "**Batch size:" in analysis.stdout
