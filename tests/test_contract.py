@@ -187,3 +187,32 @@ def test_the_hugging_face_example_trains_a_gpt2_to_its_own_loss_target(tmp_path)
     analysis = run_cli(["analyze", "conv/runs.parquet", "--out", "analysis"], cwd=work)
     assert analysis.returncode == 0, analysis.stderr
     assert "for val_loss <= 3" in analysis.stdout and "**Batch size:" in analysis.stdout
+
+
+def test_a_killed_contract_trial_resumes_to_the_identical_curve(tmp_path, monkeypatch):
+    """Rank 1 of a 2-worker group SIGKILLs itself after step 33 (the fault drill); torchrun
+    restarts the group, which resumes from the step-30 checkpoint reading the user's Dataset
+    in the same order: the curve equals an uninterrupted run's."""
+    from batchscale.config import parse_config
+    from batchscale.convergence import faults, runner
+
+    monkeypatch.chdir(TESTS_DIR)  # the workers import contract_workloads from here
+    cfg = parse_config({"workload": "contract_workloads:good", "convergence": {
+        "batch_sizes": [16], "lr_rules": ["sqrt"], "seeds": [0], "max_steps": 60,
+        "targets": [{"metric": "val_accuracy", "value": 1.0}], "eval_every_steps": 5,
+        "checkpoint_every_steps": 10, "workers": 2}})
+
+    def curve(out: Path, kill: bool) -> list[tuple]:
+        if kill:
+            monkeypatch.setenv(faults.FAULT_KILL_AT_STEP_ENV, "33")
+            monkeypatch.setenv(faults.FAULT_KILL_RANK_ENV, "1")
+        spec = runner.build_spec(cfg, [16], data_dir="unused", out_dir=str(out), run_id="ct")
+        runner.launch_local(spec, 300, max_restarts=1 if kill else 0)
+        curves, _ = runner.collect(spec)
+        return [(c["step"], c["train_loss"], c["val_accuracy"], c["b_simple"])
+                for c in curves.to_pylist()]
+
+    plain = curve(tmp_path / "plain", kill=False)
+    resumed = curve(tmp_path / "killed", kill=True)
+    assert [row[0] for row in plain] == list(range(0, 61, 5))
+    assert resumed == plain
