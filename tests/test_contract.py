@@ -157,7 +157,9 @@ def test_the_plain_pytorch_example_gives_b_crit_and_a_recommendation(tmp_path):
     assert sweep.returncode == 0, sweep.stderr
     rows = pq.read_table(work / "sweep.parquet").to_pandas()
     assert set(rows["input_mode"]) == {"synthetic", "real"} and set(rows["status"]) == {"ok"}
-    conv = run_cli(["converge", "--config", "config.yaml", "--out", "conv"], cwd=work)
+    # Three batch sizes, one seed: the README's commands at a CI-sized grid.
+    conv = run_cli(["converge", "--config", "config.yaml", "--batch-sizes", "8,32,128",
+                    "--seeds", "0", "--out", "conv"], cwd=work)
     assert conv.returncode == 0, conv.stderr
     analysis = run_cli(["analyze", "conv/runs.parquet", "--sweep", "sweep.parquet",
                         "--out", "analysis"], cwd=work)

@@ -8,10 +8,17 @@ from batchscale.config import DEFAULT_CONFIG_PATH, reference_markdown
 def cmd_workloads(args) -> int:
     from batchscale.workloads import WORKLOAD_NAMES, get_workload
 
+    from batchscale.metrics import TASK_DEFAULT_TARGETS, target_label
+
     for name in WORKLOAD_NAMES:
         w = get_workload(name)
-        print(f"{name:40s} {w.kind:15s} input {w.input_shape}  {w.description}")
-    print("package.module:factory                   your own nn.Module factory")
+        target = target_label(*TASK_DEFAULT_TARGETS[w.kind])
+        print(f"{name:40s} {w.kind:15s} input {w.input_shape}  {w.description}; default "
+              f"target {target}")
+    print("package.module:workload                  your own batchscale.Workload (model, data, "
+          "loss, metrics, targets: docs/your-model.md)")
+    print("package.module:factory                   your own nn.Module factory, trained as a "
+          "classifier on a prepared dataset")
     return 0
 
 
