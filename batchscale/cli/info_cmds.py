@@ -6,9 +6,8 @@ from batchscale.config import DEFAULT_CONFIG_PATH, reference_markdown
 
 
 def cmd_workloads(args) -> int:
-    from batchscale.workloads import WORKLOAD_NAMES, get_workload
-
     from batchscale.metrics import TASK_DEFAULT_TARGETS, target_label
+    from batchscale.workloads import WORKLOAD_NAMES, get_workload
 
     for name in WORKLOAD_NAMES:
         w = get_workload(name)
