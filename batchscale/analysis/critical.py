@@ -179,7 +179,7 @@ def fit_critical_batch(
     if not (e_clear or s_clear):
         reason = (
             f"the steps scatter too much (±{float(fits.scatter):.0%} about the fit) to tell"
-            " whether a bigger batch saves steps: B_crit not estimated"
+            " whether a bigger batch saves steps"
         )
         return CriticalBatchFit(math.nan, math.nan, math.nan, r2, reason)
     if not e_clear:
