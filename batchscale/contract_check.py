@@ -141,16 +141,11 @@ def _check_declared_metrics(contract) -> None:
 
 
 def _check_targets(contract, measured: tuple[str, ...], targets: Iterable) -> None:
-    for target in [*targets, *(_Target(m, v) for m, v in contract.targets)]:
-        if target.metric not in measured:
-            raise BadInput(f"workload {contract.name!r}: a target is on {target.metric}, which "
+    for metric in [*(t.metric for t in targets), *(m for m, _ in contract.targets)]:
+        if metric not in measured:
+            raise BadInput(f"workload {contract.name!r}: a target is on {metric}, which "
                            f"the workload does not report; its metrics (Workload.metrics, "
                            f"train_loss): {', '.join(measured)}")
-
-
-class _Target:
-    def __init__(self, metric: str, value: float):
-        self.metric, self.value = metric, value
 
 
 def _check_loss(contract, model, train, device: str) -> None:

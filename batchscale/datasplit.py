@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -102,19 +103,13 @@ class _Head:
         return self.dataset[i]
 
 
-class _evaluating:
+@contextmanager
+def _evaluating(model) -> Iterator[None]:
     """Eval mode and no gradients for the block; the model's mode is restored after."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def __enter__(self):
-        self.was_training = self.model.training
-        self.no_grad = torch.no_grad()
-        self.no_grad.__enter__()
-        self.model.eval()
-
-    def __exit__(self, *exc):
-        self.model.train(self.was_training)
-        self.no_grad.__exit__(*exc)
-        return False
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
