@@ -73,7 +73,7 @@ def with_workload_targets(cfg, workload):
     from batchscale.config.convergence import DEFAULT_TARGET_VAL_ACCURACY
     from batchscale.config.loading import with_overrides
 
-    contract = getattr(workload, "contract", None)
+    contract = getattr(workload, "user_workload", None)
     c = cfg.convergence
     builtin = c.target_val_accuracy in (None, DEFAULT_TARGET_VAL_ACCURACY)
     if contract is None or not contract.targets or c.targets or not builtin:
@@ -96,6 +96,9 @@ def check_workload(workload, *, batch_sizes: Iterable[int] | str = (), targets: 
     from batchscale.workloads import WORKLOAD_NAMES
 
     if workload.name in WORKLOAD_NAMES:
+        return
+    if workload.loop is not None:
+        _check_loop(workload, convergence, targets)
         return
     model = _built(workload)
     contract = workload.contract
@@ -121,6 +124,19 @@ def check_workload(workload, *, batch_sizes: Iterable[int] | str = (), targets: 
         _check_evaluate(contract, model, load_split(contract, "val"), device)
 
 
+def _check_loop(workload, convergence: bool, targets: Iterable) -> None:
+    """A training loop: its metrics are known names and its targets on them; it trains only in
+    convergence trials (there is no model to sweep)."""
+    loop = workload.loop
+    if not convergence:
+        workload.build()  # refuses, saying what a loop can be used for
+    for name in loop.metrics:
+        if name not in METRICS:
+            raise BadInput(f"workload {loop.name!r}: TrainingLoop.metrics names {name!r}; "
+                           f"allowed: {', '.join(METRICS)}")
+    _check_targets(loop, workload.metrics, targets)
+
+
 def _built(workload):
     try:
         return workload.build()
@@ -144,8 +160,8 @@ def _check_targets(contract, measured: tuple[str, ...], targets: Iterable) -> No
     for metric in [*(t.metric for t in targets), *(m for m, _ in contract.targets)]:
         if metric not in measured:
             raise BadInput(f"workload {contract.name!r}: a target is on {metric}, which "
-                           f"the workload does not report; its metrics (Workload.metrics, "
-                           f"train_loss): {', '.join(measured)}")
+                           f"the workload does not report; its metrics "
+                           f"({type(contract).__name__}.metrics): {', '.join(measured)}")
 
 
 def _check_loss(contract, model, train, device: str) -> None:

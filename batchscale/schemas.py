@@ -37,6 +37,9 @@ class RunStatus(StrEnum):
     PRUNED = "pruned"
     """Stopped by the adaptive study: hopelessly behind what its fit implies (excluded from
     the fit; convergence.adaptive_prune_factor)."""
+    FAILED = "failed"
+    """A user's training loop raised, never reported, or reported what is not a metric
+    (batchscale/loop.py); its message is in the converge log. Excluded from the fit."""
 
 
 ENV_FIELDS = [

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from batchscale import names
 from batchscale.contract import is_contract
 from batchscale.errors import BadInput
+from batchscale.loop import is_loop
 
 CLASSIFIERS = ("resnet18", "resnet50", "mobilenet_v3_small", "vit_b_16")
 DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_resnet50_fpn")
@@ -44,6 +45,8 @@ TASK_MODULES = {
 }
 # A workload of the public contract: its own data, loss and metrics (batchscale/contract.py).
 CONTRACT_KIND = "custom"
+# A user's own training loop (batchscale/loop.py): batchscale sees only what it reports.
+LOOP_KIND = "loop"
 # Language models: byte-level (256 symbols, no tokenizer to download); a sequence of
 # LM_SEQ_LEN bytes is one sample, and the model has positions for up to LM_MAX_SEQ_LEN.
 LM_VOCAB_SIZE = 256
@@ -78,6 +81,14 @@ class Workload:
     contract: object | None = field(default=None, repr=False)
     """The user's `batchscale.Workload` (kind "custom"): its data, loss and metrics are used
     instead of a task module's."""
+    loop: object | None = field(default=None, repr=False)
+    """The user's `batchscale.TrainingLoop` (kind "loop"): trials call its `train(trial)`; no
+    model, data or loss of it is visible to batchscale."""
+
+    @property
+    def user_workload(self) -> object | None:
+        """The user's Workload or TrainingLoop (name, metrics, targets), None for a built-in."""
+        return self.contract if self.contract is not None else self.loop
 
     @property
     def is_image(self) -> bool:
@@ -110,12 +121,16 @@ class Workload:
 
         if self.contract is not None:
             return tuple(dict.fromkeys((*self.contract.metrics, "train_loss")))
+        if self.loop is not None:
+            return tuple(dict.fromkeys(self.loop.metrics))
         return TASK_METRICS[self.kind]
 
     @property
     def has_own_data(self) -> bool:
-        """A contract workload that brings its training data (no prepared dataset needed)."""
-        return self.contract is not None and self.contract.train_data is not None
+        """A contract workload that brings its training data, or a training loop (no
+        prepared dataset needed)."""
+        return self.loop is not None or (self.contract is not None
+                                         and self.contract.train_data is not None)
 
     @property
     def task(self):
@@ -258,9 +273,10 @@ def _user_attribute(spec: str) -> object:
         raise BadInput(f"workload {spec!r}: importing module {module_name!r} failed: "
                        f"{type(err).__name__}: {err}") from None
     value = getattr(module, attr, None)
-    if value is None or not (callable(value) or is_contract(value)):
-        raise BadInput(f"workload {spec!r}: {module_name} has no callable {attr!r} (a function "
-                       "returning a batchscale.Workload or a torch.nn.Module)")
+    if value is None or not (callable(value) or is_contract(value) or is_loop(value)):
+        raise BadInput(f"workload {spec!r}: {module_name} has no callable {attr!r} (a "
+                       "batchscale.Workload, a batchscale.TrainingLoop, or a function "
+                       "returning one or a torch.nn.Module)")
     return value
 
 
@@ -280,13 +296,18 @@ def _resolve_user(spec: str) -> tuple[object | None, Callable[[], object]]:
     build instead of being built twice (a sweep trial's peak memory is the trial's model)."""
     value = _user_attribute(spec)
     first: list = []  # the call's outcome, handed to the first build
-    if not is_contract(value):
+    if not (is_contract(value) or is_loop(value)):
         try:
             value = value()
         except BadInput:
             raise
         except Exception as err:  # a model factory failing: its build fails the same way
             first.append(err)
+    if is_loop(value):
+        if not callable(value.train):
+            raise BadInput(f"workload {spec!r}: TrainingLoop.train must be a function taking "
+                           f"the trial, got {_describe(value.train)}")
+        return value, _no_model(spec)
     if is_contract(value):
         if not callable(value.model):
             raise BadInput(f"workload {spec!r}: Workload.model must be a no-argument function "
@@ -303,6 +324,15 @@ def _resolve_user(spec: str) -> tuple[object | None, Callable[[], object]]:
         return outcome
 
     return None, _returning_a_module(spec, factory, "the factory")
+
+
+def _no_model(spec: str) -> Callable[[], object]:
+    def build():
+        raise BadInput(f"workload {spec!r} is a TrainingLoop: batchscale cannot build its model "
+                       "on its own (no sweep, no memory model); use `batchscale converge` and "
+                       "`batchscale analyze` (docs/your-model.md, \"Your own training loop\")")
+
+    return build
 
 
 def _returning_a_module(spec: str, factory: Callable[[], object],
@@ -379,6 +409,10 @@ def get_workload(
                         LANGUAGE_MODEL_DESCRIPTIONS[name], tokens_per_sample=seq_len)
     if names.is_factory_spec(name):
         contract, factory = _resolve_user(name)
+        if is_loop(contract):
+            return Workload(name, LOOP_KIND, (), 0, factory,
+                            contract.description or f"user training loop {contract.name}",
+                            tokens_per_sample=contract.tokens_per_sample, loop=contract)
         if contract is not None:
             return Workload(name, CONTRACT_KIND, (), 0, factory,
                             contract.description or f"user workload {contract.name}",

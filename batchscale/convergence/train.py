@@ -36,13 +36,14 @@ from batchscale.convergence import checkpoint, halving, trialenv
 from batchscale.convergence.distributed import Dist, all_reduce, barrier, init_distributed
 from batchscale.convergence.faults import maybe_inject_fault
 from batchscale.convergence.noise import NoiseScale, grad_list, sq_norm
+from batchscale.convergence.outcome import Target, note_targets, trial_rows
 from batchscale.convergence.schedule import DataOrder, LrSchedule, build_optimizer
 from batchscale.convergence.spec import ConvergenceSpec, TrialSpec, read_spec
 from batchscale.datasplit import TensorSplit
 from batchscale.envinfo import environment
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import Location, open_location
-from batchscale.metrics import METRICS, Metric
+from batchscale.metrics import METRICS
 from batchscale.precision import autocast
 from batchscale.schemas import RunStatus, make_table
 from batchscale.shards import load_split, read_manifest
@@ -75,18 +76,6 @@ class TrialState:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrialState:
         return cls(**{**values, "noise": NoiseScale(**values["noise"])})
-
-
-@dataclass(frozen=True)
-class Target:
-    """A target the trial trains to."""
-
-    metric: Metric
-    value: float
-
-    @property
-    def key(self) -> str:
-        return f"{self.metric.name}:{self.value!r}"
 
 
 class Trial:
@@ -267,22 +256,7 @@ class Trial:
         return None
 
     def note_targets(self, row: dict) -> bool:
-        """Record the targets `row` reaches for the first time; whether any metric of a target
-        not yet reached improved (else the evaluation counts towards a stall). The untrained
-        model (step 0) reaches nothing: a target it already meets is counted at the first
-        evaluation after training starts (steps to target are at least 1)."""
-        s, improved = self.state, False
-        for target in self.targets:
-            if target.key in s.reached:
-                continue
-            name, value = target.metric.name, row.get(target.metric.name)
-            if row["step"] > 0 and target.metric.reached(value, target.value):
-                s.reached[target.key] = {k: row[k] for k in
-                                         ("step", "examples_seen", "train_time_s")}
-            if target.metric.improved(value, s.best.get(name)):
-                s.best[name] = value
-                improved = True
-        return improved
+        return note_targets(self.state, self.targets, row)
 
     def run(self, pause_at_step: int | None = None) -> dict | None:
         """Train until finished and return the summary. With `pause_at_step` (a successive
@@ -345,38 +319,7 @@ class Trial:
         return summary
 
     def summary_rows(self, status: RunStatus) -> list[dict]:
-        """The trial's runs-table rows, one per target (but `cpu_wait_share`, which `run`
-        adds), of plain values (they are stored in the final checkpoint, which loads only plain
-        containers). A target not reached has the trial's status (not_reached or diverged)."""
-        s, t = self.state, self.t
-        last = s.curve[-1]
-        trial = {
-            "trial_id": t.trial_id, "batch_size": t.batch_size, "lr_rule": t.lr_rule,
-            "lr": t.lr, "seed": t.seed, "workers": self.d.world_size, "steps_run": s.step,
-            "final_val_accuracy": last.get("val_accuracy"), "b_simple": s.noise.b_simple,
-            "train_time_s": last["train_time_s"],
-        }
-        rows = []
-        for target in self.targets:
-            hit = s.reached.get(target.key)
-            name = target.metric.name
-            rows.append({
-                **trial, "target_metric": name, "target_value": target.value,
-                "target_val_accuracy": target.value if name == "val_accuracy" else None,
-                "final_metric_value": finite_or_none(last.get(name)),
-                "status": RunStatus.REACHED.value if hit else (
-                    status.value if status in (RunStatus.DIVERGED, RunStatus.PRUNED)
-                    else RunStatus.NOT_REACHED.value),
-                "steps_to_target": hit["step"] if hit else None,
-                "examples_to_target": hit["examples_seen"] if hit else None,
-                "time_to_target_s": hit["train_time_s"] if hit else None,
-            })
-        return rows
-
-
-def finite_or_none(value: float | None) -> float | None:
-    """A metric as a run row stores it: a broken (diverged) model's NaN/inf is not a value."""
-    return value if value is not None and math.isfinite(value) else None
+        return trial_rows(self.state, self.t, self.d.world_size, self.targets, status)
 
 
 # ----------------------------------------------------------------------------------- driver
@@ -446,10 +389,13 @@ def run_spec(spec: ConvergenceSpec) -> None:
     out = open_location(spec.out_dir)
     checkpoints = open_location(spec.checkpoint_dir)
     workload = workload_for_data(spec.training.workload, spec.data_dir)
-    data = load_data(spec.data_dir, workload)
     env = environment(run_id=spec.run_id, config_hash=spec.config_hash,
                       experiment=spec.experiment, workload=spec.training.workload,
                       device=d.device, world_size=d.world_size, variant=spec.variant)
+    if workload.loop is not None:
+        run_loop_spec(spec, d, workload.loop, out, env)
+        return
+    data = load_data(spec.data_dir, workload)
     def start(trial: TrialSpec) -> Trial:
         return Trial(spec, trial, data, d, checkpoints, workload)
 
@@ -473,6 +419,31 @@ def run_spec(spec: ConvergenceSpec) -> None:
         if not out.exists(trial_files(group[0].trial_id)[1]):
             runner = start(group[0])
             keep(group[0], runner, runner.run())
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def run_loop_spec(spec: ConvergenceSpec, d: Dist, loop, out: Location, env: dict) -> None:
+    """The spec's trials with a user's training loop (loop_runner.py): a trial whose tables
+    exist is skipped; an unfinished one starts again (a loop keeps no checkpoint of ours)."""
+    from batchscale.convergence.loop_runner import run_loop_trial
+
+    if spec.halving is not None:
+        raise BadInput("lr_halving_eta: successive halving pauses trials at checkpoints, which a "
+                       "TrainingLoop does not give; use the full LR grid (lr_halving_eta: null)")
+    labels = {"optimizer": None, "precision": None}  # the loop's own: not known to batchscale
+    for trial in spec.trials:
+        curves_name, run_name = trial_files(trial.trial_id)
+        if out.exists(run_name):
+            continue
+        outcome, status = run_loop_trial(spec, trial, d, loop)
+        if d.is_main:
+            ident = trial.model_dump(include={"trial_id", "batch_size", "lr_rule", "seed"})
+            curve = [{**ident, **labels, **row} for row in outcome.state.curve if "step" in row]
+            out.put_table(curves_name, make_table("curves", curve, env))
+            out.put_table(run_name, make_table("runs", [{**r, **labels}
+                                                        for r in outcome.rows(status)], env))
+        barrier(d)
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -1,0 +1,146 @@
+"""Convergence trials of a user's training loop (batchscale/loop.py): one call of the loop's
+`train(trial)` per trial of the spec, on every rank of the group, its reports turned into the
+same curves and runs rows as batchscale's own trainer writes (outcome.py), so the analysis
+does not know the difference.
+
+Each report is judged on rank 0 (targets reached, diverged, stalled, out of steps, pruned) and
+the verdict is broadcast, so every rank's `should_stop()` agrees; the curve's training time is
+the maximum over ranks. A loop that raises, never reports or reports what is not a metric
+ends as `failed` with a message naming what went wrong, and the next trial starts.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from batchscale.convergence.distributed import Dist, all_reduce, barrier
+from batchscale.convergence.loop_trial import LoopTrial
+from batchscale.convergence.outcome import Target, note_targets, trial_rows
+from batchscale.convergence.schedule import LrSchedule
+from batchscale.convergence.spec import ConvergenceSpec, TrialSpec
+from batchscale.loop import LoopStop, TrainingLoop
+from batchscale.metrics import METRICS
+from batchscale.schemas import RunStatus
+
+STATUS_CODES = {None: 0, **{status: i for i, status in enumerate(RunStatus, start=1)}}
+"""A verdict as a number, for its broadcast from rank 0."""
+
+
+class LoopOutcome:
+    """One trial's reports as the trainer's TrialState holds them, and its verdict."""
+
+    def __init__(self, spec: ConvergenceSpec, trial: TrialSpec, d: Dist, loop: TrainingLoop):
+        from batchscale.convergence.train import TrialState
+
+        self.spec, self.t, self.d, self.loop = spec, trial, d, loop
+        self.settings = spec.training
+        self.targets = [Target(METRICS[t.metric], t.value) for t in self.settings.all_targets()]
+        self.schedule = LrSchedule.of(trial.lr, self.settings)
+        self.state = TrialState()
+        self.failure: str | None = None
+
+    def on_report(self, report: dict) -> RunStatus | None:
+        """Judge a report on rank 0; every rank returns rank 0's verdict."""
+        wall = all_reduce(torch.tensor([report["train_time_s"]], dtype=torch.float64), self.d,
+                          dist.ReduceOp.MAX if self.d.world_size > 1 else None)
+        verdict = None
+        if self.d.is_main:
+            try:
+                verdict = self.judge({**report, "train_time_s": float(wall[0])})
+            except LoopStop as err:  # every rank must hear it, or the others wait forever
+                self.failure, verdict = str(err), RunStatus.FAILED
+        code = torch.tensor([STATUS_CODES[verdict]], dtype=torch.int64)
+        if self.d.world_size > 1:
+            dist.broadcast(code, src=0)
+        verdict = next(s for s, c in STATUS_CODES.items() if c == int(code[0]))
+        if verdict == RunStatus.FAILED:
+            raise LoopStop(self.failure or "the report was refused on rank 0")
+        return verdict
+
+    def judge(self, report: dict) -> RunStatus | None:
+        metrics = report["metrics"]
+        unknown = sorted(set(metrics) - set(self.loop.metrics) - {"train_loss"})
+        if unknown:
+            raise LoopStop(f"trial.report: metrics {unknown} are not among the loop's declared "
+                           f"TrainingLoop.metrics {list(self.loop.metrics)}")
+        s = self.state
+        step = report["step"]
+        if s.curve and step <= s.curve[-1]["step"]:
+            raise LoopStop(f"trial.report: step {step} after step {s.curve[-1]['step']}; "
+                           "steps must increase from report to report")
+        row = {"step": step, "examples_seen": report["examples_seen"],
+               "train_time_s": report["train_time_s"],
+               "train_batch_loss": metrics.get("train_loss"),
+               "lr": self.schedule.at(max(step - 1, 0)), "b_simple": report["b_simple"],
+               "at_gap_budget": False, **metrics}
+        s.curve.append(row)
+        s.step = step
+        broken = [k for k, v in metrics.items() if not math.isfinite(v)]
+        if broken:
+            self.failure = f"reported non-finite {', '.join(broken)} at step {step}"
+            return RunStatus.DIVERGED
+        first = s.curve[0].get("train_loss")
+        loss = metrics.get("train_loss")
+        if first and loss is not None and loss > self.settings.divergence_factor * first:
+            self.failure = (f"train_loss {loss:.4g} at step {step} is more than "
+                            f"{self.settings.divergence_factor:g}x its first value {first:.4g}")
+            return RunStatus.DIVERGED
+        improved = note_targets(s, self.targets, row)
+        if len(s.reached) == len(self.targets):
+            return RunStatus.REACHED
+        s.evals_since_best = 0 if improved else s.evals_since_best + 1
+        if step >= self.settings.max_steps or s.evals_since_best >= self.settings.patience_evals:
+            return RunStatus.NOT_REACHED
+        if self.t.prune_at_step is not None and step >= self.t.prune_at_step:
+            return RunStatus.PRUNED
+        return None
+
+    def rows(self, status: RunStatus) -> list[dict]:
+        if not self.state.curve:  # never reported: one row saying so, nothing measured
+            self.state.curve.append({"train_time_s": 0.0})
+        rows = trial_rows(self.state, self.t, self.d.world_size, self.targets, status)
+        return [{**row, "cpu_wait_share": None} for row in rows]
+
+
+def run_loop_trial(spec: ConvergenceSpec, trial: TrialSpec, d: Dist,
+                   loop: TrainingLoop) -> tuple[LoopOutcome, RunStatus]:
+    """Call the loop for `trial` on this rank; its outcome and final status."""
+    outcome = LoopOutcome(spec, trial, d, loop)
+    context = LoopTrial(spec, trial, d, outcome.targets, spec.training.gns_every_steps,
+                        outcome.on_report)
+    torch.manual_seed(trial.seed)
+    name = f"{loop.name} (TrainingLoop.train)"
+    try:
+        loop.train(context)
+    except LoopStop as err:
+        outcome.failure = str(err)
+    except Exception as err:  # the user's code: the trial fails, the next one runs
+        frame = traceback.extract_tb(err.__traceback__)[-1]
+        outcome.failure = (f"{name} raised {type(err).__name__}: {err} "
+                           f"(at {frame.filename}:{frame.lineno})")
+    if context.noise is not None:  # measured by the DDP hook along the loop's own steps
+        outcome.state.noise = context.noise
+    status = context.status
+    if (outcome.failure and status is None) or not outcome.state.curve:
+        status = RunStatus.FAILED
+        if not outcome.failure:
+            outcome.failure = (f"{name} returned without calling trial.report(); call it at "
+                               "each evaluation with the declared metrics")
+    elif status is None:
+        outcome.failure = (f"{name} returned before trial.should_stop() was true (last report "
+                           f"at step {outcome.state.step}): counted as not reached")
+        status = RunStatus.NOT_REACHED
+    message = f": {outcome.failure}" if outcome.failure else ""
+    _log(d, f"[{trial.trial_id}] {status} at step {outcome.state.step}{message}")
+    barrier(d)
+    return outcome, status
+
+
+def _log(d: Dist, message: str) -> None:
+    if d.is_main:
+        print(message, file=sys.stderr, flush=True)

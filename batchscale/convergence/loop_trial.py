@@ -1,0 +1,200 @@
+"""The `trial` a user's training loop gets (batchscale/loop.py): the trial's settings, a
+batch sampler giving each rank its slice of the global batch, the DDP wrapper that measures the
+gradient noise scale, and the two calls that connect the loop to batchscale (`report`,
+`should_stop`). loop_runner.py judges the reports."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from batchscale.loop import LoopStop
+
+
+class BatchSampler:
+    """This rank's indices of each global batch, step after step, for a DataLoader's
+    `batch_sampler`: the global order is a function of the seed and the step only (a fresh
+    permutation per epoch), so the global batch is the same for any worker count."""
+
+    def __init__(self, dataset_size: int, batch_size: int, seed: int, rank: int,
+                 world_size: int, start_step: int = 0):
+        from batchscale.convergence.schedule import DataOrder
+
+        self.order = DataOrder(dataset_size, seed)
+        self.batch_size, self.start_step = batch_size, start_step
+        self.local = batch_size // world_size
+        self.offset = rank * self.local
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step = self.start_step
+        while True:
+            idx = self.order.batch(step, self.batch_size)
+            yield idx[self.offset:self.offset + self.local].tolist()
+            step += 1
+
+
+class LoopTrial:
+    """What `train(trial)` gets: the trial's settings, where to train, and the two calls that
+    connect the loop to batchscale (`report`, `should_stop`)."""
+
+    def __init__(self, spec, trial, d, targets: list, noise_every_steps: int,
+                 on_report: Callable[[dict], str | None]):
+        from batchscale.convergence.schedule import LrSchedule
+
+        self._spec, self._d, self._on_report = spec, d, on_report
+        self.trial_id: str = trial.trial_id
+        self.batch_size: int = trial.batch_size
+        """The global batch: every rank's batch together (x accumulation, if you accumulate)."""
+        self.lr: float = trial.lr
+        """The peak learning rate of this trial (the LR rule applied to the config's base LR)."""
+        self.lr_rule: str = trial.lr_rule
+        self.seed: int = trial.seed
+        self.world_size: int = d.world_size
+        self.rank: int = d.rank
+        self.device: str = d.device
+        """"cpu" or "cuda:<local rank>"."""
+        self.local_batch_size: int = trial.batch_size // d.world_size
+        self.max_steps: int = spec.training.max_steps
+        self.eval_every_steps: int = spec.training.eval_every_steps
+        self.targets = tuple((t.metric.name, t.value) for t in targets)
+        self._schedule = LrSchedule.of(trial.lr, spec.training)
+        self._noise_every = noise_every_steps
+        self._noise = None
+        self._eval_s = 0.0
+        self._start = time.perf_counter()
+        self._status: str | None = None
+        self.reports = 0
+
+    # -- what the loop asks ------------------------------------------------------------------
+    def lr_at(self, step: int) -> float:
+        """The LR of optimizer step `step` (0-based) under the config's warm-up and decay."""
+        return self._schedule.at(step)
+
+    def batch_sampler(self, dataset_size: int, start_step: int = 0) -> BatchSampler:
+        """A DataLoader `batch_sampler` giving this rank its slice of each global batch
+        (`local_batch_size` indices), endlessly: stop when `should_stop()` says so."""
+        return BatchSampler(dataset_size, self.batch_size, self.seed, self.rank,
+                            self.world_size, start_step)
+
+    def prepare(self, model):
+        """`model` on `device`; with more than one worker, wrapped in DistributedDataParallel
+        with a communication hook that measures the gradient noise scale from each rank's
+        local gradient and the all-reduced one (no extra all-reduce of the gradients)."""
+        model = model.to(self.device)
+        if self.world_size == 1:
+            return model
+        import torch
+
+        from batchscale.convergence.noise import NoiseScale
+
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        self._noise = NoiseHook(NoiseScale(), self.world_size, self.local_batch_size,
+                                self.batch_size, self._noise_every)
+        ddp.register_comm_hook(self._noise, noise_comm_hook)
+        return ddp
+
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """Time in this block (evaluation) is not training time."""
+        self._sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self._eval_s += time.perf_counter() - start
+
+    def report(self, step: int, metrics: dict[str, float], examples: int | None = None) -> None:
+        """Record an evaluation after `step` optimizer steps (`examples` default step x
+        batch_size): the metrics by target name (val_accuracy, val_loss, train_loss, ...).
+        Call it on every rank at the same steps; rank 0's metrics are recorded."""
+        if self._status is not None:
+            return  # already finished: the loop ran on past should_stop()
+        self._sync()
+        row = {"step": int(step), "examples_seen": int(examples if examples is not None
+                                                        else step * self.batch_size),
+               "train_time_s": time.perf_counter() - self._start - self._eval_s,
+               "metrics": {k: _number(k, v) for k, v in dict(metrics).items()},
+               "b_simple": self._noise.noise.b_simple if self._noise else None}
+        self.reports += 1
+        self._status = self._on_report(row)
+
+    def should_stop(self) -> bool:
+        """True once the trial is finished (targets reached, diverged, stalled, out of steps or
+        pruned): return from `train` then."""
+        return self._status is not None
+
+    # -- batchscale's side -------------------------------------------------------------------
+    @property
+    def status(self):
+        """The trial's verdict (schemas.RunStatus) once finished, else None."""
+        return self._status
+
+    @property
+    def noise(self):
+        """The gradient noise scale measured by `prepare`'s DDP hook (None: not measured)."""
+        return self._noise.noise if self._noise else None
+
+    def _sync(self) -> None:
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+
+def _number(name: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise LoopStop(f"trial.report: metric {name!r} is {type(value).__name__} "
+                       f"{value!r}, not a number") from None
+
+
+class NoiseHook:
+    """The state of the noise-measuring DDP communication hook: squared norms of each rank's
+    local gradient (the small batch B/W) and of the all-reduced one (the big batch B), summed
+    over the step's buckets, fed to the noise scale when the step's last bucket is reduced."""
+
+    def __init__(self, noise, world_size: int, local_batch: int, global_batch: int,
+                 every_steps: int):
+        self.noise, self.world_size = noise, world_size
+        self.local_batch, self.global_batch, self.every = local_batch, global_batch, every_steps
+        self.step, self.local_sq, self.reduced_sq = 0, 0.0, 0.0
+
+    @property
+    def measuring(self) -> bool:
+        return self.step % self.every == 0
+
+    def bucket_done(self, local_sq: float | None, reduced_sq: float | None, last: bool) -> None:
+        if local_sq is not None:
+            self.local_sq += local_sq
+            self.reduced_sq += reduced_sq
+        if last:
+            if self.measuring:
+                # rank-local |G_small|^2: unbiased on each rank, averaged by the EMA over steps
+                self.noise.update(self.local_sq, self.reduced_sq, self.local_batch,
+                                  self.global_batch)
+            self.step += 1
+            self.local_sq = self.reduced_sq = 0.0
+
+
+def noise_comm_hook(state: NoiseHook, bucket):
+    """DDP's mean all-reduce of a gradient bucket, noting the bucket's squared norm before and
+    after it on measured steps."""
+    import torch.distributed as dist
+
+    grads = bucket.buffer()
+    measure = state.measuring
+    local_sq = float(grads.float().square().sum()) if measure else None
+    future = dist.all_reduce(grads.div_(state.world_size), async_op=True).get_future()
+
+    def reduced(fut):
+        out = fut.value()[0]
+        state.bucket_done(local_sq, float(out.float().square().sum()) if measure else None,
+                          bucket.is_last())
+        return out
+
+    return future.then(reduced)
+

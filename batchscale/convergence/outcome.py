@@ -1,0 +1,78 @@
+"""What a convergence trial's evaluations mean: which targets they reach, and the runs-table
+rows a finished trial leaves. Shared by batchscale's own trainer (train.py) and a user's
+training loop (loop_runner.py), so both record the same thing the same way."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from batchscale.metrics import Metric
+from batchscale.schemas import RunStatus
+
+
+@dataclass(frozen=True)
+class Target:
+    """A target the trial trains to."""
+
+    metric: Metric
+    value: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.metric.name}:{self.value!r}"
+
+
+def note_targets(state, targets: list[Target], row: dict) -> bool:
+    """Record in `state` (train.TrialState) the targets `row` reaches for the first time;
+    whether any metric of a target not yet reached improved (else the evaluation counts
+    towards a stall). The untrained model (step 0) reaches nothing: a target it already meets
+    is counted at the first evaluation after training starts (steps to target are >= 1)."""
+    improved = False
+    for target in targets:
+        if target.key in state.reached:
+            continue
+        name, value = target.metric.name, row.get(target.metric.name)
+        if row["step"] > 0 and target.metric.reached(value, target.value):
+            state.reached[target.key] = {k: row[k] for k in
+                                         ("step", "examples_seen", "train_time_s")}
+        if target.metric.improved(value, state.best.get(name)):
+            state.best[name] = value
+            improved = True
+    return improved
+
+
+def trial_rows(state, trial, workers: int, targets: list[Target],
+               status: RunStatus) -> list[dict]:
+    """The trial's runs-table rows, one per target (but `cpu_wait_share`, added by the
+    caller), of plain values (they are stored in the final checkpoint, which loads only plain
+    containers). A target not reached has the trial's status (not_reached, diverged, pruned or
+    failed)."""
+    last = state.curve[-1]
+    common = {
+        "trial_id": trial.trial_id, "batch_size": trial.batch_size, "lr_rule": trial.lr_rule,
+        "lr": trial.lr, "seed": trial.seed, "workers": workers, "steps_run": state.step,
+        "final_val_accuracy": last.get("val_accuracy"), "b_simple": state.noise.b_simple,
+        "train_time_s": last["train_time_s"],
+    }
+    kept = (RunStatus.DIVERGED, RunStatus.PRUNED, RunStatus.FAILED)
+    rows = []
+    for target in targets:
+        hit = state.reached.get(target.key)
+        name = target.metric.name
+        rows.append({
+            **common, "target_metric": name, "target_value": target.value,
+            "target_val_accuracy": target.value if name == "val_accuracy" else None,
+            "final_metric_value": finite_or_none(last.get(name)),
+            "status": RunStatus.REACHED.value if hit else (
+                status.value if status in kept else RunStatus.NOT_REACHED.value),
+            "steps_to_target": hit["step"] if hit else None,
+            "examples_to_target": hit["examples_seen"] if hit else None,
+            "time_to_target_s": hit["train_time_s"] if hit else None,
+        })
+    return rows
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """A metric as a run row stores it: a broken (diverged) model's NaN/inf is not a value."""
+    return value if value is not None and math.isfinite(value) else None

@@ -1,0 +1,63 @@
+"""Training loops (batchscale.TrainingLoop) for tests/test_loop.py: a small well-behaved one on
+the contract tests' points, and one that misbehaves in each way a user's loop can. Imported by
+the CLI from the tests directory (its cwd)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from contract_workloads import Points, mlp
+from torch.utils.data import DataLoader
+
+from batchscale import TrainingLoop
+
+TRAIN, VAL = Points(600, 0), Points(200, 1)
+
+
+def accuracy(model) -> float:
+    with torch.no_grad():
+        return float((model(VAL.x).argmax(1) == VAL.y).float().mean())
+
+
+def points_loop(trial, misbehave: str | None = None) -> None:
+    """SGD on the points to the target; `misbehave` names the way it goes wrong at batch 16."""
+    model = trial.prepare(mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=trial.lr)
+    bad = misbehave if trial.batch_size == 16 else None
+    if bad == "silent":
+        return
+    loader = DataLoader(TRAIN, batch_sampler=trial.batch_sampler(len(TRAIN)))
+    for step, (x, y) in enumerate(loader, start=1):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if bad == "raises" and step == 7:
+            raise RuntimeError("out of ideas at step 7")
+        if step % trial.eval_every_steps == 0:
+            with trial.evaluating():
+                metrics = {"val_accuracy": accuracy(model), "train_loss": float(loss)}
+            if bad == "nan":
+                metrics["val_accuracy"] = float("nan")
+            if bad == "undeclared":
+                metrics["val_f1"] = 0.5
+            trial.report(step=step, metrics=metrics)
+            if trial.should_stop():
+                return
+
+
+good_loop = TrainingLoop(name="points-loop", train=points_loop, metrics=("val_accuracy",),
+                         targets=(("val_accuracy", 0.9),))
+
+
+def _misbehaving(how: str) -> TrainingLoop:
+    return dataclasses.replace(good_loop, name=f"points-{how}",
+                               train=lambda trial: points_loop(trial, how))
+
+
+raises, silent, nan, undeclared = (_misbehaving(how) for how in
+                                   ("raises", "silent", "nan", "undeclared"))
+unknown_metric = dataclasses.replace(good_loop, metrics=("val_f1",))
+unreported_target = dataclasses.replace(good_loop, targets=(("val_loss", 0.1),))

@@ -1,0 +1,118 @@
+"""A user's own training loop (batchscale.TrainingLoop): batchscale calls `train(trial)` once
+per trial, under real torchrun process groups, records what it reports, stops it at the
+targets, and the analysis fits and recommends from it. The loops are in loop_workloads.py; the
+own-loop example (examples/own_loop) runs end to end from a copy, as a user would."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from batchscale.contract_check import check_workload
+from batchscale.convergence.loop_trial import BatchSampler
+from batchscale.errors import BadInput
+from batchscale.workloads import get_workload
+from helpers import run_cli
+
+TESTS_DIR = Path(__file__).parent
+EXAMPLE_DIR = TESTS_DIR.parent / "examples" / "own_loop"
+
+
+def converge(tmp_path: Path, workload: str, *flags: str, cwd: Path = TESTS_DIR):
+    out = tmp_path / "out"
+    result = run_cli(["converge", "--workload", workload, "--out", str(out), *flags], cwd=cwd)
+    runs = (pq.read_table(out / "runs.parquet").to_pandas()
+            if (out / "runs.parquet").exists() else None)
+    return result, runs
+
+
+def test_each_rank_reads_its_slice_of_the_same_global_batch():
+    one = iter(BatchSampler(50, 8, seed=3, rank=0, world_size=1))
+    two = [iter(BatchSampler(50, 8, seed=3, rank=r, world_size=2)) for r in range(2)]
+    for _ in range(20):  # past two epochs
+        assert next(one) == next(two[0]) + next(two[1])
+
+
+def test_a_loop_is_resolved_and_owns_its_targets():
+    workload = get_workload("loop_workloads:good_loop")
+    assert workload.kind == "loop" and workload.has_own_data
+    assert workload.metrics == ("val_accuracy",)
+    with pytest.raises(BadInput, match="is a TrainingLoop: batchscale cannot build its model"):
+        check_workload(workload)  # a sweep or a pipeline run: nothing to time
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("unknown_metric", "TrainingLoop.metrics names 'val_f1'; allowed: "),
+    ("unreported_target", r"a target is on val_loss, which the workload does not report; its "
+                          r"metrics \(TrainingLoop.metrics\): val_accuracy"),
+])
+def test_a_loop_that_cannot_work_is_refused_before_any_trial(name, message):
+    with pytest.raises(BadInput, match=message):
+        check_workload(get_workload(f"loop_workloads:{name}"), convergence=True)
+
+
+def test_sweep_and_halving_of_a_loop_are_refused_with_exit_2(tmp_path):
+    sweep = run_cli(["sweep", "--workload", "loop_workloads:good_loop", "--batch-sizes", "8",
+                     "--out", str(tmp_path / "s.parquet")], cwd=TESTS_DIR)
+    assert sweep.returncode == 2 and "use `batchscale converge`" in sweep.stderr
+    assert "Traceback" not in sweep.stderr
+    config = tmp_path / "halving.yaml"
+    config.write_text("workload: loop_workloads:good_loop\nconvergence:\n  lr_rules: [grid]\n"
+                      "  lr_grid: [0.1, 0.3]\n  lr_halving_eta: 2\n")
+    result, runs = converge(tmp_path, "loop_workloads:good_loop", "--config", str(config))
+    assert result.returncode == 2 and "lr_halving_eta" in result.stderr and runs is None
+
+
+def test_misbehaving_loops_fail_their_trial_and_the_others_go_on(tmp_path):
+    """At batch 16 each loop misbehaves in its own way; batches 8 and 32 reach the target."""
+    expected = {
+        "raises": ("failed", "raised RuntimeError: out of ideas at step 7 (at "),
+        "silent": ("failed", "returned without calling trial.report()"),
+        "nan": ("diverged", "reported non-finite val_accuracy at step "),
+        "undeclared": ("failed", "metrics ['val_f1'] are not among the loop's declared"),
+    }
+    for how, (status, message) in expected.items():
+        result, runs = converge(tmp_path / how, f"loop_workloads:{how}", "--batch-sizes",
+                                "8", "16", "32", "--seeds", "0")
+        assert result.returncode == 0, result.stderr
+        assert message in result.stderr and "Traceback" not in result.stderr
+        at_16 = runs["batch_size"].eq(16)
+        assert runs.loc[at_16, "status"].eq(status).all(), (how, result.stderr)
+        assert runs.loc[~at_16, "status"].eq("reached").all(), (how, result.stderr)
+
+
+def test_a_loop_in_a_two_worker_group_measures_the_noise_scale(tmp_path):
+    result, runs = converge(tmp_path, "loop_workloads:good_loop", "--workers", "2",
+                            "--batch-sizes", "16", "64", "--seeds", "0")
+    assert result.returncode == 0, result.stderr
+    assert runs["status"].eq("reached").all() and runs["world_size"].eq(2).all()
+    assert runs["workers"].eq(2).all()
+    # from DDP's own all-reduce, through the comm hook (a few noisy updates: any sign)
+    assert runs["b_simple"].notna().all()
+    curves = pq.read_table(tmp_path / "out" / "curves.parquet").to_pandas()
+    assert (curves.groupby("trial_id")["train_time_s"].diff().dropna() > 0).all()
+
+
+def test_the_own_loop_example_converges_and_is_analyzed(tmp_path):
+    """examples/own_loop from its docstring's commands, on a copy (a user's own directory):
+    the script runs on its own, and batchscale runs its loop, fits B_crit and recommends."""
+    work = tmp_path / "own_loop"
+    shutil.copytree(EXAMPLE_DIR, work)
+    script = subprocess.run([sys.executable, "train_digits.py", "--steps", "20",
+                             "--eval-every", "10"], cwd=work, capture_output=True, text=True,
+                            timeout=120)
+    assert script.returncode == 0 and "step 20:" in script.stdout, script.stderr
+    result, runs = converge(tmp_path, "train_digits:loop", "--config", "config.yaml", cwd=work)
+    assert result.returncode == 0, result.stderr
+    assert len(runs) == 10 and runs["status"].eq("reached").all()
+    steps = runs.groupby("batch_size")["steps_to_target"].median()
+    assert steps[8] > 2 * steps[128]  # bigger batches need fewer steps, up to a point
+    analysis = run_cli(["analyze", str(tmp_path / "out" / "runs.parquet"), "--out",
+                        str(tmp_path / "analysis")], cwd=work)
+    assert analysis.returncode == 0, analysis.stderr
+    assert "B_crit = E_min/S_min" in analysis.stdout and "**Batch size:" in analysis.stdout
