@@ -21,7 +21,7 @@ from batchscale.storage import ObjectStore
 LONGEST_FILES = ("test_pipeline.py", "test_domains.py", "test_reliability_runs.py",
                  "test_contract.py", "test_fault_tolerance.py", "test_study_driver.py",
                  "test_reliability.py", "test_task_segmentation.py", "test_convergence.py",
-                 "test_optimizers.py", "test_regression.py")
+                 "test_optimizers.py", "test_regression.py", "test_loop.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -16,6 +16,8 @@ def cmd_workloads(args) -> int:
               f"target {target}")
     print("package.module:workload                  your own batchscale.Workload (model, data, "
           "loss, metrics, targets: docs/your-model.md)")
+    print("package.module:loop                      your own batchscale.TrainingLoop: a "
+          "train(trial) function (convergence and analysis only: docs/your-model.md)")
     print("package.module:factory                   your own nn.Module factory, trained as a "
           "classifier on a prepared dataset")
     return 0
