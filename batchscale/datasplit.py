@@ -28,12 +28,13 @@ class TensorSplit:
 
     def __init__(self, workload, x: torch.Tensor, y: torch.Tensor):
         self.workload, self.x, self.y = workload, x, y
+        self._to_batch = workload.task.to_batch  # looked up once: it runs every step
 
     def __len__(self) -> int:
         return len(self.y)
 
     def batch(self, idx: torch.Tensor, device: str) -> Batch:
-        return self.workload.to_batch(self.x[idx], self.y[idx], device)
+        return self._to_batch(self.x[idx], self.y[idx], device)
 
     def head(self, rows: int) -> TensorSplit:
         return TensorSplit(self.workload, self.x[:rows], self.y[:rows])
@@ -86,6 +87,65 @@ class DatasetSplit:
                     total += float(self.contract.loss(model, batch)) * n
                 count += n
         return total / count if count else math.nan
+
+
+PREFETCH_STEPS = 2
+"""Steps each loader worker prepares ahead of the one training (DataLoader prefetch_factor)."""
+
+
+def seed_item(seed: int, step: int, position: int) -> None:
+    """Seed the random state an item's __getitem__ may draw from (torch, random, numpy) as a
+    function of the trial's seed, the step and the item's place in the global batch: the same
+    item gets the same augmentation whichever rank or loader worker reads it, and after a
+    resume."""
+    import random
+    import sys
+
+    value = ((seed * 1_000_003 + step) * 1_000_033 + position) % 2**63
+    torch.manual_seed(value)
+    random.seed(value)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(value % 2**32)
+
+
+class _SeededSteps(torch.utils.data.Dataset):
+    """A step's micro-batches as one DataLoader item: key (step, [(position, indices), ...])
+    -> (step, [collated micro-batch, ...]), each dataset item read under `seed_item`."""
+
+    def __init__(self, split: DatasetSplit, seed: int):
+        self.split, self.seed = split, seed
+
+    def __len__(self) -> int:  # keys come from the batch sampler; the length is not used
+        return 0
+
+    def __getitem__(self, key):
+        step, parts = key
+        batches = []
+        for position, idx in parts:
+            items = []
+            for offset, i in enumerate(idx):
+                seed_item(self.seed, step, position + offset)
+                items.append(self.split.dataset[i])
+            batches.append(self.split.collate(items))
+        return step, batches
+
+
+def prefetched(split: DatasetSplit, keys: Iterator, seed: int,
+               workers: int) -> Iterator[tuple[int, list[Batch]]]:
+    """(step, [micro-batch, ...]) for each key of `keys` ((step, [(position, indices), ...]),
+    see _SeededSteps), read by `workers` background processes PREFETCH_STEPS steps ahead."""
+    from torch.utils.data import DataLoader
+
+    # Its own generator: a DataLoader draws its workers' base seed from torch's global random
+    # state otherwise, so a resumed trial (a new loader) would continue another random stream.
+    loader = DataLoader(_SeededSteps(split, seed), batch_sampler=([key] for key in keys),
+                        num_workers=workers, collate_fn=_only, prefetch_factor=PREFETCH_STEPS,
+                        generator=torch.Generator().manual_seed(seed))
+    return iter(loader)
+
+
+def _only(items: list):
+    return items[0]
 
 
 class _Head:

@@ -108,3 +108,16 @@ fails_in_trials = dataclasses.replace(good, name="fails-in-trials", loss=_fails_
 def one_channel_cnn() -> nn.Module:
     """A model factory (the older form) that wants 1-channel 16x16 images."""
     return image_model()
+
+
+class NoisyPoints(Points):
+    """Points with fresh Gaussian noise on every read: augmentation that draws from torch's
+    global random state, as a user's __getitem__ would."""
+
+    def __getitem__(self, i: int):
+        x, y = super().__getitem__(i)
+        return x + 0.3 * torch.randn(2), y
+
+
+augmented = dataclasses.replace(good, name="points-augmented",
+                                train_data=lambda: NoisyPoints(600, 0))

@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "seeds", "max_steps", "strategy",
                                          "target_interval_ratio", "adaptive_objective",
                                          "adaptive_budget_examples", "lr_halving_eta",
-                                         "lr_halving_first_rung_steps"])
+                                         "lr_halving_first_rung_steps", "loader_workers"])
     cv.add_argument("--target", action="append", type=target_flag, metavar="METRIC=VALUE",
                     help="a target, e.g. val_accuracy=0.95 or val_loss=0.3 (repeat the flag for "
                     "several); replaces the config's targets. Metrics: " + ", ".join(METRICS))

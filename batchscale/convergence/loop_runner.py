@@ -23,9 +23,12 @@ from batchscale.convergence.loop_trial import LoopTrial
 from batchscale.convergence.outcome import Target, note_targets, trial_rows
 from batchscale.convergence.schedule import LrSchedule
 from batchscale.convergence.spec import ConvergenceSpec, TrialSpec
+from batchscale.convergence.train import TrialState, trial_files
+from batchscale.errors import BadInput
+from batchscale.location import Location
 from batchscale.loop import LoopStop, TrainingLoop
 from batchscale.metrics import METRICS
-from batchscale.schemas import RunStatus
+from batchscale.schemas import RunStatus, make_table
 
 STATUS_CODES = {None: 0, **{status: i for i, status in enumerate(RunStatus, start=1)}}
 """A verdict as a number, for its broadcast from rank 0."""
@@ -35,8 +38,6 @@ class LoopOutcome:
     """One trial's reports as the trainer's TrialState holds them, and its verdict."""
 
     def __init__(self, spec: ConvergenceSpec, trial: TrialSpec, d: Dist, loop: TrainingLoop):
-        from batchscale.convergence.train import TrialState
-
         self.spec, self.t, self.d, self.loop = spec, trial, d, loop
         self.settings = spec.training
         self.targets = [Target(METRICS[t.metric], t.value) for t in self.settings.all_targets()]
@@ -144,3 +145,26 @@ def run_loop_trial(spec: ConvergenceSpec, trial: TrialSpec, d: Dist,
 def _log(d: Dist, message: str) -> None:
     if d.is_main:
         print(message, file=sys.stderr, flush=True)
+
+
+def run_loop_spec(spec: ConvergenceSpec, d: Dist, loop, out: Location, env: dict) -> None:
+    """The spec's trials with a user's training loop (loop_runner.py): a trial whose tables
+    exist is skipped; an unfinished one starts again (a loop keeps no checkpoint of ours)."""
+    if spec.halving is not None:
+        raise BadInput("lr_halving_eta: successive halving pauses trials at checkpoints, which a "
+                       "TrainingLoop does not give; use the full LR grid (lr_halving_eta: null)")
+    labels = {"optimizer": None, "precision": None}  # the loop's own: not known to batchscale
+    for trial in spec.trials:
+        curves_name, run_name = trial_files(trial.trial_id)
+        if out.exists(run_name):
+            continue
+        outcome, status = run_loop_trial(spec, trial, d, loop)
+        if d.is_main:
+            ident = trial.model_dump(include={"trial_id", "batch_size", "lr_rule", "seed"})
+            curve = [{**ident, **labels, **row} for row in outcome.state.curve if "step" in row]
+            out.put_table(curves_name, make_table("curves", curve, env))
+            out.put_table(run_name, make_table("runs", [{**r, **labels}
+                                                        for r in outcome.rows(status)], env))
+        barrier(d)
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -110,7 +110,8 @@ def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, 
     return ConvergenceSpec(
         run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name, variant=cfg.variant,
         data_dir=str(data_dir), out_dir=str(out_dir), checkpoint_dir=str(checkpoint_dir),
-        checkpoint_every_steps=c.checkpoint_every_steps, training=training,
+        checkpoint_every_steps=c.checkpoint_every_steps, loader_workers=c.loader_workers,
+        training=training,
         trials=build_trials(cfg, batch_sizes, workers, prune_at_step),
         halving=halving_spec(c))
 

@@ -101,6 +101,9 @@ class DataOrder:
 
     def batch(self, step: int, batch_size: int) -> torch.Tensor:
         start = step * batch_size
+        epoch, offset = divmod(start, self.rows)
+        if offset + batch_size <= self.rows:  # within one epoch (most steps): a view, no copy
+            return self._perm(epoch)[offset:offset + batch_size]
         parts, pos = [], start
         while pos < start + batch_size:
             epoch, offset = divmod(pos, self.rows)

@@ -18,6 +18,7 @@ from batchscale.location import open_file
 
 # Counts the trainer divides by or takes a step modulo of; the config checks every other range.
 PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
 class _StrictModel(BaseModel):
@@ -153,6 +154,10 @@ class ConvergenceSpec(_StrictModel):
     """Where each trial writes `<trial_id>/step-<step>.pt` and `<trial_id>/final.pt`."""
     checkpoint_every_steps: PositiveInt
     """Optimizer steps between checkpoints (at an evaluation step)."""
+    loader_workers: NonNegativeInt = 0
+    """Background processes reading a workload's own training data ahead of the step: how the
+    batches are read, not what they are, so outside `TrainingSettings` and the checkpoint
+    identity."""
     training: TrainingSettings
     """The settings every trial trains under."""
     trials: list[TrialSpec] = Field(min_length=1)

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from batchscale.contract import to_device
 from batchscale.convergence import checkpoint, halving, trialenv
 from batchscale.convergence.distributed import Dist, all_reduce, barrier, init_distributed
 from batchscale.convergence.faults import maybe_inject_fault
@@ -39,15 +40,15 @@ from batchscale.convergence.noise import NoiseScale, grad_list, sq_norm
 from batchscale.convergence.outcome import Target, note_targets, trial_rows
 from batchscale.convergence.schedule import DataOrder, LrSchedule, build_optimizer
 from batchscale.convergence.spec import ConvergenceSpec, TrialSpec, read_spec
-from batchscale.datasplit import TensorSplit
+from batchscale.convergence.trialdata import load_data, workload_for_data
+from batchscale.datasplit import DatasetSplit, prefetched
 from batchscale.envinfo import environment
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import Location, open_location
 from batchscale.metrics import METRICS
 from batchscale.precision import autocast
 from batchscale.schemas import RunStatus, make_table
-from batchscale.shards import load_split, read_manifest
-from batchscale.workloads import Workload, get_workload
+from batchscale.workloads import Workload
 
 
 # ------------------------------------------------------------------------------ one trial
@@ -98,6 +99,7 @@ class Trial:
         self.model = model
         self.schedule = LrSchedule.of(trial.lr, self.settings)
         self.opt = build_optimizer(self.params, self.settings, trial.lr)
+        self.lr_set: float | None = None  # the LR the optimizer's groups hold now
         # the trial's precision for a forward pass and loss (training and evaluation alike)
         self.autocast = partial(autocast, d.device, self.settings.precision)
         self.order = DataOrder(len(self.train), trial.seed)
@@ -163,36 +165,74 @@ class Trial:
             return self.model.no_sync()
         return contextlib.nullcontext()
 
+    def micro_batches(self, step: int) -> list[torch.Tensor]:
+        """This rank's rows of step `step`, split into the micro-batches it runs: the
+        accumulation steps, and on one process at least 2 on a noise-measuring step (the small
+        batch of the noise scale)."""
+        idx = self.local_indices(step)
+        local_noise = self.measures_noise(step) and self.d.world_size == 1 and len(idx) >= 2
+        parts = max(self.accumulation, 2) if local_noise else self.accumulation
+        return [idx] if parts == 1 else list(idx.tensor_split(parts))
+
+    def measures_noise(self, step: int) -> bool:
+        return step % self.settings.gns_every_steps == 0
+
+    def step_keys(self, start: int):
+        """(step, [(place in the global batch, indices), ...]) from step `start` on: what the
+        background loader reads (datasplit.prefetched)."""
+        step = start
+        while True:
+            parts, position = [], self.d.rank * self.local_batch
+            for part in self.micro_batches(step):
+                parts.append((position, part.tolist()))
+                position += len(part)
+            yield step, parts
+            step += 1
+
+    def read_batches(self, step: int, parts: list[torch.Tensor]) -> list:
+        """The step's micro-batches on the device: from the background loader when there is
+        one (checked to be this step's), else read now."""
+        if self.loader is None:
+            return [self.train.batch(part, self.d.device) for part in parts]
+        ready_step, batches = next(self.loader)
+        if ready_step != step:
+            raise BatchscaleError(f"the background loader delivered step {ready_step} for step "
+                                  f"{step}: refusing to train on the wrong rows")
+        return [to_device(batch, self.d.device) for batch in batches]
+
     def train_step(self, step: int) -> float:
         """One optimizer step over the global batch; returns this rank's mean loss."""
-        idx = self.local_indices(step)  # this rank's rows; the split makes them a batch
-        for group in self.opt.param_groups:
-            group["lr"] = self.schedule.at(step)
+        parts = self.micro_batches(step)  # this rank's rows; the split makes them a batch
+        batches = self.read_batches(step, parts)
+        lr = self.schedule.at(step)
+        if lr != self.lr_set:  # constant after warm-up: no per-step Python loop over groups
+            for group in self.opt.param_groups:
+                group["lr"] = lr
+            self.lr_set = lr
         self.opt.zero_grad(set_to_none=True)
-        measure = step % self.settings.gns_every_steps == 0
-        ddp_noise = measure and self.d.world_size > 1
-        # On one process the noise needs >= 2 micro-batches (the small batch); split if needed.
-        local_noise = measure and self.d.world_size == 1 and len(idx) >= 2
-        parts = max(self.accumulation, 2) if local_noise else self.accumulation
-        micro_sq, before, loss_value = [], None, 0.0
-        for i, part in enumerate((idx,) if parts == 1 else idx.tensor_split(parts)):
-            weight = len(part) / len(idx)
-            with self._sync_context(i == parts - 1, ddp_noise):
-                batch = self.train.batch(part, self.d.device)
+        ddp_noise = self.measures_noise(step) and self.d.world_size > 1
+        local_noise = self.measures_noise(step) and len(parts) > self.accumulation or (
+            self.measures_noise(step) and self.d.world_size == 1 and len(parts) > 1)
+        rows = sum(len(part) for part in parts)
+        small_sq, small_batch, loss_value = 0.0, 0, 0.0
+        for i, (part, batch) in enumerate(zip(parts, batches, strict=True)):
+            weight = len(part) / rows
+            with self._sync_context(i == len(parts) - 1, ddp_noise):
                 with self.autocast():  # the forward and loss only; backward outside, as advised
                     loss = self.workload.loss(self.model, batch)
-                (loss if parts == 1 else loss * weight).backward()
+                (loss if len(parts) == 1 else loss * weight).backward()
             loss_value += float(loss.detach()) * weight
-            if local_noise:  # this micro-batch's mean gradient: (g_now - g_before) / weight
-                grads = grad_list(self.params)
-                delta = grads if before is None else torch._foreach_sub(grads, before)
-                micro_sq.append(sq_norm(delta) / weight**2)
-                before = [g.clone() for g in grads] if i < parts - 1 else None
+            if local_noise and i == 0:
+                # The first micro-batch's mean gradient (its grads / weight) alone estimates
+                # E|G_small|^2 without bias; the others would only lower the variance, at the
+                # cost of a copy of every gradient per micro-batch (docs/architecture.md).
+                small_sq = sq_norm(grad_list(self.params)) / weight**2
+                small_batch = len(part)
         if ddp_noise:
             self._reduce_with_noise()
         elif local_noise:
-            self.state.noise.update(sum(micro_sq) / parts, sq_norm(grad_list(self.params)),
-                                    len(idx) / parts, len(idx))
+            self.state.noise.update(small_sq, sq_norm(grad_list(self.params)), small_batch,
+                                    rows)
         self.opt.step()
         return loss_value
 
@@ -268,8 +308,31 @@ class Trial:
         s = self.state
         if pause_at_step is not None and s.step >= pause_at_step:
             return None  # resumed at or past the rung
-        sync = torch.cuda.synchronize if self.d.device.startswith("cuda") else (lambda: None)
         contention = trialenv.CpuContention()
+        self.loader = self.start_loader(s.step)
+        try:
+            status = self.train_until_finished(pause_at_step)
+        finally:
+            self.loader = None  # its worker processes end with it
+        if status is None:
+            return None  # paused at the rung, checkpointed
+        self.log(f"{status} at step {s.step} ({len(s.reached)} of {len(self.targets)} targets, "
+                 f"{s.train_time_s:.2f} s)")
+        return self.finish(status, contention)
+
+    def start_loader(self, step: int):
+        """Background reading from step `step` on, for a workload's own dataset with
+        `loader_workers` set; None (read in the step) otherwise."""
+        workers = self.spec.loader_workers
+        if not workers or not isinstance(self.train, DatasetSplit):
+            return None
+        return prefetched(self.train, self.step_keys(step), self.t.seed, workers)
+
+    def train_until_finished(self, pause_at_step: int | None) -> RunStatus | None:
+        """Train and evaluate until the trial's status is known; None when paused at
+        `pause_at_step` (with a checkpoint)."""
+        s = self.state
+        sync = torch.cuda.synchronize if self.d.device.startswith("cuda") else (lambda: None)
         status = None
         if s.step == 0:
             status = self.record_eval()  # the untrained model, step 0
@@ -296,9 +359,7 @@ class Trial:
                     return None
                 if status is None and s.step % self.spec.checkpoint_every_steps == 0:
                     self.save_checkpoint()
-        self.log(f"{status} at step {s.step} ({len(s.reached)} of {len(self.targets)} targets, "
-                 f"{s.train_time_s:.2f} s)")
-        return self.finish(status, contention)
+        return status
 
     def stop_pruned(self) -> dict:
         """End a paused trial as pruned (successive halving): its summary from the state its
@@ -326,39 +387,6 @@ class Trial:
 def trial_files(trial_id: str) -> tuple[str, str]:
     """Names of a trial's (curves, run) tables under the output location."""
     return f"trials/{trial_id}.curves.parquet", f"trials/{trial_id}.run.parquet"
-
-
-def load_data(data_uri: str, workload: Workload):
-    """(train, val) splits (batchscale/datasplit.py): a contract workload's own datasets, read
-    by index a batch at a time; else the prepared dataset at `data_uri` (a directory or an
-    s3:// prefix) as tensors, in the workload's shape or the dataset's own where the model
-    takes any size. Each rank reads its slice of each global batch, so the global batch is
-    identical for any worker count."""
-    if workload.has_own_data:
-        from batchscale.contract_check import load_split as contract_split
-
-        return contract_split(workload.contract, "train"), contract_split(workload.contract, "val")
-    shape = None if workload.shape_from_data else workload.example_shape
-    return tuple(TensorSplit(workload, *load_split(data_uri, split, input_shape=shape))
-                 for split in ("train", "val"))
-
-
-def workload_for_data(name: str, data_uri: str) -> Workload:
-    """The workload `name`, sized by the dataset where its model takes any size: the image
-    side and classes of a segmentation or detection dataset, the sequence length of text."""
-    workload = get_workload(name)
-    if workload.has_own_data or not workload.shape_from_data:
-        return workload
-    first = read_manifest(data_uri).to_pylist()[0]
-    shape, classes = tuple(first["feature_shape"]), first["num_classes"]
-    if workload.kind == "language_model":
-        return get_workload(name, input_shape=(shape[0] - 1,))
-    if workload.kind == "classification":  # a user model: the dataset's examples and classes
-        return get_workload(name, input_shape=shape, num_classes=classes)
-    if len(shape) != 3 or shape[0] != 4:
-        raise BadInput(f"{name} trains on images with a class-id channel (4, H, W); the "
-                       f"dataset at {data_uri} has examples of shape {list(shape)}")
-    return get_workload(name, image_size=shape[-1], num_classes=classes)
 
 
 def write_trial_results(out: Location, trial: TrialSpec, runner: Trial, summary: dict,
@@ -393,6 +421,8 @@ def run_spec(spec: ConvergenceSpec) -> None:
                       experiment=spec.experiment, workload=spec.training.workload,
                       device=d.device, world_size=d.world_size, variant=spec.variant)
     if workload.loop is not None:
+        from batchscale.convergence.loop_runner import run_loop_spec
+
         run_loop_spec(spec, d, workload.loop, out, env)
         return
     data = load_data(spec.data_dir, workload)
@@ -419,31 +449,6 @@ def run_spec(spec: ConvergenceSpec) -> None:
         if not out.exists(trial_files(group[0].trial_id)[1]):
             runner = start(group[0])
             keep(group[0], runner, runner.run())
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def run_loop_spec(spec: ConvergenceSpec, d: Dist, loop, out: Location, env: dict) -> None:
-    """The spec's trials with a user's training loop (loop_runner.py): a trial whose tables
-    exist is skipped; an unfinished one starts again (a loop keeps no checkpoint of ours)."""
-    from batchscale.convergence.loop_runner import run_loop_trial
-
-    if spec.halving is not None:
-        raise BadInput("lr_halving_eta: successive halving pauses trials at checkpoints, which a "
-                       "TrainingLoop does not give; use the full LR grid (lr_halving_eta: null)")
-    labels = {"optimizer": None, "precision": None}  # the loop's own: not known to batchscale
-    for trial in spec.trials:
-        curves_name, run_name = trial_files(trial.trial_id)
-        if out.exists(run_name):
-            continue
-        outcome, status = run_loop_trial(spec, trial, d, loop)
-        if d.is_main:
-            ident = trial.model_dump(include={"trial_id", "batch_size", "lr_rule", "seed"})
-            curve = [{**ident, **labels, **row} for row in outcome.state.curve if "step" in row]
-            out.put_table(curves_name, make_table("curves", curve, env))
-            out.put_table(run_name, make_table("runs", [{**r, **labels}
-                                                        for r in outcome.rows(status)], env))
-        barrier(d)
     if dist.is_initialized():
         dist.destroy_process_group()
 
