@@ -5,6 +5,7 @@ points BATCHSCALE_BENCH_ROWS at a generated file of ROW_FEATURES float32 per row
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import torch
@@ -24,6 +25,8 @@ class FileRows(torch.utils.data.Dataset):
 
     def __init__(self, first: int, count: int | None = None):
         self.path = os.environ["BATCHSCALE_BENCH_ROWS"]
+        # A wait per item (bench_prefetch: slow storage or decoding), 0 by default.
+        self.wait_s = float(os.environ.get("BATCHSCALE_BENCH_ITEM_WAIT_S", "0"))
         total = os.path.getsize(self.path) // ROW_BYTES
         self.first, self.count = first, (total - first if count is None else count)
         self.fd = None
@@ -35,6 +38,8 @@ class FileRows(torch.utils.data.Dataset):
         if self.fd is None:  # opened in the process that reads (each torchrun rank)
             self.fd = os.open(self.path, os.O_RDONLY)
         row = i + self.first
+        if self.wait_s:
+            time.sleep(self.wait_s)
         raw = os.pread(self.fd, ROW_BYTES, row * ROW_BYTES)
         x = torch.from_numpy(np.frombuffer(raw, dtype=np.float32).copy())
         return x, torch.tensor(row % CLASSES)

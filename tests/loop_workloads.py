@@ -61,3 +61,20 @@ raises, silent, nan, undeclared = (_misbehaving(how) for how in
                                    ("raises", "silent", "nan", "undeclared"))
 unknown_metric = dataclasses.replace(good_loop, metrics=("val_f1",))
 unreported_target = dataclasses.replace(good_loop, targets=(("val_loss", 0.1),))
+
+
+def hanging_loop(trial) -> None:
+    """The points loop, but at batch 16 with BATCHSCALE_TEST_HANG set it reports once and then
+    waits, as a slow trial does (the stopping tests signal the run while it waits)."""
+    import os
+    import time
+
+    if trial.batch_size == 16 and os.environ.get("BATCHSCALE_TEST_HANG"):
+        trial.report(step=1, metrics={"val_accuracy": 0.0})
+        while not trial.should_stop():
+            time.sleep(0.05)
+        return
+    points_loop(trial)
+
+
+hanging = dataclasses.replace(good_loop, name="points-hanging", train=hanging_loop)

@@ -45,6 +45,7 @@ from batchscale.errors import BatchscaleError
 from batchscale.metrics import METRICS
 from batchscale.names import redact_url
 from batchscale.schemas import TABLES
+from batchscale.stopping import EXIT_SIGINT, EXIT_SIGTERM, Terminated, sigterm_raises
 
 __all__ = [
     "CONFIG_FLAGS_NOTE", "CONFIG_HELP", "STATE_DIR", "build_parser", "cmd_analyze", "cmd_clean",
@@ -257,13 +258,17 @@ def main(argv: list[str] | None = None) -> int:
     (redacted too), bad input never does."""
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        with sigterm_raises():  # SIGTERM (timeout, systemd, a pod deletion) stops like Ctrl-C
+            return args.func(args)
     except BatchscaleError as err:
         print(f"batchscale: error: {redact_url(str(err))}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("batchscale: interrupted; results written so far are kept", file=sys.stderr)
-        return 130
+        return EXIT_SIGINT
+    except Terminated:
+        print("batchscale: stopped by SIGTERM; results written so far are kept", file=sys.stderr)
+        return EXIT_SIGTERM
     except Exception:
         print(redact_url(traceback.format_exc()), file=sys.stderr, end="")
         return 1

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -29,6 +30,7 @@ from batchscale.convergence.spec import (
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import Location, is_s3_uri, open_location
 from batchscale.names import check_run_id
+from batchscale.stopping import die_with_parent, stop_group
 from batchscale.storage import write_bytes_atomic
 from batchscale.workloads import get_workload
 
@@ -160,18 +162,19 @@ def launch_local(spec: ConvergenceSpec, timeout_s: float, max_restarts: int) -> 
     write_bytes_atomic(spec_path, spec.to_json())
     workers = spec.training.workers
     cmd = torchrun_command(str(spec_path), workers, max_restarts)
-    # Own process group: a timeout (or Ctrl-C) takes the agent and its workers down together,
-    # instead of leaving workers orphaned in a collective.
-    proc = subprocess.Popen(cmd, env=torchrun_env(workers), start_new_session=True)
+    # Own process group: a timeout, Ctrl-C or SIGTERM takes the agent and its workers down
+    # together, instead of leaving workers orphaned in a collective; and the agent dies when
+    # this process does, even by SIGKILL, its ranks after it (batchscale/stopping.py). SIGKILL,
+    # not SIGTERM: trials checkpoint atomically, and the agent answers SIGTERM with a traceback.
+    proc = subprocess.Popen(cmd, env=torchrun_env(workers), start_new_session=True,
+                            preexec_fn=partial(die_with_parent, signal.SIGKILL))
     try:
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise BatchscaleError(f"convergence trials timed out after {timeout_s:.0f} s; finished "
                               f"trials are kept in {out_dir / 'trials'}") from None
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, first=signal.SIGKILL)
     if proc.returncode != 0:
         raise BatchscaleError(f"torchrun exited with status {proc.returncode} (its log is "
                               f"above); finished trials are kept in {out_dir / 'trials'}")

@@ -48,6 +48,7 @@ from batchscale.location import Location, open_location
 from batchscale.metrics import METRICS
 from batchscale.precision import autocast
 from batchscale.schemas import RunStatus, make_table
+from batchscale.stopping import die_with_parent
 from batchscale.workloads import Workload
 
 
@@ -458,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True,
                         help="trial spec JSON written by the launcher (path or s3:// URI)")
     args = parser.parse_args(argv)
+    die_with_parent()  # a rank whose torchrun agent died stops too (batchscale/stopping.py)
     try:
         run_spec(read_spec(args.spec))
     except BatchscaleError as err:

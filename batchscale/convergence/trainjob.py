@@ -21,17 +21,13 @@ account needs the RBAC in manifests/ (README, "Run on Kubeflow").
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import hashlib
 import os
 import re
 import secrets
-import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -55,18 +51,13 @@ from batchscale.convergence.trainjob_wait import WaitLimits, await_job, warn
 from batchscale.envinfo import git_commit
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import LocalLocation, S3Location, copy_files, is_s3_uri
+from batchscale.stopping import Terminated, sigterm_raises
 from batchscale.storage import ObjectStore, S3Settings
 
 JOB_NAME_PREFIX = "batchscale-"
 SPEC_HASH_CHARS = 12
 DEFAULT_LIMITS = WaitLimits()
 MIN_TRAINER_VERSION = "v2.2"  # runtimePatches and activeDeadlineSeconds appeared in v2.2.0
-
-
-class Terminated(BaseException):
-    """SIGTERM: the kubelet is stopping the step's pod (a deleted run, the pod's deadline). A
-    BaseException, like KeyboardInterrupt, so no `except Exception` on the way (the SDK wraps
-    every error of its own calls) swallows it before the job is deleted."""
 
 
 @dataclass(frozen=True)
@@ -229,34 +220,15 @@ def delete_job(client, name: str, timeout_s: float) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises Terminated in the main thread, so the `finally` that deletes the job runs
-    (the default action ends the process on the spot). Later SIGTERMs are ignored until the
-    cleanup is done.
-
-    How the signal gets here on Kubeflow Pipelines: Argo's emissary (the container's PID 1)
-    forwards the kubelet's SIGTERM to the whole process group of the step's command
-    (argo-workflows cmd/argoexec/commands/emissary.go, osspecific.Kill to -pgid), which holds
-    the KFP launcher and this Python process. The KFP launcher has no handler
-    (kubeflow/pipelines backend/src/v2/component/launcher_v2.go) and exits at once; the
-    emissary reaps it within about a second (osspecific.Wait polls each second) and the
-    container then ends, taking this process with it. So the delete, one request, has about a
-    second: enough on a healthy API server, and where it is not, the owner reference and the
-    job's own activeDeadlineSeconds still end the job."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set in the main thread
-        return
-
-    def on_sigterm(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+# How SIGTERM reaches a step on Kubeflow Pipelines (stopping.sigterm_raises turns it into
+# Terminated, so the `finally` that deletes the job runs): Argo's emissary (the container's PID 1)
+# forwards the kubelet's SIGTERM to the whole process group of the step's command
+# (argo-workflows cmd/argoexec/commands/emissary.go, osspecific.Kill to -pgid), which holds the
+# KFP launcher and this Python process. The KFP launcher has no handler
+# (kubeflow/pipelines backend/src/v2/component/launcher_v2.go) and exits at once; the emissary
+# reaps it within about a second and the container then ends, taking this process with it. So
+# the delete, one request, has about a second: enough on a healthy API server, and where it is
+# not, the owner reference and the job's own activeDeadlineSeconds still end the job.
 
 
 # ------------------------------------------------------------------------------ the launch

@@ -26,6 +26,7 @@ from batchscale.config import SweepConfig
 from batchscale.errors import BadInput
 from batchscale.precision import autocast as precision_autocast
 from batchscale.schemas import TrialStatus
+from batchscale.stopping import die_with_parent
 from batchscale.timing import MIN_TIMED_S, StepTimes, time_steps
 from batchscale.workloads import Workload, get_workload
 
@@ -285,10 +286,14 @@ def run_trial(spec: TrialSpec) -> TrialResult:
 
 
 def trial_process_main(spec: TrialSpec, conn) -> None:
-    """Entry point of a trial process: measure, send the result, exit (freeing everything)."""
+    """Entry point of a trial process: measure, send the result, exit (freeing everything).
+    It stops when its parent (the forkserver, which ends with the sweep) dies."""
+    die_with_parent()
     try:
         conn.send(run_trial(spec))
     except KeyboardInterrupt:
         pass  # Ctrl-C reached the whole process group: the parent stops the sweep
+    except (BrokenPipeError, EOFError):
+        pass  # the sweep stopped (SIGTERM, Ctrl-C) before it read the result
     finally:
         conn.close()

@@ -1,0 +1,82 @@
+"""Stopping cleanly: SIGTERM handled like Ctrl-C, and child processes that die with their
+parent.
+
+SIGTERM is what `timeout`, systemd, a Kubernetes pod deletion and kfp.local's cancellation
+send. Its default action ends a process on the spot, so no `finally` runs and a torchrun agent
+or a sweep's trial process started in its own process group keeps running, orphaned.
+`sigterm_raises` turns it into `Terminated`, a BaseException like KeyboardInterrupt, so cleanup
+runs; `die_with_parent` asks the kernel to send SIGTERM to a process when its parent dies, even
+by SIGKILL, which no handler can see (docs/architecture.md, "Stopping").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+
+EXIT_SIGTERM = 143
+"""Exit status after SIGTERM (128 + 15, as a shell reports a process the signal ended)."""
+EXIT_SIGINT = 130
+"""Exit status after Ctrl-C (128 + 2)."""
+STOP_GRACE_S = 5.0
+"""How long a process group gets to stop after SIGTERM before SIGKILL."""
+_PR_SET_PDEATHSIG = 1
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived. A BaseException, like KeyboardInterrupt, so no `except Exception` on
+    the way (libraries wrap their errors) swallows it before the cleanup runs."""
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises Terminated in the main thread; later SIGTERMs are
+    ignored until the cleanup is done. Outside the main thread (no handlers there), nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigterm(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask the kernel to send `sig` to this process when its parent dies (Linux
+    PR_SET_PDEATHSIG; elsewhere nothing). Safe in a `preexec_fn` (no allocation of Python
+    objects beyond the call). If the parent is already gone, stop now."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # orphaned before the request: the parent already died
+        os.kill(os.getpid(), sig)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S,
+               first: int = signal.SIGTERM) -> None:
+    """Stop `proc`'s process group (it was started with start_new_session): `first` (SIGTERM),
+    then SIGKILL after `grace_s`, and reap `proc`."""
+    for sig, wait_s in ((first, grace_s), (signal.SIGKILL, grace_s)):
+        if proc.poll() is not None:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait_s)
+    # The leader may be gone while others of its group still run (a worker ignoring SIGTERM).
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
