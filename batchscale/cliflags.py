@@ -100,6 +100,9 @@ class FlagText:
         """The field's value from the flag's text (a list of tokens for a list field)."""
         if not self.is_list:
             return self._one(text)
+        if any(not token.strip() for token in text):  # e.g. --batch-sizes 1 '' 2
+            raise ValueError(f"{quote(' '.join(repr(t) for t in text))} has an empty value; "
+                             "give each value, separated by commas or spaces")
         joined = " ".join(text).strip()
         items = LIST_SEPARATOR.split(joined)
         if "" in items:

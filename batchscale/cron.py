@@ -40,6 +40,10 @@ def check_cron(cron: str) -> str:
     if len(cron) > CRON_MAX_CHARS:
         raise BadInput(f"--cron: {len(cron)} characters is not a schedule (at most "
                        f"{CRON_MAX_CHARS}); {CRON_HELP}")
+    control = sorted({repr(c) for c in cron if c != " " and (c.isspace() or not c.isprintable())})
+    if control:  # a pasted line's newline or tab: what KFP's parser then reads is not this text
+        raise BadInput(f"--cron: {cron!r} contains {', '.join(control)}; give the schedule on "
+                       f"one line with single spaces; {CRON_HELP}")
     text = " ".join(cron.split())
     if text.startswith("@"):
         return _check_descriptor(cron, text)

@@ -255,15 +255,24 @@ def _language_model(name: str):
     return build
 
 
+def refused_module(spec: str) -> str | None:
+    """Why 'package.module:name' cannot name a workload without importing anything: a module
+    of the standard library (os:system, builtins:eval, ...); None when it may."""
+    module_name, _ = names.split_factory_spec(spec)
+    if module_name.split(".")[0] in REFUSED_FACTORY_MODULES:
+        return (f"{module_name!r} is part of Python's standard library, which holds no model "
+                "factory; give a module of your own that returns a torch.nn.Module, a "
+                "batchscale.Workload or a batchscale.TrainingLoop")
+    return None
+
+
 def _user_attribute(spec: str) -> object:
     """The object 'package.module:name' names; a standard-library module is refused before it
     is imported."""
     module_name, attr = names.split_factory_spec(spec)
-    top = module_name.split(".")[0]
-    if top in REFUSED_FACTORY_MODULES:
-        raise BadInput(f"workload {spec!r}: {module_name!r} is part of Python's standard library, "
-                       "which holds no model factory; give a module of your own that returns a "
-                       "torch.nn.Module or a batchscale.Workload")
+    refused = refused_module(spec)
+    if refused:
+        raise BadInput(f"workload {spec!r}: {refused}")
     _importable_from_cwd()
     try:
         module = importlib.import_module(module_name)

@@ -111,10 +111,13 @@ def _group_step_times(workers: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "times.json"
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        f"--nproc-per-node={workers}", "-m", "benchmarks.bench_convergence",
-                        "--worker", str(out)], env=env, check=True, timeout=RUN_TIMEOUT_S,
-                       capture_output=True)
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc-per-node={workers}", "-m",
+                               "benchmarks.bench_convergence", "--worker", str(out)],
+                              env=env, timeout=RUN_TIMEOUT_S, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{workers}-worker group failed ({done.returncode}): "
+                               f"{done.stderr[-3000:]}")
         return json.loads(out.read_text())
 
 

@@ -150,6 +150,8 @@ def test_any_cron_text_is_refused_clearly_or_accepted_only_if_kfp_accepts_it(tex
     ("@every 1d", "not a schedule KFP knows"),
     ("@Hourly", "not a schedule KFP knows"),
     ("", "give a schedule"),
+    ("0 0 2 * * *\n", "contains '\\n'; give the schedule on one line"),
+    ("0\t0 2 * * *", "contains '\\t'"),
     ("0 " * 200, "is not a schedule"),
 ])
 def test_cron_refusals_name_what_is_wrong(cron, needle):

@@ -107,9 +107,11 @@ def test_the_own_loop_example_converges_and_is_analyzed(tmp_path):
                              "--eval-every", "10"], cwd=work, capture_output=True, text=True,
                             timeout=120)
     assert script.returncode == 0 and "step 20:" in script.stdout, script.stderr
-    result, runs = converge(tmp_path, "train_digits:loop", "--config", "config.yaml", cwd=work)
+    # The docstring's command at a CI-sized grid (the docs quote the full config's figures).
+    result, runs = converge(tmp_path, "train_digits:loop", "--config", "config.yaml",
+                            "--batch-sizes", "8", "32", "128", cwd=work)
     assert result.returncode == 0, result.stderr
-    assert len(runs) == 10 and runs["status"].eq("reached").all()
+    assert len(runs) == 6 and runs["status"].eq("reached").all()
     steps = runs.groupby("batch_size")["steps_to_target"].median()
     assert steps[8] > 2 * steps[128]  # bigger batches need fewer steps, up to a point
     analysis = run_cli(["analyze", str(tmp_path / "out" / "runs.parquet"), "--out",

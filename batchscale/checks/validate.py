@@ -38,10 +38,18 @@ def _conform(kind: str, table: pa.Table) -> tuple[pa.Table, list[dict]]:
     """The table cast to its schema, or failed results for duplicated, missing and mistyped
     columns. Nulls in required columns pass here so the suite's not-null expectations name
     them."""
+    extra = [n for n in table.column_names if n not in schemas.schema_for(kind).names]
+    # A misspelled or foreign column is refused, not dropped without a word.
+    refused = [result(
+        "expect_table_columns_to_match_set", None, False, SOURCE_SCHEMA,
+        description=f"every column is one of the {kind} schema's",
+        observed_value={"columns_not_in_schema": extra},
+        error=f"columns {extra} are not in the {kind} schema (a misspelling, or a column of "
+              "another table); `batchscale validate --help` lists the tables")] if extra else []
     try:
-        return schemacheck.check_schema(kind, table, allow_nulls=True), []
+        return schemacheck.check_schema(kind, table, allow_nulls=True), refused
     except BadInput as err:
-        return table, _explain_schema_error(kind, table, str(err))
+        return table, _explain_schema_error(kind, table, str(err)) + refused
 
 
 def _duplicated_result(name: str, count: int) -> dict:

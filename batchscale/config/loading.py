@@ -9,6 +9,7 @@ import json
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 
 import yaml
@@ -90,7 +91,11 @@ def parse_config(data: object, source: str = "<dict>") -> ExperimentConfig:
 
 def load_config(path: str | Path | None = None) -> ExperimentConfig:
     path = Path(path) if path else DEFAULT_CONFIG_PATH
-    return parse_config(read_yaml_config(path), str(path))
+    data = read_yaml_config(path)
+    if data is None or data == {}:  # accepted: every setting has a default; said, not silent
+        print(f"batchscale: note: config {path} sets nothing (empty, or only comments): "
+              "every setting is its default", file=sys.stderr)
+    return parse_config(data, str(path))
 
 
 def config_from_json(text: str) -> ExperimentConfig:

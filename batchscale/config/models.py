@@ -71,6 +71,7 @@ from batchscale.workloads import (
     DEFAULT_IMAGE_SIZE,
     WORKLOAD_NAMES,
     is_known_workload_name,
+    refused_module,
     workload_kind,
     workload_metrics,
 )
@@ -324,6 +325,9 @@ class ExperimentConfig(_Strict):
                 f"unknown workload {quote_value(name)}; allowed: {', '.join(WORKLOAD_NAMES)} "
                 "or 'package.module:factory'"
             )
+        refused = refused_module(name) if name not in WORKLOAD_NAMES else None
+        if refused:  # every command, `compile` included, which imports nothing of it
+            raise ValueError(f"workload {quote_value(name)}: {refused}")
         return name
 
     @model_validator(mode="before")

@@ -80,6 +80,16 @@ class TrialState:
         return cls(**{**values, "noise": NoiseScale(**values["noise"])})
 
 
+class _NoContext(contextlib.nullcontext):
+    """One reusable no-op context, returned instead of a new nullcontext every step."""
+
+    def __call__(self):
+        return self
+
+
+_NO_CONTEXT = _NoContext()
+
+
 class Trial:
     def __init__(self, spec: ConvergenceSpec, trial: TrialSpec, data, d: Dist,
                  checkpoints: Location, workload: Workload):
@@ -103,6 +113,10 @@ class Trial:
         self.lr_set: float | None = None  # the LR the optimizer's groups hold now
         # the trial's precision for a forward pass and loss (training and evaluation alike)
         self.autocast = partial(autocast, d.device, self.settings.precision)
+        # Looked up once: the step runs them every time (a sub-millisecond step notices).
+        self.loss = workload.contract.loss if workload.contract is not None else workload.task.loss
+        self.step_precision = (self.autocast if self.settings.precision != "fp32"
+                               else _NO_CONTEXT)
         self.order = DataOrder(len(self.train), trial.seed)
         self.state = TrialState()
         self.finished: dict | None = None
@@ -164,7 +178,7 @@ class Trial:
         the noise measurement needs the local gradient first."""
         if self.d.world_size > 1 and (manual_reduce or not last_micro):
             return self.model.no_sync()
-        return contextlib.nullcontext()
+        return _NO_CONTEXT
 
     def micro_batches(self, step: int) -> list[torch.Tensor]:
         """This rank's rows of step `step`, split into the micro-batches it runs: the
@@ -219,8 +233,8 @@ class Trial:
         for i, (part, batch) in enumerate(zip(parts, batches, strict=True)):
             weight = len(part) / rows
             with self._sync_context(i == len(parts) - 1, ddp_noise):
-                with self.autocast():  # the forward and loss only; backward outside, as advised
-                    loss = self.workload.loss(self.model, batch)
+                with self.step_precision():  # the forward and loss only; backward outside
+                    loss = self.loss(self.model, batch)
                 (loss if len(parts) == 1 else loss * weight).backward()
             loss_value += float(loss.detach()) * weight
             if local_noise and i == 0:
