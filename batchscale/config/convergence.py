@@ -175,8 +175,9 @@ class ConvergenceConfig(_Strict):
     """A loss above this multiple of the first loss (or non-finite) marks the trial diverged."""
     gns_every_steps: PositiveInt = 10
     """Update the gradient-noise-scale estimate every this many steps. A measured step costs
-    more (on one process it splits the batch in two; under DDP it all-reduces by hand): every
-    step cost ~30 % of samples/s on the digits MLP, every 10th ~5-9 %
+    more (on one process it splits the batch in two; under DDP it all-reduces by hand): about
+    300 µs per measured step on the digits MLP, so every step cost ~30 % of samples/s at its
+    0.7 ms step and every 10th ~4-11 %, while at a 23 ms step no cost was measurable
     (benchmarks/bench_convergence.py)."""
     checkpoint_every_steps: PositiveInt = 200
     """Write an atomic checkpoint every this many steps (resume after a restart)."""
