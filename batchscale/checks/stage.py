@@ -73,6 +73,7 @@ def validate_sweep(config_json: str, sweep_path: str, json_path: str, html_path:
     # With `batch_sizes: auto` the search picks the batches: there is no list to check against.
     ctx = {} if cfg.sweep.batch_sizes == "auto" else {"batch_sizes": list(cfg.sweep.batch_sizes)}
     ctx["max_unstable_share"] = cfg.sweep.max_unstable_share
+    ctx["unstable_fails"] = cfg.sweep.unstable_fails
     check_tables([("sweep", "sweep", table, ctx)], json_path, html_path)
 
 

@@ -97,6 +97,7 @@ CONTEXT_TYPES: dict[str, Callable[[str, str, Any], None]] = {
     "curves": _arrow_table,
     "shard_checksums": _str_dict,
     "max_unstable_share": _share,
+    "unstable_fails": _bool,
     "dense_targets": _bool,
 }
 
@@ -138,7 +139,8 @@ def _config_default(model: type, field: str) -> Callable[[pd.DataFrame], Any]:
     return lambda df: model.model_fields[field].default
 
 
-CONFIG_DEFAULT_PARAMETERS = {"max_unstable_share": (SweepConfig, "max_unstable_share")}
+CONFIG_DEFAULT_PARAMETERS = {"max_unstable_share": (SweepConfig, "max_unstable_share"),
+                             "unstable_fails": (SweepConfig, "unstable_fails")}
 """Parameters that are settings: without context (`batchscale validate` on a file), the
 config's default applies."""
 PARAMETER_DEFAULTS: dict[str, Callable[[pd.DataFrame], Any]] = {
