@@ -107,8 +107,24 @@ def test_wrong_credentials_are_refused(object_store: ObjectStore) -> None:
 
 def test_missing_bucket_is_named(object_store: ObjectStore) -> None:
     settings = dataclasses.replace(object_store.settings, bucket="no-such-bucket")
-    with pytest.raises(StoreError, match="bucket 'no-such-bucket' does not exist"):
+    with pytest.raises(StoreError, match="bucket 'no-such-bucket' does not exist") as info:
         ObjectStore(settings, max_attempts=1).check()
+    assert "not an S3 server" not in str(info.value)  # SeaweedFS marks its 404 as S3's
+
+
+def test_a_bare_404_says_it_may_not_be_an_s3_server(httpserver) -> None:
+    """A web server that answers every request with an empty 404 (no S3 header): the missing
+    bucket is one reading, the wrong endpoint the other, and the message gives both."""
+    from werkzeug import Response
+
+    bare = Response(status=404)
+    del bare.headers["Content-Type"]  # no body, no type: nothing says what answered
+    httpserver.expect_request("/batchscale").respond_with_response(bare)
+    endpoint = httpserver.url_for("/").rstrip("/")
+    store = ObjectStore(S3Settings(endpoint, "batchscale", "p", "id", "secret"), max_attempts=1)
+    with pytest.raises(StoreError, match="does not exist at S3 endpoint .*, or it is not an S3 "
+                                         r"server: it answered HTTP 404 with no S3 header"):
+        store.check()
 
 
 def test_unreachable_endpoint_fails_fast_naming_it() -> None:

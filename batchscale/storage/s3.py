@@ -171,9 +171,8 @@ class ObjectStore:
                 if _code(exc) not in _MISSING_KEY_CODES | _MISSING_BUCKET_CODES:
                     raise
                 if not create_bucket:
-                    raise StoreError(
-                        f"bucket {bucket!r} does not exist at S3 endpoint {self.endpoint}"
-                    ) from None
+                    raise self._error(f"bucket {bucket!r} does not exist at S3 endpoint "
+                                      f"{self.endpoint}{_unmarked(exc)}") from None
                 self._preflight.create_bucket(Bucket=bucket)
 
     def put_bytes(self, key: str, data: bytes) -> bool:
@@ -363,6 +362,18 @@ def _refuse_non_s3_errors(response_dict: dict, **_: Any) -> None:
     uploader's choice, and some S3 servers send no x-amz-* header with an object)."""
     if response_dict["status_code"] >= 300:
         _refuse_non_s3(response_dict)
+
+
+def _unmarked(exc: Any) -> str:
+    """What a 'not found' without any S3 header may also mean (a bare 404 from another web
+    server looks like a missing bucket to an S3 client)."""
+    headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    if any(name.lower().startswith("x-amz-") for name in headers):
+        return ""
+    return (f", or it is not an S3 server: it answered HTTP "
+            f"{exc.response.get('ResponseMetadata', {}).get('HTTPStatusCode', '?')} with no S3 "
+            "header (x-amz-request-id); check BATCHSCALE_S3_ENDPOINT (SeaweedFS 8333, MinIO "
+            "9000; unset for AWS)")
 
 
 def _code(exc: Any) -> str:
