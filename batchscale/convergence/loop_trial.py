@@ -43,7 +43,7 @@ class LoopTrial:
                  on_report: Callable[[dict], str | None]):
         from batchscale.convergence.schedule import LrSchedule
 
-        self._spec, self._d, self._on_report = spec, d, on_report
+        self._on_report = on_report
         self.trial_id: str = trial.trial_id
         self.batch_size: int = trial.batch_size
         """The global batch: every rank's batch together (x accumulation, if you accumulate)."""
@@ -65,7 +65,6 @@ class LoopTrial:
         self._eval_s = 0.0
         self._start = time.perf_counter()
         self._status: str | None = None
-        self.reports = 0
 
     # -- what the loop asks ------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
@@ -118,7 +117,6 @@ class LoopTrial:
                "train_time_s": time.perf_counter() - self._start - self._eval_s,
                "metrics": {k: _number(k, v) for k, v in dict(metrics).items()},
                "b_simple": self._noise.noise.b_simple if self._noise else None}
-        self.reports += 1
         self._status = self._on_report(row)
 
     def should_stop(self) -> bool:
