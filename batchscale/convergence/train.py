@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -482,5 +483,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """End a rank without interpreter teardown, once its results are durable: native threads
+    (gloo's, pyarrow's pools) have aborted in their static destructors at exit (std::terminate,
+    SIGABRT; seen once in CI after a resumed trial had written everything), which torchrun
+    reports as a failed group."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
