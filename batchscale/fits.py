@@ -243,10 +243,17 @@ def largest_fitting_batch(sweep: pd.DataFrame) -> tuple[float, str]:
         return math.nan, "memory not measured: no batch size ran"
     if oom.size == 0:
         return math.inf, f"no batch ran out of memory up to batch {int(np.nanmax(ok))}"
-    fits = ok[ok < np.nanmin(oom)]
+    smallest_oom = int(np.nanmin(oom))
+    fits = ok[ok < smallest_oom]
+    larger_ok = sorted({int(b) for b in ok[ok > smallest_oom]})
     if fits.size == 0:
-        return math.nan, f"batch {int(np.nanmin(oom))} ran out of memory and no smaller batch ran"
-    return float(np.max(fits)), f"batch {int(np.nanmin(oom))} ran out of memory"
+        return math.nan, f"batch {smallest_oom} ran out of memory and no smaller batch ran"
+    reason = f"batch {smallest_oom} ran out of memory"
+    if larger_ok:  # the conservative answer stays, and the table it contradicts is named
+        reason += (f", although {', '.join(map(str, larger_ok))} fit: peak memory is not "
+                   "monotone in the batch size here (a kernel's workspace can peak at one "
+                   "size), so a batch above this one fits only some of the time")
+    return float(np.max(fits)), reason
 
 
 def mfu_text(mfu: float | None) -> str:

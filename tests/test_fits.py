@@ -63,6 +63,16 @@ def test_largest_fitting_batch_is_below_the_smallest_oom():
     assert math.isnan(largest_fitting_batch(pd.DataFrame())[0])
 
 
+def test_an_oom_below_batches_that_fit_is_named_not_hidden():
+    """A kernel's workspace can peak at one batch size (seen: batch 64 above 128 on CPU)."""
+    sweep = pd.DataFrame([sweep_row(b, 0.01) for b in (16, 32, 128, 192)]
+                         + [sweep_row(b, None, status="oom") for b in (64, 256)])
+    wall, reason = largest_fitting_batch(sweep)
+    assert wall == 32.0
+    assert reason.startswith("batch 64 ran out of memory, although 128, 192 fit: peak memory "
+                             "is not monotone in the batch size")
+
+
 def test_saturation_default_is_the_configs():
     assert DEFAULT_SATURATION_TOLERANCE == AnalysisConfig().saturation_tolerance
 

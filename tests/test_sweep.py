@@ -193,6 +193,13 @@ def test_auto_search_finds_the_wall_records_oom_and_recovers(tmp_path):
     summary = summarize(rows)
     wall = summary["largest_fitting_batch"]
     assert math.isfinite(wall) and wall >= 2
+    fit = [r["batch_size"] for r in rows if r["status"] == "ok"]
+    if max(fit) > min(r["batch_size"] for r in rows if r["status"] == "oom"):
+        # Peak memory is not monotone here (seen: batch 64 peaked above 128, and over the cap
+        # in 1 run of 6): the summary says so, and the model is held to the largest batch
+        # that ran rather than the conservative wall below the first oom.
+        assert "not monotone in the batch size" in summary["largest_fitting_reason"]
+        wall = max(fit)
     assert summary["predicted_largest_batch"] == pytest.approx(wall, rel=0.5)
 
 
