@@ -48,7 +48,7 @@ ERROR_BODY_CHARS = 500
 PREFLIGHT_TIMEOUT_S = (5, 10)
 """(connect, read) seconds of the connection check, KFP's healthz, made once with at most one
 retry of the connection and none of the read: a silent host fails it within 10 s, one that does
-not accept the connection within 2 × 5 s. Stated in the README ("Submit a run")."""
+not accept the connection within 2 × 5 s. Stated in docs/kubeflow.md ("Submit a run")."""
 CONNECT_ATTEMPTS = 2
 REQUEST_TIMEOUT_S = (10, 120)
 """(connect, read) seconds of every other request: creating a run uploads the whole pipeline

@@ -32,7 +32,7 @@ CLASSIFIERS = ("resnet18", "resnet50", "mobilenet_v3_small", "vit_b_16")
 DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_resnet50_fpn")
 SEGMENTERS = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "fcn_resnet50")
 LANGUAGE_MODELS = ("byte-transformer", "byte-lstm")
-# The digits MLP at other hidden widths: a model-size axis for studies (README "Studies").
+# The digits MLP at other hidden widths: a model-size axis for studies (docs/studies.md).
 DIGITS_MLP_WIDTHS = {"digits-mlp-narrow": 32, "digits-mlp": 128, "digits-mlp-wide": 512}
 WORKLOAD_NAMES = (*DIGITS_MLP_WIDTHS, "digits-cnn", *CLASSIFIERS, *DETECTORS, *SEGMENTERS,
                   *LANGUAGE_MODELS)

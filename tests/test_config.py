@@ -467,6 +467,6 @@ def test_compile_takes_the_largest_allowed_numbers(tmp_path):
 @pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "batchscale" / "configs")
                                         .glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_config_is_valid(path):
-    """The configs the README points to (`make local-run CONFIG=…`) load as they are."""
+    """The configs the docs point to (`make local-run CONFIG=…`) load as they are."""
     cfg = load_config(path)
     assert cfg.name and cfg.convergence.fan_out(one_batch_size_per_cell=False)

@@ -1,4 +1,5 @@
-"""The README documents every command and every config key as the code has them."""
+"""The docs (README.md and the pages in docs/) document every command, flag and config key as the
+code has them; every relative link between them points at a file that exists."""
 
 import argparse
 import re
@@ -7,7 +8,11 @@ from pathlib import Path
 from batchscale.cli import build_parser
 from batchscale.config import reference_markdown
 
-README = (Path(__file__).parent.parent / "README.md").read_text()
+ROOT = Path(__file__).parent.parent
+README = (ROOT / "README.md").read_text()
+PAGES = {path: path.read_text()
+         for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+DOCS = "\n".join(PAGES.values())
 
 
 def test_readme_gives_the_two_setup_commands():
@@ -15,8 +20,9 @@ def test_readme_gives_the_two_setup_commands():
 
 
 def test_config_reference_is_current():
-    """Regenerate with `batchscale config reference` when a config field changes."""
-    assert reference_markdown().strip() in README
+    """Regenerate docs/config.md's table with `batchscale config reference` when a config field
+    changes."""
+    assert reference_markdown().strip() in (ROOT / "docs" / "config.md").read_text()
 
 
 def _commands() -> argparse.Action:
@@ -25,7 +31,7 @@ def _commands() -> argparse.Action:
 
 def test_every_command_is_documented():
     for name in _commands().choices:
-        assert f"batchscale {name}" in README, name
+        assert f"batchscale {name}" in DOCS, name
 
 
 def test_every_command_and_argument_has_help():
@@ -36,12 +42,25 @@ def test_every_command_and_argument_has_help():
             assert action.help, (name, action.option_strings or action.dest)
 
 
-def test_every_flag_is_in_the_readme():
-    """Each flag that `batchscale <cmd> --help` lists appears in the README."""
+def test_every_flag_is_documented():
+    """Each flag that `batchscale <cmd> --help` lists appears in the docs."""
     for name, parser in _commands().choices.items():
         for action in parser._actions:
             if action.help == argparse.SUPPRESS:
                 continue  # an old spelling, listed in the README's table of renamed flags
             for flag in action.option_strings:
                 if flag.startswith("--") and flag != "--help":
-                    assert re.search(rf"[`\s\[]{flag}\b(?!-)", README), (name, flag)
+                    assert re.search(rf"[`\s\[]{flag}\b(?!-)", DOCS), (name, flag)
+
+
+def test_the_readme_is_a_short_front_page():
+    """What it is, the two commands, a tour of one answer; topics live in docs/."""
+    assert len(README.splitlines()) <= 250
+
+
+def test_relative_links_point_at_files_that_exist():
+    for page, text in PAGES.items():
+        for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", text):
+            if not target.startswith(("http://", "https://", "mailto:")):
+                assert (page.parent / target).exists(), (page.name, target)
+

@@ -15,7 +15,7 @@ STATE_DIR = Path(".batchscale")
 
 CONFIG_HELP = "experiment YAML (default: the embedded digits config, `batchscale config show`)"
 CONFIG_FLAGS_NOTE = ("Flags named after a config field (--time-budget-s for sweep.time_budget_s) "
-                     "replace that field's value in --config; see the README's Config reference.")
+                     "replace that field's value in --config; see docs/config.md.")
 
 
 def new_run_id() -> str:

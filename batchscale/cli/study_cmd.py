@@ -20,7 +20,7 @@ def cmd_study(args) -> int:
     cfg = config_from_args(args)
     if not cfg.study.is_study:
         raise BadInput("the config has no study.axes: a study needs at least one axis (see "
-                       "README, \"Studies\"); `batchscale run` runs a single experiment")
+                       "docs/studies.md); `batchscale run` runs a single experiment")
     return run_study(cfg, given_run_id(args))
 
 

@@ -411,7 +411,7 @@ def section_models() -> dict[str, type[BaseModel]]:
 
 
 def reference_markdown() -> str:
-    """The config reference (README "Config reference"), generated from the models' docs."""
+    """The config reference (docs/config.md), generated from the models' docs."""
     sections = section_models()
     lines = []
     for title, model in [("(top level)", ExperimentConfig), *sections.items()]:

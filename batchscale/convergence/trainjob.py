@@ -16,7 +16,7 @@ here is bounded so that all of it fits inside the pod's deadline (WaitLimits).
 Needs Kubeflow Trainer >= v2.2 (runtimePatches, activeDeadlineSeconds); the job is created with
 `fieldValidation=Strict`, so an older Trainer's API server refuses it (instead of silently
 dropping those fields) and the step says which version it needs. The pipeline's service
-account needs the RBAC in manifests/ (README, "Run on Kubeflow").
+account needs the RBAC in manifests/ (docs/kubeflow.md).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ class Waits:
 PREFLIGHT_WAITS = Waits(connect_s=5.0, read_s=10.0, attempts=2)
 """The connection check before any work (`ObjectStore.check`): an endpoint that accepts the
 connection but never answers fails it within 2 × 10 s (plus < 1 s of backoff), one that does not
-accept it within 2 × 5 s. Stated in the README ("Object storage")."""
+accept it within 2 × 5 s. Stated in docs/lake.md ("Object storage")."""
 TRANSFER_WAITS = Waits(connect_s=5.0, read_s=60.0, attempts=6)
 """Uploads and reads once the endpoint has answered: large objects and a busy store get time."""
 
