@@ -52,6 +52,27 @@ def sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGINT are held and take effect (through the handlers in
+    place before) when it ends. For steps that must not be cut midway: a process start stopped
+    between the fork and the message that tells the child what to run leaves a child that reads
+    half a message and prints a traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """Ask the kernel to send `sig` to this process when its parent dies (Linux
     PR_SET_PDEATHSIG; elsewhere nothing). Safe in a `preexec_fn` (no allocation of Python

@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from batchscale.stopping import Terminated, sigterm_raises, signals_held
 from helpers import BATCHSCALE, cli_env
 
 TESTS_DIR = Path(__file__).parent
@@ -127,3 +128,16 @@ def test_sigterm_stops_a_sweep_keeping_its_rows_and_its_trial_processes(tmp_path
     rows = pq.read_table(out).to_pylist()
     assert 1 <= len(rows) < 12 and all(r["status"] == "ok" for r in rows)
     assert os.path.getsize(out) > 0
+
+
+def test_a_signal_during_a_held_step_takes_effect_when_the_step_ends():
+    """SIGTERM inside `signals_held` (as around a trial process's start) does not cut the step:
+    it is raised as Terminated right after, through the handler that was in place."""
+    finished = []
+    with pytest.raises(Terminated), sigterm_raises():
+        with signals_held():
+            signal.raise_signal(signal.SIGTERM)
+            finished.append("step")
+        finished.append("after")
+    assert finished == ["step"]
+    assert signal.getsignal(signal.SIGTERM) is not None

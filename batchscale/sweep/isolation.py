@@ -22,6 +22,7 @@ import signal
 from multiprocessing.connection import Connection
 
 from batchscale.schemas import TrialStatus
+from batchscale.stopping import signals_held
 from batchscale.sweep.trial import (
     TrialResult,
     TrialSpec,
@@ -60,14 +61,17 @@ def run_isolated(spec: TrialSpec, preload: tuple[str, ...] = ()) -> TrialResult:
     receiver, sender = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=trial_process_main, args=(spec, sender), daemon=True,
                        name=f"trial-{spec.input_mode}-{spec.batch_size}")
-    proc.start()
-    sender.close()
     try:
+        with signals_held():
+            proc.start()
+        sender.close()
         return _await(proc, receiver, spec)
     finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join()
+        sender.close()
+        if proc.pid is not None:  # started (a signal held over the start ends the trial here)
+            if proc.is_alive():
+                proc.kill()
+            proc.join()
         receiver.close()
 
 
