@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import math
 import os
 import re
@@ -157,11 +158,72 @@ def whole_number(text: str) -> int:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's parser, with credentials in URLs redacted from its error messages (they
-    quote the arguments)."""
+    """argparse's parser with the command-line conventions: no abbreviated flags (`--batch-size`
+    is not taken for `--batch-sizes`), an unknown flag named first, by the command it was given
+    to, with that command's usage and the nearest flag, and credentials in URLs redacted from
+    error messages (they quote the arguments). Sub-commands get the same class."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self._given: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._command_parser(parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
 
     def error(self, message: str):
+        # argparse checks required flags before it reports unknown ones: a misspelt flag
+        # would read as a missing one.
+        unknown = self._unknown_flags()
+        if unknown and not message.startswith("unrecognized arguments"):
+            message = f"unrecognized arguments: {' '.join(unknown)}"
+        if message.startswith("unrecognized arguments"):
+            message += self._nearest_hint(unknown)
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            nearest = difflib.get_close_matches(choice[1], re.findall(r"'([^']*)'", choice[2]),
+                                                n=1, cutoff=0.6)
+            message += f"; did you mean {nearest[0]}?" if nearest else ""
         super().error(redact_url(message))
+
+    def _command_parser(self, parsed) -> argparse.ArgumentParser:
+        """The parser of the sub-command that was given (itself when there is none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                command = getattr(parsed, action.dest, None)
+                if command in action.choices:
+                    return action.choices[command]._command_parser(parsed)
+        return self
+
+    def _flags(self, visible_only: bool = False) -> list[str]:
+        return [flag for action in self._actions for flag in action.option_strings
+                if not (visible_only and action.help is argparse.SUPPRESS)]
+
+    def _unknown_flags(self) -> list[str]:
+        """Flags given to this parser that it does not have (sub-commands excluded: a
+        sub-command's parser checks its own)."""
+        if any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            given = self._given[:next((i for i, word in enumerate(self._given)
+                                       if not word.startswith("-")), len(self._given))]
+        else:
+            given = self._given
+        known = set(self._flags())
+        return [word for word in given if re.match(r"^--?[A-Za-z]", word)
+                and word.split("=")[0] not in known]
+
+    def _nearest_hint(self, unknown: list[str]) -> str:
+        nearest = difflib.get_close_matches(unknown[0].split("=")[0], self._flags(True), n=1,
+                                            cutoff=0.6) if unknown else []
+        if nearest:
+            return f"; did you mean {nearest[0]}?"
+        return f"; `{self.prog} --help` lists its flags"
 
 
 class _FieldFlag(argparse.Action):

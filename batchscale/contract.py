@@ -45,8 +45,8 @@ class Workload:
     `__getitem__`, e.g. a `torch.utils.data.Dataset`). Items are read by index, a global batch
     at a time, so the dataset may load lazily from disk; nothing holds the whole split."""
     val_data: Callable[[], Sequence] | None = None
-    """The validation split, like `train_data`; the validation metrics are computed on it
-    (all of it, or `convergence.val_max_rows` of it)."""
+    """The validation split, like `train_data`; the validation metrics are computed on all
+    of it at every evaluation."""
     collate: Callable[[list], Batch] | None = None
     """Turns a list of dataset items into a batch (on the CPU); default
     `torch.utils.data.default_collate` (tuples of tensors stacked per position). Data

@@ -277,7 +277,11 @@ def _user_attribute(spec: str) -> object:
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise BadInput(f"workload {spec!r}: cannot import module {module_name!r}: {err}") from None
+        raise BadInput(f"workload {spec!r}: cannot import module {module_name!r}: {err}. "
+                       f"It is looked for in the current directory ({os.getcwd()}), then in "
+                       f"PYTHONPATH ({os.environ.get('PYTHONPATH') or 'not set'}), then in the "
+                       "installed packages: run from the directory that holds it, or add that "
+                       "directory to PYTHONPATH") from None
     except Exception as err:  # the module's own top-level code failed: it is the user's code
         raise BadInput(f"workload {spec!r}: importing module {module_name!r} failed: "
                        f"{type(err).__name__}: {err}") from None

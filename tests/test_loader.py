@@ -3,6 +3,8 @@ shards that no longer match their manifest."""
 
 from __future__ import annotations
 
+import re
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +44,7 @@ def upload(store: ObjectStore, local: Path, prefix: str) -> None:
 
 
 def test_split_tensors_hold_the_source_rows(digits_dir):
-    x, y = load_split(digits_dir, "train")
+    x, y, _ = load_split(digits_dir, "train")
     raw = digits()
     idx = split_indices(len(raw.labels), 0.2, 0)["train"]
     assert (x.dtype, y.dtype) == (torch.float32, torch.int64)
@@ -51,8 +53,8 @@ def test_split_tensors_hold_the_source_rows(digits_dir):
 
 
 def test_input_shape_reshapes_without_copying_rows(digits_dir):
-    x, _ = load_split(digits_dir, "val", input_shape=(1, 8, 8))
-    flat, _ = load_split(digits_dir, "val")
+    x, _, _ = load_split(digits_dir, "val", input_shape=(1, 8, 8))
+    flat, _, _ = load_split(digits_dir, "val")
     assert x.shape == (len(flat), 1, 8, 8)
     assert torch.equal(x.reshape(len(x), -1), flat)
     with pytest.raises(BadInput, match=r"examples of shape \[64\] cannot feed a model taking"):
@@ -60,7 +62,7 @@ def test_input_shape_reshapes_without_copying_rows(digits_dir):
 
 
 def test_a_split_of_several_shards_is_read_whole_in_manifest_order(sharded_dir):
-    x, y = load_split(sharded_dir, "train")
+    x, y, _ = load_split(sharded_dir, "train")
     shards = [pq.read_table(sharded_dir / f"train-{i:05d}.parquet") for i in range(5)]
     assert [t.num_rows for t in shards] == [1000, 1000, 1000, 1000, 200]
     expected_y = np.concatenate([t.column("label").to_numpy() for t in shards])
@@ -68,6 +70,36 @@ def test_a_split_of_several_shards_is_read_whole_in_manifest_order(sharded_dir):
                                  for t in shards])
     assert torch.equal(y, torch.from_numpy(expected_y))
     assert torch.equal(x, torch.from_numpy(expected_x))
+
+
+def resident_bytes(tensor: torch.Tensor) -> int:
+    """Resident bytes of the memory mapping that holds `tensor` (from /proc/self/smaps)."""
+    address, rss = tensor.data_ptr(), None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            start, end = (int(v, 16) for v in line.split()[0].split("-"))
+            inside = start <= address < end
+        elif inside and line.startswith("Rss:"):
+            rss = int(line.split()[1]) * 1024
+    assert rss is not None, "the tensor is not in a mapping of its own"
+    return rss
+
+
+def test_a_split_maps_an_unnamed_file_whose_pages_leave_memory_on_release(sharded_dir,
+                                                                           tmp_path,
+                                                                           monkeypatch):
+    """Features live in a temporary file with no name (nothing to clean up, even after
+    SIGKILL); only the rows read are resident, and `release` drops them without losing data."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    x, _, pages = load_split(sharded_dir, "train")
+    assert list(tmp_path.iterdir()) == []
+    expected = x.sum().item()
+    assert resident_bytes(x) >= x.numel() * 4
+    pages.release()
+    assert resident_bytes(x) == 0
+    x[:100].sum()
+    assert 0 < resident_bytes(x) < x.numel() * 4
+    assert x.sum().item() == expected
 
 
 def test_reads_from_s3_by_store_and_by_uri(digits_dir, object_store: ObjectStore, monkeypatch):
@@ -78,7 +110,7 @@ def test_reads_from_s3_by_store_and_by_uri(digits_dir, object_store: ObjectStore
         monkeypatch.setenv(key, value)
     uri = f"s3://{object_store.settings.bucket}/{object_store.key('prepared')}"
     by_uri = load_split(uri, "train")
-    for x, y in (by_store, by_uri):
+    for x, y, _ in (by_store, by_uri):
         assert torch.equal(x, local[0]) and torch.equal(y, local[1])
 
 
@@ -111,10 +143,10 @@ def test_missing_manifest_split_and_shard_are_named(digits_dir, tmp_path):
 def test_loader_output_trains_like_the_source(digits_dir):
     """Labels and features stay paired: a linear probe fitted on the loaded tensors separates
     the classes as on scikit-learn's arrays (a misaligned load would score near chance)."""
-    x, y = load_split(digits_dir, "train")
+    x, y, _ = load_split(digits_dir, "train")
     w = torch.linalg.lstsq(torch.cat([x, torch.ones(len(x), 1)], 1),
                            torch.nn.functional.one_hot(y, 10).float()).solution
-    vx, vy = load_split(digits_dir, "val")
+    vx, vy, _ = load_split(digits_dir, "val")
     accuracy = (torch.cat([vx, torch.ones(len(vx), 1)], 1) @ w).argmax(1).eq(vy).float().mean()
     assert accuracy > 0.85
     assert np.isclose(float(x.max()), 1.0) and float(x.min()) == 0.0

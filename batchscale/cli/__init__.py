@@ -16,6 +16,7 @@ benchmarks/bench_regressions.py; the commands read them from `common`, so patch 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 
@@ -259,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         with sigterm_raises():  # SIGTERM (timeout, systemd, a pod deletion) stops like Ctrl-C
-            return args.func(args)
+            code = args.func(args)
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+            return code
     except BatchscaleError as err:
         print(f"batchscale: error: {redact_url(str(err))}", file=sys.stderr)
         return err.exit_code
@@ -269,7 +272,17 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         print("batchscale: stopped by SIGTERM; results written so far are kept", file=sys.stderr)
         return EXIT_SIGTERM
+    except BrokenPipeError:  # stdout closed early (`batchscale ... | head`): a normal end
+        _silence_stdout()
+        return 0
     except Exception:
         print(redact_url(traceback.format_exc()), file=sys.stderr, end="")
         return 1
 
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what the closed pipe did
+    not take raises nothing at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

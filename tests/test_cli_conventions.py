@@ -1,0 +1,71 @@
+"""Command-line conventions: no abbreviated flags, an unknown flag or command answered with the
+nearest one and the usage of the command it was given to, a closed stdout ending quietly, and an
+unimportable workload module named with where it was looked for."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from batchscale.cli import build_parser, main
+from helpers import BATCHSCALE, cli_env
+
+
+def parse_error(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args(argv)
+    assert stop.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_an_abbreviated_flag_is_refused_with_the_full_one_suggested(capsys):
+    err = parse_error(["converge", "--batch-size", "4", "--out", "x"], capsys)
+    assert "batchscale converge: error: unrecognized arguments: --batch-size 4; did you mean " \
+           "--batch-sizes?" in err
+    assert err.startswith("usage: batchscale converge")
+
+
+def test_a_misspelt_flag_is_named_before_a_missing_required_one(capsys):
+    """`--out` is required too: the misspelling is what the user needs to hear first."""
+    err = parse_error(["sweep", "--batch-szes", "4"], capsys)
+    assert "unrecognized arguments: --batch-szes; did you mean --batch-sizes?" in err
+    assert "required" not in err and err.startswith("usage: batchscale sweep")
+
+
+def test_a_flag_with_no_near_neighbour_points_at_the_commands_help(capsys):
+    err = parse_error(["sweep", "--out", "x", "--zzz"], capsys)
+    assert "unrecognized arguments: --zzz; `batchscale sweep --help` lists its flags" in err
+    err = parse_error(["--verbose"], capsys)
+    assert "unrecognized arguments: --verbose; `batchscale --help` lists its flags" in err
+
+
+def test_a_misspelt_command_gets_the_nearest_one(capsys):
+    assert "did you mean sweep?" in parse_error(["swep"], capsys)
+
+
+def test_values_that_look_like_numbers_are_not_taken_for_flags(capsys):
+    err = parse_error(["sweep", "--batch-sizes", "-3", "--out", "x", "--zzz"], capsys)
+    assert "unrecognized arguments: --zzz" in err and "-3" not in err.split("arguments:")[1]
+
+
+def test_a_closed_stdout_ends_quietly_with_exit_0():
+    """`batchscale config reference | head -1`: the reader goes away after one line."""
+    proc = subprocess.Popen(BATCHSCALE + ["config", "reference"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=cli_env(None))
+    proc.stdout.readline()
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, stderr
+    assert stderr == ""
+
+
+def test_an_unimportable_workload_names_where_it_was_looked_for(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", "/nowhere")
+    code = main(["sweep", "--workload", "mypkg.models:build", "--out", str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "cannot import module 'mypkg.models': No module named 'mypkg'" in err
+    assert f"current directory ({tmp_path})" in err and "PYTHONPATH (/nowhere)" in err
+    assert "Traceback" not in err
