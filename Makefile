@@ -9,7 +9,7 @@ CONFIG ?=
 REGISTRY ?= ghcr.io/batchscale
 TAG ?= 0.1.0
 
-.PHONY: venv local-run test test-fast bench compile lint clean images images-check
+.PHONY: venv local-run test test-fast bench docs compile lint clean images images-check
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ test-fast: venv
 
 bench: venv
 	$(PY) -m benchmarks.run $(BENCH)
+
+# The documentation site (mkdocs.yml) into .site/; a broken link or anchor fails the build.
+docs: venv
+	$(VENV)/bin/mkdocs build --strict
 
 compile: venv
 	BATCHSCALE_IMAGE=$(REGISTRY)/batchscale-cpu:$(TAG) \

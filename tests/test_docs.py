@@ -1,8 +1,11 @@
-"""The docs (README.md and the pages in docs/) document every command, flag and config key as the
-code has them; every relative link between them points at a file that exists."""
+"""The docs (README.md and the pages in docs/, built as a site by MkDocs) document every command,
+flag and config key as the code has them; every relative link between them points at a file
+that exists, and the site builds with no broken link or anchor."""
 
 import argparse
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from batchscale.cli import build_parser
@@ -64,3 +67,19 @@ def test_relative_links_point_at_files_that_exist():
             if not target.startswith(("http://", "https://", "mailto:")):
                 assert (page.parent / target).exists(), (page.name, target)
 
+
+
+def test_the_docs_site_builds_strictly(tmp_path):
+    """`mkdocs build --strict` over docs/ (mkdocs.yml): a link to a missing page or anchor, or
+    a page left out of the navigation, fails the build."""
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "site" / "your-model" / "index.html").exists()
+
+
+def test_every_page_is_in_the_site_navigation():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert f": {page.name}" in nav, f"{page.name} is not in mkdocs.yml's nav"
