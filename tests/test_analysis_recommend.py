@@ -59,6 +59,27 @@ def test_recommend_picks_the_obvious_answer():
     assert "1.44 s" in choice.batch_reason and "≈ 80" in choice.batch_reason
     assert "linear 120, sqrt 200" in choice.lr_rule_reason
     assert "only 1 worker" in choice.workers_reason
+    assert choice.learning_rate == 0.1
+    assert choice.learning_rate_reason == "what the linear rule gave at batch 64 in 1 reached run"
+
+
+def test_the_learning_rate_is_the_one_the_chosen_cell_ran_with():
+    """A rule's LR at the chosen batch, not its base LR; the grid's best LR there; none where
+    the runs record none (a table a user brought without an lr column)."""
+    runs = pd.DataFrame([run_row(16, "linear", 0.025, 0, 400), run_row(64, "linear", 0.1, 0, 120),
+                         run_row(64, "linear", 0.1, 1, 124),
+                         run_row(64, "linear", 0.1, 2, 500, status="not_reached")])
+    choice = recommend(obvious_table(), runs)
+    assert (choice.learning_rate, choice.learning_rate_reason) == (
+        0.1, "what the linear rule gave at batch 64 in all 2 reached runs")
+    grid = obvious_table().assign(lr_rule="grid").drop_duplicates("batch_size")
+    tried = pd.DataFrame([run_row(64, "grid", lr, 0, steps)
+                          for lr, steps in ((0.05, 150), (0.2, 120), (0.8, 300))])
+    choice = recommend(grid, tried)
+    assert choice.learning_rate == 0.2 and "among 3 tried" in choice.learning_rate_reason
+    no_lr = recommend(obvious_table(), runs.drop(columns="lr"))
+    assert no_lr.learning_rate is None
+    assert no_lr.learning_rate_reason == "the runs do not record their learning rate"
 
 
 @pytest.mark.parametrize(("time_with_two", "expected"), [(0.5, 2), (3.0, 1)])

@@ -20,8 +20,14 @@ def rebuilt_page(store, tmp_path, run_id: str, parallel_batches) -> str:
         files[name] = tmp_path / f"{run_id}-{name}.parquet"
         write_table_atomic(files[name], table)
     publish_run(store, run_id, files, extra=MANIFEST)
-    rebuild_report(store, run_id, tmp_path / f"{run_id}.html")
-    return (tmp_path / f"{run_id}.html").read_text()
+    lines = rebuild_report(store, run_id, tmp_path / f"{run_id}.html")
+    page = (tmp_path / f"{run_id}.html").read_text()
+    # The terminal's summary opens with the recommendation the report's box gives.
+    at = lines.index("recommendation:")
+    assert [line.split(":")[0] for line in lines[at + 1:at + 6]] == [
+        "  For the target val_accuracy >= 0.9 — marked primary in the config.",
+        "  Batch size", "  LR rule", "  Learning rate", "  Workers"]
+    return page
 
 
 def test_a_rebuilt_report_has_the_what_if_section(object_store, tmp_path):

@@ -132,6 +132,8 @@ def recommendation_list(
     items = (
         ("Batch size", recommendation.batch_size, recommendation.batch_reason),
         ("LR rule", recommendation.lr_rule, recommendation.lr_rule_reason),
+        ("Learning rate", _lr(recommendation.learning_rate),
+         recommendation.learning_rate_reason),
         ("Workers", recommendation.workers, recommendation.workers_reason),
     )
     return head + "\n".join(
@@ -141,6 +143,11 @@ def recommendation_list(
 
 
 # --------------------------------------------------------------------------- numbers in prose
+
+
+def _lr(value: float | None) -> str | None:
+    """A learning rate as the config would take it back (4 significant digits)."""
+    return None if value is None else f"{value:.4g}"
 
 
 def _num(value: float | int | None) -> str:

@@ -1,4 +1,5 @@
-"""The recommendation: batch size, LR rule and worker count, each with a one-line reason."""
+"""The recommendation: batch size, LR rule, learning rate and worker count, each with a one-line
+reason."""
 
 from __future__ import annotations
 
@@ -64,8 +65,31 @@ def recommend(
     if isinstance(best.get("timing_flag"), str):
         batch_reason += f" — NOT TRUSTED: {best['timing_flag']}"
     workers, workers_reason = worker_choice(runs, (rule, batch))
+    lr, lr_reason = learning_rate(runs, rule, batch)
     return Recommendation(batch, rule, workers, batch_reason, rule_reason,
-                          workers_reason + _starved_note(runs, max_cpu_wait_share))
+                          workers_reason + _starved_note(runs, max_cpu_wait_share), lr, lr_reason)
+
+
+def learning_rate(runs: pd.DataFrame, rule: str, batch: int) -> tuple[float | None, str]:
+    """The learning rate to use with `rule` at `batch`: the one its reached runs there used
+    (the grid rule: the LR of the run with the fewest steps), and why."""
+    if "lr" not in runs.columns or runs.empty:
+        return None, "the runs do not record their learning rate"
+    cell = runs[matches(runs, "lr_rule", rule) & (numeric_column(runs, "batch_size") == batch)
+                & (runs.get("status", pd.Series(RunStatus.REACHED, index=runs.index))
+                   == RunStatus.REACHED)]
+    lrs = numeric_column(cell, "lr")
+    finite = cell[np.isfinite(lrs)]
+    if finite.empty:
+        return None, f"no reached run at batch {batch} with the {rule} rule records its LR"
+    if rule == "grid" or finite["lr"].nunique() > 1:
+        best = finite.sort_values(["steps_to_target", "lr"]).iloc[0]
+        return float(best["lr"]), (f"the learning rate of the fewest steps at batch {batch} "
+                                   f"among {finite['lr'].nunique()} tried")
+    runs_n = len(finite)
+    return float(finite["lr"].iloc[0]), (f"what the {rule} rule gave at batch {batch} in "
+                                         f"{'all ' if runs_n > 1 else ''}{runs_n} reached "
+                                         f"run{'s' if runs_n > 1 else ''}")
 
 
 def _starved_note(runs: pd.DataFrame, max_share: float | None) -> str:

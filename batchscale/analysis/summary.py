@@ -113,6 +113,10 @@ class Recommendation:
     batch_reason: str
     lr_rule_reason: str
     workers_reason: str
+    learning_rate: float | None = None
+    """The learning rate the runs of the chosen rule used at the chosen batch (the rule applied
+    to the config's base LR, or the grid's best), None where the runs do not record one."""
+    learning_rate_reason: str = ""
 
 
 @dataclass(frozen=True)

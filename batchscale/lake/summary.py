@@ -202,8 +202,12 @@ def regression_lines(regressions: pa.Table) -> list[str]:
 
 
 def summary_lines(store: ObjectStore, run_id: str, manifest: dict,
-                  tables: dict[str, pa.Table]) -> list[str]:
+                  tables: dict[str, pa.Table], summary=None) -> list[str]:
+    """The run in a few lines: throughput, S(B) and B_crit, the recommendation (from
+    `summary`, the analysis of these tables, when given), quality, regressions, tables."""
     lines = [f"\nbatchscale run {run_id}"]
+    if summary is not None:
+        lines += recommendation_lines(summary)
     if "sweep" in tables:
         lines += throughput_lines(tables["sweep"])
     if "analysis" in tables:
@@ -220,10 +224,32 @@ def summary_lines(store: ObjectStore, run_id: str, manifest: dict,
     return lines
 
 
+def recommendation_lines(summary) -> list[str]:
+    """The recommendation as the report's box says it, one line per choice with its reason."""
+    from batchscale.analysis.narrative import recommendation_list
+
+    listed = recommendation_list(summary.recommendation, summary.target, summary.target_reason)
+    return ["recommendation:"] + ["  " + line.removeprefix("- ").replace("**", "")
+                                  for line in listed.splitlines()]
+
+
+def analyzed(manifest: dict, tables: dict[str, pa.Table]):
+    """The analysis of a published run's tables, as the pipeline made it."""
+    from batchscale.analysis.analyze import analyze
+
+    frames = {name: tables[name].to_pandas() if name in tables else None
+              for name in ("sweep", "runs", "curves")}
+    return frames, analyze(frames["sweep"], frames["runs"], frames["curves"],
+                           analysis_config(manifest),
+                           primary_target=published_target(tables.get("analysis")),
+                           gap_epochs=manifest.get("gap_epochs"))
+
+
 def print_run_summary(store: ObjectStore, run_id: str, local_dir: Path) -> None:
     """Print the run's summary and save its published report under `local_dir`."""
     manifest, tables = load_run(store, run_id)
-    lines = summary_lines(store, run_id, manifest, tables)
+    summary = analyzed(manifest, tables)[1].summary if "runs" in tables else None
+    lines = summary_lines(store, run_id, manifest, tables, summary)
     report_key = next((o["key"] for o in manifest["objects"]
                        if o["key"].endswith(HTML_SUFFIX)), None)
     if report_key:
@@ -281,17 +307,11 @@ def rebuild_report(store: ObjectStore, run_id: str, out: Path) -> list[str]:
     """Re-run the analysis on the run's published tables and write the HTML report to `out`
     (with the published regression verdicts and the what-if plan, rebuilt from the same
     tables by the pipeline's own code path); returns the summary lines."""
-    from batchscale.analysis.analyze import analyze
     from batchscale.analysis.report import add_regressions, render_html
     from batchscale.lake.regression import regressions_markdown
 
     manifest, tables = load_run(store, run_id)
-    frames = {name: tables[name].to_pandas() if name in tables else None
-              for name in ("sweep", "runs", "curves")}
-    settings = analysis_config(manifest)
-    result = analyze(frames["sweep"], frames["runs"], frames["curves"], settings,
-                     primary_target=published_target(tables.get("analysis")),
-                     gap_epochs=manifest.get("gap_epochs"))
+    frames, result = analyzed(manifest, tables)
     title = f"batchscale: {manifest.get('experiment', manifest.get('workload', 'run'))} ({run_id})"
     plan, plan_missing = _what_if(manifest, frames, result.rows)
     page = render_html(result, frames["sweep"], frames["runs"], frames["curves"], title=title,
@@ -301,5 +321,5 @@ def rebuild_report(store: ObjectStore, run_id: str, out: Path) -> list[str]:
         page = add_regressions(page, regressions_markdown(tables["regressions"].to_pandas()))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)
-    return [*summary_lines(store, run_id, manifest, tables),
+    return [*summary_lines(store, run_id, manifest, tables, result.summary),
             f"report: {out} (rebuilt from the lake)"]
