@@ -247,8 +247,9 @@ def unstable(rows: list[dict], *indices: int) -> list[dict]:
 
 
 def test_more_unstable_rows_than_allowed_fail_the_sweep():
-    """Two of the four timed rows unstable (50 %) with at most 25 % allowed."""
-    ctx = {**context("sweep"), "max_unstable_share": 0.25}
+    """Two of the four timed rows unstable (50 %) with at most 25 % allowed, and
+    `sweep.unstable_fails` on."""
+    ctx = {**context("sweep"), "max_unstable_share": 0.25, "unstable_fails": True}
     message = refused("sweep", table("sweep", unstable(sweep_rows(), 0, 3)),
                       "expect_unstable_share_to_be_at_most(quality)", "2 of 4 unexpected",
                       "synthetic batch 4: rounds disagree by 34% (> 15%)",

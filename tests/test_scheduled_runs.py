@@ -21,12 +21,13 @@ def disturbed_sweep():
 def test_a_scheduled_run_fails_only_on_a_confirmed_regression():
     cfg = scheduled_config(parse_config({}))
     assert cfg.publish.fail_on_regression and not cfg.sweep.unstable_fails
-    assert parse_config({}).sweep.unstable_fails  # an ad-hoc run still stops on it
+    assert not parse_config({}).sweep.unstable_fails  # an ad-hoc run gets its answer too
+    assert parse_config({"sweep": {"unstable_fails": True}}).sweep.unstable_fails
 
 
 def test_a_disturbed_sweep_passes_a_scheduled_runs_validation_with_a_warning():
     ctx = {"batch_sizes": BATCH_SIZES, "max_unstable_share": 0.25}
-    stops = validate_table("sweep", disturbed_sweep(), context=ctx)
+    stops = validate_table("sweep", disturbed_sweep(), context={**ctx, "unstable_fails": True})
     assert not stops.success and "expect_unstable_share_to_be_at_most" in stops.failure_message()
     passes = validate_table("sweep", disturbed_sweep(), context={**ctx, "unstable_fails": False})
     assert passes.success

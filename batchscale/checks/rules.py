@@ -242,7 +242,7 @@ def unstable_share(
     named = [f"{r['input_mode']} batch {r['batch_size']}: {r['quality_reason']}"
              for r in unstable]
     within = share <= limit
-    success = within or not parameters.get("unstable_fails", True)
+    success = within or not parameters.get("unstable_fails", False)
     warnings = []
     if unstable and within:
         warnings.append(f"{len(unstable)} of {len(timed)} timed rows unstable ({share:.0%}, at "
