@@ -92,6 +92,47 @@ def unaccepting_endpoint() -> Iterator[str]:
         sock.close()
 
 
+TRICKLE_EVERY_S = 0.2
+"""The trickling stand-in sends one byte this often: far inside any read timeout."""
+
+
+@pytest.fixture
+def trickling_endpoint() -> Iterator[str]:
+    """http://127.0.0.1:PORT of a server that answers every request with a status line and then
+    a header line one byte at a time, never ending it: each read gets bytes in time, the answer
+    never completes."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=16)
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def trickle(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5)
+            try:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nx-padding: ")
+                while not stop.wait(TRICKLE_EVERY_S):
+                    conn.sendall(b"a")
+            except OSError:
+                return
+
+    def serve() -> None:
+        deadline = time.monotonic() + SERVER_LIFETIME_S
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                conn = listener.accept()[0]
+            except TimeoutError:
+                continue
+            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join(5)
+    listener.close()
+
+
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args) -> None:  # noqa: A002 -- the base class's name
         pass
@@ -157,6 +198,26 @@ def test_an_endpoint_that_never_accepts_fails_the_check_within_the_stated_bound(
     assert f"S3 endpoint {unaccepting_endpoint} did not accept a connection within " \
            f"{PREFLIGHT_WAITS.connect_s:g} s" in str(err.value)
     assert elapsed < margin(S3_UNACCEPTED_BOUND_S)
+
+
+def test_a_trickling_s3_endpoint_is_cut_off_at_the_calls_deadline(trickling_endpoint):
+    """Bytes arrive every 0.2 s, inside the 2 s read timeout, so only the whole call's deadline
+    can end it: the check, a read, a listing and a write each stop within it, naming the
+    endpoint and the bound."""
+    deadline_s = 3.0
+    store = ObjectStore(S3Settings(trickling_endpoint, "batchscale", "p", "id", SECRET),
+                        max_attempts=0, read_timeout_s=2.0, deadline_s=deadline_s)
+    calls = {"check": store.check, "get": lambda: store.get_bytes("k"), "list": store.list,
+             "put": lambda: store.put_bytes("k", b"x")}
+    for name, call in calls.items():
+        started = time.monotonic()
+        with pytest.raises(StoreError) as err:
+            call()
+        elapsed = time.monotonic() - started
+        assert (f"S3 endpoint {trickling_endpoint} did not complete a request within "
+                f"{deadline_s:g} s" in str(err.value)), name
+        assert elapsed < margin(deadline_s), name
+        assert SECRET not in str(err.value)
 
 
 @pytest.mark.parametrize("bucket", ["batchscale", "not-served-here"])

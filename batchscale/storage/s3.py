@@ -4,8 +4,9 @@ Every object write is create-only and checksummed: results are never silently ov
 retried write that already landed counts as success, and the store rejects corrupted uploads.
 boto3 is imported lazily so that CLI commands which never touch S3 do not pay for it.
 Every wait on the endpoint is bounded: short for the connection check before any work
-(PREFLIGHT_WAITS), longer for transfers (TRANSFER_WAITS); an answer that is not from an S3
-server is named as such instead of being parsed as one.
+(PREFLIGHT_WAITS), longer for transfers (TRANSFER_WAITS), and each whole call (every attempt,
+every byte) by a deadline, so a server that trickles its bytes cannot hold a command past it;
+an answer that is not from an S3 server is named as such instead of being parsed as one.
 """
 
 
@@ -15,6 +16,8 @@ import base64
 import contextlib
 import hashlib
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,24 +45,29 @@ DEFAULT_PREFIX = "batchscale"
 
 @dataclass(frozen=True)
 class Waits:
-    """How long a client waits on the endpoint: to connect, for each answer, and how many
-    attempts (the first one included) it makes before giving up."""
+    """How long a client waits on the endpoint: to connect, for each answer, how many
+    attempts (the first one included) it makes before giving up, and for the whole call."""
 
     connect_s: float
     read_s: float
     attempts: int
+    deadline_s: float
+    """The whole call, attempts and bytes: a read timeout only bounds the wait for the next
+    bytes, so an endpoint that trickles them would otherwise hold the call for ever."""
 
     def at_most(self, other: Waits) -> Waits:
         return Waits(min(self.connect_s, other.connect_s), min(self.read_s, other.read_s),
-                     min(self.attempts, other.attempts))
+                     min(self.attempts, other.attempts), min(self.deadline_s, other.deadline_s))
 
 
-PREFLIGHT_WAITS = Waits(connect_s=5.0, read_s=10.0, attempts=2)
+PREFLIGHT_WAITS = Waits(connect_s=5.0, read_s=10.0, attempts=2, deadline_s=25.0)
 """The connection check before any work (`ObjectStore.check`): an endpoint that accepts the
 connection but never answers fails it within 2 × 10 s (plus < 1 s of backoff), one that does not
-accept it within 2 × 5 s. Stated in docs/lake.md ("Object storage")."""
-TRANSFER_WAITS = Waits(connect_s=5.0, read_s=60.0, attempts=6)
-"""Uploads and reads once the endpoint has answered: large objects and a busy store get time."""
+accept it within 2 × 5 s, one that trickles its answer within 25 s. Stated in docs/lake.md
+("Object storage")."""
+TRANSFER_WAITS = Waits(connect_s=5.0, read_s=60.0, attempts=6, deadline_s=600.0)
+"""Uploads and reads once the endpoint has answered: large objects and a busy store get time,
+at most 10 minutes for one call."""
 
 
 @dataclass(frozen=True)
@@ -135,10 +143,11 @@ class ObjectStore:
         max_attempts: int = TRANSFER_WAITS.attempts - 1,
         connect_timeout_s: float = TRANSFER_WAITS.connect_s,
         read_timeout_s: float = TRANSFER_WAITS.read_s,
+        deadline_s: float = TRANSFER_WAITS.deadline_s,
     ) -> None:
         self.settings = settings
         self._max_attempts = max_attempts  # retries after the first attempt, as botocore counts
-        self._waits = Waits(connect_timeout_s, read_timeout_s, max_attempts + 1)
+        self._waits = Waits(connect_timeout_s, read_timeout_s, max_attempts + 1, deadline_s)
         self._preflight_waits = PREFLIGHT_WAITS.at_most(self._waits)
         self._client = _s3_client(settings, self._waits, _refuse_non_s3_errors)
         self._preflight = None  # the check's own client, built on first use
@@ -164,16 +173,17 @@ class ObjectStore:
         if self._preflight is None:
             self._preflight = _s3_client(self.settings, self._preflight_waits, _refuse_non_s3)
         bucket = self.settings.bucket
-        with self._translate(waits=self._preflight_waits):
+        waits = self._preflight_waits
+        with self._translate(waits=waits):
             try:
-                self._preflight.head_bucket(Bucket=bucket)
+                self._bounded(lambda: self._preflight.head_bucket(Bucket=bucket), waits)
             except ClientError as exc:
                 if _code(exc) not in _MISSING_KEY_CODES | _MISSING_BUCKET_CODES:
                     raise
                 if not create_bucket:
                     raise self._error(f"bucket {bucket!r} does not exist at S3 endpoint "
                                       f"{self.endpoint}{_unmarked(exc)}") from None
-                self._preflight.create_bucket(Bucket=bucket)
+                self._bounded(lambda: self._preflight.create_bucket(Bucket=bucket), waits)
 
     def put_bytes(self, key: str, data: bytes) -> bool:
         """Store `data` under `key` unless the key exists; True if this call created it.
@@ -188,8 +198,9 @@ class ObjectStore:
         digest = sha256_b64(data)
         with self._translate(key):
             try:
-                self._client.put_object(Bucket=self.settings.bucket, Key=key, Body=data,
-                                        IfNoneMatch="*", ChecksumSHA256=digest)
+                self._bounded(lambda: self._client.put_object(
+                    Bucket=self.settings.bucket, Key=key, Body=data, IfNoneMatch="*",
+                    ChecksumSHA256=digest))
             except ClientError as exc:
                 if _code(exc) not in ("PreconditionFailed", "412"):
                     raise
@@ -203,8 +214,8 @@ class ObjectStore:
     def get_bytes(self, key: str) -> bytes:
         """The object's bytes; StoreError naming the key if there is none."""
         with self._translate(key):
-            response = self._client.get_object(Bucket=self.settings.bucket, Key=key)
-            return response["Body"].read()
+            return self._bounded(lambda: self._client.get_object(
+                Bucket=self.settings.bucket, Key=key)["Body"].read())
 
     def get_table(self, key: str) -> pa.Table:
         """Read a Parquet object; BadInput if the bytes are not Parquet."""
@@ -217,7 +228,8 @@ class ObjectStore:
         pages = paginator.paginate(Bucket=self.settings.bucket, Prefix=f"{root}/" if root else "",
                                    PaginationConfig={"PageSize": page_size})
         with self._translate():
-            return sorted(obj["Key"] for page in pages for obj in page.get("Contents", []))
+            return self._bounded(lambda: sorted(
+                obj["Key"] for page in pages for obj in page.get("Contents", [])))
 
     def exists(self, key: str) -> bool:
         """Whether an object is stored under `key`."""
@@ -225,7 +237,8 @@ class ObjectStore:
 
         with self._translate(key):
             try:
-                self._client.head_object(Bucket=self.settings.bucket, Key=key)
+                self._bounded(lambda: self._client.head_object(Bucket=self.settings.bucket,
+                                                               Key=key))
             except ClientError as exc:
                 if _code(exc) in _MISSING_KEY_CODES:
                     return False
@@ -235,8 +248,8 @@ class ObjectStore:
     def checksum(self, key: str) -> str | None:
         """The stored SHA-256 (base64) of the object, None if the store kept none."""
         with self._translate(key):
-            head = self._client.head_object(Bucket=self.settings.bucket, Key=key,
-                                            ChecksumMode="ENABLED")
+            head = self._bounded(lambda: self._client.head_object(
+                Bucket=self.settings.bucket, Key=key, ChecksumMode="ENABLED"))
         return head.get("ChecksumSHA256")
 
     def pyarrow_filesystem(self) -> pyarrow.fs.S3FileSystem:
@@ -259,6 +272,30 @@ class ObjectStore:
 
     def _uri(self, key: str) -> str:
         return f"s3://{self.settings.bucket}/{key}"
+
+    def _bounded(self, call: Callable[[], Any], waits: Waits | None = None) -> Any:
+        """`call()` (botocore requests), given at most `waits.deadline_s` in all. It runs in a
+        daemon thread the caller waits for: botocore has no total timeout, and a call past its
+        deadline is left to its own read timeouts (or the process's end), never waited for."""
+        waits = waits or self._waits
+        done: queue.SimpleQueue = queue.SimpleQueue()
+
+        def run() -> None:
+            try:
+                done.put((True, call()))
+            except BaseException as exc:  # re-raised in the caller's thread
+                done.put((False, exc))
+
+        threading.Thread(target=run, daemon=True, name="s3-call").start()
+        try:
+            ok, value = done.get(timeout=waits.deadline_s)
+        except queue.Empty:
+            raise self._error(f"S3 endpoint {self.endpoint} did not complete a request within "
+                              f"{waits.deadline_s:g} s (it answers, but too slowly); check the "
+                              "endpoint and the network to it") from None
+        if ok:
+            return value
+        raise value
 
     @contextlib.contextmanager
     def _translate(self, key: str | None = None, waits: Waits | None = None) -> Iterator[None]:
