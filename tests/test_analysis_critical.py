@@ -14,6 +14,7 @@ from test_analyze import BATCHES, E_MIN, S_MIN, make_runs, make_sweep, run_row
 
 from batchscale.analysis.analyze import analyze
 from batchscale.analysis.critical import (
+    BOOTSTRAP_CONFIDENCE,
     DIMINISHING_RETURNS,
     MAXIMAL_DATA_PARALLELISM,
     PERFECT_SCALING,
@@ -222,11 +223,17 @@ def test_interval_note_for_ends_past_the_measured_batches():
     assert "bottom is cut at 2" in interval_note(runs, "linear", (2.0, 100.0))
 
 
-def test_bootstrap_with_one_seed_is_nan():
+def test_one_seed_per_batch_gets_the_interval_of_the_fits_residuals():
+    """No seeds to resample: Fieller's interval alone, and the note says which kind it is."""
     runs = make_runs(seeds=(0,))
     low, high = bootstrap_critical_batch(runs, "linear", n=20)
-    assert math.isnan(low) and math.isnan(high)
-    assert interval_note(runs, "linear", (low, high)).startswith("one seed per batch size")
+    table = steps_to_result(runs[runs["lr_rule"] == "linear"], by=())
+    batch, steps = table["batch_size"].to_numpy(float), table["steps_to_target"].to_numpy(float)
+    expected = fieller_interval(fit_lines(batch, steps), BOOTSTRAP_CONFIDENCE)
+    assert (low, high) == pytest.approx(expected)
+    assert low <= fit_critical_batch(batch, steps).b_crit <= high
+    assert interval_note(runs, "linear", (low, high)).startswith(
+        "one run per batch size: the interval is read from the fit's residuals")
 
 
 def test_fieller_interval_is_where_the_ratio_test_accepts():

@@ -178,8 +178,9 @@ def test_analyze_with_unreached_rule_oom_sweep_and_single_seed():
     result = analyze(sweep, runs, pd.DataFrame(), AnalysisConfig(bootstrap_samples=20))
     critical = result.summary.critical_batch
     assert math.isfinite(critical["linear"].b_crit)
-    assert math.isnan(critical["linear"].b_crit_low)
-    assert "one seed" in critical["linear"].interval_note
+    fit = critical["linear"]
+    assert fit.b_crit_low <= fit.b_crit <= fit.b_crit_high
+    assert fit.interval_note.startswith("one run per batch size")
     assert math.isnan(critical["sqrt"].b_crit) and critical["sqrt"].reason
     sqrt_rows = [row for row in result.rows if row["lr_rule"] == "sqrt"]
     assert all(math.isnan(row["steps_to_target"]) and row["regime"] is None for row in sqrt_rows)

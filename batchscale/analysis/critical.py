@@ -257,10 +257,14 @@ def bootstrap_critical_batch(
     Calibrated by tests/test_calibration.py. The ends are cut at the measured batches widened
     by `range_factor` (`interval_note` says so).
 
+    With one run per batch size (the usual published table: the best run over learning rates
+    per batch) there are no seeds to resample, and the interval is Fieller's alone: the fit's
+    residuals across the batch sizes carry the scatter (coverage measured on simulated one-run
+    tables by tests/test_calibration.py; `interval_note` says which kind it is).
+
     NaN, NaN when `fit_critical_batch` gives no number for these trials (a bound or too few
-    batch sizes: the bound is then the whole statement, with no interval), when no batch size
-    has two seeds (nothing to resample), or when fewer than MIN_BOOTSTRAP_SUCCESS of the
-    refits have three batch sizes that reached the target.
+    batch sizes: the bound is then the whole statement, with no interval), or when fewer than
+    MIN_BOOTSTRAP_SUCCESS of the refits have three batch sizes that reached the target.
     """
     runs = ensure_columns(runs, schemas.RUNS)
     rule_runs = runs[matches(runs, "lr_rule", rule)]
@@ -274,17 +278,16 @@ def bootstrap_critical_batch(
         pd.factorize(rule_runs["lr"], use_na_sentinel=False)[0],
         pd.factorize(rule_runs["seed"], use_na_sentinel=False)[0],
     )
-    if all(cell.shape[1] < 2 for cell in cells):
-        return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    estimates = seed_bootstrap(batches, cells, n, rng, reduce)
-    estimates = estimates[~np.isnan(estimates)]
-    if estimates.size < MIN_BOOTSTRAP_SUCCESS * n:
-        return math.nan, math.nan
-    boot_low, boot_high = percentile_interval(estimates, confidence)
-    fit_low, fit_high = fieller_interval(fit_lines(batch, steps), confidence)
+    low, high = fieller_interval(fit_lines(batch, steps), confidence)
+    if any(cell.shape[1] >= 2 for cell in cells):
+        rng = np.random.default_rng(seed)
+        estimates = seed_bootstrap(batches, cells, n, rng, reduce)
+        estimates = estimates[~np.isnan(estimates)]
+        if estimates.size < MIN_BOOTSTRAP_SUCCESS * n:
+            return math.nan, math.nan
+        boot_low, boot_high = percentile_interval(estimates, confidence)
+        low, high = min(boot_low, low), max(boot_high, high)
     floor, ceiling = batch.min() / range_factor, batch.max() * range_factor
-    low, high = min(boot_low, fit_low), max(boot_high, fit_high)
     return float(np.clip(low, floor, ceiling)), float(np.clip(high, floor, ceiling))
 
 
@@ -306,13 +309,14 @@ def interval_note(
         fit = fit_critical_batch(batch, steps, range_factor=range_factor)
         if not math.isfinite(fit.b_crit):
             return f"no interval without a number: {fit.reason}"
-        seeds = rule_runs.groupby("batch_size")["seed"].nunique()
-        if seeds.empty or seeds.max() < 2:
-            return "one seed per batch size: nothing to resample"
         return "most bootstrap refits had fewer than three batch sizes reaching the target"
     smallest, largest = float(batch.min()), float(batch.max())
     floor, ceiling = smallest / range_factor, largest * range_factor
     notes = []
+    seeds = rule_runs.groupby("batch_size")["seed"].nunique()
+    if seeds.empty or seeds.max() < 2:
+        notes.append("one run per batch size: the interval is read from the fit's residuals "
+                     "across batch sizes alone (no seeds to resample)")
     if low <= floor:
         notes.append(
             f"its bottom is cut at {floor:,.3g}, 1/{range_factor:g} of the smallest batch"
