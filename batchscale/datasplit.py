@@ -1,11 +1,12 @@
 """A split of a workload's data as the trainer and the sweep read it: rows by index, made into a
 batch on the device, and the split's metrics.
 
-Two sources, one interface: the Parquet shards of a prepared dataset (tensors over a memory-mapped
-spill file, batchscale/shards.py; the built-in workloads' task modules make the batch), and a contract workload's own map-style
-dataset (batchscale/contract.py; items read by index a batch at a time, so only the rows a rank
-trains on are ever read). The trainer picks a global batch's indices (a function of the seed and
-the step), each rank reads its slice: the global batch is the same for any worker count.
+Two sources, one interface: the Parquet shards of a prepared dataset (tensors over a
+memory-mapped spill file, batchscale/shards.py; the built-in workloads' task modules make the
+batch), and a contract workload's own map-style dataset (batchscale/contract.py; items read by
+index a batch at a time, so only the rows a rank trains on are ever read). The trainer picks a
+global batch's indices (a function of the seed and the step), each rank reads its slice: the
+global batch is the same for any worker count.
 """
 
 from __future__ import annotations

@@ -82,6 +82,19 @@ def test_the_learning_rate_is_the_one_the_chosen_cell_ran_with():
     assert no_lr.learning_rate_reason == "the runs do not record their learning rate"
 
 
+def test_runs_without_step_times_are_told_what_a_batch_choice_needs():
+    """Steps to target alone (a CSV without a sweep or times): no batch is chosen, and the
+    reason says the runs did reach it and what to add, instead of reading as a failure."""
+    runs = pd.DataFrame([run_row(16, "linear", 0.1, 0, 400), run_row(64, "linear", 0.1, 0, 120)])
+    untimed = obvious_table().assign(time_to_target_s=math.nan)
+    choice = recommend(untimed, runs)
+    assert choice.batch_size is None
+    assert choice.batch_reason == (
+        "2 runs reached the target (fewest steps: 120 at batch 64), but choosing a batch size "
+        "needs the time per step: give a sweep table (`--sweep FILE`) or a time_to_target_s or "
+        "train_time_s column with the runs")
+
+
 @pytest.mark.parametrize(("time_with_two", "expected"), [(0.5, 2), (3.0, 1)])
 def test_recommend_more_workers_only_when_faster(time_with_two, expected):
     runs = pd.DataFrame(

@@ -161,6 +161,12 @@ def test_a_foreign_csv_is_read_through_column_mapping(tmp_path, capsys):
     notes = json.loads((out / "summary.json").read_text())["notes"]
     assert any("labelled 'grid'" in n for n in notes) and any("no lr column" in n for n in notes)
     assert "note: runs: no lr column" in stderr  # what was assumed is said, not hidden
+    # The stand-in LR of a table without one is never recommended.
+    recommendation = json.loads((out / "summary.json").read_text())["summary"]["recommendation"]
+    assert recommendation["batch_size"] is not None
+    assert recommendation["learning_rate"] is None
+    assert recommendation["learning_rate_reason"] == ("the runs table gives no learning rates "
+                                                      "(no lr column)")
 
 
 def test_examples_to_target_alone_gives_the_steps_analysis(tmp_path, capsys):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from batchscale.stopping import Terminated, sigterm_raises, signals_held
+from batchscale.stopping import Terminated, signals_held, sigterm_raises
 from helpers import BATCHSCALE, cli_env
 
 TESTS_DIR = Path(__file__).parent

@@ -95,6 +95,7 @@ def analyze(
     settings: AnalysisConfig | None = None,
     primary_target: tuple[str, float] | None = None,
     gap_epochs: float | None = None,
+    learning_rates_given: bool = True,
 ) -> AnalysisResult:
     """Fits, regimes and recommendation on one run's tables (`settings`: the experiment's
     `analysis` config, its defaults when None).
@@ -103,7 +104,8 @@ def analyze(
     and the recommendation are for one target, `primary_target` (metric, value) when the runs
     have it, else the hardest reached at enough batch sizes (`targets.choose_target`); B_crit
     of every target is in `summary.targets`. `gap_epochs` (the config's
-    `convergence.gap_epochs`) only labels the generalization gap."""
+    `convergence.gap_epochs`) only labels the generalization gap. `learning_rates_given`
+    false: the runs' `lr` is a stand-in (a table brought without one), never recommended."""
     settings = settings or AnalysisConfig()
     sweep = ensure_columns(sweep, schemas.SWEEP)
     every_trial = ensure_columns(runs, schemas.RUNS)
@@ -130,7 +132,8 @@ def analyze(
         optimal_batch_cap=cap,
         critical_batch=critical,
         noise_scale=noise,
-        recommendation=recommend(table, runs, b_star, settings.max_cpu_wait_share),
+        recommendation=recommend(table, runs, b_star, settings.max_cpu_wait_share,
+                                 learning_rates_given),
         min_time_to_target_s=float(np.nanmin(times)) if np.isfinite(times).any() else math.nan,
         step_time_sources=_sources(table),
         quality=measurement_quality(sweep, table),

@@ -26,6 +26,7 @@ import pyarrow.csv as pacsv
 import batchscale
 from batchscale import schemacheck, schemas
 from batchscale.analysis.usertables import (
+    NO_LR_NOTE,
     RUNS_INPUT,
     SWEEP_INPUT,
     UserTable,
@@ -215,7 +216,8 @@ def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
     runs = schemas.make_table("runs", inputs.runs.rows, env).to_pandas()
     sweep = (schemas.make_table("sweep", inputs.sweep.rows, env).to_pandas()
              if inputs.sweep else None)
-    result = analyze(sweep, runs, None, config.analysis)
+    result = analyze(sweep, runs, None, config.analysis,
+                     learning_rates_given=NO_LR_NOTE not in inputs.runs.notes)
     table = schemas.make_table("analysis", result.rows, env)
     title = f"batchscale analyze: {inputs.runs.path.name} ({run_id})"
     page = render_html(result, sweep, runs, None, title=title)

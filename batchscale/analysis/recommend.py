@@ -26,6 +26,7 @@ def recommend(
     runs: pd.DataFrame,
     b_star: dict[str, float] | None = None,
     max_cpu_wait_share: float | None = None,
+    learning_rates_given: bool = True,
 ) -> Recommendation:
     """Batch size, LR rule and worker count, each with a one-line reason.
 
@@ -65,7 +66,8 @@ def recommend(
     if isinstance(best.get("timing_flag"), str):
         batch_reason += f" — NOT TRUSTED: {best['timing_flag']}"
     workers, workers_reason = worker_choice(runs, (rule, batch))
-    lr, lr_reason = learning_rate(runs, rule, batch)
+    lr, lr_reason = (learning_rate(runs, rule, batch) if learning_rates_given else
+                     (None, "the runs table gives no learning rates (no lr column)"))
     return Recommendation(batch, rule, workers, batch_reason, rule_reason,
                           workers_reason + _starved_note(runs, max_cpu_wait_share), lr, lr_reason)
 
@@ -110,4 +112,13 @@ def _nothing_timed_reason(runs: pd.DataFrame) -> str:
     runs = ensure_columns(runs, RUNS)
     if len(runs) and matches(runs, "status", RunStatus.DIVERGED).all():
         return f"every convergence trial diverged ({len(runs)} trials): nothing reached the target"
-    return "no trial reached the target with a known step time"
+    reached = runs[matches(runs, "status", RunStatus.REACHED)
+                   & np.isfinite(numeric_column(runs, "steps_to_target"))]
+    if reached.empty:
+        return "no trial reached the target"
+    fewest = reached.sort_values(["steps_to_target", "batch_size"]).iloc[0]
+    runs_word = "1 run" if len(reached) == 1 else f"{len(reached)} runs"
+    return (f"{runs_word} reached the target (fewest steps: "
+            f"{fewest['steps_to_target']:.0f} at batch {int(fewest['batch_size'])}), but choosing "
+            "a batch size needs the time per step: give a sweep table (`--sweep FILE`) or a "
+            "time_to_target_s or train_time_s column with the runs")

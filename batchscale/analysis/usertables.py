@@ -34,7 +34,8 @@ DEFAULT_LR_RULE = "grid"
 size (median over seeds), which is what the grid rule means."""
 PLACEHOLDER_LR = 1.0
 """A table without lr: every run at a batch size counts as one learning rate (the analysis
-groups by it and never reports it)."""
+groups by it and never reports it: NO_LR_NOTE tells it so)."""
+NO_LR_NOTE = "runs: no lr column: the runs at a batch size count as one learning rate"
 ROUNDED_UP = ("steps_to_target", "examples_to_target", "steps_run")
 """Counts that may come as fractions (averaged, or epochs × dataset size) and are rounded up:
 a partial step is a step taken."""
@@ -300,7 +301,7 @@ def _fill_run_settings(user: UserTable, col: dict, typed: dict, notes: list[str]
         _require(user, "lr", col["lr"], _positive, "is not positive",
                  "learning rates are > 0 (give every row one, or drop the column)", empty_ok=False)
     else:
-        notes.append("runs: no lr column: the runs at a batch size count as one learning rate")
+        notes.append(NO_LR_NOTE)
         col["lr"] = [PLACEHOLDER_LR] * len(col["lr"])
     _require(user, "workers", col["workers"], _positive, "is not positive",
              "workers are whole numbers ≥ 1, or an empty cell (1)")
