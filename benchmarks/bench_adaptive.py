@@ -1,4 +1,4 @@
-"""Does the adaptive study give the grid's answer for a fraction of its cost (issue 15)? Per case,
+"""Does the adaptive study give the grid's answer for a fraction of its cost? Per case,
 the full grid (every batch size × seed of the config, one torchrun) and the adaptive study
 (`convergence.strategy: adaptive`), with the same seeds, the same batch sizes to choose from and
 separate work directories: every trial of both is trained here.

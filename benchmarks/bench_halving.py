@@ -1,4 +1,4 @@
-"""Does successive halving keep the LR grid's answer for fewer steps (issue 15)? The grid rule
+"""Does successive halving keep the LR grid's answer for fewer steps? The grid rule
 on digits-mlp, every learning rate of the grid at every batch size and seed, trained twice:
 to the target (the full grid), and with `lr_halving_eta: 2` (the learning rates of a batch
 size and seed run to a rung, the worse half stop as pruned, the rest go on to the next rung).

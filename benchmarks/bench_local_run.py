@@ -1,10 +1,10 @@
-"""How much of `make local-run` is useful work (issue 15)? One `batchscale run` of the embedded
+"""How much of `make local-run` is useful work? One `batchscale run` of the embedded
 default in a temporary directory (its own local SeaweedFS), then, from its pipeline log and
 tables: the wall time, each task's time, and the useful share = (the sweep's timed steps + the
 convergence trials' training seconds) ÷ wall time. The rest is process start-up (executor,
 imports, torchrun), evaluation, validation, analysis and publishing.
 
-Goal (issue 15): useful work ≥ 60 % of the wall time on a quiet 2-core machine. One run: a
+Goal: useful work ≥ 60 % of the wall time on a quiet 2-core machine. One run: a
 single draw, no interval over repeats (the per-task times show where the rest goes).
 
 Run: `python -m benchmarks.run bench_local_run` (about 3 minutes on 2 CPU cores).

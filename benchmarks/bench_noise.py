@@ -1,4 +1,4 @@
-"""Does the sweep notice when it is disturbed (issue 12)? The production sweep (default rounds,
+"""Does the sweep notice when it is disturbed? The production sweep (default rounds,
 max_cv, max_round_spread, max_retries) on digits-mlp and resnet18 at 32 px: quiet, then while
 this benchmark runs a busy neighbour, then quiet again (quiet on both sides, so drift of the
 machine does not pass for the neighbour's effect).

@@ -1,4 +1,4 @@
-"""Does the regression check catch real steps without crying wolf (issue 18)? Synthetic cell
+"""Does the regression check catch real steps without crying wolf? Synthetic cell
 histories replayed through the change-point test (batchscale/lake/changepoints.py) exactly as
 publish judges them run by run, with `publish.history_runs` = HISTORY_RUNS.
 
@@ -16,7 +16,7 @@ Figures, each with its exact binomial (Clopper-Pearson) 95 % interval:
 - false alarms per 100 cell-runs on step-free histories (goal ≤ 1): "confirmed" is the alarm,
   "suspected" is reported too; FREE_HISTORIES histories of FREE_RUNS runs, every run judged
   once it has MIN_HISTORY_RUNS before it;
-- the single-run rule of before issue 18 on the same histories (a run more than
+- the earlier single-run rule on the same histories (a run more than
   max(3 · 1.4826 · MAD, 10 % of the median) below the median regressed), for comparison.
 Deterministic: every history comes from a fixed seed. Runs in about a minute on 2 CPU cores.
 
@@ -71,7 +71,7 @@ def resampled_noise(residuals: np.ndarray) -> Noise:
 
 
 def single_run_alarms(series: np.ndarray, start: int) -> list[bool]:
-    """Today's rule before issue 18, for every run from `start` on."""
+    """The earlier single-run rule, for every run from `start` on."""
     return [baseline_before(series, i, HISTORY_RUNS, **SINGLE_RUN_RULE).below(series[i])
             for i in range(start, series.size)]
 

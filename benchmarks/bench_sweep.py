@@ -10,7 +10,7 @@ They are measured paired and interleaved: every round runs both at every batch s
 that goes first alternating between rounds; the figure is the median of the per-round ratios with
 a bootstrap 90 % interval (benchmarks/stats.py).
 
-What the old comparison (harness 25 % *faster* at resnet18/32 px, issue 12) did differently:
+What the old comparison (harness 25 % *faster* at resnet18/32 px, earlier) did differently:
 the bare loop ran in the benchmark's own long-lived process, with whatever malloc thresholds its
 history had left, against a trial process given the steady-state thresholds
 (trial.steady_state_malloc) — in a fresh process without them resnet18 at 32 px ran 1.2-1.4x

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of the throughput sweep (issue 3), for one run on a CUDA machine (an H200).
+# GPU check of the throughput sweep, for one run on a CUDA machine (an H200).
 #
 #   bash benchmarks/gpu_check.sh            # from the repository root; writes to $OUT or ./gpu_check
 #

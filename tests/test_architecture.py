@@ -8,6 +8,7 @@ pipelines/) that the import graph cannot follow, so its rules are checked here f
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -97,3 +98,16 @@ def test_import_contracts_hold():
                             timeout=300)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " 0 broken" in result.stdout, result.stdout[-4000:]
+
+
+def test_code_comments_say_why_not_which_issue_asked():
+    """History belongs in git, not in docstrings: no "issue N" in the code, tests, benchmarks
+    or configs."""
+    cited = []
+    for folder in ("batchscale", "tests", "benchmarks", "components", "pipelines", "examples"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".yaml", ".sh") and path.is_file():
+                for number, line in enumerate(path.read_text().splitlines(), 1):
+                    if re.search(r"\bissue #?\d+", line, re.IGNORECASE):
+                        cited.append(f"{path.relative_to(ROOT)}:{number}")
+    assert cited == []

@@ -77,7 +77,7 @@ class Outcome:
     number: bool
     """The fit gave a number (not a bound or a reason)."""
     old_covered: bool
-    """The seed-only bootstrap clipped to the measured batches (the method before issue 12)."""
+    """The seed-only bootstrap clipped to the measured batches (the earlier method)."""
 
 
 CASES = [
@@ -112,7 +112,7 @@ def runs_table(steps: np.ndarray) -> pd.DataFrame:
 
 
 def old_interval(steps: np.ndarray, rng_seed: int) -> tuple[float, float]:
-    """The interval before issue 12: percentiles of seed-only refits, cut at the measured
+    """The earlier interval: percentiles of seed-only refits, cut at the measured
     batches (the same resampling as production's seed bootstrap)."""
     cells = [row[None, :] for row in steps]
     estimates = seed_bootstrap(

@@ -140,7 +140,7 @@ def test_overrides_are_validated_like_a_file():
 
 
 # ------------------------------------------------------------ reading a config file, bounded
-# (issue 19: an alias bomb and a FIFO hung `compile`, a 10 MB config took a minute, repeated
+# (seen: an alias bomb and a FIFO hung `compile`, a 10 MB config took a minute, repeated
 # keys silently kept the last, a non-UTF-8 file gave a traceback.)
 ALIAS_BOMB = ('a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n'
               + "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n"

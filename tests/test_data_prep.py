@@ -148,7 +148,7 @@ def test_max_rows_keeps_a_seeded_subset(tmp_path):
 
 
 # ------------------------------------------------------------------ splits too small to use
-# (issue 19: a one-row validation split "reached" the target at step 0; max_rows leaving no
+# (seen: a one-row validation split "reached" the target at step 0; max_rows leaving no
 # training rows made torchrun restart three times and dump a traceback.)
 @pytest.mark.parametrize(("fields", "needle", "named"), [
     ({"max_rows": 5}, "5 rows split into 4 training and 1 validation rows", "dataset.max_rows"),

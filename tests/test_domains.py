@@ -1,4 +1,4 @@
-"""Language models, segmentation and detection through the stages the pipeline runs (issue 14):
+"""Language models, segmentation and detection through the stages the pipeline runs:
 data prep, its validation, the throughput sweep, the convergence stage (a real torchrun process
 group) with several targets, the runs validation and the analysis, on tiny sizes. The stage
 functions are the ones the KFP components call; nothing here is specific to a domain but the

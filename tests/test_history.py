@@ -287,7 +287,7 @@ def test_columns_added_since_an_old_partition_are_read_from_the_newer_ones(lake)
     assert "cpu_wait_share" in frame.columns  # today's schema, null where never written
 
 
-# ------------------------------------------ verdicts in the history view (issue 18)
+# ------------------------------------------ verdicts in the history view
 STEP_RUNS = [f"20261201T00000{i}Z-step{i}" for i in range(6)]
 STEP_RATES = [9000.0, 9100.0, 8900.0, 6000.0, 6100.0, 9000.0]
 STEP_VERDICTS = ["insufficient_history", "insufficient_history", "insufficient_history",

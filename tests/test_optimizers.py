@@ -1,4 +1,4 @@
-"""Optimizers, LR decay and precision in convergence trials (issue 14, section 3): the default
+"""Optimizers, LR decay and precision in convergence trials: the default
 still trains exactly as the SGD loop did, AdamW reaches the digits target, a bf16 trial runs
 (autocast forward, fp32 parameters and gradients, the noise scale still measured) and labels its
 rows, the schedule is exact at its boundaries, an AdamW trial killed mid-decay resumes to the same

@@ -1,5 +1,5 @@
 """End to end: the real pipeline under kfp.local, publishing to a real SeaweedFS, run as a
-two-variant study (issue 16): the tiny config on half the training rows, then on all of them.
+two-variant study: the tiny config on half the training rows, then on all of them.
 The study is killed in the middle of its second variant's convergence and resumed with its id.
 Most tests check the full-data variant's run as a single run's; the others check what the kill
 left (rows kept, nothing half-published) and the study: resuming variant by variant, the
@@ -190,7 +190,7 @@ def test_no_secret_in_any_output(published):
         assert all(s not in data for s in secrets), key
 
 
-# ------------------------------------------------------------------ the study (issue 16)
+# ------------------------------------------------------------------ the study
 def test_every_row_of_every_variant_names_its_variant_and_study(published, variants):
     store, _, _, _, _ = published
     for name, run_id in variants.items():

@@ -1,4 +1,4 @@
-"""Gradient accumulation in the what-if plan (issue 17: "accumulation where it helps"), from a
+"""Gradient accumulation in the what-if plan ("accumulation where it helps"), from a
 run's tables with known answers (tests/plan_tables.py): the sweep ran out of memory at 256, so
 the largest per-worker batch that fits is 128 and b = 256 runs as 2 micro-batches of 128. One
 device's measured step at 128 is 1 ms + 10 µs·128 = 2.28 ms, so b = 256 computes 2 · 2.28 =

@@ -1,4 +1,4 @@
-"""The analysis stage's default plan (issue 17): the plan table for the configured worker
+"""The analysis stage's default plan: the plan table for the configured worker
 counts and the extrapolated ones, passing its suite through the analysis's validate step, and
 the report's "What if" section — or, for a run without data-parallel runs, an empty plan table
 and the reason in the report."""

@@ -100,7 +100,7 @@ def test_cli_arguments_never_crash_before_work(argv):
     assert "Traceback" not in stderr.getvalue()
 
 
-# ------------------------------------------------------- config files: YAML shapes (issue 19)
+# ------------------------------------------------------- config files: YAML shapes
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12))
 yaml_trees = st.recursive(scalars, lambda inner: st.one_of(

@@ -140,7 +140,7 @@ BATCHES = (16, 256, 1024)
 
 def measured_row(batch: int, rate: float, *, quality: str | None = "ok",
                  reason: str | None = None, cpu_wait: float | None = 0.01) -> dict:
-    """A sweep row with the quality flags and conditions the sweep records (issue 12)."""
+    """A sweep row with the quality flags and conditions the sweep records."""
     return {**sweep_row(batch, rate), "quality": quality, "quality_reason": reason,
             "cpu_wait_share": cpu_wait, "rounds": 2, "usable_cpus": 2, "load_avg_1m": 0.3}
 

@@ -224,7 +224,7 @@ def test_a_slowdown_in_two_published_runs_is_confirmed_and_attributed_to_the_new
 
 def test_old_partitions_without_the_quality_columns_count_as_stable(
         object_store, monkeypatch, tmp_path):
-    """Rows published before issue 12 carry no quality, conditions or sweep-setting columns:
+    """Rows published by earlier versions carry no quality, conditions or sweep-setting columns:
     read as null, they are stable and match any fingerprint value (not recorded then)."""
     assert set(NEWER_COLUMNS) <= set(SWEEP.names)
     old = [sweep_row(b, MEAN_RATE) for b in BATCHES]

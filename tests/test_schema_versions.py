@@ -1,4 +1,4 @@
-"""Lake partitions written before a table changed shape stay readable (issue 14): a run published
+"""Lake partitions written before a table changed shape stay readable: a run published
 with the version 1 layout (one target, no schema_version, none of the columns added since) next
 to runs of today's layout, read by `batchscale history`, the regression check and a plain
 pyarrow.dataset read (real SeaweedFS)."""

@@ -1,4 +1,4 @@
-"""Several targets per trial, any metric (issue 14 §1) and the generalization-gap budget (§2):
+"""Several targets per trial, any metric, and the generalization-gap budget:
 the config, the trainer's bookkeeping (one trial, one rank, in this process) and the tables."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The what-if planner's communication (issue 17): the data-parallel cells of a run (step time,
+"""The what-if planner's communication: the data-parallel cells of a run (step time,
 the compute in it, the exposed rest), the trials' all-reduce probes, and the `CommModel` fitted
 to them or stated by the user (docs/architecture.md, "What-if planner").
 

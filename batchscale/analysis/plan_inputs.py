@@ -1,4 +1,4 @@
-"""The what-if planner's inputs read from one run's tables (issue 17): the steps fit S(B) with
+"""The what-if planner's inputs read from one run's tables: the steps fit S(B) with
 its B_crit interval (analysis table), one device's step time (the convergence runs' own, else
 the sweep's line; batchscale.fits), the largest batch that fits (sweep), the gradient bytes,
 and the data-parallel cells and all-reduce probes (their model: plan_comm.py). What is missing

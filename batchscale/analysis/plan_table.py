@@ -1,4 +1,4 @@
-"""The what-if plan of one run (issue 17): plan rows for worker counts × per-worker batches from
+"""The what-if plan of one run: plan rows for worker counts × per-worker batches from
 the run's inputs (`plan_inputs`) and an all-reduce model, as `plan` table rows and as printed
 lines; and the check of the model against the data-parallel cells the run measured.
 

@@ -1,4 +1,4 @@
-"""What-if planner, pure core (issue 17): step time, steps, time to target and device-hours for
+"""What-if planner, pure core: step time, steps, time to target and device-hours for
 N workers × b per worker from one run's fits and an all-reduce model; the time/cost Pareto front
 and a recommendation. No I/O: the CLI, lake, report and pipeline wire it in. A number is a claim:
 steps, times and device-hours carry the band from the B_crit interval (`Band`), communication

@@ -1,4 +1,4 @@
-"""The report's "What if" section (issue 17): time to target against device-hours of every plan
+"""The report's "What if" section: time to target against device-hours of every plan
 row, with the B_crit interval's band as error bars, the Pareto front joined, rows where adding
 workers stops helping marked by their reason, extrapolated worker counts hollow, rows that
 accumulate micro-batches (per-worker batch above the memory limit) framed in a diamond; and the

@@ -1,4 +1,4 @@
-"""What pruning saved (issue 15): trials stopped as `pruned` by successive halving over the grid
+"""What pruning saved: trials stopped as `pruned` by successive halving over the grid
 rule's learning rates or by the adaptive study's bound, in one sentence for the report."""
 
 from __future__ import annotations

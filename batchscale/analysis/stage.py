@@ -25,7 +25,7 @@ def run_stage(
     decisions_path: str | None = None,
 ) -> dict[str, float]:
     """Fit, recommend, render; returns the flat metrics for KFP's Metrics artifact. The
-    what-if plan (issue 17) goes into the report and, with `plan_path`, the plan table (no rows
+    what-if plan goes into the report and, with `plan_path`, the plan table (no rows
     when the run lacks a measurement it needs; the report says which)."""
     from batchscale.analysis.analyze import analyze
     from batchscale.analysis.plan_table import default_plan, table_rows

@@ -1,4 +1,4 @@
-"""`batchscale plan`: the what-if plan (issue 17) of a published run, read from the results
+"""`batchscale plan`: the what-if plan of a published run, read from the results
 lake: time to target and device-hours for other worker counts, each with its band, the
 time/cost Pareto front, a recommendation for a deadline or a device-hour budget, and, with
 --check, the prediction against the data-parallel runs the run measured."""

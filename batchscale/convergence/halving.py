@@ -1,4 +1,4 @@
-"""Successive halving over the grid rule's learning rates (issue 15, convergence.lr_halving_eta).
+"""Successive halving over the grid rule's learning rates (convergence.lr_halving_eta).
 
 The grid rule trains every learning rate of `lr_grid` at every (batch size, seed); most of them
 are clearly worse long before the target. With halving, the learning rates of one (batch size,

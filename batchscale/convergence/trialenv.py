@@ -1,6 +1,6 @@
 """What a trial records about the conditions it trained under, besides its curve: how long its
 threads waited for a CPU (`CpuContention`), and, in a data-parallel group, the bare
-all-reduce (issue 17, `allreduce_probe`), timed at the trial's gradient size and at a small
+all-reduce (`allreduce_probe`), timed at the trial's gradient size and at a small
 message, on the interconnect the trial trained over (gloo between local processes, nccl
 between a cluster's GPUs).
 

@@ -32,7 +32,7 @@ MIN_DROP_SHARE / NOISE_MADS = 3.2 %) it is smaller still: p₁ = Φ(−MIN_DROP_
 that came out narrow by chance), and real noise has heavier tails than the normal; the
 benchmark `bench_regressions` replays histories with measured noise and reports the rate that
 results (false alarms per 100 cell-runs, goal ≤ 1), next to the single-run rule's (a run more
-than max(3 · 1.4826 · MAD, 10 % of m) below m regressed, as before issue 18).
+than max(3 · 1.4826 · MAD, 10 % of m) below m regressed).
 
 Detection: a step of s (share of m) is confirmed at its second run when both runs fall below:
 (Φ((s − T/m) / CV))², e.g. 0.95 for a 15 % step at a 3 % CV with the floor binding.

@@ -1,4 +1,4 @@
-"""The adaptive study's decisions, pure (issue 15): predict B_crit from the gradient noise scale
+"""The adaptive study's decisions, pure: predict B_crit from the gradient noise scale
 measured in short probe trials, place the first batch sizes around the prediction, then add the
 (batch size, seed) that most narrows the B_crit interval until it is narrow enough or the
 budget is spent. No I/O and no training here: `driver.py` runs the trials these functions ask

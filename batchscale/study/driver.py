@@ -1,4 +1,4 @@
-"""The adaptive study, run (issue 15): probe → predict → place → refine, each cell of trials
+"""The adaptive study, run: probe → predict → place → refine, each cell of trials
 launched the way every convergence cell is (`convergence.runner.run_convergence`: torchrun
 locally, a TrainJob with `launcher: kubeflow`), each decision a row of the `decisions` table.
 
