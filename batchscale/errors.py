@@ -1,4 +1,14 @@
-"""Errors the user can act on. The CLI prints their message (no traceback) and exits non-zero."""
+"""Errors the user can act on. The CLI prints their message (no traceback) and exits non-zero;
+a pipeline task does the same (`task_refusals`), and `batchscale run` reads its message back
+(`task_refusal`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sys
+from collections.abc import Iterator
 
 
 class BatchscaleError(Exception):
@@ -27,3 +37,37 @@ class ValidationFailed(BatchscaleError):
     """A table failed its great-expectations suite."""
 
     exit_code = 3
+
+
+REFUSAL_MARK = "batchscale-task-refusal "
+_REFUSAL = re.compile(rf"^\s*{REFUSAL_MARK}(\{{.*\}})\s*$", re.MULTILINE)
+
+
+@contextlib.contextmanager
+def task_refusals() -> Iterator[None]:
+    """Around a pipeline task's stage call: a BatchscaleError (bad input, a failed validation,
+    a regression) ends the task with the error's exit status and its message, not the KFP
+    executor's traceback; a machine-readable line after it lets `batchscale run` say which
+    task refused what, with the same exit status."""
+    try:
+        yield
+    except BatchscaleError as err:
+        from batchscale.names import redact_url
+
+        message = redact_url(str(err))
+        print(f"batchscale: error: {message}", file=sys.stderr, flush=True)
+        record = json.dumps({"exit_code": err.exit_code, "message": message})
+        print(f"{REFUSAL_MARK}{record}", file=sys.stderr, flush=True)
+        raise SystemExit(err.exit_code) from None
+
+
+def task_refusal(log_text: str) -> BatchscaleError | None:
+    """The last refusal a task printed (`task_refusals`) in a pipeline's log, as an error with
+    the task's exit status; None when no task refused (it failed some other way)."""
+    found = _REFUSAL.findall(log_text)
+    if not found:
+        return None
+    record = json.loads(found[-1])
+    error = BatchscaleError(record["message"])
+    error.exit_code = int(record["exit_code"])
+    return error

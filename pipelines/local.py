@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 from batchscale.config import ExperimentConfig
+from batchscale.errors import REFUSAL_MARK
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -43,7 +44,8 @@ class TaskLogFilter(io.TextIOBase):
         if self.in_json:
             self.in_json = line.rstrip() != "    }"
             return False
-        return bool(line.strip()) and "[KFP Executor" not in line
+        # A task's refusal record is for `batchscale run` (errors.task_refusal), in the log only.
+        return bool(line.strip()) and "[KFP Executor" not in line and REFUSAL_MARK not in line
 
     def flush(self) -> None:
         self.console.flush()

@@ -15,7 +15,7 @@ from batchscale.cli import build_parser
 from batchscale.cliflags import FlagText, config_from_args, flag_for
 from batchscale.config import ExperimentConfig, SweepConfig, load_config, section_models
 from batchscale.errors import BadInput
-from helpers import run_cli
+from helpers import run_cli, store_env
 
 
 def _closed_port() -> int:
@@ -333,3 +333,33 @@ def test_whatever_a_command_raises_is_printed_redacted(monkeypatch, capsys, erro
     err = capsys.readouterr().err
     assert shown in err and SECRET not in err
     assert ("Traceback" in err) == (status == 1)  # bad input never shows one; a bug does
+
+
+def test_run_reports_a_task_that_refused_its_input_without_a_traceback(tmp_path, object_store):
+    """A corrupt dataset file passes the config check (it is a path) and fails in the data-prep
+    task: the task prints the refusal, and `run` names the task and exits as the task did (2),
+    with no executor traceback anywhere in its output."""
+    (tmp_path / "bad.parquet").write_text("not parquet at all")
+    (tmp_path / "c.yaml").write_text(
+        f"dataset:\n  name: parquet\n  source_uri: {tmp_path / 'bad.parquet'}\n")
+    result = run_cli(["run", "--config", "c.yaml"], cwd=tmp_path, env=store_env(object_store),
+                     timeout_s=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "task 'data-prep' refused to go on: " in result.stderr
+    assert "bad.parquet is not a valid Parquet file" in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert "batchscale-task-refusal" not in result.stdout + result.stderr  # in the log only
+
+
+def test_a_tasks_refusal_is_read_back_with_its_exit_status(capsys):
+    from batchscale.errors import BadInput, ValidationFailed, task_refusal, task_refusals
+
+    for error in (BadInput("shard x: bad\nsecond line"), ValidationFailed("table y failed")):
+        with pytest.raises(SystemExit) as stop, task_refusals():
+            raise error
+        assert stop.value.code == error.exit_code
+        err = capsys.readouterr().err
+        assert err.startswith(f"batchscale: error: {error}\n")
+        refusal = task_refusal("INFO other lines\n    " + err.splitlines()[-1] + "\n")
+        assert (str(refusal), refusal.exit_code) == (str(error), error.exit_code)
+    assert task_refusal("a task that crashed with a bug prints no refusal") is None

@@ -10,7 +10,7 @@ from pathlib import Path
 from batchscale.cli.common import STATE_DIR, connect_store, given_run_id
 from batchscale.cliflags import check_output_file, config_from_args
 from batchscale.config import load_config
-from batchscale.errors import BatchscaleError
+from batchscale.errors import BatchscaleError, task_refusal
 
 WORKFLOW_SIZE_WARNING_BYTES = 1_000_000
 """A compiled pipeline above this may not fit the workflow object a cluster stores (a study's
@@ -42,6 +42,7 @@ def cmd_run(args) -> int:
         if cfg.publish.fail_on_regression:
             _raise_if_regressed(store, run_id)
         reason = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+        _raise_if_refused(run_id, reason)
         raise BatchscaleError(f"pipeline run {run_id} failed: {reason} Tables already measured "
                               f"are kept under {STATE_DIR / 'work' / run_id}; rerun with "
                               f"--run-id {run_id} to resume.") from None
@@ -49,6 +50,21 @@ def cmd_run(args) -> int:
 
     print_run_summary(store, run_id, STATE_DIR / "runs" / run_id)
     return 0
+
+
+def _raise_if_refused(run_id: str, reason: str) -> None:
+    """A task that refused its input (bad data, a failed validation) printed why: raise that,
+    with the task's name and exit status, instead of a generic pipeline failure."""
+    log = STATE_DIR / "runs" / run_id / "pipeline.log"
+    refusal = task_refusal(log.read_text(errors="replace")) if log.exists() else None
+    if refusal is None:
+        return
+    task = re.search(r"Inner task failed: '([^']+)'", reason)
+    named = f"task {task[1]!r}" if task else "a task"
+    error = BatchscaleError(f"pipeline run {run_id}: {named} refused to go on: {refusal} "
+                            f"(full log: {log})")
+    error.exit_code = refusal.exit_code
+    raise error from None
 
 
 def _raise_if_regressed(store, run_id: str) -> None:

@@ -23,19 +23,12 @@ def analysis(
     import math
 
     from batchscale.analysis.stage import run_stage
+    from batchscale.errors import task_refusals
 
-    values = run_stage(
-        config_json,
-        run_id,
-        sweep.path,
-        curves.path,
-        runs.path,
-        analysis_table.path,
-        report.path,
-        summary.path,
-        decisions_path=decisions.path,
-        plan_path=plan.path,
-    )
+    with task_refusals():
+        values = run_stage(config_json, run_id, sweep.path, curves.path, runs.path,
+                           analysis_table.path, report.path, summary.path,
+                           decisions_path=decisions.path, plan_path=plan.path)
     for name, value in values.items():
         if value is not None and math.isfinite(value):
             metrics.log_metric(name, float(value))

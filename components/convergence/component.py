@@ -11,7 +11,9 @@ from batchscale.images import GPU_IMAGE
 def convergence(config_json: str, run_id: str, batch_sizes: str, workers: str,
                 dataset: Input[Dataset], sweep: Input[Dataset], curves: Output[Dataset],
                 runs: Output[Dataset], decisions: Output[Dataset]):
+    from batchscale.errors import task_refusals
     from batchscale.study.stage import run_stage
 
-    run_stage(config_json, run_id, batch_sizes, int(workers), dataset.path, curves.path,
-              runs.path, decisions.path, sweep_path=sweep.path)
+    with task_refusals():
+        run_stage(config_json, run_id, batch_sizes, int(workers), dataset.path, curves.path,
+                  runs.path, decisions.path, sweep_path=sweep.path)

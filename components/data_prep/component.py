@@ -9,5 +9,7 @@ from batchscale.images import CPU_IMAGE
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def data_prep(config_json: str, dataset: Output[Dataset]):
     from batchscale.data.prep import run_stage
+    from batchscale.errors import task_refusals
 
-    run_stage(config_json, dataset.path)
+    with task_refusals():
+        run_stage(config_json, dataset.path)

@@ -17,18 +17,23 @@ def publish(config_json: str, run_id: str, dataset: Input[Dataset], sweep: Input
     import json
     import os
 
+    from batchscale.errors import task_refusals
     from batchscale.lake.publish import run_stage
 
-    manifest = run_stage(config_json, run_id, os.path.join(dataset.path, "manifest.parquet"),
-                         sweep.path, curves.path, runs.path, analysis_table.path, report.path,
-                         regressions.path, regressions_summary.path, decisions.path,
-                         plan_path=plan.path)
+    with task_refusals():
+        manifest = run_stage(config_json, run_id,
+                             os.path.join(dataset.path, "manifest.parquet"), sweep.path,
+                             curves.path, runs.path, analysis_table.path, report.path,
+                             regressions.path, regressions_summary.path, decisions.path,
+                             plan_path=plan.path)
     with open(lake_manifest.path, "w") as f:
         json.dump(manifest, f, indent=1)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def regression_gate(config_json: str, regressions: Input[Dataset]):
+    from batchscale.errors import task_refusals
     from batchscale.lake.publish import gate_stage
 
-    gate_stage(config_json, regressions.path)
+    with task_refusals():
+        gate_stage(config_json, regressions.path)

@@ -21,9 +21,11 @@ def variant_run_id(study_id: str, variant: str) -> str:
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def compare_study(config_json: str, study_id: str, study: Output[Dataset],
                   study_axes: Output[Dataset], report: Output[HTML], answer: Output[Markdown]):
+    from batchscale.errors import task_refusals
     from batchscale.variants.stage import run_compare_stage
 
-    markdown = run_compare_stage(config_json, study_id, study.path, study_axes.path,
-                                 report.path)
+    with task_refusals():
+        markdown = run_compare_stage(config_json, study_id, study.path, study_axes.path,
+                                     report.path)
     with open(answer.path, "w") as f:
         f.write(markdown)

@@ -9,6 +9,8 @@ from batchscale.images import GPU_IMAGE
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
 def throughput_sweep(config_json: str, run_id: str, dataset: Input[Dataset],
                      sweep: Output[Dataset]):
+    from batchscale.errors import task_refusals
     from batchscale.sweep.sweep import run_stage
 
-    run_stage(config_json, run_id, dataset.path, sweep.path)
+    with task_refusals():
+        run_stage(config_json, run_id, dataset.path, sweep.path)
