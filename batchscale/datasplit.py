@@ -1,12 +1,12 @@
 """A split of a workload's data as the trainer and the sweep read it: rows by index, made into a
 batch on the device, and the split's metrics.
 
-Two sources, one interface: the Parquet shards of a prepared dataset (tensors over a
-memory-mapped spill file, batchscale/shards.py; the built-in workloads' task modules make the
-batch), and a contract workload's own map-style dataset (batchscale/contract.py; items read by
-index a batch at a time, so only the rows a rank trains on are ever read). The trainer picks a
-global batch's indices (a function of the seed and the step), each rank reads its slice: the
-global batch is the same for any worker count.
+Two sources, one interface: the Parquet shards of a prepared dataset (tensors, or a large
+training split read row by row from a spill file, batchscale/shards.py; the built-in workloads'
+task modules make the batch), and a contract workload's own map-style dataset
+(batchscale/contract.py; items read by index a batch at a time, so only the rows a rank trains
+on are ever read). The trainer picks a global batch's indices (a function of the seed and the
+step), each rank reads its slice: the global batch is the same for any worker count.
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ class TensorSplit:
     """Rows of a prepared dataset held as tensors; `workload` (batchscale/workloads.py) turns
     rows into a batch and evaluates a split."""
 
-    def __init__(self, workload, x: torch.Tensor, y: torch.Tensor, pages=None):
-        self.workload, self.x, self.y = workload, x, y
-        self.pages = pages  # shards.SpillPages of the file x maps, or None
+    def __init__(self, workload, x, y: torch.Tensor):
+        self.workload, self.x, self.y = workload, x, y  # x: a tensor or a shards.RowFile
         self._to_batch = workload.task.to_batch  # looked up once: it runs every step
 
     def __len__(self) -> int:
@@ -42,17 +41,10 @@ class TensorSplit:
         return TensorSplit(self.workload, self.x[:rows], self.y[:rows])
 
     def evaluate(self, model, device: str, autocast: Callable) -> dict[str, float]:
-        metrics = self.workload.evaluate(model, self.x, self.y, device, autocast)
-        self.release_pages()  # the whole split was read: keep none of it resident
-        return metrics
+        return self.workload.evaluate(model, self.x, self.y, device, autocast)
 
     def mean_loss(self, model, device: str, autocast: Callable) -> float:
         return self.evaluate(model, device, autocast)["loss"]
-
-    def release_pages(self) -> None:
-        """Drop the rows read so far from memory (they stay in the spill file)."""
-        if self.pages is not None:
-            self.pages.release()
 
 
 class DatasetSplit:
@@ -68,9 +60,6 @@ class DatasetSplit:
     def batch(self, idx: torch.Tensor, device: str) -> Batch:
         items = [self.dataset[int(i)] for i in idx]
         return to_device(self.collate(items), device)
-
-    def release_pages(self) -> None:
-        """Nothing to drop: items are read from the workload's dataset when needed."""
 
     def head(self, rows: int) -> DatasetSplit:
         return DatasetSplit(self.contract, _Head(self.dataset, min(rows, len(self))), self.member)

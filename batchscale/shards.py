@@ -1,5 +1,5 @@
 """Parquet shards to tensors in bulk (pyarrow -> numpy -> torch, no per-row Python), from a
-local directory or S3, through a memory-mapped spill file so a split of any size fits.
+local directory or S3; a large training split is read row by row from a spill file.
 
 Every shard's SHA-256 is checked against the manifest before it is used: a shard changed after
 data prep (or damaged in transit) is refused instead of silently training on other data.
@@ -8,10 +8,10 @@ data prep (or damaged in transit) is refused instead of silently training on oth
 from __future__ import annotations
 
 import hashlib
-import mmap
+import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +27,7 @@ MANIFEST_FILE = "manifest.parquet"
 HASH_CHUNK_BYTES = 2**20
 FEATURE_COLUMN = "features"
 LABEL_COLUMN = "label"
+FEATURE_BYTES = 4  # float32
 SHARD_COLUMNS = (FEATURE_COLUMN, LABEL_COLUMN)
 
 
@@ -79,37 +80,61 @@ def features_to_numpy(table: pa.Table, feature_shape: tuple[int, ...]) -> np.nda
     return values.reshape(len(table), *feature_shape).astype(np.float32, copy=False)
 
 
-class SplitArrays(NamedTuple):
-    """One split: features (rows, *shape) float32 over a spill file, labels (rows,) int64."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    pages: SpillPages | None
+IN_MEMORY_MAX_BYTES = 256 * 2**20
+"""A streamed split whose features take up to this much is still held in memory (reading rows
+from memory is free; from a file it costs a read per row); a bigger one is read row by row from
+a spill file (docs/data.md, "Large datasets")."""
 
 
-class SpillPages:
-    """The memory map of a split's spill file. `release` drops the pages read so far from the
-    process (they are read again from the file when needed), so a trial's resident memory is
-    what it read since the last release, not the dataset (docs/data.md, "Large datasets")."""
+class RowFile:
+    """Float32 rows in an unnamed temporary file, read with pread: a batch's rows cost one read
+    each and none of them stays in memory. Indexing gives tensors, like the tensor it stands in
+    for: `rows[idx]` (a 1-D tensor or list of row numbers) and `rows[a:b]`."""
 
-    def __init__(self, mapping: mmap.mmap):
-        self.mapping = mapping
-        # Rows are read in a random order: no read-ahead, and a fault maps one page, not the
-        # cached pages around it (which would count a whole neighbourhood as resident).
-        mapping.madvise(mmap.MADV_RANDOM)
+    def __init__(self, file, rows: int, row_shape: tuple[int, ...]):
+        self.file, self.rows, self.row_shape = file, rows, row_shape  # the file dies with us
+        self.row_bytes = int(np.prod(row_shape)) * FEATURE_BYTES
+        self.shape = (rows, *row_shape)
 
-    def release(self) -> None:
-        self.mapping.madvise(mmap.MADV_DONTNEED)
+    def __len__(self) -> int:
+        return self.rows
+
+    def reshaped(self, row_shape: tuple[int, ...]) -> RowFile:
+        return RowFile(self.file, self.rows, row_shape)
+
+    def __getitem__(self, key):
+        import torch
+
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.rows)
+            if step != 1:
+                raise IndexError("a row file reads contiguous slices only")
+            count = max(0, stop - start)
+            out = np.empty((count, *self.row_shape), dtype=np.float32)
+            if count:
+                os.preadv(self.file.fileno(), [memoryview(out).cast("B")],
+                          start * self.row_bytes)
+            return torch.from_numpy(out)
+        rows = torch.as_tensor(key).reshape(-1).tolist()
+        out = np.empty((len(rows), *self.row_shape), dtype=np.float32)
+        fd = self.file.fileno()
+        for place, row in enumerate(rows):
+            if not 0 <= row < self.rows:
+                raise IndexError(f"row {row} of {self.rows}")
+            os.preadv(fd, [memoryview(out[place]).cast("B")], row * self.row_bytes)
+        return torch.from_numpy(out)
 
 
 def load_split(data: str | Path | Location, split: str, *,
-               input_shape: tuple[int, ...] | None = None) -> SplitArrays:
-    """(features, labels, pages) of one split of the dataset at `data`: a directory, an
-    `s3://bucket/prefix` or a Location. The shards are read one at a time into an unnamed
-    temporary file (in $TMPDIR, gone when the process ends, however it ends) that the features
-    map: memory does not grow with the dataset, only with the rows read. Every rank of a
-    data-parallel trial maps the whole split and reads its slice of each global batch, so the
-    global batch is the same for any worker count."""
+               input_shape: tuple[int, ...] | None = None,
+               stream: bool = False) -> tuple[torch.Tensor | RowFile, torch.Tensor]:
+    """(features, labels) of one split of the dataset at `data`: a directory, an
+    `s3://bucket/prefix` or a Location. The shards are read one at a time. With `stream`, a
+    split whose features take more than IN_MEMORY_MAX_BYTES goes to an unnamed temporary file
+    (in $TMPDIR; gone when the process ends, however it ends) read row by row (a RowFile), so
+    memory does not grow with it; otherwise the features are one tensor. Every rank of a
+    data-parallel trial reads its slice of each global batch, so the global batch is the same
+    for any worker count."""
     import torch
 
     location = open_location(data)
@@ -121,24 +146,33 @@ def load_split(data: str | Path | Location, split: str, *,
                        f"splits: {splits}")
     shape = tuple(shards[0]["feature_shape"])
     rows = sum(int(entry["rows"]) for entry in shards)
+    spill = stream and rows * int(np.prod(shape)) * FEATURE_BYTES > IN_MEMORY_MAX_BYTES
+    x = tempfile.TemporaryFile(prefix=f"batchscale-{split}-") if spill else \
+        np.empty((rows, *shape), dtype=np.float32)
     y = np.empty(rows, dtype=np.int64)
-    with tempfile.TemporaryFile(prefix=f"batchscale-{split}-") as spill:
-        start = 0
-        for entry in shards:
-            table = read_shard(location, entry)
-            x = features_to_numpy(table, shape)
-            _spill(spill, x, split)
-            y[start:start + len(x)] = table.column(LABEL_COLUMN).to_numpy()
-            start += len(x)
-        spill.flush()
-        if rows == 0:
-            x, pages = np.empty((0, *shape), dtype=np.float32), None
-        else:  # private (copy-on-write) map: writable for torch, the file never changes
-            x = np.memmap(spill, dtype=np.float32, mode="c", shape=(rows, *shape))
-            pages = SpillPages(x._mmap)
+    start = 0
+    for entry in shards:
+        table = read_shard(location, entry)
+        features = features_to_numpy(table, shape)
+        if spill:
+            _spill(x, features, split)
+        else:
+            x[start:start + len(features)] = features
+        y[start:start + len(features)] = table.column(LABEL_COLUMN).to_numpy()
+        start += len(features)
+        del table, features
+        pa.default_memory_pool().release_unused()  # Arrow's pool would keep every shard
+    where = location.where(MANIFEST_FILE)
+    if spill:
+        x.flush()
+        rows_file = RowFile(x, rows, shape)
+        if input_shape is not None:
+            _check_reshape(shape, input_shape, where)
+            rows_file = rows_file.reshaped(input_shape)
+        return rows_file, torch.from_numpy(y)
     if input_shape is not None:
-        x = _reshape(x, input_shape, location.where(MANIFEST_FILE))
-    return SplitArrays(torch.from_numpy(x), torch.from_numpy(y), pages)
+        x = _reshape(x, input_shape, where)
+    return torch.from_numpy(x), torch.from_numpy(y)
 
 
 def _spill(spill, x: np.ndarray, split: str) -> None:
@@ -151,8 +185,12 @@ def _spill(spill, x: np.ndarray, split: str) -> None:
             "space (set TMPDIR to a disk with room)") from None
 
 
-def _reshape(x: np.ndarray, input_shape: tuple[int, ...], name: str) -> np.ndarray:
-    if int(np.prod(input_shape)) != int(np.prod(x.shape[1:])):
-        raise BadInput(f"{name}: examples of shape {list(x.shape[1:])} cannot feed a model "
+def _check_reshape(shape: tuple[int, ...], input_shape: tuple[int, ...], name: str) -> None:
+    if int(np.prod(input_shape)) != int(np.prod(shape)):
+        raise BadInput(f"{name}: examples of shape {list(shape)} cannot feed a model "
                        f"taking {list(input_shape)}")
+
+
+def _reshape(x: np.ndarray, input_shape: tuple[int, ...], name: str) -> np.ndarray:
+    _check_reshape(tuple(x.shape[1:]), input_shape, name)
     return x.reshape(len(x), *input_shape)

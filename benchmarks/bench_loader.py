@@ -45,7 +45,7 @@ def delivery_samples_per_s(data_dir: Path, batch_size: int) -> tuple[float, floa
 
     from batchscale.shards import load_split
 
-    x, y, _ = load_split(data_dir, "train")
+    x, y = load_split(data_dir, "train")
     order = torch.randperm(len(y))
     offset = 0
 

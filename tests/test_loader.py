@@ -3,7 +3,6 @@ shards that no longer match their manifest."""
 
 from __future__ import annotations
 
-import re
 import tempfile
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from batchscale import shards
 from batchscale.config import DataPrepConfig
 from batchscale.data.datasets import digits
 from batchscale.data.prep import MANIFEST_FILE, prepare, split_indices
@@ -44,7 +44,7 @@ def upload(store: ObjectStore, local: Path, prefix: str) -> None:
 
 
 def test_split_tensors_hold_the_source_rows(digits_dir):
-    x, y, _ = load_split(digits_dir, "train")
+    x, y = load_split(digits_dir, "train")
     raw = digits()
     idx = split_indices(len(raw.labels), 0.2, 0)["train"]
     assert (x.dtype, y.dtype) == (torch.float32, torch.int64)
@@ -53,8 +53,8 @@ def test_split_tensors_hold_the_source_rows(digits_dir):
 
 
 def test_input_shape_reshapes_without_copying_rows(digits_dir):
-    x, _, _ = load_split(digits_dir, "val", input_shape=(1, 8, 8))
-    flat, _, _ = load_split(digits_dir, "val")
+    x, _ = load_split(digits_dir, "val", input_shape=(1, 8, 8))
+    flat, _ = load_split(digits_dir, "val")
     assert x.shape == (len(flat), 1, 8, 8)
     assert torch.equal(x.reshape(len(x), -1), flat)
     with pytest.raises(BadInput, match=r"examples of shape \[64\] cannot feed a model taking"):
@@ -62,7 +62,7 @@ def test_input_shape_reshapes_without_copying_rows(digits_dir):
 
 
 def test_a_split_of_several_shards_is_read_whole_in_manifest_order(sharded_dir):
-    x, y, _ = load_split(sharded_dir, "train")
+    x, y = load_split(sharded_dir, "train")
     shards = [pq.read_table(sharded_dir / f"train-{i:05d}.parquet") for i in range(5)]
     assert [t.num_rows for t in shards] == [1000, 1000, 1000, 1000, 200]
     expected_y = np.concatenate([t.column("label").to_numpy() for t in shards])
@@ -72,34 +72,27 @@ def test_a_split_of_several_shards_is_read_whole_in_manifest_order(sharded_dir):
     assert torch.equal(x, torch.from_numpy(expected_x))
 
 
-def resident_bytes(tensor: torch.Tensor) -> int:
-    """Resident bytes of the memory mapping that holds `tensor` (from /proc/self/smaps)."""
-    address, rss = tensor.data_ptr(), None
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
-            start, end = (int(v, 16) for v in line.split()[0].split("-"))
-            inside = start <= address < end
-        elif inside and line.startswith("Rss:"):
-            rss = int(line.split()[1]) * 1024
-    assert rss is not None, "the tensor is not in a mapping of its own"
-    return rss
-
-
-def test_a_split_maps_an_unnamed_file_whose_pages_leave_memory_on_release(sharded_dir,
-                                                                           tmp_path,
-                                                                           monkeypatch):
-    """Features live in a temporary file with no name (nothing to clean up, even after
-    SIGKILL); only the rows read are resident, and `release` drops them without losing data."""
+def test_a_large_training_split_is_read_row_by_row_from_an_unnamed_file(sharded_dir, tmp_path,
+                                                                       monkeypatch):
+    """Streamed above IN_MEMORY_MAX_BYTES (here 0): the rows live in a temporary file with no
+    name (nothing to clean up, even after SIGKILL) and are read per batch; what they read is
+    what the in-memory load holds, by index list, tensor or slice, in any row shape."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    x, _, pages = load_split(sharded_dir, "train")
-    assert list(tmp_path.iterdir()) == []
-    expected = x.sum().item()
-    assert resident_bytes(x) >= x.numel() * 4
-    pages.release()
-    assert resident_bytes(x) == 0
-    x[:100].sum()
-    assert 0 < resident_bytes(x) < x.numel() * 4
-    assert x.sum().item() == expected
+    held, y = load_split(sharded_dir, "train")
+    monkeypatch.setattr(shards, "IN_MEMORY_MAX_BYTES", 0)
+    rows, streamed_y = load_split(sharded_dir, "train", stream=True)
+    assert isinstance(rows, shards.RowFile) and list(tmp_path.iterdir()) == []
+    assert torch.equal(streamed_y, y) and len(rows) == len(held) == 4200
+    picked = torch.tensor([4199, 0, 17, 17, 2500])
+    assert torch.equal(rows[picked], held[picked])
+    assert torch.equal(rows[[3, 1]], held[[3, 1]])
+    assert torch.equal(rows[:300], held[:300]) and rows[4200:].shape == (0, *held.shape[1:])
+    with pytest.raises(IndexError):
+        rows[[4200]]
+    images, _ = load_split(sharded_dir, "train", stream=True, input_shape=(1, *held.shape[1:]))
+    assert torch.equal(images[picked], held[picked][:, None])
+    in_memory, _ = load_split(sharded_dir, "val", stream=False)
+    assert isinstance(in_memory, torch.Tensor)
 
 
 def test_reads_from_s3_by_store_and_by_uri(digits_dir, object_store: ObjectStore, monkeypatch):
@@ -110,7 +103,7 @@ def test_reads_from_s3_by_store_and_by_uri(digits_dir, object_store: ObjectStore
         monkeypatch.setenv(key, value)
     uri = f"s3://{object_store.settings.bucket}/{object_store.key('prepared')}"
     by_uri = load_split(uri, "train")
-    for x, y, _ in (by_store, by_uri):
+    for x, y in (by_store, by_uri):
         assert torch.equal(x, local[0]) and torch.equal(y, local[1])
 
 
@@ -143,10 +136,10 @@ def test_missing_manifest_split_and_shard_are_named(digits_dir, tmp_path):
 def test_loader_output_trains_like_the_source(digits_dir):
     """Labels and features stay paired: a linear probe fitted on the loaded tensors separates
     the classes as on scikit-learn's arrays (a misaligned load would score near chance)."""
-    x, y, _ = load_split(digits_dir, "train")
+    x, y = load_split(digits_dir, "train")
     w = torch.linalg.lstsq(torch.cat([x, torch.ones(len(x), 1)], 1),
                            torch.nn.functional.one_hot(y, 10).float()).solution
-    vx, vy, _ = load_split(digits_dir, "val")
+    vx, vy = load_split(digits_dir, "val")
     accuracy = (torch.cat([vx, torch.ones(len(vx), 1)], 1) @ w).argmax(1).eq(vy).float().mean()
     assert accuracy > 0.85
     assert np.isclose(float(x.max()), 1.0) and float(x.min()) == 0.0

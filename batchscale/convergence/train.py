@@ -275,9 +275,6 @@ class Trial:
         val = self.val.evaluate(model, device, self.autocast)
         metrics = {f"val_{name}": float(value) for name, value in val.items()}
         metrics["train_loss"] = self.train_eval.mean_loss(model, device, self.autocast)
-        # The training rows read since the last evaluation leave memory: a trial's resident
-        # memory is bounded by one evaluation interval, not the dataset.
-        self.train.release_pages()
         return metrics
 
     def record_eval(self) -> RunStatus | None:

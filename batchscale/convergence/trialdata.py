@@ -20,7 +20,9 @@ def load_data(data_uri: str, workload: Workload):
 
         return contract_split(workload.contract, "train"), contract_split(workload.contract, "val")
     shape = None if workload.shape_from_data else workload.example_shape
-    return tuple(TensorSplit(workload, *load_split(data_uri, split, input_shape=shape))
+    # The training split is streamed when large; the validation split is held in memory.
+    return tuple(TensorSplit(workload, *load_split(data_uri, split, input_shape=shape,
+                                                   stream=split == "train"))
                  for split in ("train", "val"))
 
 

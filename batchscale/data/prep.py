@@ -17,13 +17,12 @@ from batchscale.config import DataPrepConfig
 from batchscale.data.datasets import RawDataset, load_dataset
 from batchscale.errors import BadInput
 from batchscale.schemas import make_table
-from batchscale.shards import MANIFEST_FILE, sha256_file
+from batchscale.shards import FEATURE_BYTES, MANIFEST_FILE, sha256_file
 from batchscale.storage import write_table_atomic
 
 ROW_GROUP_TARGET_BYTES = 32 * 2**20
 """Row groups of about this size: large enough for efficient bulk reads, small enough that a
 streaming reader holds one in memory without trouble (CIFAR-10: ~2,700 rows a group)."""
-FEATURE_BYTES = 4
 """float32 features."""
 MIN_SPLIT_ROWS = 2
 """Fewest rows either split may hold, and never fewer than the dataset has classes (one per

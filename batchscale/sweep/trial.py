@@ -203,7 +203,7 @@ def _train_split(spec: TrialSpec, workload: Workload):
     from batchscale.shards import load_split
 
     return TensorSplit(workload, *load_split(spec.dataset_dir, "train",
-                                             input_shape=workload.example_shape))
+                                             input_shape=workload.example_shape, stream=True))
 
 
 def _progress(spec: TrialSpec):
