@@ -132,6 +132,16 @@ def test_the_worker_reason_states_both_times_and_why_more_workers_won():
     assert "(78% data-parallel efficiency)" in reason
 
 
+def test_an_efficiency_beyond_physics_recommends_no_worker_count():
+    """2 workers 4.3× sooner than 1 (432 % efficiency, seen on a busy machine): the figure is
+    named not physical and no worker count comes from it; up to 120 % still counts."""
+    choice = recommend(obvious_table(), two_worker_runs(0.2376, 0.0275))
+    assert choice.workers is None
+    assert "a data-parallel efficiency of 432%: not physical (above 120%" in choice.workers_reason
+    assert "no worker count is recommended from it" in choice.workers_reason
+    assert recommend(obvious_table(), two_worker_runs(0.125, 0.055)).workers == 2  # 114 %
+
+
 def test_the_worker_reason_states_both_times_when_one_worker_wins():
     choice = recommend(obvious_table(), two_worker_runs(0.055, 0.086))
     assert choice.workers == 1

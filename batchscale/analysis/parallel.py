@@ -85,6 +85,11 @@ def worker_counts(runs: pd.DataFrame) -> list[int]:
     return sorted({int(w) for w in workers[np.isfinite(workers)]})
 
 
+MAX_PHYSICAL_EFFICIENCY = 1.2
+"""Data-parallel efficiency (speed-up ÷ workers) above this is not physical: the ideal is 1,
+and the margin covers timing noise and the cache gain of a smaller per-worker batch."""
+
+
 def worker_choice(
     runs: pd.DataFrame, cell: tuple[str, int] | None = None
 ) -> tuple[int | None, str]:
@@ -114,6 +119,13 @@ def worker_choice(
     if best == 1:
         return 1, f"{listing} — more workers did not reach the target sooner than 1"
     speedup = fastest[1] / fastest[best]
+    if speedup / best > MAX_PHYSICAL_EFFICIENCY:
+        return None, (
+            f"{listing} — {_workers(best)} reached the target {speedup:.3g}× sooner than 1, a"
+            f" data-parallel efficiency of {speedup / best:.0%}: not physical (above"
+            f" {MAX_PHYSICAL_EFFICIENCY:.0%}; most likely the 1-worker trials were slowed, e.g."
+            " by a busy machine), so no worker count is recommended from it"
+        )
     return best, (
         f"{listing} — {_workers(best)} reached the target {speedup:.3g}× sooner than 1, for"
         f" {best}× the workers ({speedup / best:.0%} data-parallel efficiency)"
