@@ -4,6 +4,7 @@ an unknown run and for a run without the measurements a plan needs."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import plan_tables as pt
@@ -96,3 +97,12 @@ def test_publish_stores_a_plan_table_with_rows_and_skips_an_empty_one(
                          markdown_path=str(tmp_path / "r.md"), plan_path=str(plan), **paths)
     keys = {o["key"] for o in manifest["objects"]}
     assert (table_key(object_store, "plan", "2026-03-01", run_id) in keys) == (rows == "plan")
+
+
+def test_worker_counts_beyond_what_the_model_can_say_are_refused():
+    from batchscale.cli.plan_cmd import MAX_PLAN_WORKERS, worker_list
+
+    assert worker_list(f"1,2,{MAX_PLAN_WORKERS}") == [1, 2, MAX_PLAN_WORKERS]
+    for text in ("1,100000000", "0,2", "", "two"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            worker_list(text)

@@ -11,6 +11,7 @@ import pytest
 
 from batchscale.analysis.planner import (
     ASSUMED,
+    BACKWARD_SHARE,
     CHEAPEST_WITHIN_DEADLINE,
     FASTEST_WITHIN_BUDGET,
     LIMIT_COMMUNICATION,
@@ -148,6 +149,22 @@ def test_plan_row_known_answer():
     assert eight.limit == LIMIT_PAST_B_CRIT
     assert eight.b_crit == Band(256, 200, 300)
     assert eight.assumed == "link bandwidth, latency, hidden share"
+
+
+def test_overlap_hides_no_more_than_the_backward_pass():
+    """A fit that says all of the all-reduce was hidden (hidden_share 1, as a noisy run can)
+    hides at most the backward pass (2/3 of the step): at 1,024 workers on a 100 Gb/s ring the
+    all-reduce of 100 MB exceeds it, and the rest shows."""
+    comm = CommModel.from_link(gbps=100, latency_us=5, hidden_share=1.0)
+    one, many = plan_rows(STEP_LINE, STEPS, comm, 1e8, workers=[1, 1024],
+                          per_worker_batches=[128])
+    all_reduce = comm.comm_time_s(1024, 1e8)
+    assert one.comm_s == 0.0
+    assert many.comm_s == pytest.approx(all_reduce - BACKWARD_SHARE * 0.0228)
+    assert many.comm_share > 0.3  # taken at its word, the fit made it 0
+    # Where the backward pass is longer than the all-reduce, all of it can hide.
+    small = plan_rows(STEP_LINE, STEPS, comm, 1e5, workers=[2], per_worker_batches=[128])[0]
+    assert small.comm_s == 0.0
 
 
 def test_measured_step_replaces_the_line_where_given():

@@ -26,6 +26,10 @@ def _require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+BACKWARD_SHARE = 2 / 3
+"""The backward pass's share of a training step (about twice the forward's FLOPs): the most an
+all-reduce overlapped with it can hide, whatever share of it a noisy run's fit says was hidden."""
+
 @dataclass(frozen=True)
 class CommSource:
     """Where each communication parameter came from: MEASURED or ASSUMED."""
@@ -226,7 +230,9 @@ def plan_rows(
 ) -> list[PlanRow]:
     """One row per (N, b), N-major. `step_time` = (alpha_s, beta_s) of one device's line
     t = α + β·b at its own batch b; `steps_fit` = (S_min, E_min, B_crit low, B_crit high).
-    B = N·b; t = α + β·b + (1 − hidden_share)·t_comm(N); S(B) with its band
+    B = N·b; t = α + β·b + t_comm(N) − hidden, where the hidden part is hidden_share·t_comm(N)
+    but at most the backward pass it overlaps (BACKWARD_SHARE of one micro-batch's step); S(B)
+    with its band
     (`StepsFit.steps`); time to target S·t; device-hours N·time/3600. A row with
     b > `max_per_worker_batch` accumulates (`accumulation`): its compute is k × one device's
     step at the micro-batch (k forward/backward passes), its all-reduce is paid once per
@@ -244,13 +250,17 @@ def plan_rows(
                 if math.isfinite(t) and t > 0}
     rows = []
     for n in workers:
-        # Only the part not hidden behind backward adds to the step; once per optimizer step,
-        # accumulated or not (the micro-batches before the last skip the all-reduce, as DDP's
-        # no_sync does), so it overlaps the last micro-batch's backward only.
-        comm_s = (1 - comm.hidden_share) * comm.comm_time_s(n, gradient_bytes)
+        all_reduce_s = comm.comm_time_s(n, gradient_bytes)
         for b in per_worker_batches:
             k, micro = accumulation(b, max_per_worker_batch)
-            step_s = k * measured.get(micro, alpha_s + beta_s * micro) + comm_s
+            micro_s = measured.get(micro, alpha_s + beta_s * micro)
+            # Only the part not hidden behind backward adds to the step; once per optimizer
+            # step, accumulated or not (the micro-batches before the last skip the all-reduce,
+            # as DDP's no_sync does), so it can hide behind the last micro-batch's backward
+            # only, and never for longer than that backward takes.
+            hidden_s = min(comm.hidden_share * all_reduce_s, BACKWARD_SHARE * micro_s)
+            comm_s = all_reduce_s - hidden_s
+            step_s = k * micro_s + comm_s
             steps = fit.steps(n * b)
             time_s = steps.scaled(step_s)
             limit = _limit(n * b, comm_s / step_s, fit, max_per_worker_batch)

@@ -41,6 +41,10 @@ def add_plan_parser(sub) -> None:
     plan.set_defaults(func=cmd_plan)
 
 
+MAX_PLAN_WORKERS = 65_536
+"""The most workers a plan extrapolates to."""
+
+
 def worker_list(text: str) -> list[int]:
     """'1,2,4' as [1, 2, 4]; each a whole number >= 1."""
     try:
@@ -48,8 +52,10 @@ def worker_list(text: str) -> list[int]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a comma-separated list of whole numbers") from None
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} needs worker counts of 1 or more")
+    if not counts or min(counts) < 1 or max(counts) > MAX_PLAN_WORKERS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} needs worker counts from 1 to {MAX_PLAN_WORKERS:,} (beyond, the ring "
+            "all-reduce model and a one-node measurement say nothing)")
     return counts
 
 
