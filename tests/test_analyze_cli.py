@@ -162,7 +162,10 @@ def test_a_foreign_csv_is_read_through_column_mapping(tmp_path, capsys):
     assert any("labelled 'grid'" in n for n in notes) and any("no lr column" in n for n in notes)
     assert "note: runs: no lr column" in stderr  # what was assumed is said, not hidden
     # The stand-in LR of a table without one is never recommended.
-    recommendation = json.loads((out / "summary.json").read_text())["summary"]["recommendation"]
+    summary = json.loads((out / "summary.json").read_text())["summary"]
+    # A table that does not name its target is not given batchscale's default one.
+    assert summary["target"].startswith("the target of your runs (not named")
+    recommendation = summary["recommendation"]
     assert recommendation["batch_size"] is not None
     assert recommendation["learning_rate"] is None
     assert recommendation["learning_rate_reason"] == ("the runs table gives no learning rates "

@@ -37,6 +37,8 @@ class TargetChoice:
     reason: str
 
 
+UNNAMED_TARGET = "the target of your runs (not named: give target_metric and target_value columns)"
+
 # --------------------------------------------------------------------------- splitting
 
 
@@ -92,6 +94,9 @@ def _order_key(targets: list[Target]):
 
 def label_of(target: Target) -> str:
     metric, value = target
+    if metric == VERSION_1_METRIC and math.isnan(value):
+        # No target_metric and no target_val_accuracy: a table brought without its target.
+        return UNNAMED_TARGET
     if math.isnan(value):
         return f"{metric} (target value not recorded)"
     return target_label(metric, value) if metric in METRICS else f"{metric} {value:g}"

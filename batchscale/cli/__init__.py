@@ -69,7 +69,9 @@ runs table, one row per training run:
   optional  seed (default: each row is one run), lr_rule (constant, linear, sqrt, grid;
             default grid: the fewest steps over the learning rates given), lr, status
             (reached, not_reached, diverged; default: reached where steps are given; an empty
-            or NaN step count is not reached), workers (1), time_to_target_s, train_time_s,
+            or NaN step count is not reached), target_metric and target_value (what the
+            steps are to, e.g. val_loss 3.2; unnamed otherwise), workers (1),
+            time_to_target_s, train_time_s,
             steps_run, and any other column of batchscale's runs table
 sweep table, one row per batch size:
   required  batch_size; step_time_median_s or samples_per_s (the other is derived)
