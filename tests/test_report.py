@@ -191,3 +191,26 @@ def test_report_states_a_bound_and_never_the_past_b_crit_sentence():
     assert "<td class=\"text\">above 1,024: steps still fall like 1/B</td>" in page
     assert "Past B_crit" not in page and "B_crit ≈" not in page
     assert len(images(page)) == PLOTS_WITHOUT_DP
+
+
+def test_the_steps_plot_shows_each_trial_and_b_crits_interval_as_a_labelled_band():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from batchscale.analysis.plots_convergence import draw_steps, draw_time_to_target
+
+    runs = make_runs(seeds=(0, 1, 2))
+    result = analyze(make_sweep(), runs, make_curves(runs), AnalysisConfig(bootstrap_samples=20))
+    table = pd.DataFrame(result.rows)
+    fit = result.summary.critical_batch["linear"]
+    labels = [text.get_text() for text in draw_steps(table, result.summary, runs).axes[0]
+              .get_legend().get_texts()]
+    assert "linear: each trial" in labels and "linear: median over seeds S(B)" in labels
+    assert (f"linear: B_crit 90 % interval [{fit.b_crit_low:.3g}, {fit.b_crit_high:.3g}]"
+            in labels)
+    axes = draw_steps(table, result.summary, runs).axes[0]
+    trial_points = next(line for line in axes.get_lines()
+                        if line.get_label() == "linear: each trial")
+    assert len(trial_points.get_xdata()) == len(runs[runs["lr_rule"] == "linear"])
+    times = draw_time_to_target(table, result.summary, runs).axes[0].get_legend().get_texts()
+    assert "linear: each trial" in [text.get_text() for text in times]

@@ -72,19 +72,22 @@ def throughput_plots(
 
 
 def convergence_plots(
-    table: pd.DataFrame, curves: pd.DataFrame, summary: AnalysisSummary
+    table: pd.DataFrame, curves: pd.DataFrame, summary: AnalysisSummary,
+    runs: pd.DataFrame | None = None,
 ) -> list[Plot]:
-    """Steps, time and examples to target per (rule, batch) of the analysis table, and B_simple
-    during training, from the curves."""
+    """Steps, time and examples to target per (rule, batch) of the analysis table (with each
+    trial of `runs`, the recommendation's target's rows), and B_simple during training, from
+    the curves."""
     return [
         make_plot(
-            lambda: draw_steps(table, summary),
-            "Steps to target vs batch size: measured, perfect scaling and S_min + E_min/B",
+            lambda: draw_steps(table, summary, runs),
+            "Steps to target vs batch size: each trial, the median over seeds, perfect scaling,"
+            " S_min + E_min/B and B_crit's 90 % interval",
             NO_RUNS,
         ),
         make_plot(
-            lambda: draw_time_to_target(table, summary),
-            "Time to target vs batch size (steps × step time)",
+            lambda: draw_time_to_target(table, summary, runs),
+            "Time to target vs batch size (steps × step time): each trial and the median",
             NO_RUNS,
         ),
         make_plot(

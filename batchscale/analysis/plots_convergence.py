@@ -1,6 +1,7 @@
-"""The report's convergence plots: steps, time and examples to target per LR rule, with the
-fitted S = S_min + E_min/B where B_crit is a number and an arrow where it is only a bound, and
-the gradient noise scale during training."""
+"""The report's convergence plots: steps, time and examples to target per LR rule (each trial
+and the median over seeds), with the fitted S = S_min + E_min/B and B_crit's 90 % interval as a
+band where B_crit is a number, an arrow where it is only a bound, and the gradient noise scale
+during training."""
 
 from __future__ import annotations
 
@@ -32,7 +33,23 @@ def _rule_cells(table: pd.DataFrame) -> Iterator[tuple[int, str, pd.DataFrame]]:
             yield i, rule, cells.sort_values("batch_size")
 
 
-def draw_steps(table: pd.DataFrame, summary: AnalysisSummary) -> Figure | None:
+def _seed_points(runs: pd.DataFrame | None, rule: str, column: str) -> pd.DataFrame:
+    """(batch_size, value) of each reached single-worker trial of `rule`: the evidence behind
+    each median."""
+    if runs is None or runs.empty or column not in runs.columns:
+        return pd.DataFrame({"batch_size": [], column: []})
+    value = pd.to_numeric(runs[column], errors="coerce")
+    workers = (pd.to_numeric(runs["workers"], errors="coerce").fillna(1)
+               if "workers" in runs.columns else 1)
+    status = runs["status"] if "status" in runs.columns else "reached"
+    keep = (runs["lr_rule"] == rule) & (status == "reached") & (workers == 1)
+    keep &= np.isfinite(value.to_numpy(dtype=float))
+    return pd.DataFrame({"batch_size": runs.loc[keep, "batch_size"].astype(float),
+                         column: value[keep].astype(float)})
+
+
+def draw_steps(table: pd.DataFrame, summary: AnalysisSummary,
+               runs: pd.DataFrame | None = None) -> Figure | None:
     drawn = list(_rule_cells(table))
     if not drawn:
         return None
@@ -40,7 +57,11 @@ def draw_steps(table: pd.DataFrame, summary: AnalysisSummary) -> Figure | None:
     for i, rule, cells in drawn:
         color = f"C{i}"
         b, s = cells["batch_size"].astype(float), cells["steps_to_target"].astype(float)
-        ax.plot(b, s, "o", color=color, label=f"{rule}: measured S(B)")
+        seeds = _seed_points(runs, rule, "steps_to_target")
+        if not seeds.empty:
+            ax.plot(seeds["batch_size"], seeds["steps_to_target"], ".", color=color, alpha=0.35,
+                    label=f"{rule}: each trial")
+        ax.plot(b, s, "o", color=color, label=f"{rule}: median over seeds S(B)")
         ax.plot(
             b, s.iloc[0] * b.iloc[0] / b, "--", color=color, alpha=0.5, linewidth=1,
             label=f"{rule}: perfect scaling",
@@ -53,6 +74,10 @@ def draw_steps(table: pd.DataFrame, summary: AnalysisSummary) -> Figure | None:
                 label=f"{rule}: S_min + E_min/B, B_crit ≈ {fit.b_crit:.3g}",
             )
             ax.axvline(fit.b_crit, color=color, linestyle=":", linewidth=1)
+            if math.isfinite(fit.b_crit_low) and math.isfinite(fit.b_crit_high):
+                ax.axvspan(fit.b_crit_low, fit.b_crit_high, color=color, alpha=0.12,
+                           label=f"{rule}: B_crit 90 % interval [{fit.b_crit_low:.3g}, "
+                                 f"{fit.b_crit_high:.3g}]")
         elif fit.bound:
             _draw_bound(ax, fit.bound, fit.bound_batch, i, color, rule)
     ax.legend(fontsize="small")
@@ -77,7 +102,8 @@ def _draw_bound(ax: Axes, bound: str, batch: float, row: int, color: str, rule: 
     )
 
 
-def draw_time_to_target(table: pd.DataFrame, summary: AnalysisSummary) -> Figure | None:
+def draw_time_to_target(table: pd.DataFrame, summary: AnalysisSummary,
+                        runs: pd.DataFrame | None = None) -> Figure | None:
     drawn = [
         (i, rule, cells[np.isfinite(cells["time_to_target_s"].astype(float))])
         for i, rule, cells in _rule_cells(table)
@@ -87,7 +113,12 @@ def draw_time_to_target(table: pd.DataFrame, summary: AnalysisSummary) -> Figure
         return None
     fig, ax = new_axes("batch size", "time to target (s)", log_y=True)
     for i, rule, cells in drawn:
-        ax.plot(cells["batch_size"], cells["time_to_target_s"], "o-", color=f"C{i}", label=rule)
+        seeds = _seed_points(runs, rule, "time_to_target_s")
+        if not seeds.empty:
+            ax.plot(seeds["batch_size"], seeds["time_to_target_s"], ".", color=f"C{i}",
+                    alpha=0.35, label=f"{rule}: each trial")
+        ax.plot(cells["batch_size"], cells["time_to_target_s"], "o-", color=f"C{i}",
+                label=f"{rule}: median over seeds")
     batch, rule = summary.recommendation.batch_size, summary.recommendation.lr_rule
     best = table[(table["batch_size"] == batch) & (table["lr_rule"] == rule)]
     if not best.empty:
