@@ -319,6 +319,20 @@ def test_history_table_marks_suspected_and_confirmed_runs():
     assert lines[-1].strip().startswith("? suspected")
 
 
+def test_history_table_marks_figures_measured_unstably():
+    """An unstable figure is marked (and explained), unless its verdict mark says more."""
+    history = step_history()
+    flags = [run in (STEP_RUNS[1], STEP_RUNS[3]) for run in history.throughput["run_id"]]
+    history = History(WORKLOAD, history.throughput.assign(unstable=flags), history.critical,
+                      history.verdicts)
+    lines = throughput_lines(history)
+    marked = {run: line for run in STEP_RUNS for line in lines if run in line}
+    assert marked[STEP_RUNS[1]].rstrip().endswith("9,100~")
+    assert marked[STEP_RUNS[3]].rstrip().endswith("6,000?")  # the verdict's mark wins
+    assert marked[STEP_RUNS[2]].rstrip().endswith("8,900")
+    assert lines[-1].strip().startswith("~ measured unstably")
+
+
 def test_history_plot_draws_the_band_the_marked_runs_and_the_change_point(tmp_path):
     from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure

@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow.dataset as ds
 
 from batchscale.errors import BatchscaleError
-from batchscale.schemas import TrialStatus
+from batchscale.schemas import Quality, TrialStatus
 from batchscale.storage import ObjectStore
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from batchscale.analysis.figures import Plot
 
 SWEEP_COLUMNS = ["run_id", "date", "device_name", "precision", "input_mode", "batch_size",
-                 "samples_per_s"]
+                 "samples_per_s", "quality"]
 ANALYSIS_COLUMNS = ["run_id", "date", "lr_rule", "b_crit", "b_crit_low", "b_crit_high",
                     "b_crit_bound", "b_crit_bound_batch"]
 """The analysis columns history shows; the bound columns are absent from partitions published
@@ -43,6 +43,8 @@ VERDICT_COLUMNS = ["run_id", "device_name", "precision", "input_mode", "batch_si
 """The regressions columns history shows (first_bad_run_id is null in older tables)."""
 VERDICT_MARKS = {"suspected": "?", "confirmed": "!", "regression": "!"}
 """How the text table marks a run's figure; "regression" is the verdict of older tables."""
+UNSTABLE_MARK = "~"
+"""A figure measured unstably (its rounds disagreed, or its trials waited for a CPU)."""
 BAND_ALPHA = 0.15
 BOUND_SIGNS = {"above": ">", "below": "<"}
 SERIES_KEYS = ["device_name", "precision", "input_mode"]
@@ -65,7 +67,8 @@ class History:
 
     workload: str
     throughput: pd.DataFrame
-    """RUN_KEYS, SERIES_KEYS, batch_size, samples_per_s (median of the run's ok rows)."""
+    """RUN_KEYS, SERIES_KEYS, batch_size, samples_per_s (median of the run's ok rows), unstable
+    (any of those rows flagged unstable)."""
     critical: pd.DataFrame
     """RUN_KEYS, lr_rule, b_crit, b_crit_low, b_crit_high, b_crit_bound, b_crit_bound_batch."""
     verdicts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=VERDICT_COLUMNS))
@@ -118,7 +121,10 @@ def lake_workloads(store: ObjectStore) -> list[str]:
 
 def _throughput(sweep: pd.DataFrame) -> pd.DataFrame:
     keys = [*RUN_KEYS, *SERIES_KEYS, "batch_size"]
-    return sweep.groupby(keys, sort=False)["samples_per_s"].median().reset_index()
+    quality = sweep["quality"] if "quality" in sweep else pd.Series(None, index=sweep.index)
+    sweep = sweep.assign(unstable=quality.eq(Quality.UNSTABLE))
+    return sweep.groupby(keys, sort=False).agg(samples_per_s=("samples_per_s", "median"),
+                                               unstable=("unstable", "any")).reset_index()
 
 
 def _critical(analysis: pd.DataFrame | None) -> pd.DataFrame:
@@ -139,10 +145,16 @@ def _run_label(row) -> str:
 
 
 def _marks(history: History) -> dict[tuple, str]:
-    """(run_id, device, precision, mode, batch) -> the mark of its verdict, where it has one."""
+    """(run_id, device, precision, mode, batch) -> the mark of its verdict, where it has one,
+    else UNSTABLE_MARK where it was measured unstably."""
+    frame = history.throughput
+    unstable = frame[frame["unstable"].astype(bool)] if "unstable" in frame else frame.iloc[:0]
+    marks = {(r.run_id, r.device_name, r.precision, r.input_mode, r.batch_size): UNSTABLE_MARK
+             for r in unstable.itertuples(index=False)}
     rows = history.verdicts[history.verdicts["verdict"].isin(VERDICT_MARKS)]
-    return {(r.run_id, r.device_name, r.precision, r.input_mode, r.batch_size):
-            VERDICT_MARKS[r.verdict] for r in rows.itertuples(index=False)}
+    marks.update({(r.run_id, r.device_name, r.precision, r.input_mode, r.batch_size):
+                  VERDICT_MARKS[r.verdict] for r in rows.itertuples(index=False)})
+    return marks
 
 
 def throughput_lines(history: History) -> list[str]:
@@ -161,9 +173,12 @@ def throughput_lines(history: History) -> list[str]:
             lines.append(f"  {_run_label(row)}" + "".join(
                 f"{_number(values[b]) + marks.get((row.run_id, *series, b), ' '):>12s}"
                 for b in batches))
-    if marks:
+    if set(marks.values()) & set(VERDICT_MARKS.values()):
         lines.append("  ? suspected (one run below its baseline), ! confirmed regression "
                      "(two or more in a row), as the regression check judged each run")
+    if UNSTABLE_MARK in marks.values():
+        lines.append(f"  {UNSTABLE_MARK} measured unstably (rounds disagreed, or its trials "
+                     "waited for a CPU): not judged, not part of any baseline")
     return lines
 
 
