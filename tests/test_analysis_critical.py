@@ -403,3 +403,19 @@ def test_step_times_use_measurements_and_the_line_elsewhere():
     assert fit.beta_s == pytest.approx(1e-5)
 
 
+
+
+def test_a_configured_range_factor_reaches_the_interval_too():
+    """B_crit ≈ 200 measured up to batch 64: a number with b_crit_range_factor 4 (within 4×),
+    so its interval and note must use 4 too, not the default 2 (which made the interval say
+    "the data only show a bound" beside the number)."""
+    batches = (4, 8, 16, 32, 64)
+    noise = (1.02, 0.98, 1.01, 0.99, 1.0)
+    runs = pd.DataFrame([
+        run_row(b, "linear", 0.1, seed, round((100 + 20_000 / b) * f * (1 + seed / 100)))
+        for b, f in zip(batches, noise, strict=True) for seed in (0, 1)])
+    settings = AnalysisConfig(bootstrap_samples=50, b_crit_range_factor=4.0)
+    fit = analyze(None, runs, None, settings).summary.critical_batch["linear"]
+    assert 128 < fit.b_crit < 256
+    assert math.isfinite(fit.b_crit_low) and math.isfinite(fit.b_crit_high)
+    assert "only show" not in fit.interval_note

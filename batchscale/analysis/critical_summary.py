@@ -94,8 +94,10 @@ def _summary(
     low, high = math.nan, math.nan
     note = fit.reason
     if supported:
-        low, high = bootstrap_critical_batch(rule_runs, rule, n=settings.bootstrap_samples)
-        note = interval_note(rule_runs, rule, (low, high))
+        factor = settings.b_crit_range_factor  # the fit's own: the three must agree
+        low, high = bootstrap_critical_batch(rule_runs, rule, n=settings.bootstrap_samples,
+                                             range_factor=factor)
+        note = interval_note(rule_runs, rule, (low, high), range_factor=factor)
     batches = numeric_column(rule_runs, "batch_size")
     batch_range = (
         (float(np.nanmin(batches)), float(np.nanmax(batches)))
