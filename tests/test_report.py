@@ -214,3 +214,12 @@ def test_the_steps_plot_shows_each_trial_and_b_crits_interval_as_a_labelled_band
     assert len(trial_points.get_xdata()) == len(runs[runs["lr_rule"] == "linear"])
     times = draw_time_to_target(table, result.summary, runs).axes[0].get_legend().get_texts()
     assert "linear: each trial" in [text.get_text() for text in times]
+
+
+def test_a_timing_flag_without_both_step_times_is_not_a_nan_ratio():
+    from batchscale.analysis.report import _timing_cell
+
+    flagged = {"timing_flag": "step times disagree", "sweep_step_time_s": 0.002}
+    assert _timing_cell({**flagged, "step_time_s": 0.02}) == "10× the sweep"
+    assert _timing_cell({**flagged, "step_time_s": float("nan")}) == "flagged (see the quality box)"
+    assert _timing_cell({**flagged, "timing_flag": None, "step_time_s": 0.02}) is None

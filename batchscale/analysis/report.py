@@ -194,7 +194,10 @@ def _timing_cell(row: dict) -> str | None:
     """A flagged cell as "10× the sweep" (the full sentence is in the quality box)."""
     if not row["timing_flag"]:
         return None
-    return f"{row['step_time_s'] / row['sweep_step_time_s']:.2g}× the sweep"
+    ratio = row["step_time_s"] / row["sweep_step_time_s"]
+    if not math.isfinite(ratio):  # one of the two step times is missing
+        return "flagged (see the quality box)"
+    return f"{ratio:.2g}× the sweep"
 
 
 def _fmt(value: object) -> str:
