@@ -5,6 +5,7 @@ coverage is measured in tests/test_calibration.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -419,3 +420,17 @@ def test_a_configured_range_factor_reaches_the_interval_too():
     assert 128 < fit.b_crit < 256
     assert math.isfinite(fit.b_crit_low) and math.isfinite(fit.b_crit_high)
     assert "only show" not in fit.interval_note
+
+
+def test_a_bound_sentence_speaks_of_the_fit_not_of_the_table():
+    """Seen: "B_crit below 16 — the steps to target hardly change" beside a table whose steps
+    fell 110 → 60: the sentence now says what the fit can and cannot tell."""
+    from batchscale.analysis.narrative import _bound_text
+    from batchscale.analysis.summary import CriticalBatchSummary
+
+    fields = {f.name: math.nan for f in dataclasses.fields(CriticalBatchSummary)}
+    below = CriticalBatchSummary(**{**fields, "reason": "no batch size saved steps",
+                                    "bound": "below", "bound_batch": 16.0, "interval_note": "",
+                                    "regimes": (), "batch_range": (16.0, 64.0)})
+    text = _bound_text(below)
+    assert "hardly change" not in text and "cannot tell E_min from zero" in text

@@ -245,15 +245,17 @@ def _critical_text(fit: CriticalBatchSummary, cap: float) -> str:
 def _bound_text(fit: CriticalBatchSummary) -> str:
     """A B_crit the data bound but do not pin down: the bound and what it means, no number."""
     text = f"B_crit {b_crit_text(fit.b_crit, fit.bound, fit.bound_batch)}"
+    # Said of the fit, not of the table beside it: with scattered steps a measured drop can
+    # sit inside what the fit cannot tell from noise.
     if fit.bound == "above":
         text += (
-            " — doubling the batch still about halves the steps across the measured batches,"
-            " so a bigger batch may still save steps (measure one to find B_crit)."
+            " — the fit cannot tell S_min from zero: as far as these data show, a bigger batch"
+            " still saves steps in proportion (measure a bigger one to find B_crit)."
         )
     else:
         text += (
-            " — the steps to target hardly change across the measured batches, so a bigger"
-            " batch only spends more examples."
+            " — the fit cannot tell E_min from zero: these data do not show that a bigger"
+            " batch saves steps (the table beside gives each batch's steps)."
         )
     return text + _regimes_text(fit)
 
