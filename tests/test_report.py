@@ -223,3 +223,12 @@ def test_a_timing_flag_without_both_step_times_is_not_a_nan_ratio():
     assert _timing_cell({**flagged, "step_time_s": 0.02}) == "10× the sweep"
     assert _timing_cell({**flagged, "step_time_s": float("nan")}) == "flagged (see the quality box)"
     assert _timing_cell({**flagged, "timing_flag": None, "step_time_s": 0.02}) is None
+
+
+def test_missing_plots_do_not_contradict_the_numbers_beside_them():
+    """B_simple from the runs but no curves: the plot's place says the curves are what is
+    missing, not that B_simple was never recorded."""
+    runs = make_runs().assign(b_simple=40.0)
+    page = html.unescape(report(make_sweep(), runs, pd.DataFrame()))
+    assert "B_simple was not recorded" not in page
+    assert "B_simple during training needs the curves table" in page

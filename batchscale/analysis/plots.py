@@ -98,7 +98,9 @@ def convergence_plots(
         make_plot(
             lambda: draw_b_simple(curves, summary),
             "Gradient noise scale B_simple during training",
-            "B_simple was not recorded",
+            ("B_simple during training needs the curves table; the trials' final values are"
+             " summarized in the text" if math.isfinite(summary.noise_scale.b_simple_median)
+             else "B_simple was not recorded"),
         ),
     ]
 
@@ -209,9 +211,14 @@ def _convergence_step_times(table: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def _draw_memory(sweep: pd.DataFrame, summary: AnalysisSummary) -> Figure | None:
-    curve = throughput_curve(sweep, summary.throughput.timing_input_mode or TIMING_MODES[0])
-    curve = curve[np.isfinite(curve["peak_memory_bytes"])]
-    if curve.empty:
+    # The timing input mode's rows first; any mode that recorded memory otherwise, as the
+    # memory model itself does (a peak is a peak whichever input fed it).
+    modes = dict.fromkeys((summary.throughput.timing_input_mode or TIMING_MODES[0],
+                           *TIMING_MODES))
+    curves = [throughput_curve(sweep, mode) for mode in modes]
+    curves = [c[np.isfinite(c["peak_memory_bytes"])] for c in curves]
+    curve = next((c for c in curves if not c.empty), None)
+    if curve is None:
         return None
     fig, ax = new_axes("batch size", "peak memory (MiB)")
     ax.plot(curve["batch_size"], curve["peak_memory_bytes"] / BYTES_PER_MIB, "o", label="measured")
