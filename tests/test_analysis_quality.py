@@ -99,11 +99,17 @@ def report_page(sweep: pd.DataFrame, runs: pd.DataFrame) -> str:
     return render_html(analyze(sweep, runs, None, SETTINGS), sweep, runs, None)
 
 
-def test_the_report_opens_with_the_quality_box_when_rows_are_excluded():
+def test_the_report_says_what_was_flagged_in_one_line_above_the_answer_then_the_box():
+    """The answer is never pushed down by the box: one line names what was flagged above the
+    recommendation, the box with the details follows it."""
     runs = untimed_runs()
     page = report_page(measured_sweep(True), runs)
-    box = page[page.index('<section class="quality"'):page.index("</section>")]
-    assert page.index('class="quality"') < page.index("<h2>Recommendation</h2>")
+    box = page[page.index('<section class="quality"'):]
+    box = box[:box.index("</section>")]
+    line = page[page.index('<p class="quality-flagged">'):]
+    line = line[:line.index("</p>")]
+    assert "1 of 12 timed sweep rows unstable (left out)" in line
+    assert page.index(line) < page.index("<h2>Recommendation</h2>") < page.index(box)
     assert "1 of 12 timed sweep rows unstable (left out)" in box
     assert f"ynthetic batch {DISTURBED_BATCH} — {REASON}" in box
     assert "Load average (1 min) up to 3.1 on 2 usable CPUs" in box

@@ -26,7 +26,7 @@ from batchscale.analysis.plan_table import Plan
 from batchscale.analysis.plots import Plot, convergence_plots, parallel_plot, throughput_plots
 from batchscale.analysis.plots_plan import plan_plot, what_if_markdown
 from batchscale.analysis.plots_targets import gap_plots, target_plot
-from batchscale.analysis.quality import quality_box_markdown, stable_sentence
+from batchscale.analysis.quality import headline, quality_box_markdown
 from batchscale.analysis.study_report import STUDY_HEADINGS, StudySection
 from batchscale.analysis.summary import AnalysisSummary, TargetCriticalBatch
 from batchscale.analysis.targets import same_target, split_by_target
@@ -87,7 +87,7 @@ def render_html(
         TEMPLATE,
         title=title,
         quality_box=markdown_html(box) if box else None,
-        quality_line=stable_sentence(summary.quality),
+        quality_line=headline(summary.quality),
         recommendation=markdown_html(recommendation_list(
             summary.recommendation, summary.target, summary.target_reason)),
         narrative=markdown_html(narrative_markdown(summary, with_quality=False)),
