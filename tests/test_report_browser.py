@@ -36,6 +36,10 @@ addEventListener("load", () => document.documentElement.setAttribute("{VERDICT}"
   images: [...document.images].map((image) => ({{
     src: image.src.slice(0, 60), complete: image.complete, naturalWidth: image.naturalWidth}})),
   fetched: performance.getEntriesByType("resource").map((entry) => entry.name),
+  card_bottom_px: (() => {{
+    const card = document.querySelector(".recommendation");
+    return card ? card.getBoundingClientRect().bottom + scrollY : null;
+  }})(),
 }})));
 </script>
 """
@@ -43,6 +47,8 @@ OFFLINE_FLAGS = ["--host-resolver-rules=MAP * ~NOTFOUND",  # no host name resolv
                  "--proxy-server=http://proxy.invalid:1",  # nor does the proxy every request
                  "--proxy-bypass-list=<-loopback>"]  # takes, loopback included
 BROWSER_TIMEOUT_S = 120
+WINDOW = (1280, 900)
+"""A laptop's browser window: the answer must be on the first screen."""
 PNG_1PX = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGA"
            "WjR9awAAAABJRU5ErkJggg==")
 
@@ -53,6 +59,7 @@ class Verdict:
 
     images: list[dict]  # src (first 60 characters), complete, naturalWidth
     fetched: list[str]  # URL of every resource the page requested (Resource Timing)
+    card_bottom_px: float | None = None  # where the recommendation box ends on the page
 
     def problems(self) -> list[str]:
         found = [] if self.images else ["the page has no <img>"]
@@ -76,7 +83,8 @@ def open_offline(chromium: str, page: Path) -> Verdict:
         command = [chromium, "--headless", "--no-sandbox", "--disable-gpu",
                    "--disable-dev-shm-usage", "--disable-background-networking",
                    "--disable-component-update", f"--user-data-dir={profile}", *OFFLINE_FLAGS,
-                   "--virtual-time-budget=5000", "--dump-dom", checked.as_uri()]
+                   f"--window-size={WINDOW[0]},{WINDOW[1]}", "--virtual-time-budget=5000",
+                   "--dump-dom", checked.as_uri()]
         result = subprocess.run(command, capture_output=True, text=True,
                                 timeout=BROWSER_TIMEOUT_S)
     found = re.search(rf'{VERDICT}="([^"]*)"', result.stdout)
@@ -157,6 +165,14 @@ def test_report_plots_decode_and_nothing_is_fetched(chromium, report):
     verdict = open_offline(chromium, report)
     assert verdict.problems() == []
     assert len(verdict.images) == report.read_text().count("<img ")
+
+
+def test_the_answer_is_on_the_first_screen(chromium, report):
+    """At 1,280 × 900 px, the recommendation box ends within the first screen."""
+    verdict = open_offline(chromium, report)
+    assert verdict.card_bottom_px is not None
+    assert 0 < verdict.card_bottom_px <= WINDOW[1], verdict.card_bottom_px
+    print(f"recommendation box ends at {verdict.card_bottom_px:.0f} px")
 
 
 def test_detector_flags_network_images_broken_data_and_stylesheet_urls(chromium, tmp_path):
