@@ -162,6 +162,10 @@ def test_version_1_tables_analyse_as_before():
     page = render_html(before, make_sweep(), old, None)
     assert "set convergence.gap_epochs" in page
     assert "<h2>B_crit vs target</h2>" in page
+    # One target value: no one-point plot, a line saying what the plot needs instead.
+    section = page.split("<h2>B_crit vs target</h2>", 1)[1].split("</section>", 1)[0]
+    assert "<img " not in section
+    assert "one target value per metric: B_crit against the target needs two" in section
 
 
 def test_the_stage_passes_the_configs_primary_target():

@@ -23,11 +23,15 @@ BOUND_ARROW_FACTOR = 1.6
 
 
 def target_plot(summary: AnalysisSummary) -> Plot:
+    values = {(f.metric, f.value) for f in summary.targets if math.isfinite(f.value)}
+    one_each = len(values) == len({metric for metric, _ in values})
     return make_plot(
         lambda: draw_b_crit_vs_target(summary.targets),
         "B_crit vs target value, one series per metric and LR rule (bars: the bootstrap"
         " interval; open markers with arrows: bounds, B_crit lies beyond them)",
-        "no target has a B_crit or a bound",
+        "one target value per metric: B_crit against the target needs two or more values of"
+        " one metric (convergence.targets); the table above has each target's B_crit"
+        if values and one_each else "no target has a B_crit or a bound",
     )
 
 
@@ -50,6 +54,9 @@ def draw_b_crit_vs_target(fits: tuple[TargetCriticalBatch, ...]) -> Figure | Non
     for fit in fits:
         if math.isfinite(fit.value) and (math.isfinite(fit.b_crit) or fit.bound):
             series.setdefault((fit.metric, fit.rule), []).append(fit)
+    # A line against the target needs two target values: a lone point is not a trend.
+    series = {key: points for key, points in series.items()
+              if len({p.value for p in points}) >= 2}
     if not series:
         return None
     fig, ax = new_axes("target value", "B_crit (batch size)", x_base=None, log_y=True)
