@@ -232,3 +232,15 @@ def test_missing_plots_do_not_contradict_the_numbers_beside_them():
     page = html.unescape(report(make_sweep(), runs, pd.DataFrame()))
     assert "B_simple was not recorded" not in page
     assert "B_simple during training needs the curves table" in page
+
+
+def test_the_efficiency_legend_lists_only_batches_run_with_several_worker_counts():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from batchscale.analysis.plots import _draw_dp_efficiency
+
+    runs = make_runs(rules=("linear",))
+    two = pd.DataFrame([run_row(64, "linear", 0.1, 0, 200, workers=2, time=0.1)])
+    legend = _draw_dp_efficiency(pd.concat([runs, two], ignore_index=True)).axes[0].get_legend()
+    assert [text.get_text() for text in legend.get_texts()] == ["batch 64"]

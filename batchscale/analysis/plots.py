@@ -244,6 +244,8 @@ def _draw_dp_efficiency(runs: pd.DataFrame) -> Figure | None:
         return None
     fig, ax = new_axes("workers", "data-parallel efficiency")
     for batch, rows in table.groupby("batch_size", sort=True):
+        if rows["workers"].nunique() < 2:  # ran with one worker count only: no line to draw
+            continue
         ax.plot(rows["workers"], rows["efficiency"], "o-", label=f"batch {int(batch)}")
     ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
     ax.legend(fontsize="small")
