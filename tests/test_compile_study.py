@@ -184,15 +184,19 @@ def test_the_variant_run_id_step_names_the_variants_run():
         variant_run_id.python_func(study_id="../up", variant="fraction0.5")
 
 
-def test_the_compare_study_step_hands_its_config_to_the_study_stage(tmp_path):
+def test_the_compare_study_step_hands_its_config_to_the_study_stage(tmp_path, capsys):
     """The wrapper's own body, run as KFP would run it, up to the stage's first check: a config
-    without a study is refused before the lake is reached. What the stage does with a study is
-    tested with the stage (it needs every variant's run published first)."""
+    without a study is refused before the lake is reached, as a task refuses (one line, exit 2,
+    no traceback). What the stage does with a study is tested with the stage (it needs every
+    variant's run published first)."""
     outputs = {name: cls(name=name, uri=str(tmp_path / name)) for name, cls in (
         ("study", dsl.Dataset), ("study_axes", dsl.Dataset), ("report", dsl.HTML),
         ("answer", dsl.Markdown))}
-    with pytest.raises(BadInput, match="study"):
+    with pytest.raises(SystemExit) as stop:
         compare_study.python_func(config_json=load_config().to_json(), study_id="s", **outputs)
+    assert stop.value.code == BadInput.exit_code
+    assert capsys.readouterr().err.startswith(
+        "batchscale: error: the config has no study.axes: there is nothing to compare")
     assert not any((tmp_path / name).exists() for name in outputs)
 
 

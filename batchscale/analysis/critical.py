@@ -247,6 +247,7 @@ def bootstrap_critical_batch(
     confidence: float = BOOTSTRAP_CONFIDENCE,
     *,
     range_factor: float = DEFAULT_RANGE_FACTOR,
+    seeds_needed: bool = False,
 ) -> tuple[float, float]:
     """(low, high) `confidence` interval of B_crit for one LR rule, when B_crit is a number.
 
@@ -260,7 +261,8 @@ def bootstrap_critical_batch(
     With one run per batch size (the usual published table: the best run over learning rates
     per batch) there are no seeds to resample, and the interval is Fieller's alone: the fit's
     residuals across the batch sizes carry the scatter (coverage measured on simulated one-run
-    tables by tests/test_calibration.py; `interval_note` says which kind it is).
+    tables by tests/test_calibration.py; `interval_note` says which kind it is), unless
+    `seeds_needed` (the adaptive study: NaN, NaN until some batch size has two seeds).
 
     NaN, NaN when `fit_critical_batch` gives no number for these trials (a bound or too few
     batch sizes: the bound is then the whole statement, with no interval), or when fewer than
@@ -278,6 +280,8 @@ def bootstrap_critical_batch(
         pd.factorize(rule_runs["lr"], use_na_sentinel=False)[0],
         pd.factorize(rule_runs["seed"], use_na_sentinel=False)[0],
     )
+    if seeds_needed and all(cell.shape[1] < 2 for cell in cells):
+        return math.nan, math.nan
     low, high = fieller_interval(fit_lines(batch, steps), confidence)
     if any(cell.shape[1] >= 2 for cell in cells):
         rng = np.random.default_rng(seed)
