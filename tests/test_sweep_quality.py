@@ -282,8 +282,8 @@ def test_two_rounds_give_one_row_per_cell_visited_in_alternating_order(tmp_path)
 
 def test_a_cv_limit_no_timing_meets_retries_every_row_then_flags_it(tmp_path):
     """max_cv 1e-9: every timed row is re-measured max_retries times, then kept as unstable
-    with its reason; the sweep's validation then fails (exit 3) above max_unstable_share and
-    passes with a visible warning at or below it."""
+    with its reason; the sweep's validation then fails (exit 3) above max_unstable_share with
+    sweep.unstable_fails and passes with a visible warning at or below it."""
     cfg = SweepConfig(batch_sizes=[1, 16], input_modes=["synthetic"], rounds=2, max_retries=2,
                       max_round_spread=1e6, max_cv=1e-9, **NO_NEIGHBOUR_CHECKS, **FAST)
     log = Log()
@@ -301,7 +301,8 @@ def test_a_cv_limit_no_timing_meets_retries_every_row_then_flags_it(tmp_path):
     assert "every timed row was flagged unstable: no throughput figure is given" in text
     assert "2 of 2 timed rows UNSTABLE" in text and "rerun on a quiet node" in text
 
-    config = ExperimentConfig(sweep=cfg.model_copy(update={"max_unstable_share": 0.5}))
+    config = ExperimentConfig(sweep=cfg.model_copy(update={"max_unstable_share": 0.5,
+                                                           "unstable_fails": True}))
     with pytest.raises(ValidationFailed) as failed:
         validate_sweep(config.to_json(), str(out), str(tmp_path / "v.json"),
                        str(tmp_path / "v.html"))
