@@ -5,11 +5,13 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 
 import batchscale
 from batchscale.config.variants import study_id_of
+from batchscale.images import IMAGE_REF_ENV
 
 
 @functools.cache
@@ -48,6 +50,43 @@ def device_name(device: str = "cpu") -> str:
     return "cpu: " + (platform.processor() or platform.machine())
 
 
+NVIDIA_DRIVER_FILE = Path("/proc/driver/nvidia/version")
+
+
+def cuda_version(device: str = "cpu") -> str | None:
+    """The CUDA runtime torch was built with, where the rows were measured on a GPU."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return torch.version.cuda
+
+
+@functools.cache
+def gpu_driver(device: str = "cpu") -> str | None:
+    """The NVIDIA kernel driver's version (e.g. "550.54.15") on a GPU, else None: from
+    /proc/driver/nvidia/version, or nvidia-smi where /proc does not show it (some containers)."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        found = re.search(r"Kernel Module\s+(\S+)", NVIDIA_DRIVER_FILE.read_text())
+        if found:
+            return found.group(1)
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+        return out.split()[0] if out.split() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def image_reference() -> str | None:
+    """The container image the row was measured in (IMAGE_REF_ENV), None outside a pipeline."""
+    return os.environ.get(IMAGE_REF_ENV) or None
+
+
 def environment(
     *, run_id: str, config_hash: str, experiment: str, workload: str,
     device: str = "cpu", world_size: int = 1, variant: str | None = None,
@@ -64,6 +103,9 @@ def environment(
         "git_commit": git_commit(),
         "batchscale_version": batchscale.__version__,
         "torch_version": torch.__version__,
+        "cuda_version": cuda_version(device),
+        "gpu_driver": gpu_driver(device),
+        "image": image_reference(),
         "python_version": platform.python_version(),
         "device_name": device_name(device),
         "threads": torch.get_num_threads(),

@@ -54,6 +54,12 @@ ENV_FIELDS = [
     pa.field("device_name", pa.string(), nullable=False),
     pa.field("threads", pa.int32(), nullable=False),
     pa.field("world_size", pa.int32(), nullable=False),
+    # Software under torch (null on a CPU, and in rows written before version 4): the CUDA
+    # runtime torch was built with, the NVIDIA driver, and the image reference the pipeline task
+    # ran (images.IMAGE_REF_ENV; null outside a pipeline).
+    pa.field("cuda_version", pa.string()),
+    pa.field("gpu_driver", pa.string()),
+    pa.field("image", pa.string()),
     # The table layout the row was written with (SCHEMA_VERSION); null in rows written before
     # the column existed (version 1). Readers take older partitions under today's schema, the
     # columns added since reading as null (docs/architecture.md, "Schema versions").
@@ -63,11 +69,11 @@ ENV_FIELDS = [
     pa.field("study_id", pa.string()),
     pa.field("variant", pa.string()),
 ]
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """2: several targets per trial (runs: a row per trial and target, target_metric and
 target_value), every evaluated metric in curves, curves' train_loss on a fixed training subset
 (the running batch mean moved to train_batch_loss). 3: `study_id` and `variant` in every result
-row."""
+row. 4: `cuda_version`, `gpu_driver` and `image` (the regression check's software fields)."""
 
 DATASET = pa.schema(
     [

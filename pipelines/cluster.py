@@ -36,7 +36,7 @@ from kfp import dsl, kubernetes
 
 from batchscale.config import ExperimentConfig, KubernetesConfig, TolerationConfig
 from batchscale.errors import BadInput
-from batchscale.images import CPU_IMAGE, GPU_IMAGE
+from batchscale.images import CPU_IMAGE, GPU_IMAGE, IMAGE_REF_ENV
 from batchscale.quantities import cpu_quantity, mebibytes
 
 GPU_STAGES = ("throughput-sweep", "convergence")
@@ -179,7 +179,7 @@ def _size_sweep(task: dsl.PipelineTask, cfg: ExperimentConfig) -> None:
     k8s, gpus = cfg.kubernetes, sweep_gpus(cfg)
     if gpus:
         _request_gpus(task, k8s, gpus)
-    task.set_container_image(GPU_IMAGE if gpus else CPU_IMAGE)
+    _run_image(task, GPU_IMAGE if gpus else CPU_IMAGE)
     if k8s.measure_cpus:
         _reserve(task, str(k8s.measure_cpus), mebibytes(k8s.measure_memory_gib))
     else:
@@ -191,7 +191,7 @@ def _size_convergence(task: dsl.PipelineTask, cell, cfg: ExperimentConfig) -> No
     they vary per cell (cluster_cells); else the one set of requests every cell has."""
     k8s = cfg.kubernetes
     if uses_trainjob(cfg):
-        task.set_container_image(CPU_IMAGE)  # it only waits: no multi-GB CUDA pull
+        _run_image(task, CPU_IMAGE)  # it only waits: no multi-GB CUDA pull
         _modest(task, k8s)
         _launch_env(task, cfg)
         return
@@ -199,11 +199,18 @@ def _size_convergence(task: dsl.PipelineTask, cell, cfg: ExperimentConfig) -> No
         cell = SimpleNamespace(**cell_resources(cfg, cfg.convergence.workers))
     if k8s.gpus_per_worker:
         _request_gpus(task, k8s, cell.gpus)
-    task.set_container_image(GPU_IMAGE if k8s.gpus_per_worker else CPU_IMAGE)
+    _run_image(task, GPU_IMAGE if k8s.gpus_per_worker else CPU_IMAGE)
     if k8s.measure_cpus:
         _reserve(task, cell.cpus, cell.memory)
     else:
         _modest(task, k8s)
+
+
+def _run_image(task: dsl.PipelineTask, image: str) -> None:
+    """The task's image, and its reference in the task's environment: a container cannot see
+    its own image, and every result row records it (the regression check's `image` field)."""
+    task.set_container_image(image)
+    task.set_env_variable(IMAGE_REF_ENV, image)
 
 
 def _launch_env(task: dsl.PipelineTask, cfg: ExperimentConfig) -> None:
@@ -233,6 +240,7 @@ def apply_cluster_settings(tasks: Tasks, cell, cfg: ExperimentConfig) -> None:
         elif stage == "convergence":
             _size_convergence(task, cell, cfg)
         else:
+            _run_image(task, CPU_IMAGE)
             _modest(task, k8s)
 
 

@@ -7,6 +7,7 @@ import yaml
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
+from batchscale.images import IMAGE_REF_ENV
 from batchscale.pipelines.batchscale_pipeline import GPU_STAGES, STAGE_NAMES
 from helpers import run_cli
 
@@ -45,8 +46,12 @@ def test_images_come_from_the_image_setting(compiled):
     pipeline_doc = next(yaml.safe_load_all(compiled[0]))
     components, executors = pipeline_doc["components"], pipeline_doc["deploymentSpec"]["executors"]
     for stage in STAGE_NAMES:
-        image = executors[components[f"comp-{stage}"]["executorLabel"]]["container"]["image"]
-        assert image == (GPU_IMAGE if stage in GPU_STAGES else CPU_IMAGE), stage
+        container = executors[components[f"comp-{stage}"]["executorLabel"]]["container"]
+        expected = GPU_IMAGE if stage in GPU_STAGES else CPU_IMAGE
+        assert container["image"] == expected, stage
+        # Every result row records the image its task ran: a container cannot see its own.
+        env_vars = {e["name"]: e["value"] for e in container.get("env", [])}
+        assert env_vars[IMAGE_REF_ENV] == expected, stage
     assert CPU_IMAGE in compiled[1] and GPU_IMAGE in compiled[1]
 
 
@@ -67,7 +72,7 @@ def test_a_kubeflow_launched_trainjob_runs_the_image_setting(tmp_path, gpus_per_
     container = pipeline_doc["deploymentSpec"]["executors"][label]["container"]
     env_vars = {e["name"]: e["value"] for e in container["env"]}
     assert env_vars["BATCHSCALE_TRAINJOB_IMAGE"] == trainjob_image
-    assert container["image"] == CPU_IMAGE
+    assert container["image"] == CPU_IMAGE and env_vars[IMAGE_REF_ENV] == CPU_IMAGE
 
 
 def test_no_secret_value_reaches_the_yaml(compiled):

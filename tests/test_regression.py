@@ -255,21 +255,59 @@ def test_another_thread_count_is_environment_changed_naming_threads(tmp_path):
     gate(table, tmp_path, fail=True)  # not a regression: nothing fails
 
 
-def test_a_new_torch_is_named_and_the_new_environment_builds_its_own_baseline():
+def test_a_slowdown_with_a_new_torch_is_suspected_then_confirmed_and_attributed_to_it(tmp_path):
+    """Software under the code (torch here) keeps the series: a 40 % slower step that comes
+    with a new torch is judged like a code change and names the torch versions."""
+    new_torch = {"torch_version": "2.15.0"}
+    first = quiet_run("t1", scale=0.6, **new_torch)
+    suspected = check_regressions(first, three_quiet_runs(), HISTORY)
+    assert set(suspected["verdict"]) == {SUSPECTED}
+    assert set(suspected["reason"]) == {
+        "torch_version 2.14.1 -> 2.15.0 since run q2: compared across the change"}
+    history = pd.concat([three_quiet_runs(), first], ignore_index=True)
+    table = check_regressions(quiet_run("t2", scale=0.6, **new_torch), history, HISTORY)
+    assert set(table["verdict"]) == {CONFIRMED}
+    assert table["attribution"].str.endswith(
+        "changed: torch_version 2.14.1 -> 2.15.0").all()
+    with pytest.raises(RegressionFound, match="torch_version 2.14.1 -> 2.15.0"):
+        gate(table, tmp_path)
+
+
+@pytest.mark.parametrize("field,old,new", [
+    ("gpu_driver", "550.54.15", "560.35.03"), ("cuda_version", "12.4", "12.6"),
+    ("image", "reg/batchscale-cuda@sha256:aaa", "reg/batchscale-cuda@sha256:bbb")])
+def test_a_driver_cuda_or_image_change_with_a_slowdown_is_confirmed_naming_it(field, old, new):
+    history = pd.concat([three_quiet_runs(**{field: old}),
+                         quiet_run("s1", scale=0.6, **{field: new})], ignore_index=True)
+    table = check_regressions(quiet_run("s2", scale=0.6, **{field: new}), history, HISTORY)
+    assert set(table["verdict"]) == {CONFIRMED}
+    assert table["attribution"].str.endswith(f"changed: {field} {old} -> {new}").all()
+    assert f"{field}={new}" in table["fingerprint"].iloc[0]
+
+
+def test_a_new_torch_at_the_same_speed_is_no_regression_and_says_it_compared_across():
+    table = check_regressions(quiet_run("t1", torch_version="2.15.0"), three_quiet_runs(), HISTORY)
+    assert set(table["verdict"]) == {NO_REGRESSION}
+    assert set(table["history_runs"]) == {3}  # the old torch's runs are its baseline
+    assert table["reason"].str.startswith("torch_version 2.14.1 -> 2.15.0 since run q2").all()
+
+
+def test_another_process_count_is_not_comparable_and_builds_its_own_baseline():
     old = three_quiet_runs()
-    new_env = {"torch_version": "2.15.0"}
-    first = check_regressions(quiet_run("n0", scale=0.8, **new_env), old, HISTORY)
-    assert set(first["reason"]) == {"torch_version 2.14.1 -> 2.15.0: new baseline"}
-    history = pd.concat([old, quiet_run("n0", scale=0.8, **new_env)], ignore_index=True)
-    second = check_regressions(quiet_run("n1", scale=0.8, **new_env), history, HISTORY)
+    other = {"world_size": 2}
+    first = check_regressions(quiet_run("n0", scale=0.8, **other), old, HISTORY)
+    assert set(first["verdict"]) == {ENVIRONMENT_CHANGED}
+    assert set(first["reason"]) == {"world_size 1 -> 2: new baseline"}
+    history = pd.concat([old, quiet_run("n0", scale=0.8, **other)], ignore_index=True)
+    second = check_regressions(quiet_run("n1", scale=0.8, **other), history, HISTORY)
     assert set(second["verdict"]) == {INSUFFICIENT_HISTORY}
     assert second["reason"].iloc[0].startswith("1 earlier run judged well with this fingerprint")
-    newer = pd.concat([history, *(quiet_run(f"n{i}", scale=0.8, **new_env) for i in (1, 2))],
+    newer = pd.concat([history, *(quiet_run(f"n{i}", scale=0.8, **other) for i in (1, 2))],
                       ignore_index=True)
-    steady = check_regressions(quiet_run("n3", scale=0.8, **new_env), newer, HISTORY)
+    steady = check_regressions(quiet_run("n3", scale=0.8, **other), newer, HISTORY)
     assert set(steady["verdict"]) == {NO_REGRESSION}
-    assert set(steady["history_runs"]) == {3}  # the new torch's runs only
-    slower = check_regressions(quiet_run("n3", scale=0.5, **new_env), newer, HISTORY)
+    assert set(steady["history_runs"]) == {3}  # the two-process runs only
+    slower = check_regressions(quiet_run("n3", scale=0.5, **other), newer, HISTORY)
     assert set(slower["verdict"]) == {SUSPECTED}
 
 
@@ -305,7 +343,8 @@ def test_nothing_changed_in_the_recorded_versions_is_said_so():
     table = check_regressions(quiet_run("slow2", scale=0.6), history, HISTORY)
     assert set(table["verdict"]) == {CONFIRMED}
     assert table["attribution"].str.endswith(
-        "no change in git_commit, batchscale_version, torch_version recorded between them "
+        "no change in git_commit, batchscale_version, torch_version, cuda_version, gpu_driver, "
+        "python_version, image recorded between them "
         "(look outside the code: data, driver, node)").all()
 
 

@@ -16,8 +16,8 @@ STUDY_ID = "study-1"
 ENV = {"run_id": STUDY_ID, "config_hash": "c0ffee", "experiment": "study-test",
        "workload": "digits-mlp", "git_commit": "deadbeef", "batchscale_version": "0.1.0",
        "torch_version": "2.14.1", "python_version": "3.11.9", "device_name": "cpu",
-       "threads": 2, "world_size": 1, "schema_version": 3, "study_id": STUDY_ID,
-       "variant": None}
+       "threads": 2, "world_size": 1, "cuda_version": None, "gpu_driver": None, "image": None,
+       "schema_version": 4, "study_id": STUDY_ID, "variant": None}
 assert set(ENV) == {f.name for f in ENV_FIELDS}
 NAN = math.nan
 

@@ -135,6 +135,7 @@ def expected_request(name: str, spec_uri: str, workers: int) -> dict:
                         {"name": "BATCHSCALE_S3_PREFIX",
                          "value": os.environ["BATCHSCALE_S3_PREFIX"]},
                         {"name": "BATCHSCALE_GIT_COMMIT", "value": git_commit()},
+                        {"name": "BATCHSCALE_IMAGE_REF", "value": IMAGE},
                         {"name": "OMP_NUM_THREADS", "value": "1"},
                         secret_ref("AWS_ACCESS_KEY_ID", "accesskey"),
                         secret_ref("AWS_SECRET_ACCESS_KEY", "secretkey")],

@@ -70,7 +70,8 @@ def body(kubernetes: dict | None = None, workers: int = 2, owner=OWNER,
         command=["torchrun", "--max-restarts=2", "-m", "batchscale.convergence.train",
                  "--spec", "s3://mlpipeline/shared/batchscale/convergence/r/b64-w2/spec.json"],
         workers=workers, deadline_s=1800, image="registry.example/batchscale:test",
-        env=trainer_env(cfg.kubernetes, SETTINGS, "0123abc"), owner=owner)
+        env=trainer_env(cfg.kubernetes, SETTINGS, "0123abc", "registry.example/batchscale:test"),
+        owner=owner)
     return build_trainjob(cfg, request).to_dict()
 
 

@@ -258,7 +258,7 @@ def run_on_kubeflow(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
         runtime_name=runtime.name, runtime_kind=runtime.kind.value,
         command=trainjob_command(staged.spec_uri, cfg.convergence.max_restarts),
         workers=workers, deadline_s=deadline_s, image=image,
-        env=trainer_env(cfg.kubernetes, settings, git_commit()), owner=pod)
+        env=trainer_env(cfg.kubernetes, settings, git_commit(), image), owner=pod)
     submit_and_await(client, build_trainjob(cfg, request), limits)
     return collect(staged.spec, staged.root.child("out"))
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from batchscale.config import ExperimentConfig, KubernetesConfig, TolerationConfig
 from batchscale.errors import BadInput
-from batchscale.images import CPU_IMAGE, GPU_IMAGE
+from batchscale.images import CPU_IMAGE, GPU_IMAGE, IMAGE_REF_ENV
 from batchscale.quantities import cpu_quantity, mebibytes
 from batchscale.storage import S3Settings
 
@@ -105,16 +105,17 @@ def secret_env(k8s: KubernetesConfig) -> list[models.IoK8sApiCoreV1EnvVar]:
             for secret_key, env_name in sorted(k8s.s3_secret_env.items())]
 
 
-def trainer_env(k8s: KubernetesConfig, settings: S3Settings,
-                commit: str) -> list[models.IoK8sApiCoreV1EnvVar]:
-    """The store's settings, the commit, and torch's thread count matched to the node's CPUs
-    (torch would otherwise start one thread per CPU of the machine, not of the container's
-    limit; torchrun sets OMP_NUM_THREADS only for several processes per node)."""
+def trainer_env(k8s: KubernetesConfig, settings: S3Settings, commit: str,
+                image: str) -> list[models.IoK8sApiCoreV1EnvVar]:
+    """The store's settings, the commit, the image the nodes run (recorded in their rows), and
+    torch's thread count matched to the node's CPUs (torch would otherwise start one thread per
+    CPU of the machine, not of the container's limit; torchrun sets OMP_NUM_THREADS only for
+    several processes per node)."""
     from kubeflow_trainer_api import models
 
     plain = {"BATCHSCALE_S3_ENDPOINT": settings.endpoint_url or "",
              "BATCHSCALE_S3_BUCKET": settings.bucket, "BATCHSCALE_S3_PREFIX": settings.prefix,
-             "BATCHSCALE_GIT_COMMIT": commit}
+             "BATCHSCALE_GIT_COMMIT": commit, IMAGE_REF_ENV: image}
     if k8s.measure_cpus:
         plain["OMP_NUM_THREADS"] = str(k8s.measure_cpus)
     return [models.IoK8sApiCoreV1EnvVar(name=k, value=v) for k, v in plain.items()] + \

@@ -12,15 +12,17 @@ Disturbed as a whole: a run whose share of unstable timed rows exceeds the sweep
 says "not judged: measurement disturbed" for every cell and is left out of later baselines.
 
 Fingerprint: the environment fields that change speed without any change of batchscale's code
-(FINGERPRINT_FIELDS). `git_commit` and `batchscale_version` are deliberately not in it: a code
-change is what the check exists to catch. CUDA's version is part of `torch_version` (the wheel's
-local version, e.g. "2.5.1+cu124"); the image is not recorded per row, and its speed-relevant
-content is torch, Python and the device, which are. A field null on either side (not recorded
-then) is not a difference.
+(FINGERPRINT_FIELDS), of two kinds. SERIES_FIELDS make runs *not comparable* (another device,
+thread or process count, precision, input size or layout): a change of one starts a new series,
+"environment_changed". SOFTWARE_FIELDS (torch, and so its CUDA build; the CUDA runtime; the
+NVIDIA driver; Python by major.minor; the image reference) leave runs comparable: the series
+goes on across a change of one, so a slowdown that comes with a new torch or driver is
+suspected, then confirmed and attributed to it like a code change. `git_commit` and
+`batchscale_version` are in neither: a code change is what the check exists to catch. A field
+null on either side (not recorded then, or a CPU's driver) is not a difference.
 
-Attribution: `git_commit`, `batchscale_version` and `torch_version` (ATTRIBUTION_FIELDS) travel
-with each cell so a confirmed regression can name what changed between its last good and its
-first bad run.
+Attribution: the commit, version and software fields (ATTRIBUTION_FIELDS) travel with each cell
+so a confirmed regression can name what changed between its last good and its first bad run.
 """
 
 from __future__ import annotations
@@ -33,15 +35,17 @@ import pandas as pd
 from batchscale.config import SweepConfig
 from batchscale.schemas import Quality, TrialStatus
 
-FINGERPRINT_FIELDS = ("device_name", "threads", "world_size", "precision", "torch_version",
-                      "python_version", "image_size_px", "channels_last", "compiled")
-"""Environment and measurement settings a cell's speed depends on besides the code: the device
-model, torch threads and processes, precision, the torch (and so CUDA) and Python versions, and
-the sweep's input size and layout/compile switches."""
+SERIES_FIELDS = ("device_name", "threads", "world_size", "precision", "image_size_px",
+                 "channels_last", "compiled")
+"""What makes two runs not comparable: the device model, torch threads and processes, precision,
+and the sweep's input size and layout/compile switches."""
+SOFTWARE_FIELDS = ("torch_version", "cuda_version", "gpu_driver", "python_version", "image")
+"""Software under batchscale's code: a change keeps the series and is named when it slows it."""
+FINGERPRINT_FIELDS = (*SERIES_FIELDS, *SOFTWARE_FIELDS)
 MEASUREMENT_COLUMNS = ("quality", "quality_reason", "cpu_wait_share")
 DEFAULT_MAX_UNSTABLE_SHARE = SweepConfig.model_fields["max_unstable_share"].default
 DEFAULT_MAX_CPU_WAIT_SHARE = SweepConfig.model_fields["max_cpu_wait_share"].default
-ATTRIBUTION_FIELDS = ("git_commit", "batchscale_version", "torch_version")
+ATTRIBUTION_FIELDS = ("git_commit", "batchscale_version", *SOFTWARE_FIELDS)
 """What a confirmed regression names as changed between its last good and first bad run."""
 RUN_FIELDS = ("date",)
 """The run's date partition, where the rows came from the lake."""
@@ -107,7 +111,7 @@ def _text(value: object) -> str:
     return str(value)
 
 
-def _value(field: str, cell: dict) -> str:
+def value_text(field: str, cell: dict) -> str:
     """A fingerprint field as compared: Python by major.minor (a patch release does not move
     training speed, and an image rebuild picks one up), everything else as recorded."""
     text = _text(cell[field])
@@ -116,18 +120,19 @@ def _value(field: str, cell: dict) -> str:
 
 def fingerprint_text(cell: dict) -> str:
     """The recorded fingerprint fields of one cell, as "field=value; ..."."""
-    return "; ".join(f"{f}={_value(f, cell)}" for f in FINGERPRINT_FIELDS if _recorded(cell[f]))
+    return "; ".join(f"{f}={value_text(f, cell)}" for f in FINGERPRINT_FIELDS
+                     if _recorded(cell[f]))
 
 
-def differences(before: dict, now: dict) -> list[str]:
-    """The fingerprint fields recorded in both that differ, as "field old -> new"."""
-    return [f"{f} {_value(f, before)} -> {_value(f, now)}" for f in FINGERPRINT_FIELDS
+def differences(before: dict, now: dict, fields: tuple[str, ...] = SERIES_FIELDS) -> list[str]:
+    """The `fields` recorded in both that differ, as "field old -> new"."""
+    return [f"{f} {value_text(f, before)} -> {value_text(f, now)}" for f in fields
             if _recorded(before[f]) and _recorded(now[f])
-            and _value(f, before) != _value(f, now)]
+            and value_text(f, before) != value_text(f, now)]
 
 
 def same_fingerprint(cells: pd.DataFrame, cell: dict) -> np.ndarray:
-    """Mask of the rows of `cells` whose fingerprint does not differ from `cell`'s."""
+    """Mask of the rows of `cells` comparable with `cell` (no SERIES_FIELDS differ)."""
     return np.array([not differences(row, cell) for row in cells.to_dict("records")],
                     dtype=bool)
 

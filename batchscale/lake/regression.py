@@ -2,21 +2,23 @@
 
 A cell is (workload, device, precision, input mode, batch size) of the throughput sweep. Its
 series is the samples/s of the complete runs published before this one that measured the cell
-well with the same speed fingerprint (comparable.py: rows flagged unstable and runs disturbed
-as a whole are left out; a run on another torch, thread count, ... is another series), then
-this run's. A run's figure is the median of its stable timed rows of the cell.
+well and are comparable with it (comparable.py: rows flagged unstable and runs disturbed as a
+whole are left out; a run on another device, thread count, precision, ... is another series; a
+run on another torch, CUDA, driver or image is the same series), then this run's. A run's
+figure is the median of its stable timed rows of the cell.
 
 The verdict, in this order: a run disturbed as a whole is "not_judged" ("measurement
 disturbed"), as is a cell whose timed rows are all unstable (the row's `quality_reason`); a
-cell whose fingerprint differs from that of the last earlier run measured well is
-"environment_changed", naming the fields that differ, with the step against that environment's
-baseline in `change`. Otherwise the change-point test (changepoints.py) decides: fewer than
-MIN_HISTORY_RUNS earlier runs is "insufficient_history"; one run below the baseline (a blip,
-or the start of a step) is "suspected"; two or more in a row are "confirmed", and a confirmed
-cell names its last good and first bad run, their commits and figures, and what changed
-between them (git_commit, batchscale_version, torch_version). A cell that timed fine in history
-but now ran out of memory or failed lies below any baseline. Improvements are never flagged.
-Only "confirmed" fails a run (`publish.fail_on_regression`); the rest are reported.
+cell not comparable with the last earlier run measured well is "environment_changed", naming
+the fields that differ, with the step against that environment's baseline in `change`.
+Otherwise the change-point test (changepoints.py) decides: fewer than MIN_HISTORY_RUNS earlier
+runs is "insufficient_history"; one run below the baseline (a blip, or the start of a step) is
+"suspected"; two or more in a row are "confirmed", and a confirmed cell names its last good and
+first bad run, their commits and figures, and what changed between them (commit, version,
+torch, CUDA, driver, Python, image). A software change since the previous run is named in the
+reason of a cell that is not confirmed. A cell that timed fine in history but now ran out of
+memory or failed lies below any baseline. Improvements are never flagged. Only "confirmed"
+fails a run (`publish.fail_on_regression`); the rest are reported.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from batchscale.lake.comparable import (
     FINGERPRINT_FIELDS,
     MEASUREMENT_COLUMNS,
     RUN_FIELDS,
+    SOFTWARE_FIELDS,
     differences,
     disturbance,
     fingerprint_text,
@@ -150,6 +153,10 @@ def judge_cell(cell: dict, past: pd.DataFrame | None, history_runs: int,
         before = Baseline.of(timed[np.isfinite(timed)][-history_runs:])
         row.update(_figures(before, cell), verdict=ENVIRONMENT_CHANGED,
                    reason=f"{', '.join(changed)}: new baseline")
+    elif last and row["verdict"] != CONFIRMED and (
+            software := differences(last, cell, SOFTWARE_FIELDS)):
+        row["reason"] = (f"{', '.join(software)} since run {last['run_id']}: compared across "
+                         "the change" + (f"; {row['reason']}" if row["reason"] else ""))
     if row["verdict"] != CONFIRMED:
         row.update(runs_below=row["runs_below"] if row["verdict"] in JUDGED else None,
                    **dict.fromkeys(("last_good_run_id", "last_good_commit", "first_bad_run_id",

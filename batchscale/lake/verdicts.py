@@ -18,7 +18,7 @@ from batchscale.lake.changepoints import (
     OK,
     SUSPECTED,
 )
-from batchscale.lake.comparable import DISTURBED, FINGERPRINT_FIELDS
+from batchscale.lake.comparable import DISTURBED, FINGERPRINT_FIELDS, value_text
 from batchscale.schemas import TrialStatus
 
 NOT_JUDGED = "not_judged"
@@ -57,8 +57,9 @@ def attribution_text(good: dict, bad: dict, fields: tuple[str, ...]) -> str:
               for r in (good, bad)}
     between = (f"between commit {commit[good['run_id']]} ({_run_text(good)}) and "
                f"{commit[bad['run_id']]} ({_run_text(bad)})")
-    changed = [f"{f} {good[f]} -> {bad[f]}" for f in fields
-               if _recorded(good[f]) and _recorded(bad[f]) and str(good[f]) != str(bad[f])]
+    changed = [f"{f} {value_text(f, good)} -> {value_text(f, bad)}" for f in fields
+               if _recorded(good[f]) and _recorded(bad[f])
+               and value_text(f, good) != value_text(f, bad)]
     if changed:
         return f"{between}; changed: {', '.join(changed)}"
     return (f"{between}; no change in {', '.join(fields)} recorded between them (look outside "
