@@ -28,6 +28,7 @@ from batchscale.kfp_client import (
     connect,
     kfp_errors,
 )
+from batchscale.lake.lake import read_lake_table
 from batchscale.storage import PREFLIGHT_WAITS, ObjectStore, S3Settings
 from helpers import TINY_CONFIG, run_cli
 
@@ -202,8 +203,8 @@ def test_an_endpoint_that_never_accepts_fails_the_check_within_the_stated_bound(
 
 def test_a_trickling_s3_endpoint_is_cut_off_at_the_calls_deadline(trickling_endpoint):
     """Bytes arrive every 0.2 s, inside the 2 s read timeout, so only the whole call's deadline
-    can end it: the check, a read, a listing and a write each stop within it, naming the
-    endpoint and the bound."""
+    can end it: the check, a read, a listing, a write and a lake read through pyarrow's S3
+    filesystem each stop within it, naming the endpoint and the bound."""
     deadline_s = 3.0
     store = ObjectStore(S3Settings(trickling_endpoint, "batchscale", "p", "id", SECRET),
                         max_attempts=0, read_timeout_s=2.0, deadline_s=deadline_s)
@@ -218,6 +219,12 @@ def test_a_trickling_s3_endpoint_is_cut_off_at_the_calls_deadline(trickling_endp
                 f"{deadline_s:g} s" in str(err.value)), name
         assert elapsed < margin(deadline_s), name
         assert SECRET not in str(err.value)
+    # pyarrow's S3 client (the lake's reads) gives up on a stalled transfer by itself; the
+    # store's deadline bounds it either way, and its error names the endpoint.
+    started = time.monotonic()
+    with pytest.raises(StoreError, match=f"from S3 endpoint {trickling_endpoint} failed"):
+        read_lake_table(store, "sweep")
+    assert time.monotonic() - started < margin(deadline_s)
 
 
 @pytest.mark.parametrize("bucket", ["batchscale", "not-served-here"])

@@ -148,8 +148,8 @@ def torchrun_command(spec_path: str, workers: int, max_restarts: int) -> list[st
 def torchrun_env(workers: int) -> dict:
     env = dict(os.environ)
     # torchrun only sets OMP_NUM_THREADS for nproc > 1; set it always so ranks share the cores
-    # evenly instead of oversubscribing them.
-    env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    # evenly instead of oversubscribing them (a value the user set is theirs to keep).
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # A user's workload module is found from the launching directory, as in the launcher.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), os.getcwd()) if p)

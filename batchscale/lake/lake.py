@@ -14,6 +14,7 @@ naming its key.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -65,7 +66,7 @@ def complete_runs(store: ObjectStore) -> pd.DataFrame:
     selector = pafs.FileSelector(lake_path(store, RUNS_FOLDER), recursive=True,
                                  allow_not_found=True)
     found = []
-    for info in store.pyarrow_filesystem().get_file_info(selector):
+    for info in _file_infos(store, selector):
         folder, name = info.path.split("/")[-2:]
         if name == MANIFEST_NAME and folder.startswith(RUN_PARTITION):
             found.append((folder[len(RUN_PARTITION):], info))
@@ -124,7 +125,7 @@ def _run_files(store: ObjectStore, table: str, run_ids: set[str]) -> list[str]:
     base = lake_path(store, table)
     selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
     files = []
-    for info in store.pyarrow_filesystem().get_file_info(selector):
+    for info in _file_infos(store, selector):
         parts = info.path[len(base) + 1:].split("/")
         if info.type != pafs.FileType.File or any(p.startswith(IGNORED_PREFIXES) for p in parts):
             continue
@@ -138,8 +139,21 @@ def _run_files(store: ObjectStore, table: str, run_ids: set[str]) -> list[str]:
     return sorted(files)
 
 
+def _file_infos(store: ObjectStore, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+    """The listing, within the store's total deadline (pyarrow has only per-request timeouts)."""
+    return store.pyarrow_read(lambda: store.pyarrow_filesystem().get_file_info(selector),
+                              f"the listing of s3://{selector.base_dir}")
+
+
 def _scan(store: ObjectStore, table: str, files: list[str], where: pc.Expression,
           columns: list[str] | None) -> pa.Table:
+    """`_scan_now` within the store's total deadline."""
+    return store.pyarrow_read(lambda: _scan_now(store, table, files, where, columns),
+                              f"lake table {table!r}")
+
+
+def _scan_now(store: ObjectStore, table: str, files: list[str], where: pc.Expression,
+              columns: list[str] | None) -> pa.Table:
     """The files as one table under the union of the first file's schema and today's schema of
     the table: a dataset alone takes the first file's, so columns added since an old partition
     was written would be dropped from every newer one; old rows get nulls there."""
@@ -180,7 +194,8 @@ def _scan_skipping_strays(store: ObjectStore, table: str, files: list[str],
     for path in files:
         try:
             pq.ParquetFile(pa.BufferReader(store.get_bytes(path.split("/", 1)[1])))  # footer
-            part = _scan(store, table, [path], where, columns)
+            part = store.bounded(functools.partial(_scan_now, store, table, [path], where,
+                                                   columns))
             schema = part.schema if schema is None else pa.unify_schemas([schema, part.schema])
         except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as err:
             warn(f"s3://{path} is not a readable part of lake table {table!r} "

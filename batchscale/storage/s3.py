@@ -176,14 +176,14 @@ class ObjectStore:
         waits = self._preflight_waits
         with self._translate(waits=waits):
             try:
-                self._bounded(lambda: self._preflight.head_bucket(Bucket=bucket), waits)
+                self.bounded(lambda: self._preflight.head_bucket(Bucket=bucket), waits)
             except ClientError as exc:
                 if _code(exc) not in _MISSING_KEY_CODES | _MISSING_BUCKET_CODES:
                     raise
                 if not create_bucket:
                     raise self._error(f"bucket {bucket!r} does not exist at S3 endpoint "
                                       f"{self.endpoint}{_unmarked(exc)}") from None
-                self._bounded(lambda: self._preflight.create_bucket(Bucket=bucket), waits)
+                self.bounded(lambda: self._preflight.create_bucket(Bucket=bucket), waits)
 
     def put_bytes(self, key: str, data: bytes) -> bool:
         """Store `data` under `key` unless the key exists; True if this call created it.
@@ -198,7 +198,7 @@ class ObjectStore:
         digest = sha256_b64(data)
         with self._translate(key):
             try:
-                self._bounded(lambda: self._client.put_object(
+                self.bounded(lambda: self._client.put_object(
                     Bucket=self.settings.bucket, Key=key, Body=data, IfNoneMatch="*",
                     ChecksumSHA256=digest))
             except ClientError as exc:
@@ -214,7 +214,7 @@ class ObjectStore:
     def get_bytes(self, key: str) -> bytes:
         """The object's bytes; StoreError naming the key if there is none."""
         with self._translate(key):
-            return self._bounded(lambda: self._client.get_object(
+            return self.bounded(lambda: self._client.get_object(
                 Bucket=self.settings.bucket, Key=key)["Body"].read())
 
     def get_table(self, key: str) -> pa.Table:
@@ -228,7 +228,7 @@ class ObjectStore:
         pages = paginator.paginate(Bucket=self.settings.bucket, Prefix=f"{root}/" if root else "",
                                    PaginationConfig={"PageSize": page_size})
         with self._translate():
-            return self._bounded(lambda: sorted(
+            return self.bounded(lambda: sorted(
                 obj["Key"] for page in pages for obj in page.get("Contents", [])))
 
     def exists(self, key: str) -> bool:
@@ -237,7 +237,7 @@ class ObjectStore:
 
         with self._translate(key):
             try:
-                self._bounded(lambda: self._client.head_object(Bucket=self.settings.bucket,
+                self.bounded(lambda: self._client.head_object(Bucket=self.settings.bucket,
                                                                Key=key))
             except ClientError as exc:
                 if _code(exc) in _MISSING_KEY_CODES:
@@ -248,7 +248,7 @@ class ObjectStore:
     def checksum(self, key: str) -> str | None:
         """The stored SHA-256 (base64) of the object, None if the store kept none."""
         with self._translate(key):
-            head = self._bounded(lambda: self._client.head_object(
+            head = self.bounded(lambda: self._client.head_object(
                 Bucket=self.settings.bucket, Key=key, ChecksumMode="ENABLED"))
         return head.get("ChecksumSHA256")
 
@@ -273,10 +273,21 @@ class ObjectStore:
     def _uri(self, key: str) -> str:
         return f"s3://{self.settings.bucket}/{key}"
 
-    def _bounded(self, call: Callable[[], Any], waits: Waits | None = None) -> Any:
-        """`call()` (botocore requests), given at most `waits.deadline_s` in all. It runs in a
-        daemon thread the caller waits for: botocore has no total timeout, and a call past its
-        deadline is left to its own read timeouts (or the process's end), never waited for."""
+    def pyarrow_read(self, call: Callable[[], Any], what: str) -> Any:
+        """`call()` reading `what` through `pyarrow_filesystem`, within the total deadline; a
+        failure pyarrow raises as OSError (its network errors) becomes a StoreError that names
+        the endpoint and says what pyarrow said."""
+        try:
+            return self.bounded(call)
+        except OSError as err:
+            raise self._error(f"reading {what} from S3 endpoint {self.endpoint} failed: "
+                              f"{str(err).splitlines()[0]}") from None
+
+    def bounded(self, call: Callable[[], Any], waits: Waits | None = None) -> Any:
+        """`call()` (botocore requests, or pyarrow reads through `pyarrow_filesystem`), given at
+        most `waits.deadline_s` in all. It runs in a daemon thread the caller waits for: neither
+        library has a total timeout, and a call past its deadline is left to its own read
+        timeouts (or the process's end), never waited for."""
         waits = waits or self._waits
         done: queue.SimpleQueue = queue.SimpleQueue()
 
