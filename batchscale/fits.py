@@ -40,6 +40,8 @@ CURVE_COLUMNS = (
     "step_time_p10_s",
     "step_time_p90_s",
     "samples_per_s",
+    "samples_per_s_low",
+    "samples_per_s_high",
     "peak_memory_bytes",
     "mfu",
 )

@@ -110,6 +110,10 @@ SWEEP = pa.schema(
         pa.field("step_time_p90_s", pa.float64()),
         pa.field("step_time_cv", pa.float64()),
         pa.field("samples_per_s", pa.float64()),
+        # The range a rerun of the row would report, at 90 % (sweep/rounds.py, rerun_interval);
+        # null when fewer than two trials or half-trials of two steps were timed.
+        pa.field("samples_per_s_low", pa.float64()),
+        pa.field("samples_per_s_high", pa.float64()),
         # Language models: samples (sequences) per second x tokens per sequence; else null.
         pa.field("tokens_per_s", pa.float64()),
         pa.field("peak_memory_bytes", pa.int64()),

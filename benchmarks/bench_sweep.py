@@ -51,6 +51,8 @@ from benchmarks.stats import (
     cv_figure,
     paired_round,
     ratio_figure,
+    rerun_coverage,
+    share_figure,
     verdict,
     worst_figure,
 )
@@ -77,6 +79,8 @@ ALLOCATOR_BATCH = 16
 # Repeatability: whole sweeps with the production defaults, alternating workloads.
 REPEAT_SWEEPS = scaled(5, 2)
 REPEATABILITY_GOAL = Goal(0.05, at_least=False)
+# The next sweep's samples/s inside the previous sweep's 90 % rerun interval this often.
+RERUN_COVERAGE_GOAL = Goal(0.85)
 REPEAT_MLP_BATCHES = [16, 64, 256, 1024]
 REPEAT_RESNET_BATCHES = [16, 64]
 # Largest-batch search: digits-mlp under caps this far above a trial process's own baseline.
@@ -195,12 +199,20 @@ def _timed(rows: list[dict]) -> dict[int, float]:
             if r["status"] == TrialStatus.OK and r.get("quality") != Quality.UNSTABLE}
 
 
+def _rerun_intervals(rows: list[dict]) -> dict[int, tuple[float, float]]:
+    """(low, high) of the rows the sweep vouches for that carry a rerun interval."""
+    return {r["batch_size"]: (r["samples_per_s_low"], r["samples_per_s_high"]) for r in rows
+            if r["status"] == TrialStatus.OK and r.get("quality") != Quality.UNSTABLE
+            and r.get("samples_per_s_low") is not None}
+
+
 def repeatability(out_dir: Path) -> dict:
     """REPEAT_SWEEPS production-default sweeps per workload, alternating workloads; per batch,
     the CV of samples/s across sweeps with its interval (rows flagged unstable are left out,
     as the analysis leaves them out, and counted)."""
     plans = {"digits-mlp": REPEAT_MLP_BATCHES, "resnet18": REPEAT_RESNET_BATCHES}
     runs: dict[str, list[dict[int, float]]] = {w: [] for w in plans}
+    intervals: dict[str, list[dict[int, tuple[float, float]]]] = {w: [] for w in plans}
     unstable = {w: 0 for w in plans}
     for i in range(REPEAT_SWEEPS):
         for workload, batches in plans.items():
@@ -208,6 +220,7 @@ def repeatability(out_dir: Path) -> dict:
                               image_size_px=RESNET_IMAGE_PX)
             rows = sweep(cfg, workload, _env(workload), out_dir / f"r{i}.parquet", log=_quiet)
             runs[workload].append(_timed(rows))
+            intervals[workload].append(_rerun_intervals(rows))
             unstable[workload] += sum(r.get("quality") == Quality.UNSTABLE for r in rows)
         _log(f"   repeatability sweep {i + 1}/{REPEAT_SWEEPS} done")
     figures = {}
@@ -216,8 +229,20 @@ def repeatability(out_dir: Path) -> dict:
             values = [run[b] for run in runs[workload] if b in run]
             figures[f"{workload} B={b}"] = (cv_figure(values, REPEATABILITY_GOAL)
                                             if len(values) >= 2 else None)
+    coverage = {}
+    for workload in plans:
+        covered, checked, width = rerun_coverage(runs[workload], intervals[workload])
+        coverage[workload] = {
+            "figure": share_figure(covered, checked, RERUN_COVERAGE_GOAL) if checked else None,
+            "covered": covered, "checked": checked, "median_half_width": width}
+    covered = sum(c["covered"] for c in coverage.values())
+    checked = sum(c["checked"] for c in coverage.values())
+    coverage["pooled"] = {
+        "figure": share_figure(covered, checked, RERUN_COVERAGE_GOAL) if checked else None,
+        "covered": covered, "checked": checked, "median_half_width": statistics.median(
+            c["median_half_width"] for c in coverage.values())}
     return {"figures": figures, "unstable_rows": unstable, "sweeps": REPEAT_SWEEPS,
-            "runs": runs}
+            "runs": runs, "rerun_coverage": coverage}
 
 
 # ----------------------------------------------------------------------------- search, shape
@@ -293,6 +318,13 @@ def _print_repeatability(rep: dict) -> Figure | None:
     for name, fig in rep["figures"].items():
         print(f"  {name:18s} " + (fig.text() if fig else "fewer than 2 trusted rows: no CV"))
     print(f"  rows flagged unstable (left out): {rep['unstable_rows']}")
+    print(f"rerun interval coverage: the next sweep's samples/s inside the previous sweep's "
+          f"90 % rerun interval; goal {RERUN_COVERAGE_GOAL}")
+    for workload, cov in rep["rerun_coverage"].items():
+        fig = cov["figure"]
+        print(f"  {workload:18s} " + (f"{fig.text()}; median half-width "
+                                      f"{cov['median_half_width']:.1%}" if fig
+                                      else "no consecutive sweeps with intervals"))
     figures = [f for f in rep["figures"].values() if f is not None]
     return worst_figure(figures) if figures else None
 

@@ -261,3 +261,18 @@ def worst_figure(figures: Sequence[Figure]) -> Figure:
     worst = pick(figures, key=lambda f: f.value)
     return Figure(worst.value, worst.low, worst.high, worst.n, worst.how, goal,
                   combined_verdict([f.verdict for f in figures]) if goal else REPORT)
+
+
+def rerun_coverage(runs: list[dict[int, float]],
+                   intervals: list[dict[int, tuple[float, float]]]) -> tuple[int, int, float]:
+    """(covered, checked, median relative half-width): how often sweep i+1's samples/s fell
+    inside sweep i's rerun interval, over consecutive sweeps and the batches both vouch for."""
+    covered = checked = 0
+    widths = []
+    for before, after, interval in zip(runs, runs[1:], intervals, strict=False):
+        for batch, (low, high) in interval.items():
+            if batch in after:
+                checked += 1
+                covered += low <= after[batch] <= high
+                widths.append((high - low) / 2 / before[batch])
+    return covered, checked, statistics.median(widths) if widths else math.nan

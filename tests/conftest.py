@@ -18,10 +18,11 @@ from batchscale.storage import ObjectStore
 # 6-minute file collected late keeps one worker busy while the other has nothing left; started
 # first, the short files fill in beside it (longest-processing-time-first scheduling). The list
 # is by measured duration (CI's --durations); a file not in it keeps its place after them.
-LONGEST_FILES = ("test_pipeline.py", "test_domains.py", "test_reliability_runs.py",
-                 "test_contract.py", "test_fault_tolerance.py", "test_study_driver.py",
-                 "test_reliability.py", "test_task_segmentation.py", "test_convergence.py",
-                 "test_optimizers.py", "test_regression.py", "test_loop.py")
+LONGEST_FILES = ("test_contract.py", "test_pipeline.py", "test_reliability_runs.py",
+                 "test_fault_tolerance.py", "test_loop.py", "test_domains.py",
+                 "test_corrupt_inputs.py", "test_history.py", "test_regression_lake.py",
+                 "test_checks.py", "test_localstore.py", "test_stopping.py",
+                 "test_study_driver.py", "test_convergence.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -26,9 +26,10 @@ from batchscale.analysis.critical import (
     regimes,
     steps_to_result,
 )
-from batchscale.analysis.interval import fieller_interval, fit_lines, t_quantile
+from batchscale.analysis.interval import fieller_interval, fit_lines
 from batchscale.analysis.timetotarget import optimal_batch, step_times, time_to_target
 from batchscale.config import AnalysisConfig
+from batchscale.tdist import t_quantile
 
 # --------------------------------------------------------------------------- critical batch
 

@@ -141,3 +141,15 @@ def test_worst_figure_keeps_the_worst_value_and_the_combined_verdict():
     assert worst.value == 0.98 and worst.verdict == stats.NOT_ESTABLISHED
     assert worst.as_dict()["interval_90"] == [0.96, 1.00]
     assert "goal ≥ 0.97: not established" in worst.text()
+
+
+def test_the_bench_counts_the_next_sweep_inside_the_previous_interval():
+    """benchmarks/stats.rerun_coverage: sweep i+1 against sweep i's interval, only for
+    batches both sweeps vouch for."""
+    runs = [{16: 100.0, 64: 200.0}, {16: 104.0, 64: 260.0}, {16: 99.0}]
+    intervals = [{16: (95.0, 105.0), 64: (190.0, 210.0)}, {16: (100.0, 108.0), 64: (250, 270)},
+                 {16: (90.0, 110.0)}]
+    covered, checked, width = stats.rerun_coverage(runs, intervals)
+    # 16: 104 in [95, 105] yes, 99 in [100, 108] no; 64: 260 in [190, 210] no; 64 absent after.
+    assert (covered, checked) == (1, 3)
+    assert width == pytest.approx(0.05)  # median of 5/100, 10/200, 4/104

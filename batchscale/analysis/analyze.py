@@ -191,6 +191,8 @@ def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSumm
         mfu_at_best=float(best["mfu"]),
         smallest_timed_batch=smallest,
         input_pipeline_share=float(share.get(float(best_batch), math.nan)),
+        best_rerun_interval=(float(best["samples_per_s_low"]),
+                             float(best["samples_per_s_high"])),
     )
 
 

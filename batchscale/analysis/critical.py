@@ -26,11 +26,11 @@ from batchscale.analysis.interval import (
     percentile_interval,
     seed_bootstrap,
     seed_cells,
-    t_quantile,
 )
 from batchscale.config import AnalysisConfig
 from batchscale.fits import as_floats, ensure_columns, matches, numeric_column, positive_pairs
 from batchscale.schemas import RunStatus
+from batchscale.tdist import t_quantile
 
 PERFECT_SCALING_SLOPE = -0.8
 """d log S / d log B at or below this: doubling the batch nearly halves the steps."""

@@ -15,10 +15,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from batchscale.analysis.interval import t_quantile
 from batchscale.analysis.summary import GapSummary, GapTrend
 from batchscale.fits import numeric_column
 from batchscale.metrics import METRICS
+from batchscale.tdist import t_quantile
 
 GAP_CONFIDENCE = 0.90
 """Two-sided confidence of the slope's interval."""

@@ -19,9 +19,10 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from statistics import NormalDist
 
 import numpy as np
+
+from batchscale.tdist import t_quantile
 
 ROUND_OFF_SCATTER = 1e-6
 """Floor on the relative scatter of S about the fit. Steps to target are counted, never known
@@ -108,27 +109,6 @@ def b_crit_or_limit(fits: LineFits) -> np.ndarray:
     ratio = np.where(fits.s_min > 0, ratio, np.inf)
     ratio = np.where(fits.e_min <= 0, 0.0, ratio)
     return np.where(fits.points >= 3, ratio, np.nan)
-
-
-def t_quantile(p: float, dof: int) -> float:
-    """Quantile `p` of Student's t with `dof` degrees of freedom (exact for 1 and 2; the
-    Cornish–Fisher expansion of Abramowitz & Stegun 26.7.5 above, within 0.1 % for p ≤ 0.975).
-    Here rather than scipy: the analysis needs one number and scipy.stats takes a second to
-    import."""
-    if dof < 1:
-        return math.inf
-    if dof == 1:
-        return math.tan(math.pi * (p - 0.5))
-    if dof == 2:
-        return (2 * p - 1) * math.sqrt(2 / (4 * p * (1 - p)))
-    z = NormalDist().inv_cdf(p)
-    terms = (
-        (z**3 + z) / 4,
-        (5 * z**5 + 16 * z**3 + 3 * z) / 96,
-        (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
-        (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160,
-    )
-    return z + sum(term / dof ** (k + 1) for k, term in enumerate(terms))
 
 
 def fieller_interval(fits: LineFits, confidence: float) -> tuple[float, float]:

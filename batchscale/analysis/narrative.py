@@ -173,12 +173,21 @@ def _sentence(text: str) -> str:
 # --------------------------------------------------------------------------- paragraphs
 
 
+def _rerun_text(interval: tuple[float, float]) -> str:
+    """"(a rerun would give L–H, 90 %) " or, without an interval, a flag saying so."""
+    low, high = interval
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "(no rerun interval recorded) "
+    return f"(a rerun would give {_num(low)}–{_num(high)}, 90 %) "
+
+
 def _throughput_text(throughput: ThroughputSummary, step: StepTimeSummary) -> str:
     if throughput.timing_input_mode is None:
         return f"Not measured: {throughput.saturation_reason}."
     best, saturation = throughput.best_batch, throughput.saturation_batch
     text = (
-        f"Samples/s peaks at {_num(throughput.best_samples_per_s)} at batch {best} "
+        f"Samples/s peaks at {_num(throughput.best_samples_per_s)} "
+        f"{_rerun_text(throughput.best_rerun_interval)}at batch {best} "
         f"({throughput.timing_input_mode} input"
     )
     mfu = throughput.mfu_at_best

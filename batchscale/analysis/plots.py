@@ -143,6 +143,16 @@ def _draw_unstable(ax: Axes, sweep: pd.DataFrame, mode: str, column: str, scale:
         )
 
 
+def _draw_rerun_band(ax, curve: pd.DataFrame, color: str, mode: str) -> None:
+    """The rows' 90 % rerun intervals (sweep/rounds.py) as a band, where the rows have them."""
+    band = curve.dropna(subset=["samples_per_s_low", "samples_per_s_high"])
+    if band.empty:
+        return
+    ax.fill_between(band["batch_size"], band["samples_per_s_low"], band["samples_per_s_high"],
+                    color=color, alpha=0.15, linewidth=0,
+                    label=f"{mode}: 90 % rerun interval")
+
+
 def _draw_throughput(sweep: pd.DataFrame, summary: AnalysisSummary) -> Figure | None:
     curves = {mode: throughput_curve(sweep, mode) for mode in TIMING_MODES}
     curves = {mode: curve for mode, curve in curves.items() if not curve.empty}
@@ -152,6 +162,7 @@ def _draw_throughput(sweep: pd.DataFrame, summary: AnalysisSummary) -> Figure | 
     for i, (mode, curve) in enumerate(curves.items()):
         ax.plot(curve["batch_size"], curve["samples_per_s"], "o-", color=f"C{i}",
                 label=f"{mode} input")
+        _draw_rerun_band(ax, curve, f"C{i}", mode)
         _draw_unstable(ax, sweep, mode, "samples_per_s", 1.0, f"C{i}")
     saturation = summary.throughput.saturation_batch
     timing = curves.get(summary.throughput.timing_input_mode)

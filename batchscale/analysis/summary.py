@@ -32,6 +32,8 @@ class ThroughputSummary:
     smallest_timed_batch: int | None
     input_pipeline_share: float
     """Share of synthetic-input samples/s lost with real input at `best_batch` (NaN: unknown)."""
+    best_rerun_interval: tuple[float, float] = (math.nan, math.nan)
+    """The best row's 90 % rerun interval of samples/s (sweep/rounds.py); NaN: none recorded."""
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,15 @@ def _failure_text(cell: Cell) -> str:
             "fitting)")
 
 
+def rerun_columns(batch_size: int, timing: Combined) -> dict:
+    """The row's rerun interval (rounds.rerun_interval) as samples/s: the slow end of the step
+    time is the low end of the throughput."""
+    if timing.rerun_low_s is None or timing.rerun_high_s is None:
+        return {"samples_per_s_low": None, "samples_per_s_high": None}
+    return {"samples_per_s_low": batch_size / timing.rerun_high_s,
+            "samples_per_s_high": batch_size / timing.rerun_low_s}
+
+
 def measured_columns(cell: Cell, max_round_spread: float, max_cv: float,
                      peak_flops: float) -> dict:
     """The columns of `cell`'s row that come from its trials: status, timing, memory, FLOPs,
@@ -138,6 +147,7 @@ def measured_columns(cell: Cell, max_round_spread: float, max_cv: float,
         "timed_steps": timing.timed_steps, "step_time_median_s": timing.median_s,
         "step_time_p10_s": timing.p10_s, "step_time_p90_s": timing.p90_s,
         "step_time_cv": timing.cv, "samples_per_s": samples_per_s,
+        **rerun_columns(cell.batch_size, timing),
         "achieved_flops_per_s": achieved,
         "mfu": achieved / peak_flops if achieved and peak_flops else None,
         "rounds": cell.rounds, "retries": cell.retries, "round_spread": timing.round_spread,

@@ -21,6 +21,15 @@ retries):
   with two trials (the default) that is both of them; after retries, the closest 2 of 3, 3 of 4,
   and so on, so one disturbed trial can be outvoted by re-measurements (the combined median always
   lies inside that majority's range). It is at most 2 by construction.
+- `rerun_low_s`, `rerun_high_s` bound the median a rerun of the row (as many trials, at another
+  moment) would report, at RERUN_LEVEL: a Student-t prediction interval on the log of the
+  trials' medians (`rerun_interval`). Trials are the units because they are the independent
+  repeats a row has: each runs in its own process at its own moment, while the steps within a
+  trial are correlated (one trial's steps share its allocator state, caches and the load of that
+  moment) and would give a falsely narrow interval. With two trials the t quantile has one degree
+  of freedom, so the interval is about ±4.5× the trials' relative difference: wide, because two
+  repeats say little about a third. How often the next sweep lands inside it is measured in
+  `make bench` (bench_sweep, "rerun interval coverage"; docs/sweep.md).
 
 `judge` then calls a row unstable when its trials disagree, its steps scatter, or most of its
 trials ran while other processes kept every usable CPU busy (conditions.OTHERS_LOAD_SHARE) or
@@ -38,9 +47,13 @@ from typing import TypeVar
 
 from batchscale.config import SweepConfig
 from batchscale.schemas import Quality
+from batchscale.tdist import t_quantile
 from batchscale.timing import MIN_TIMED_S, StepTimes
 
 T = TypeVar("T")
+
+RERUN_LEVEL = 0.9
+"""Coverage the rerun interval of a row's step time (and so of its samples/s) aims at."""
 
 
 def visit_order(cells: Sequence[T], round_index: int) -> list[T]:
@@ -98,6 +111,9 @@ class Combined:
     """The lowest over the trials: the one that got the least CPU."""
     cpu_wait_share: float | None = None
     """The highest over the trials: the one whose threads waited longest for a CPU."""
+    rerun_low_s: float | None = None
+    rerun_high_s: float | None = None
+    """`rerun_interval`'s bounds on the median step time; None when it cannot be computed."""
 
 
 def combine(trials: Sequence[StepTimes]) -> Combined:
@@ -107,8 +123,10 @@ def combine(trials: Sequence[StepTimes]) -> Combined:
     medians = [t.median_s for t in trials]
     cpu = [t.cpu_per_wall for t in trials if t.cpu_per_wall is not None]
     waits = [t.cpu_wait_share for t in trials if t.cpu_wait_share is not None]
+    median_s = statistics.median(medians)
+    rerun = rerun_interval(trials, median_s)
     return Combined(
-        median_s=statistics.median(medians),
+        median_s=median_s,
         p10_s=statistics.median(t.quantile_s(0.1) for t in trials),
         p90_s=statistics.median(t.quantile_s(0.9) for t in trials),
         cv=_median_of_finite([t.cv for t in trials]),
@@ -117,7 +135,34 @@ def combine(trials: Sequence[StepTimes]) -> Combined:
         round_spread=majority_spread(medians),
         cpu_per_wall=min(cpu) if cpu else None,
         cpu_wait_share=max(waits) if waits else None,
+        rerun_low_s=rerun[0] if rerun else None,
+        rerun_high_s=rerun[1] if rerun else None,
     )
+
+
+def rerun_interval(trials: Sequence[StepTimes], median_s: float,
+                   level: float = RERUN_LEVEL) -> tuple[float, float] | None:
+    """(low, high) around `median_s` for the median step time a rerun of these trials would
+    report: exp(log median ± t·s·sqrt(2/k)), s the standard deviation of the log medians of the
+    k units, t Student's quantile with k - 1 degrees of freedom. The units are the trials; a
+    lone trial is split into its earlier and later half (two units adjacent in time: they
+    share more than two trials do, so that interval is the narrower guess). sqrt(2/k): the row's
+    figure and the rerun's each average k units. None with fewer than two units of two steps."""
+    units = [t.median_s for t in trials] if len(trials) >= 2 else _half_medians(trials[0])
+    if len(units) < 2 or min(units) <= 0 or median_s <= 0:
+        return None
+    logs = [math.log(u) for u in units]
+    half = t_quantile(0.5 + level / 2, len(units) - 1) * statistics.stdev(logs) * math.sqrt(
+        2 / len(units))
+    return median_s * math.exp(-half), median_s * math.exp(half)
+
+
+def _half_medians(trial: StepTimes) -> list[float]:
+    """Medians of the trial's earlier and later half of steps (none under two steps each)."""
+    middle = len(trial.seconds) // 2
+    if middle < 2:
+        return []
+    return [statistics.median(trial.seconds[:middle]), statistics.median(trial.seconds[middle:])]
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> di
         "saturation_batch": saturation_batch(table, saturation_tolerance, mode),
         "saturation_tolerance": saturation_tolerance,
         "best_samples_per_s": float(best["samples_per_s"]),
+        "best_samples_per_s_low": float(best["samples_per_s_low"]),
+        "best_samples_per_s_high": float(best["samples_per_s_high"]),
         "best_batch": int(best["batch_size"]), "best_mfu": float(best["mfu"]),
         "largest_fitting_batch": measured, "largest_fitting_reason": measured_reason,
         "memory_fixed_bytes": fit.fixed_bytes, "memory_per_sample_bytes": fit.per_sample_bytes,
@@ -65,14 +67,21 @@ def summary_lines(summary: dict) -> list[str]:
         return ["no batch size was timed successfully"]
     mfu = summary["best_mfu"]
     return [
-        f"best: {summary['best_samples_per_s']:.1f} samples/s at batch {summary['best_batch']} "
-        f"({mfu_text(mfu)}); the device saturates at "
+        f"best: {summary['best_samples_per_s']:.1f} samples/s {_rerun_text(summary)} at batch "
+        f"{summary['best_batch']} ({mfu_text(mfu)}); the device saturates at "
         f"batch ≈ {summary['saturation_batch']} (smallest batch within "
         f"{summary['saturation_tolerance']:.0%} of the best, {summary['input_mode']} input)",
         _memory_line(summary),
         _measured_wall_line(summary),
         *quality_lines(summary),
     ]
+
+
+def _rerun_text(summary: dict) -> str:
+    low, high = summary.get("best_samples_per_s_low"), summary.get("best_samples_per_s_high")
+    if not (_finite(low) and _finite(high)):
+        return "(no rerun interval: too few steps)"
+    return f"(a rerun would give {low:.1f}-{high:.1f}, 90 %)"
 
 
 def _finite(value) -> bool:

@@ -262,10 +262,18 @@ def progress_line(done: int, planned: int | None, label: str, row: dict) -> str:
     spread_text = "  n/a" if spread is None else f"{spread:5.1%}"
     quality = ("ok" if row["quality"] == Quality.OK
                else f"UNSTABLE: {row['quality_reason']}")
-    return (f"{head}  {row['samples_per_s']:10.1f} samples/s  median step "
+    return (f"{head}  {row['samples_per_s']:10.1f} samples/s {rerun_text(row)}  median step "
             f"{row['step_time_median_s'] * 1e3:9.3f} ms  cv {row['step_time_cv']:.3f}  "
             f"spread {spread_text} over {row['rounds'] + row['retries']} trial(s)  "
             f"peak {memory / 2**20 if memory else float('nan'):8.1f} MiB  {quality}")
+
+
+def rerun_text(row: dict) -> str:
+    """The row's rerun interval, "[low, high]", or why it has none."""
+    low, high = row.get("samples_per_s_low"), row.get("samples_per_s_high")
+    if low is None or high is None:
+        return "[no rerun interval: too few steps]"
+    return f"[{low:.1f}, {high:.1f}]"
 
 
 # ------------------------------------------------------------------------------ the sweep

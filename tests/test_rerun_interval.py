@@ -1,0 +1,102 @@
+"""A sweep row's rerun interval (sweep/rounds.py, rerun_interval): the range of samples/s a
+rerun of the row would report. Pure functions on known and simulated step times; how well it
+predicts real reruns is measured in `make bench` (bench_sweep), not here."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+
+from batchscale.sweep.cells import rerun_columns
+from batchscale.sweep.rounds import RERUN_LEVEL, combine, rerun_interval
+from batchscale.sweep.summary import summary_lines
+from batchscale.sweep.sweep import progress_line
+from batchscale.timing import StepTimes
+
+
+def trial(median_s: float, n: int = 9) -> StepTimes:
+    """A trial whose steps all take `median_s` (its median, whatever n)."""
+    return StepTimes((median_s,) * n)
+
+
+def test_the_interval_holds_the_rows_median_and_widens_with_disagreement():
+    close = combine([trial(0.010), trial(0.0102)])
+    apart = combine([trial(0.010), trial(0.012)])
+    for c in (close, apart):
+        assert c.rerun_low_s < c.median_s < c.rerun_high_s
+    assert apart.rerun_high_s / apart.rerun_low_s > close.rerun_high_s / close.rerun_low_s
+
+
+def test_trials_that_agree_exactly_give_a_zero_width_interval():
+    c = combine([trial(0.02), trial(0.02), trial(0.02)])
+    assert c.rerun_low_s == c.rerun_high_s == pytest.approx(0.02)
+
+
+def test_it_scales_with_the_step_time():
+    base = rerun_interval([trial(0.010), trial(0.013)], 0.0115)
+    scaled = rerun_interval([trial(0.030), trial(0.039)], 0.0345)
+    assert scaled[0] == pytest.approx(3 * base[0])
+    assert scaled[1] == pytest.approx(3 * base[1])
+
+
+def test_more_trials_that_scatter_alike_narrow_it():
+    """Four trials with the same spread as two: a smaller t quantile and more units averaged."""
+    two = rerun_interval([trial(0.010), trial(0.012)], 0.011)
+    four = rerun_interval([trial(0.010), trial(0.012), trial(0.010), trial(0.012)], 0.011)
+    assert four[1] / four[0] < two[1] / two[0]
+
+
+def test_a_lone_trial_is_split_into_its_halves():
+    steps = StepTimes((0.010,) * 5 + (0.011,) * 5)
+    low, high = rerun_interval([steps], steps.median_s)
+    assert low < 0.010 and high > 0.011
+    assert rerun_interval([StepTimes((0.01, 0.01, 0.01))], 0.01) is None
+
+
+@pytest.mark.parametrize("units", [2, 3])
+def test_it_covers_a_simulated_rerun_at_its_level(units):
+    """Trial medians drawn log-normally; the rerun is `units` fresh trials combined as the row
+    combines them (their median). With two units the median is the mean and the t interval is
+    exact, so coverage must be the level; with three it is the median of three, close to it."""
+    rng = random.Random(7)
+    sims, covered = 4000, 0
+    for _ in range(sims):
+        draws = [math.exp(rng.gauss(math.log(0.01), 0.05)) for _ in range(2 * units)]
+        row, rerun = draws[:units], statistics.median(draws[units:])
+        low, high = rerun_interval([trial(m) for m in row], statistics.median(row))
+        covered += low <= rerun <= high
+    assert covered / sims == pytest.approx(RERUN_LEVEL, abs=0.03)
+
+
+def test_the_row_reports_it_as_samples_per_s_slow_end_low():
+    c = combine([trial(0.010), trial(0.012)])
+    columns = rerun_columns(32, c)
+    assert columns["samples_per_s_low"] == pytest.approx(32 / c.rerun_high_s)
+    assert columns["samples_per_s_high"] == pytest.approx(32 / c.rerun_low_s)
+    assert columns["samples_per_s_low"] < 32 / c.median_s < columns["samples_per_s_high"]
+
+
+def test_a_row_without_one_says_why_in_its_progress_line():
+    row = {"input_mode": "synthetic", "batch_size": 8, "status": "ok", "samples_per_s": 100.0,
+           "samples_per_s_low": None, "samples_per_s_high": None, "peak_memory_bytes": None,
+           "round_spread": None, "quality": "ok", "step_time_median_s": 0.08,
+           "step_time_cv": 0.01, "rounds": 1, "retries": 0}
+    assert "no rerun interval: too few steps" in progress_line(1, 2, "round 1", row)
+    row |= {"samples_per_s_low": 90.0, "samples_per_s_high": 111.0}
+    assert "100.0 samples/s [90.0, 111.0]" in progress_line(1, 2, "round 1", row)
+
+
+def test_the_sweep_summary_quotes_the_best_rows_interval():
+    summary = {"timed": True, "best_samples_per_s": 100.0, "best_samples_per_s_low": 90.0,
+               "best_samples_per_s_high": 111.0, "best_batch": 64, "best_mfu": math.nan,
+               "saturation_batch": 32, "saturation_tolerance": 0.05, "input_mode": "synthetic",
+               "memory_fixed_bytes": math.nan, "memory_per_sample_bytes": math.nan,
+               "predicted_reason": "one batch size", "largest_fitting_batch": math.inf,
+               "largest_fitting_reason": "no cap", "timed_rows": 0}
+    assert "100.0 samples/s (a rerun would give 90.0-111.0, 90 %)" in summary_lines(summary)[0]
+    summary |= {"best_samples_per_s_low": math.nan}
+    assert "(no rerun interval: too few steps)" in summary_lines(summary)[0]
+
