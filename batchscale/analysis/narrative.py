@@ -128,7 +128,9 @@ def recommendation_list(
 ) -> str:
     """The recommendation as a Markdown list, one item per choice with its reason, after the
     target it is made for (the HTML report shows this same list in its styled box)."""
-    head = f"- **For the target {target}** — {target_reason}.\n" if target else ""
+    # An unnamed target's label already reads "the target of your runs (...)".
+    label = target if target.startswith("the target") else f"the target {target}"
+    head = f"- **For {label}** — {target_reason}.\n" if target else ""
     items = (
         ("Batch size", recommendation.batch_size, recommendation.batch_reason),
         ("LR rule", recommendation.lr_rule, recommendation.lr_rule_reason),
@@ -136,10 +138,13 @@ def recommendation_list(
          recommendation.learning_rate_reason),
         ("Workers", recommendation.workers, recommendation.workers_reason),
     )
-    return head + "\n".join(
+    listed = head + "\n".join(
         f"- **{label}: {NOT_AVAILABLE if value is None else value}** — {reason}."
         for label, value, reason in items
     )
+    outcomes = (("Expected to target", recommendation.expected),
+                ("Against today", recommendation.versus_current))
+    return listed + "".join(f"\n- **{label}:** {text}." for label, text in outcomes if text)
 
 
 # --------------------------------------------------------------------------- numbers in prose

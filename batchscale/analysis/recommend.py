@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from batchscale.analysis.expected import expected_text, lr_versus_current, versus_current
 from batchscale.analysis.parallel import worker_choice
 from batchscale.analysis.summary import Recommendation
 from batchscale.analysis.timetotarget import StepTimeSource
@@ -27,6 +28,7 @@ def recommend(
     b_star: dict[str, float] | None = None,
     max_cpu_wait_share: float | None = None,
     learning_rates_given: bool = True,
+    current: tuple[int | None, float | None] = (None, None),
 ) -> Recommendation:
     """Batch size, LR rule and worker count, each with a one-line reason.
 
@@ -37,6 +39,8 @@ def recommend(
     time_to_target_s (and step_time_source, timing_flag, where known). A choice made from
     flagged timings says so in its reason: a timing flag on the chosen cell, or trials that
     waited for a CPU at least `max_cpu_wait_share` of their runnable time behind the workers.
+    `current` (batch size, learning rate trained with today, each None when not given): what
+    the expected figures are compared with (expected.py).
     """
     timed = (
         table[np.isfinite(numeric_column(table, "time_to_target_s"))] if not table.empty else table
@@ -68,8 +72,12 @@ def recommend(
     workers, workers_reason = worker_choice(runs, (rule, batch))
     lr, lr_reason = (learning_rate(runs, rule, batch) if learning_rates_given else
                      (None, "the runs table gives no learning rates (no lr column)"))
+    current_batch, current_lr = current
     return Recommendation(batch, rule, workers, batch_reason, rule_reason,
-                          workers_reason + _starved_note(runs, max_cpu_wait_share), lr, lr_reason)
+                          workers_reason + _starved_note(runs, max_cpu_wait_share), lr,
+                          lr_reason + lr_versus_current(lr, current_lr),
+                          expected_text(runs, table, rule, batch),
+                          versus_current(runs, table, rule, batch, current_batch))
 
 
 def learning_rate(runs: pd.DataFrame, rule: str, batch: int) -> tuple[float | None, str]:

@@ -119,6 +119,11 @@ class Recommendation:
     """The learning rate the runs of the chosen rule used at the chosen batch (the rule applied
     to the config's base LR, or the grid's best), None where the runs do not record one."""
     learning_rate_reason: str = ""
+    expected: str = ""
+    """Steps and training time to target at the recommended cell, with their spread over seeds
+    (analysis/expected.py); "" when there is no recommended batch."""
+    versus_current: str = ""
+    """The saving against the batch size trained with today, or what to give to see it."""
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help=CONFIG_HELP)
     run.add_argument("--run-id", help="reuse a run id to resume an interrupted run")
     add_config_flags(run, "publish", ["fail_on_regression"])
+    add_config_flags(run, "analysis", ["current_batch_size", "current_lr"])
     run.set_defaults(func=cmd_run)
 
     study = sub.add_parser("study", help="run every variant of a study config locally, then "
@@ -236,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "repeat for more")
     an.add_argument("--config", help=CONFIG_HELP + "; only its analysis section is used")
     add_config_flags(an, "analysis", ["saturation_tolerance", "bootstrap_samples",
-                                      "b_crit_range_factor", "step_time_disagreement_factor"])
+                                      "b_crit_range_factor", "step_time_disagreement_factor",
+                                      "current_batch_size", "current_lr"])
     an.add_argument("--run-id", help="run id of the analysis rows (default: external-<digest "
                     "of the inputs and settings>)")
     an.add_argument("--out", help="output directory (default: .batchscale/analyze/<run id>)")

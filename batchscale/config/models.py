@@ -280,6 +280,13 @@ class AnalysisConfig(_Strict):
     """Flag a cell's time to target, and the worker recommendation, when its convergence
     trials' threads waited for a CPU at least this share of their runnable time (a busy machine;
     Linux only). null turns the check off."""
+    current_batch_size: PositiveInt | None = None
+    """The batch size you train with today: the recommendation then quotes the expected saving
+    in steps and time to target against it (where that batch size was measured). null: not
+    given."""
+    current_lr: float | None = Field(None, gt=0.0)
+    """The learning rate you train with today: the recommendation then says how the learning
+    rate it gives compares with it. null: not given."""
 
 
 class PublishConfig(_Strict):

@@ -1,0 +1,76 @@
+"""What the recommendation promises (analysis/expected.py): steps and time to target at the
+recommended cell with the spread over seeds, and the saving against today's batch size and
+learning rate. Known answers on hand-made tables."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from test_analysis_recommend import obvious_table
+from test_analyze import run_row
+
+from batchscale.analysis.analyze import analyze
+from batchscale.analysis.expected import expected_text, steps_spread, versus_current
+from batchscale.analysis.narrative import recommendation_list
+from batchscale.analysis.recommend import recommend
+from batchscale.config import AnalysisConfig
+
+
+def seeds(batch: int, rule: str, lr: float, steps: list[int]) -> list[dict]:
+    return [run_row(batch, rule, lr, seed, s) for seed, s in enumerate(steps)]
+
+
+RUNS = pd.DataFrame(seeds(64, "linear", 0.2, [110, 120, 130]) + seeds(16, "linear", 0.05,
+                                                                      [380, 400, 440]))
+
+
+def test_the_spread_is_the_range_over_the_reached_seeds():
+    spread = steps_spread(RUNS, "linear", 64)
+    assert (spread.median, spread.low, spread.high, spread.seeds) == (120, 110, 130, 3)
+    assert steps_spread(RUNS, "sqrt", 64) is None
+
+
+def test_expected_quotes_steps_and_training_time_with_their_spread():
+    text = expected_text(RUNS, obvious_table(), "linear", 64)
+    # obvious_table's step time at (linear, 64) is 12 ms.
+    assert text == ("120 steps [110, 130] over 3 seeds; 1.44 s of training [1.32, 1.56] over "
+                    "3 seeds")
+
+
+def test_one_seed_says_there_is_no_spread_instead_of_inventing_one():
+    runs = pd.DataFrame([run_row(64, "linear", 0.2, 0, 120)])
+    assert "120 steps (one seed: no spread)" in expected_text(runs, obvious_table(), "linear", 64)
+
+
+def test_the_saving_against_today_takes_its_band_from_both_ranges():
+    text = versus_current(RUNS, obvious_table(), "linear", 64, 16)
+    # steps 120/400 = 0.30, band 110/440 .. 130/380; time 1.44/4.0 = 0.36, band 1.32/4.4 .. 1.56/3.8
+    assert text == ("at your batch 16 (400 steps [380, 440] over 3 seeds), the recommendation "
+                    "needs 0.30× [0.25, 0.34] the steps and 0.36× [0.30, 0.41] the training time")
+
+
+@pytest.mark.parametrize(("current", "expected"), [
+    (None, "give the batch size you train with today"),
+    (64, "you already train at batch 64: keep it"),
+    (48, "your batch 48 did not reach the target with the linear rule among the measured batch "
+         "sizes (16, 64): add it to convergence.batch_sizes"),
+])
+def test_without_a_measured_current_batch_it_says_what_to_give(current, expected):
+    assert expected in versus_current(RUNS, obvious_table(), "linear", 64, current)
+
+
+def test_the_recommendation_lists_the_outcome_and_the_learning_rate_against_today():
+    choice = recommend(obvious_table(), RUNS, current=(16, 0.05))
+    listed = recommendation_list(choice)
+    assert "- **Learning rate: 0.2** — " in listed and "; 4× your current 0.05." in listed
+    assert "- **Expected to target:** 120 steps [110, 130] over 3 seeds" in listed
+    assert "- **Against today:** at your batch 16" in listed
+
+
+def test_the_config_fields_reach_the_recommendation_through_the_analysis():
+    settings = AnalysisConfig(current_batch_size=16, current_lr=0.05)
+    result = analyze(None, RUNS, None, settings)
+    recommendation = result.summary.recommendation
+    assert recommendation.batch_size == 64
+    assert recommendation.versus_current.startswith("at your batch 16")
+    assert "Against today" in result.markdown
