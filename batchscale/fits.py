@@ -55,6 +55,12 @@ class StepTimeFit:
     beta_s: float
     r2: float
     reason: str = ""
+    log_ratio_se: float = math.nan
+    """Standard error of log(α/β) from the fit's covariance (the residual scatter over `dof`
+    degrees of freedom): how well the points pin the ratio B* depends on. NaN without a
+    positive α and β or without degrees of freedom (two batch sizes fit any line exactly)."""
+    dof: int = 0
+    """Batch sizes fitted minus the line's two parameters."""
 
     def predict(self, batch: float) -> float:
         """Step time at `batch` from the line; NaN where the line is unusable or non-positive."""
@@ -208,7 +214,23 @@ def fit_step_time(batch: Iterable, step_time: Iterable) -> StepTimeFit:
     if np.unique(b).size < 2:
         return StepTimeFit(math.nan, math.nan, math.nan, "fewer than two timed batch sizes")
     alpha, beta, r2 = weighted_line(b, t, 1.0 / t**2)
-    return StepTimeFit(alpha, beta, r2)
+    dof = np.unique(b).size - 2
+    return StepTimeFit(alpha, beta, r2, log_ratio_se=_log_ratio_se(b, t, alpha, beta),
+                       dof=dof)
+
+
+def _log_ratio_se(b: np.ndarray, t: np.ndarray, alpha: float, beta: float) -> float:
+    """se of log(α/β) by the delta method on the weighted fit's covariance σ²(XᵀWX)⁻¹, σ² the
+    weighted residual variance over n − 2 degrees of freedom."""
+    dof = b.size - 2
+    if dof < 1 or not (alpha > 0 and beta > 0):
+        return math.nan
+    w = 1.0 / t**2
+    design = np.column_stack([np.ones_like(b), b])
+    sigma2 = float(np.sum(w * (t - alpha - beta * b) ** 2)) / dof
+    cov = sigma2 * np.linalg.inv(design.T @ (w[:, None] * design))
+    var = cov[0, 0] / alpha**2 + cov[1, 1] / beta**2 - 2 * cov[0, 1] / (alpha * beta)
+    return math.sqrt(max(var, 0.0))
 
 
 def fit_memory(

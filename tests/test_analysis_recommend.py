@@ -185,3 +185,13 @@ def test_workers_are_compared_where_both_ran_and_a_half_failing_cell_does_not_co
         "at batch 256 (sqrt): 1 worker: 0.058 s to target; 2 workers: 0.166 s to target"
         " — more workers did not reach the target sooner than 1"
     )
+
+
+def test_the_model_optimum_is_quoted_with_its_interval_or_why_it_is_open():
+    runs = pd.DataFrame([run_row(64, "linear", 0.1, 0, 120)])
+    with_interval = recommend(obvious_table(), runs, {"linear": 80.0},
+                              b_star_intervals={"linear": (60.0, 110.0)})
+    assert "sqrt(α·B_crit/β) is ≈ 80 [60, 110] (90%)" in with_interval.batch_reason
+    open_ended = recommend(obvious_table(), runs, {"linear": 80.0},
+                           b_star_intervals={"linear": (60.0, math.inf)})
+    assert "≈ 80 (interval open" in open_ended.batch_reason

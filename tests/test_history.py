@@ -258,6 +258,10 @@ def test_run_summary_states_bounds_edge_cases_and_quality():
                       "load_avg_1m": 3.2}
     sweep = make_table("sweep", sweep_rows, env)
     assert "unstable: left out" in throughput_lines(sweep)[2]
+    assert "not recorded" in throughput_lines(sweep)[2]  # these rows carry no rerun interval
+    sweep_rows[1] |= {"samples_per_s_low": 14000.0, "samples_per_s_high": 18500.0}
+    with_interval = throughput_lines(make_table("sweep", sweep_rows, env))
+    assert "16000      [14,000, 18,500]" in with_interval[3]
     lines = quality_lines({"sweep": sweep, "analysis": analysis})
     assert lines[0].startswith("measurement quality: Some timings cannot be trusted: 1 of 3")
     assert "Synthetic batch 4 — cv 0.9 > 0.5" in "\n".join(lines)

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from batchscale.errors import BadInput
+from batchscale.fits import StepTimeFit, fit_step_time
 from batchscale.study.adaptive import (
     STOP_EXHAUSTED,
     STOP_NO_GAIN,
@@ -25,6 +26,7 @@ from batchscale.study.adaptive import (
     predict_b_crit,
     prune_step,
 )
+from batchscale.tdist import t_quantile
 
 ALLOWED = powers_of_two_between(4, 1024)
 S_MIN, E_MIN = 100.0, 3200.0  # B_crit = 32
@@ -242,16 +244,55 @@ def test_pruned_trials_are_left_out_of_the_fit():
 
 
 # --------------------------------------------------------------------- the B* objective
-def test_b_star_and_its_interval_are_b_crits_through_the_square_root():
+def test_b_star_with_an_exact_line_is_b_crits_interval_through_the_square_root():
     from batchscale.study.adaptive import optimum
 
     state = IntervalState(b_crit=32.0, low=16.0, high=64.0, bound="", reason="")
-    best = optimum(state, (1e-3, 1e-5))  # α/β = 100 samples
+    exact = StepTimeFit(1e-3, 1e-5, 1.0, log_ratio_se=0.0, dof=3)  # α/β = 100 samples
+    best = optimum(state, exact)
     assert (best.b_star, best.low, best.high) == pytest.approx((math.sqrt(3200), 40.0, 80.0))
     assert best.ratio == pytest.approx(2.0)  # sqrt of B_crit's ratio 4
-    assert math.isinf(optimum(state, (math.nan, math.nan)).ratio)  # no step-time line yet
+    assert math.isinf(optimum(state, StepTimeFit(math.nan, math.nan, math.nan)).ratio)
     open_above = IntervalState(32.0, 16.0, math.inf, "", "")
-    assert math.isinf(optimum(open_above, (1e-3, 1e-5)).ratio)
+    assert math.isinf(optimum(open_above, exact).ratio)
+
+
+def test_the_step_time_lines_uncertainty_widens_b_star_and_two_points_leave_it_open():
+    from batchscale.study.adaptive import optimum
+
+    state = IntervalState(b_crit=32.0, low=16.0, high=64.0, bound="", reason="")
+    scattered = StepTimeFit(1e-3, 1e-5, 0.99, log_ratio_se=0.3, dof=3)
+    best = optimum(state, scattered)
+    t = t_quantile(0.95, 3)
+    assert best.high / best.b_star == pytest.approx(math.exp(0.5 * math.hypot(math.log(2),
+                                                                              t * 0.3)))
+    assert best.ratio > 2.0
+    two_points = StepTimeFit(1e-3, 1e-5, 1.0, dof=0)
+    assert math.isinf(optimum(state, two_points).ratio)
+
+
+def test_b_stars_interval_covers_the_truth_on_simulated_studies():
+    """The interval the study stops on, from its own code (interval_state, fit_step_time,
+    optimum) on simulated data: steps to target S(B) = S_min·(1 + B_crit/B) with 10 %
+    log-normal seed noise (2 seeds), step times t(B) = α + βB with 5 % noise. Coverage of the
+    true B* must hold at the 90 % it claims (≥ 0.85 over 200 studies); B_crit's interval alone
+    through the square root is the narrower, overconfident one this replaced."""
+    from batchscale.study.adaptive import interval_state, optimum
+
+    rng = np.random.default_rng(11)
+    alpha, beta, b_crit, s_min = 2e-3, 1e-5, 64.0, 200.0
+    truth = math.sqrt(alpha * b_crit / beta)
+    batches = [8, 16, 32, 64, 128, 256, 512]
+    covered = 0
+    studies = 200
+    for _ in range(studies):
+        cells = {(b, seed): round(s_min * (1 + b_crit / b) * math.exp(rng.normal(0, 0.1)))
+                 for b in batches for seed in (0, 1)}
+        state = interval_state(runs(cells, "linear"), "linear", 200)
+        times = [(alpha + beta * b) * math.exp(rng.normal(0, 0.05)) for b in batches]
+        best = optimum(state, fit_step_time(batches, times))
+        covered += best.low <= truth <= best.high
+    assert covered / studies >= 0.85
 
 
 def test_the_study_narrows_b_star_when_asked_and_reads_the_line_from_its_trials():
@@ -272,8 +313,11 @@ def test_the_study_narrows_b_star_when_asked_and_reads_the_line_from_its_trials(
         cfg = parse_config({"convergence": {"strategy": "adaptive",
                                             "adaptive_objective": objective}})
         study = Study(cfg, "t", "data", 1, echo=lambda line: None)
-        study.cells = {Cell(16, 0): cell(16), Cell(256, 0): cell(256)}
-        assert study.step_line() == pytest.approx((1e-3, 1e-5))
+        # Three batch sizes on an exact line: α/β pinned, B*'s interval is B_crit's through
+        # the square root (two would leave α/β, and so B*, open).
+        study.cells = {Cell(b, 0): cell(b) for b in (16, 64, 256)}
+        line = study.step_line()
+        assert (line.alpha_s, line.beta_s, line.dof) == pytest.approx((1e-3, 1e-5, 1))
         ratios[objective] = study.objective_ratio(state)
     assert ratios == pytest.approx({"b_crit": 4.0, "b_star": 2.0})
 

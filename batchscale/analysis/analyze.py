@@ -134,7 +134,9 @@ def analyze(
         noise_scale=noise,
         recommendation=recommend(table, runs, b_star, settings.max_cpu_wait_share,
                                  learning_rates_given,
-                                 (settings.current_batch_size, settings.current_lr)),
+                                 (settings.current_batch_size, settings.current_lr),
+                                 {rule: fit.optimal_batch_interval
+                                  for rule, fit in critical.items()}),
         min_time_to_target_s=float(np.nanmin(times)) if np.isfinite(times).any() else math.nan,
         step_time_sources=_sources(table),
         quality=measurement_quality(sweep, table),

@@ -20,7 +20,7 @@ from batchscale.analysis.critical import (
     regimes,
 )
 from batchscale.analysis.summary import CriticalBatchSummary, RegimeRange
-from batchscale.analysis.timetotarget import optimal_batch
+from batchscale.analysis.timetotarget import optimal_batch, optimal_batch_interval
 from batchscale.config import AnalysisConfig
 from batchscale.fits import StepTimeFit, matches, numeric_column
 from batchscale.schemas import RunStatus
@@ -124,6 +124,11 @@ def _summary(
             else math.nan
         ),
         regimes=regime_ranges(labels),
+        optimal_batch_interval=(
+            optimal_batch_interval(step_fit, fit.b_crit, low, high, b_cap)
+            if supported
+            else (math.nan, math.nan)
+        ),
     )
 
 

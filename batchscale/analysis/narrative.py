@@ -25,7 +25,7 @@ from batchscale.analysis.summary import (
     ThroughputSummary,
 )
 from batchscale.analysis.targets import trend, trend_pairs
-from batchscale.analysis.timetotarget import StepTimeSource
+from batchscale.analysis.timetotarget import StepTimeSource, optimal_batch_text
 from batchscale.fits import mfu_text
 
 INPUT_BOTTLENECK_SHARE = 0.2
@@ -252,7 +252,8 @@ def _critical_text(fit: CriticalBatchSummary, cap: float) -> str:
     if math.isfinite(b_star) and b_star >= cap:
         text += f" With t(B), time to target keeps falling up to batch {_num(cap)} (B* capped)."
     elif math.isfinite(b_star):
-        text += f" With t(B), time to target is lowest near B* ≈ {_num(b_star)}."
+        text += (f" With t(B), time to target is lowest near B* "
+                 f"{optimal_batch_text(b_star, fit.optimal_batch_interval)}.")
     return text
 
 

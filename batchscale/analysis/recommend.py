@@ -11,7 +11,7 @@ import pandas as pd
 from batchscale.analysis.expected import expected_text, lr_versus_current, versus_current
 from batchscale.analysis.parallel import worker_choice
 from batchscale.analysis.summary import Recommendation
-from batchscale.analysis.timetotarget import StepTimeSource
+from batchscale.analysis.timetotarget import StepTimeSource, optimal_batch_text
 from batchscale.fits import ensure_columns, matches, numeric_column
 from batchscale.schemas import RUNS, RunStatus
 
@@ -29,6 +29,7 @@ def recommend(
     max_cpu_wait_share: float | None = None,
     learning_rates_given: bool = True,
     current: tuple[int | None, float | None] = (None, None),
+    b_star_intervals: dict[str, tuple[float, float]] | None = None,
 ) -> Recommendation:
     """Batch size, LR rule and worker count, each with a one-line reason.
 
@@ -40,7 +41,8 @@ def recommend(
     flagged timings says so in its reason: a timing flag on the chosen cell, or trials that
     waited for a CPU at least `max_cpu_wait_share` of their runnable time behind the workers.
     `current` (batch size, learning rate trained with today, each None when not given): what
-    the expected figures are compared with (expected.py).
+    the expected figures are compared with (expected.py). `b_star_intervals`: B*'s interval
+    per rule, quoted with it.
     """
     timed = (
         table[np.isfinite(numeric_column(table, "time_to_target_s"))] if not table.empty else table
@@ -61,7 +63,9 @@ def recommend(
     rule = str(at_batch.iloc[0]["lr_rule"])
     model = (b_star or {}).get(rule, math.nan)
     if math.isfinite(model):
-        batch_reason += f"; the model optimum sqrt(α·B_crit/β) is ≈ {model:.0f}"
+        interval = (b_star_intervals or {}).get(rule, (math.nan, math.nan))
+        batch_reason += (f"; the model optimum sqrt(α·B_crit/β) is "
+                         f"{optimal_batch_text(model, interval)}")
     listing = ", ".join(
         f"{r} {s:.0f}"
         for r, s in zip(at_batch["lr_rule"], at_batch["steps_to_target"], strict=True)

@@ -94,6 +94,8 @@ class CriticalBatchSummary:
     optimal_batch: float
     """B* = sqrt(alpha·B_crit/beta), capped at the largest batch that fits."""
     regimes: tuple[RegimeRange, ...]
+    optimal_batch_interval: tuple[float, float] = (math.nan, math.nan)
+    """B*'s 90 % interval (timetotarget.optimal_batch_interval); NaN without B*."""
 
 
 @dataclass(frozen=True)

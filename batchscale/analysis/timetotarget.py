@@ -30,6 +30,10 @@ from batchscale.fits import (
     throughput_curve,
     timing_mode,
 )
+from batchscale.tdist import t_quantile
+
+B_STAR_LEVEL = 0.9
+"""The level of B*'s interval: that of B_crit's interval it is built from."""
 
 
 class StepTimeSource(StrEnum):
@@ -59,6 +63,41 @@ def optimal_batch(alpha: float, beta: float, b_crit: float, b_max: float = math.
         return math.nan
     best = math.sqrt(alpha * b_crit / beta)
     return best if math.isnan(b_max) else min(best, b_max)
+
+
+def optimal_batch_interval(step_fit: StepTimeFit, b_crit: float, low: float, high: float,
+                           b_max: float = math.inf,
+                           level: float = B_STAR_LEVEL) -> tuple[float, float]:
+    """B*'s `level` interval from B_crit's (low, high) and the step-time line's uncertainty
+    about α/β: log B* = (log B_crit + log α/β)/2, so each side's half-width on the log scale is
+    half the quadrature sum of B_crit's (that side) and α/β's (Student-t from the line's
+    covariance, StepTimeFit.log_ratio_se); the two come from different measurements (steps to
+    target, step times). A line through two batch sizes pins nothing about α/β, so the
+    interval stays open until a third is timed. (NaN, NaN) without B*; ends capped at b_max."""
+    b_star = optimal_batch(step_fit.alpha_s, step_fit.beta_s, b_crit)
+    if not math.isfinite(b_star):
+        return math.nan, math.nan
+    ratio_half = (t_quantile(0.5 + level / 2, step_fit.dof) * step_fit.log_ratio_se
+                  if step_fit.dof >= 1 and math.isfinite(step_fit.log_ratio_se) else math.inf)
+    below = _log_ratio(b_crit, low)
+    above = _log_ratio(high, b_crit)
+    return (min(b_star * math.exp(-0.5 * math.hypot(below, ratio_half)), b_max),
+            min(b_star * math.exp(0.5 * math.hypot(above, ratio_half)), b_max))
+
+
+def _log_ratio(upper: float, lower: float) -> float:
+    """log(upper/lower): +inf for an interval end at 0 or +inf, NaN for a missing one."""
+    if lower == 0 or upper == math.inf:
+        return math.inf
+    return math.log(upper / lower) if upper > 0 and lower > 0 else math.nan
+
+
+def optimal_batch_text(value: float, interval: tuple[float, float]) -> str:
+    """"≈ 106 [80, 140] (90%)", or the point with why its interval is open."""
+    low, high = interval
+    if not (math.isfinite(low) and math.isfinite(high) and low > 0):
+        return f"≈ {value:,.0f} (interval open: B_crit's or the step-time line's is unbounded)"
+    return f"≈ {value:,.0f} [{low:,.0f}, {high:,.0f}] ({B_STAR_LEVEL:.0%})"
 
 
 def step_times(

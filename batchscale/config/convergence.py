@@ -227,7 +227,8 @@ class ConvergenceConfig(_Strict):
     """What the adaptive study narrows: b_crit (the critical batch), or b_star (the batch
     fastest to the target, B* = sqrt(B_crit x alpha/beta) from S(B) and the step-time line
     t = alpha + beta B of its own trials; the answer when a recommendation, not B_crit, is
-    wanted). B*'s interval is B_crit's through that square root, so it narrows sooner."""
+    wanted). B*'s interval combines B_crit's (through that square root) with how well the step
+    times pin alpha/beta; it stays open until three batch sizes are timed."""
     adaptive_budget_examples: PositiveInt | None = None
     """Training examples (steps x batch size, summed over trials) after which the adaptive
     study stops even if its interval is wider: examples, not seconds, because they cost the

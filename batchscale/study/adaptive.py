@@ -26,9 +26,9 @@ from batchscale.analysis.critical import (
     steps_to_result,
 )
 from batchscale.analysis.interval import fit_lines
-from batchscale.analysis.timetotarget import optimal_batch
+from batchscale.analysis.timetotarget import optimal_batch, optimal_batch_interval
 from batchscale.errors import BadInput
-from batchscale.fits import positive_pairs
+from batchscale.fits import StepTimeFit, positive_pairs
 from batchscale.metrics import metric as metric_named
 
 NEAR_TARGET_PROGRESS = 0.75
@@ -193,7 +193,7 @@ def prune_step(state: IntervalState, batch_size: int, factor: float | None,
 @dataclass(frozen=True)
 class Optimum:
     """B* = sqrt(B_crit·α/β), the batch fastest to the target, with its interval: B_crit's
-    interval mapped through the same (monotone) square root, α/β taken as measured."""
+    interval and the step-time line's uncertainty about α/β, combined."""
 
     b_star: float
     low: float
@@ -206,12 +206,13 @@ class Optimum:
         return math.inf
 
 
-def optimum(state: IntervalState, step_line: tuple[float, float]) -> Optimum:
-    """B* and its interval from the B_crit state and one device's step-time line (α, β); NaN
-    where either is missing (B_crit not a number, α or β not positive)."""
-    alpha_s, beta_s = step_line
-    return Optimum(*(optimal_batch(alpha_s, beta_s, b) for b in
-                     (state.b_crit, state.low, state.high)))
+def optimum(state: IntervalState, step_fit: StepTimeFit) -> Optimum:
+    """B* and its interval from the B_crit state and one device's step-time line
+    (timetotarget.optimal_batch_interval: B_crit's interval and the line's uncertainty about
+    α/β, combined); NaN where either is missing (B_crit not a number, α or β not positive)."""
+    b_star = optimal_batch(step_fit.alpha_s, step_fit.beta_s, state.b_crit)
+    return Optimum(b_star, *optimal_batch_interval(step_fit, state.b_crit, state.low,
+                                                   state.high))
 
 
 def candidate_cells(done: Sequence[Cell], allowed: Sequence[int],

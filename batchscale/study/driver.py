@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from batchscale.config import ExperimentConfig
 from batchscale.convergence.runner import run_convergence, work_dir
+from batchscale.fits import StepTimeFit, fit_step_time
 from batchscale.schemas import RunStatus, make_table
 from batchscale.study.adaptive import (
     STOP_B_STAR,
@@ -37,6 +38,7 @@ from batchscale.study.adaptive import (
     prune_step,
 )
 
+NO_LINE = StepTimeFit(math.nan, math.nan, math.nan, "no trial has run yet")
 STUDY_BOOTSTRAP_SAMPLES = 200
 
 
@@ -98,16 +100,15 @@ class Study:
                 & (runs["status"] != RunStatus.PRUNED))  # pruned trials are left out of the fit
         return runs[keep]
 
-    def step_line(self) -> tuple[float, float]:
-        """One device's step-time line (α, β) from the study's own one-worker trials (train
-        time per step, the analysis's first source); NaN before two batch sizes ran."""
+    def step_line(self) -> StepTimeFit:
+        """One device's step-time line (α, β, with how well its points pin α/β) from the
+        study's own one-worker trials (train time per step, the analysis's first source); NaN
+        before two batch sizes ran."""
         from batchscale.analysis.timetotarget import convergence_step_times
-        from batchscale.fits import fit_step_time
 
         _, runs = self.tables()
         times = convergence_step_times(runs[runs["workers"] == 1])
-        fit = fit_step_time(list(times), list(times.values()))
-        return fit.alpha_s, fit.beta_s
+        return fit_step_time(list(times), list(times.values()))
 
     def objective_ratio(self, state: IntervalState) -> float:
         """high/low of what the study narrows: B_crit's interval, or B*'s."""
@@ -126,7 +127,7 @@ class Study:
     def record(self, action: str, cell: Cell | None, reason: str, state: IntervalState,
                prediction: NoisePrediction, expected_ratio: float = math.nan) -> None:
         examples, device_s = self.spent() if self.cells else (0, 0.0)
-        best = optimum(state, self.step_line() if self.cells else (math.nan, math.nan))
+        best = optimum(state, self.step_line() if self.cells else NO_LINE)
         row = {"decision": len(self.decisions), "action": action,
                "batch_size": cell.batch_size if cell else None,
                "seed": cell.seed if cell else None, "reason": reason,
