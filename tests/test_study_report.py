@@ -4,11 +4,17 @@ estimate from the study's own fit."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 from test_study_adaptive import on_curve, runs
 from test_study_tables import decision
 
-from batchscale.analysis.study_report import grid_examples_estimate, study_section
+from batchscale.analysis.study_report import (
+    grid_device_s_estimate,
+    grid_examples_estimate,
+    study_section,
+)
 
 BATCHES = [4, 16, 64, 256]
 
@@ -51,6 +57,22 @@ def test_the_grid_estimate_is_the_final_fits_examples_times_the_seeds():
     expected = sum(100 * b + 3200 for b in BATCHES) * 2
     estimate = grid_examples_estimate(study_decisions(), exact, BATCHES, 2)
     assert abs(estimate - expected) / expected < 0.01
+
+
+def test_the_grid_is_also_costed_in_device_seconds_with_the_studys_own_step_times():
+    """Steps on S(B) = 100 + 3200/B, each taking 1 ms + 10 µs·B: the grid's device time is
+    seeds × Σ S(B)·t(B), and the sentence quotes both currencies."""
+    exact = runs(on_curve(BATCHES, seeds=(0, 1))).assign(target_metric="val_accuracy",
+                                                        target_value=0.9)
+    exact["train_time_s"] = exact["steps_run"] * (1e-3 + 1e-5 * exact["batch_size"])
+    expected = sum((100 + 3200 / b) * (1e-3 + 1e-5 * b) for b in BATCHES) * 2
+    estimate = grid_device_s_estimate(study_decisions(), exact, BATCHES, 2)
+    assert abs(estimate - expected) / expected < 0.01
+    text = " ".join(study_section(study_decisions(), exact, BATCHES, 2).sentences)
+    assert "and 1.5 device-seconds of training (training time × workers" in text
+    assert f"and {1.5 / estimate:.0%} of its device time" in text
+    # Trials without training times (a table brought from elsewhere): no device-time estimate.
+    assert math.isnan(grid_device_s_estimate(study_decisions(), study_runs(), BATCHES, 2))
 
 
 def test_no_section_for_a_grid_and_no_plot_without_an_interval():

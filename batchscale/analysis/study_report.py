@@ -46,8 +46,33 @@ def grid_examples_estimate(decisions: pd.DataFrame, runs: pd.DataFrame | None,
                            batch_sizes: list[int], seeds: int) -> float:
     """Examples a grid of `batch_sizes` × `seeds` would have spent, by the study's final fit
     S(B) = S_min + E_min/B from its own trials (NaN without a B_crit number)."""
-    if runs is None or runs.empty:
+    fit = _final_fit(decisions, runs)
+    if fit is None:
         return math.nan
+    return float(sum((fit.s_min + fit.e_min / b) * b for b in batch_sizes) * seeds)
+
+
+def grid_device_s_estimate(decisions: pd.DataFrame, runs: pd.DataFrame | None,
+                           batch_sizes: list[int], seeds: int) -> float:
+    """Device-seconds of training the grid would have spent: seeds × S(B) × t(B) summed over
+    `batch_sizes`, S from the final fit and t = α + βB from the study's own one-worker trials
+    (training time per step, as `device_s_spent` counts it); NaN without either."""
+    from batchscale.analysis.timetotarget import convergence_step_times
+    from batchscale.fits import fit_step_time
+
+    fit = _final_fit(decisions, runs)
+    if fit is None or "train_time_s" not in runs.columns:
+        return math.nan
+    times = convergence_step_times(runs[runs["workers"] == 1])
+    line = fit_step_time(list(times), list(times.values()))
+    costs = [(fit.s_min + fit.e_min / b) * line.predict(b) for b in batch_sizes]
+    return float(sum(costs) * seeds) if all(math.isfinite(c) for c in costs) else math.nan
+
+
+def _final_fit(decisions: pd.DataFrame, runs: pd.DataFrame | None):
+    """S(B) fitted to the study rule's trials of its target; None without a B_crit number."""
+    if runs is None or runs.empty:
+        return None
     from batchscale.analysis.critical import fit_critical_batch, steps_to_result
 
     last = decisions.iloc[-1]
@@ -56,9 +81,7 @@ def grid_examples_estimate(decisions: pd.DataFrame, runs: pd.DataFrame | None,
                 & (runs["target_value"] == last["target_value"])]
     table = steps_to_result(rows, by=(), reduce="median")
     fit = fit_critical_batch(table["batch_size"], table["steps_to_target"])
-    if not math.isfinite(fit.b_crit):
-        return math.nan
-    return float(sum((fit.s_min + fit.e_min / b) * b for b in batch_sizes) * seeds)
+    return fit if math.isfinite(fit.b_crit) else None
 
 
 def study_section(decisions: pd.DataFrame | None, runs: pd.DataFrame | None,
@@ -111,7 +134,8 @@ def _final_sentence(last: pd.Series) -> str:
 
 
 def _b_star_sentence(last: pd.Series) -> str:
-    """B* = sqrt(B_crit·α/β) with B_crit's interval mapped, where the decisions have it."""
+    """B* = sqrt(B_crit·α/β) with its interval (B_crit's and the step-time line's), where the
+    decisions have it."""
     b_star, low, high = (_number(last.get(k)) for k in ("b_star", "b_star_low", "b_star_high"))
     if not (math.isfinite(b_star) and math.isfinite(low) and math.isfinite(high) and low > 0):
         return ""
@@ -123,14 +147,24 @@ def _b_star_sentence(last: pd.Series) -> str:
 def _cost_sentence(decisions: pd.DataFrame, runs: pd.DataFrame | None, batch_sizes: list[int],
                    seeds: int) -> str:
     spent = int(decisions["examples_spent"].max())
+    spent_s = _number(decisions["device_s_spent"].max()) if "device_s_spent" in decisions \
+        else math.nan
+    device = (f" and {spent_s:,.1f} device-seconds of training (training time × workers; "
+              "process start-up not counted)" if math.isfinite(spent_s) else "")
     grid = grid_examples_estimate(decisions, runs, batch_sizes, seeds)
     if not math.isfinite(grid) or grid <= 0:
-        return (f"It trained on {spent:,} examples; a grid's cost cannot be estimated without "
-                "a B_crit fit.")
+        return (f"It trained on {spent:,} examples{device}; a grid's cost cannot be estimated "
+                "without a B_crit fit.")
     rounded = round(grid, 2 - math.floor(math.log10(grid)))  # 3 significant digits
-    return (f"It trained on {spent:,} examples; a grid of {len(batch_sizes)} batch sizes × "
-            f"{seeds} seeds would have needed about {rounded:,.0f} by the study's final fit "
-            f"(an estimate: the grid was not run), so the study spent {spent / grid:.0%} of it.")
+    text = (f"It trained on {spent:,} examples{device}; a grid of {len(batch_sizes)} batch sizes "
+            f"× {seeds} seeds would have needed about {rounded:,.0f} examples by the study's "
+            f"final fit (an estimate: the grid was not run), so the study spent {spent / grid:.0%}"
+            " of its examples")
+    grid_s = grid_device_s_estimate(decisions, runs, batch_sizes, seeds)
+    if math.isfinite(spent_s) and math.isfinite(grid_s) and grid_s > 0:
+        text += (f" and {spent_s / grid_s:.0%} of its device time (about {grid_s:,.1f} "
+                 "device-seconds, with the study's own step-time line)")
+    return text + "."
 
 
 def _row(r: dict) -> dict:
