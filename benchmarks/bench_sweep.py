@@ -1,4 +1,4 @@
-"""Throughput sweep benchmarks (issues 3, 12): the harness's overhead against a bare training
+"""Throughput sweep benchmarks: the harness's overhead against a bare training
 loop doing the same work, repeatability of whole sweeps, the largest-batch search's trial count,
 and the detection workload's shape.
 

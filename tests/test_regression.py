@@ -132,7 +132,7 @@ def test_cells_of_other_precisions_and_input_modes_are_separate_baselines():
     assert verdicts(sweep_frame("now", {4: 0.5 * MEAN_RATE}), history) == {
         4: INSUFFICIENT_HISTORY}
 
-# ------------------------------------- judge only what was measured well, like with like (#18)
+# ------------------------------------- judge only what was measured well, like with like
 
 QUIET_CV = 0.02
 BATCHES = (16, 256, 1024)

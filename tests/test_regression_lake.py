@@ -115,7 +115,7 @@ def test_a_stray_object_and_a_damaged_manifest_do_not_stop_the_next_publish(
     assert f"s3://{bucket}/{run_manifest_key(object_store, damaged)}" in warnings
 
 
-# ------------------------------- sweep rows with quality flags, published run by run (#18)
+# ------------------------------- sweep rows with quality flags, published run by run
 
 
 def publish_rows(store, monkeypatch, tmp_path, run_id: str, rows: list[dict],

@@ -204,8 +204,8 @@ def test_auto_search_finds_the_wall_records_oom_and_recovers(tmp_path):
 
 
 def test_summary_of_one_batch_says_why_there_is_no_memory_model(tmp_path):
-    """One batch size cannot fit a line (#10: it printed "peak ≈ nan MiB + nan KiB"); nor can a
-    sweep without a memory budget predict a wall. Each line says why, with no NaN in it."""
+    """One batch size cannot fit a line (an earlier version printed "peak ≈ nan MiB + nan KiB");
+    nor can a sweep without a memory budget predict a wall. Each line says why, with no NaN."""
     cfg = SweepConfig(batch_sizes=[4], input_modes=["synthetic"], **FAST)
     rows = sweep(cfg, "digits-mlp", ENV, tmp_path / "one.parquet", log=quiet)
     text = "\n".join(summary_lines(summarize(rows)))
