@@ -97,6 +97,9 @@ def test_the_sweep_summary_quotes_the_best_rows_interval():
                "predicted_reason": "one batch size", "largest_fitting_batch": math.inf,
                "largest_fitting_reason": "no cap", "timed_rows": 0}
     assert "100.0 samples/s (a rerun would give 90.0-111.0, 90 %)" in summary_lines(summary)[0]
+    summary |= {"rounds": [3]}
+    assert "with 3+ rounds this interval misses the drift between sweeps" in summary_lines(
+        summary)[0]
     summary |= {"best_samples_per_s_low": math.nan}
     assert "(no rerun interval: too few steps)" in summary_lines(summary)[0]
 

@@ -13,6 +13,11 @@ from batchscale.conditions import WHAT_TO_DO
 from batchscale.fits import mfu_text
 from batchscale.schemas import Quality, TrialStatus
 
+MANY_ROUNDS = 3
+"""From this many rounds on, the rerun interval's t quantile is small enough that the drift
+between sweeps, which rounds in one sweep cannot see, dominates: measured coverage of the next
+sweep fell from 0.88 (2 rounds) to 0.56 (3 rounds), docs/benchmarks.md."""
+
 
 def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> dict:
     """Saturation batch (within `saturation_tolerance` of the best samples/s: the config's
@@ -67,7 +72,7 @@ def summary_lines(summary: dict) -> list[str]:
         return ["no batch size was timed successfully"]
     mfu = summary["best_mfu"]
     return [
-        f"best: {summary['best_samples_per_s']:.1f} samples/s {_rerun_text(summary)} at batch "
+        f"best: {summary['best_samples_per_s']:,.1f} samples/s {_rerun_text(summary)} at batch "
         f"{summary['best_batch']} ({mfu_text(mfu)}); the device saturates at "
         f"batch ≈ {summary['saturation_batch']} (smallest batch within "
         f"{summary['saturation_tolerance']:.0%} of the best, {summary['input_mode']} input)",
@@ -81,7 +86,12 @@ def _rerun_text(summary: dict) -> str:
     low, high = summary.get("best_samples_per_s_low"), summary.get("best_samples_per_s_high")
     if not (_finite(low) and _finite(high)):
         return "(no rerun interval: too few steps)"
-    return f"(a rerun would give {low:.1f}-{high:.1f}, 90 %)"
+    text = f"a rerun would give {low:,.1f}-{high:,.1f}, 90 %"
+    if max(summary.get("rounds") or [0]) >= MANY_ROUNDS:
+        text += (f"; with {MANY_ROUNDS}+ rounds this interval misses the drift between sweeps and "
+                 "covered the next sweep only about half the time in our measurements "
+                 "(docs/sweep.md)")
+    return f"({text})"
 
 
 def _finite(value) -> bool:
