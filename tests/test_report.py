@@ -159,6 +159,17 @@ def test_narrative_and_recommendation_render_from_the_markdown():
             assert html.escape(reason, quote=False) in page  # the same words, rendered once
 
 
+def test_each_recommendation_item_links_to_a_section_of_the_page():
+    runs = make_runs()
+    page = report(make_sweep(), runs, make_curves(runs))
+    box = page[page.index('<div class="recommendation">'):]
+    box = box[:box.index("</div>")]
+    targets = re.findall(r'<a href="#([a-z-]+)">evidence</a>', box)
+    assert len(targets) == box.count("<li>") - 1  # every item but the target's line
+    for target in set(targets):
+        assert f'<section id="{target}">' in page, target
+
+
 def test_recommendation_appears_once_and_regressions_fill_their_slot():
     runs = make_runs()
     page = report(make_sweep(), runs, make_curves(runs))

@@ -123,11 +123,19 @@ def recommendation_markdown(
     return f"\n## {RECOMMENDATION_TITLE}\n\n{listed}\n"
 
 
+EVIDENCE = {"Batch size": "results", "LR rule": "results", "Learning rate": "results",
+            "Workers": "data-parallel", "Expected to target": "convergence",
+            "Against today": "results"}
+"""The report section (its id) that supports each item of the recommendation."""
+
+
 def recommendation_list(
-    recommendation: Recommendation, target: str = "", target_reason: str = ""
+    recommendation: Recommendation, target: str = "", target_reason: str = "",
+    evidence_links: bool = False,
 ) -> str:
     """The recommendation as a Markdown list, one item per choice with its reason, after the
-    target it is made for (the HTML report shows this same list in its styled box)."""
+    target it is made for (the HTML report shows this same list in its styled box, with
+    `evidence_links`: each item ends with a link to the section that supports it)."""
     # An unnamed target's label already reads "the target of your runs (...)".
     label = target if target.startswith("the target") else f"the target {target}"
     head = f"- **For {label}** — {target_reason}.\n" if target else ""
@@ -138,13 +146,17 @@ def recommendation_list(
          recommendation.learning_rate_reason),
         ("Workers", recommendation.workers, recommendation.workers_reason),
     )
+    def link(label: str) -> str:
+        return f" ([evidence](#{EVIDENCE[label]}))" if evidence_links else ""
+
     listed = head + "\n".join(
-        f"- **{label}: {NOT_AVAILABLE if value is None else value}** — {reason}."
+        f"- **{label}: {NOT_AVAILABLE if value is None else value}** — {reason}.{link(label)}"
         for label, value, reason in items
     )
     outcomes = (("Expected to target", recommendation.expected),
                 ("Against today", recommendation.versus_current))
-    return listed + "".join(f"\n- **{label}:** {text}." for label, text in outcomes if text)
+    return listed + "".join(f"\n- **{label}:** {text}.{link(label)}"
+                            for label, text in outcomes if text)
 
 
 # --------------------------------------------------------------------------- numbers in prose

@@ -89,7 +89,8 @@ def render_html(
         quality_box=markdown_html(box) if box else None,
         quality_line=headline(summary.quality),
         recommendation=markdown_html(recommendation_list(
-            summary.recommendation, summary.target, summary.target_reason)),
+            summary.recommendation, summary.target, summary.target_reason,
+            evidence_links=True)),
         narrative=markdown_html(narrative_markdown(summary, with_quality=False)),
         regressions_slot=REGRESSIONS_SLOT,
         throughput_plots=throughput_plots(sweep, summary, table),
