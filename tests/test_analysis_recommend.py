@@ -93,6 +93,8 @@ def test_runs_without_step_times_are_told_what_a_batch_choice_needs():
         "2 runs reached the target (fewest steps: 120 at batch 64), but choosing a batch size "
         "needs the time per step: give a sweep table (`--sweep FILE`) or a time_to_target_s or "
         "train_time_s column with the runs")
+    assert choice.learning_rate is None
+    assert choice.learning_rate_reason.startswith("it goes with the batch size")  # not blank
 
 
 @pytest.mark.parametrize(("time_with_two", "expected"), [(0.5, 2), (3.0, 1)])

@@ -50,7 +50,9 @@ def recommend(
     if timed.empty:
         workers, workers_reason = worker_choice(runs)
         reason = _nothing_timed_reason(runs)
-        return Recommendation(None, None, workers, reason, reason, workers_reason)
+        return Recommendation(None, None, workers, reason, reason, workers_reason,
+                              learning_rate_reason="it goes with the batch size, which could "
+                              "not be chosen (above)")
     best = timed.sort_values(["time_to_target_s", "batch_size"]).iloc[0]
     batch = int(best["batch_size"])
     source = MEASURED_IN.get(best.get("step_time_source"), "")
