@@ -77,6 +77,9 @@ def test_the_learning_rate_is_the_one_the_chosen_cell_ran_with():
                           for lr, steps in ((0.05, 150), (0.2, 120), (0.8, 300))])
     choice = recommend(grid, tried)
     assert choice.learning_rate == 0.2 and "among 3 tried" in choice.learning_rate_reason
+    one = recommend(grid, tried[tried["lr"] == 0.2])
+    assert one.learning_rate_reason == ("the one learning rate the runs at batch 64 used (none "
+                                        "other was tried there)")
     no_lr = recommend(obvious_table(), runs.drop(columns="lr"))
     assert no_lr.learning_rate is None
     assert no_lr.learning_rate_reason == "the runs do not record their learning rate"

@@ -98,10 +98,14 @@ def learning_rate(runs: pd.DataFrame, rule: str, batch: int) -> tuple[float | No
     finite = cell[np.isfinite(lrs)]
     if finite.empty:
         return None, f"no reached run at batch {batch} with the {rule} rule records its LR"
-    if rule == "grid" or finite["lr"].nunique() > 1:
+    tried = finite["lr"].nunique()
+    if rule == "grid" and tried == 1:
+        return float(finite["lr"].iloc[0]), (f"the one learning rate the runs at batch {batch} "
+                                             "used (none other was tried there)")
+    if rule == "grid" or tried > 1:
         best = finite.sort_values(["steps_to_target", "lr"]).iloc[0]
         return float(best["lr"]), (f"the learning rate of the fewest steps at batch {batch} "
-                                   f"among {finite['lr'].nunique()} tried")
+                                   f"among {tried} tried")
     runs_n = len(finite)
     return float(finite["lr"].iloc[0]), (f"what the {rule} rule gave at batch {batch} in "
                                          f"{'all ' if runs_n > 1 else ''}{runs_n} reached "
