@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 CELL_ACTIONS = ("probe", "place", "refine")
+STOPPED_COVERAGE_CAVEAT = ("Read it as narrower than it says: on simulated studies "
+                           "(bench_study_calibration) a stopped study's 90 % interval held the "
+                           "true B_crit 79–90 % of the time.")
 STUDY_HEADINGS = ("#", "action", "cell", "why", "B_crit after [90 % interval]", "examples spent")
 
 
@@ -128,8 +131,8 @@ def _final_sentence(last: pd.Series) -> str:
     cells = int(last["decision"])
     if math.isfinite(low) and math.isfinite(high):
         return (f"The study stopped ({last['reason']}) with B_crit {b_crit:.3g}, 90 % interval "
-                f"{low:.3g}–{high:.3g} (high/low {high / low:.2f}), after {cells} decisions."
-                + _b_star_sentence(last))
+                f"{low:.3g}–{high:.3g} (high/low {high / low:.2f}), after {cells} decisions. "
+                f"{STOPPED_COVERAGE_CAVEAT}" + _b_star_sentence(last))
     return f"The study stopped ({last['reason']}) without a B_crit interval."
 
 

@@ -1,0 +1,127 @@
+"""Coverage of the adaptive study's interval where it stops: the study's own decision loop
+(`study.driver.run_adaptive`: probe, predict, place, refine, stop) on simulated cells.
+
+Only the training is simulated: `run_convergence`, which trains one (batch size, seed) cell,
+is replaced by a draw from a known truth. Steps to target S(B) = S_min·(1 + B_crit/B) with
+log-normal seed noise σ, rounded up to the evaluation interval; the probe's gradient noise scale
+B_simple near the target scattered log-normally about the true B_crit (McCandlish et al.: it
+predicts B_crit). Everything else — the prediction, the placement, the choice of the next cell,
+the bootstrap ∪ Fieller interval, the stop rule — is the study's real code. A setting's figure
+is how often the stopped study's 90 % interval holds the true B_crit, with its exact binomial
+interval, and the cells and examples it spent.
+
+Run: `python -m benchmarks.run bench_study_calibration` (BENCH_QUICK=1 for a short look).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from unittest import mock
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from batchscale.analysis.critical import bootstrap_critical_batch
+from batchscale.config import parse_config
+from batchscale.study import driver
+from benchmarks import scaled
+from benchmarks.stats import Goal, share_figure
+
+STUDIES = scaled(100, 12)
+COVERAGE_GOAL = Goal(0.85)
+S_MIN = 100.0
+EVAL_EVERY = 10
+SEEDS = [0, 1, 2]
+WIDER_LEVELS = (0.95, 0.98)
+"""Nominal levels at which the stopped study's final trials are also read, to see what level
+would deliver 90 % coverage after the stop."""
+B_SIMPLE_SCATTER = 0.3
+"""Log-normal scatter of B_simple about B_crit at the probe's evaluations near the target."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    b_crit: float
+    sigma: float
+
+
+SETTINGS = (Setting("B_crit 32, σ 0.1", 32.0, 0.1), Setting("B_crit 128, σ 0.1", 128.0, 0.1),
+            Setting("B_crit 32, σ 0.2", 32.0, 0.2))
+
+
+def simulated_cell(setting: Setting, rng: np.random.Generator, trials: list[dict]):
+    """A stand-in for run_convergence: one trial per call, steps from the truth (each trial's
+    row also appended to `trials`)."""
+
+    def run(cfg, batch_sizes, **_):
+        (batch,), seed = batch_sizes, cfg.convergence.seeds[0]
+        target = cfg.convergence.resolved_targets()[0]
+        steps = S_MIN * (1 + setting.b_crit / batch) * math.exp(rng.normal(0, setting.sigma))
+        steps = int(math.ceil(steps / EVAL_EVERY) * EVAL_EVERY)
+        trial = f"b{batch}-s{seed}"
+        run_row = {"trial_id": trial, "batch_size": batch, "seed": seed, "workers": 1,
+                   "lr_rule": cfg.convergence.lr_rules[0], "lr": 0.1, "status": "reached",
+                   "steps_to_target": steps, "steps_run": steps,
+                   "train_time_s": steps * (1e-3 + 1e-5 * batch),
+                   "target_metric": target.metric, "target_value": target.value,
+                   "device_name": "simulated"}
+        evals = [{"trial_id": trial, "step": s, "val_accuracy": target.value * s / steps,
+                  "b_simple": setting.b_crit * math.exp(rng.normal(0, B_SIMPLE_SCATTER))}
+                 for s in range(EVAL_EVERY, steps + 1, EVAL_EVERY)]
+        trials.append(run_row)
+        return pa.Table.from_pylist(evals), pa.Table.from_pylist([run_row])
+
+    return run
+
+
+def one_study(setting: Setting, rng: np.random.Generator) -> dict:
+    cfg = parse_config({"convergence": {
+        "strategy": "adaptive", "lr_rules": ["sqrt"], "seeds": SEEDS,
+        "batch_sizes": [2**k for k in range(2, 11)], "target_interval_ratio": 2.0,
+        "target_val_accuracy": 0.9, "eval_every_steps": EVAL_EVERY}})
+    trials: list[dict] = []
+    with mock.patch.object(driver, "run_convergence", simulated_cell(setting, rng, trials)), \
+            mock.patch.object(driver, "_environment", lambda study, runs: {}), \
+            mock.patch.object(driver, "make_table", lambda kind, rows, env: rows):
+        _, _, decisions = driver.run_adaptive(cfg, data_dir="simulated", run_id="sim",
+                                              echo=lambda line: None)
+    last = decisions[-1]
+    low, high = last.get("b_crit_low"), last.get("b_crit_high")
+    bounded = low is not None and high is not None and math.isfinite(low) and math.isfinite(high)
+    wider = {level: bootstrap_critical_batch(pd.DataFrame(trials), "sqrt",
+                                             driver.STUDY_BOOTSTRAP_SAMPLES,
+                                             confidence=level, seeds_needed=True)
+             for level in WIDER_LEVELS}
+    return {"covered": bounded and low <= setting.b_crit <= high, "bounded": bounded,
+            **{f"covered_at_{level}": lo <= setting.b_crit <= hi
+               for level, (lo, hi) in wider.items()},
+            "cells": sum(d["action"] in ("probe", "place", "refine") for d in decisions),
+            "examples": last["examples_spent"], "reason": last["reason"]}
+
+
+def run() -> dict:
+    rng = np.random.default_rng(20261203)
+    results = {}
+    for setting in SETTINGS:
+        started = time.perf_counter()
+        outcomes = [one_study(setting, rng) for _ in range(STUDIES)]
+        covered = sum(o["covered"] for o in outcomes)
+        figure = share_figure(covered, len(outcomes), COVERAGE_GOAL)
+        cells = [o["cells"] for o in outcomes]
+        results[setting.name] = {
+            "coverage": figure, "unbounded": sum(not o["bounded"] for o in outcomes),
+            "median_cells": float(np.median(cells)),
+            "wall_s": time.perf_counter() - started}
+        for level in WIDER_LEVELS:
+            results[setting.name][f"coverage_at_{level}"] = share_figure(
+                sum(o[f"covered_at_{level}"] for o in outcomes), len(outcomes), COVERAGE_GOAL)
+        print(f"{setting.name}: stopped interval covers the true B_crit {figure.text()}; "
+              f"{results[setting.name]['unbounded']} of {len(outcomes)} stopped without a "
+              f"bounded interval; median {np.median(cells):.0f} cells; the same trials read at "
+              + ", ".join(f"{level:.0%}: {results[setting.name][f'coverage_at_{level}'].text()}"
+                          for level in WIDER_LEVELS), flush=True)
+    return results
