@@ -74,3 +74,14 @@ def test_the_config_fields_reach_the_recommendation_through_the_analysis():
     assert recommendation.batch_size == 64
     assert recommendation.versus_current.startswith("at your batch 16")
     assert "Against today" in result.markdown
+
+
+def test_a_batch_beyond_the_memory_wall_comes_with_its_accumulation_steps():
+    choice = recommend(obvious_table(), RUNS, largest_fitting=24.0)
+    assert choice.batch_size == 64
+    assert choice.batch_reason.endswith(
+        "; each device holds at most batch 24 (the sweep's memory wall): run it as 3 "
+        "accumulation steps of 22 (convergence.accumulation_steps)")
+    assert "accumulation" not in recommend(obvious_table(), RUNS).batch_reason  # no wall known
+    assert "accumulation" not in recommend(obvious_table(), RUNS,
+                                           largest_fitting=64.0).batch_reason  # it fits

@@ -136,7 +136,8 @@ def analyze(
                                  learning_rates_given,
                                  (settings.current_batch_size, settings.current_lr),
                                  {rule: fit.optimal_batch_interval
-                                  for rule, fit in critical.items()}),
+                                  for rule, fit in critical.items()},
+                                 memory.largest_fitting_batch),
         min_time_to_target_s=float(np.nanmin(times)) if np.isfinite(times).any() else math.nan,
         step_time_sources=_sources(table),
         quality=measurement_quality(sweep, table),

@@ -115,3 +115,18 @@ def lr_versus_current(learning_rate: float | None, current_lr: float | None) -> 
     if learning_rate is None or current_lr is None:
         return ""
     return f"; {learning_rate / current_lr:.3g}× your current {current_lr:.4g}"
+
+
+def accumulation_text(batch: int, largest_fitting: float, workers: int | None) -> str:
+    """How to run `batch` where one device holds less: "" when it fits (or the wall is
+    unknown), else the accumulation steps that bring each device's micro-batch under the
+    largest batch the sweep measured to fit."""
+    per_device = batch / max(workers or 1, 1)
+    known = math.isfinite(largest_fitting) and largest_fitting > 0
+    if not known or per_device <= largest_fitting:
+        return ""
+    steps = math.ceil(per_device / largest_fitting)
+    return (f"; each device holds at most batch {largest_fitting:.0f} (the sweep's memory wall): "
+            f"run it as {steps} accumulation steps of {math.ceil(per_device / steps)} "
+            "(convergence.accumulation_steps)")
+

@@ -8,7 +8,12 @@ import math
 import numpy as np
 import pandas as pd
 
-from batchscale.analysis.expected import expected_text, lr_versus_current, versus_current
+from batchscale.analysis.expected import (
+    accumulation_text,
+    expected_text,
+    lr_versus_current,
+    versus_current,
+)
 from batchscale.analysis.parallel import worker_choice
 from batchscale.analysis.summary import Recommendation
 from batchscale.analysis.timetotarget import StepTimeSource, optimal_batch_text
@@ -30,6 +35,7 @@ def recommend(
     learning_rates_given: bool = True,
     current: tuple[int | None, float | None] = (None, None),
     b_star_intervals: dict[str, tuple[float, float]] | None = None,
+    largest_fitting: float = math.inf,
 ) -> Recommendation:
     """Batch size, LR rule and worker count, each with a one-line reason.
 
@@ -42,7 +48,9 @@ def recommend(
     waited for a CPU at least `max_cpu_wait_share` of their runnable time behind the workers.
     `current` (batch size, learning rate trained with today, each None when not given): what
     the expected figures are compared with (expected.py). `b_star_intervals`: B*'s interval
-    per rule, quoted with it.
+    per rule, quoted with it. `largest_fitting`: the largest batch one device was measured to
+    hold (the sweep's memory wall); a recommended batch above it comes with accumulation
+    steps.
     """
     timed = (
         table[np.isfinite(numeric_column(table, "time_to_target_s"))] if not table.empty else table
@@ -76,6 +84,7 @@ def recommend(
     if isinstance(best.get("timing_flag"), str):
         batch_reason += f" — NOT TRUSTED: {best['timing_flag']}"
     workers, workers_reason = worker_choice(runs, (rule, batch))
+    batch_reason += accumulation_text(batch, largest_fitting, workers)
     lr, lr_reason = (learning_rate(runs, rule, batch) if learning_rates_given else
                      (None, "the runs table gives no learning rates (no lr column)"))
     current_batch, current_lr = current
