@@ -27,8 +27,9 @@ local-run: venv
 # fixtures such as test_pipeline's run are made once). Both print their slowest tests.
 # The parallel phase runs torch single-threaded: each worker (and each torchrun rank it starts)
 # would otherwise start one thread per core, and on a 2-core machine their OpenMP threads
-# spin-wait against each other (two concurrent training runs took 113 s instead of 59 s;
-# the phase 19:53 minutes instead of 11:20). The serial phase keeps the default threads.
+# spin-wait against each other: two concurrent training runs took 113 s instead of 59 s, and
+# the phase took 19:53 minutes in one fresh-clone run without it against 9:52-11:20 in four
+# runs with it (docs/architecture.md, "Tests"). The serial phase keeps the default threads.
 TEST_WORKERS ?= 2
 test: venv
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=15

@@ -60,7 +60,7 @@ class StepTimeFit:
     degrees of freedom): how well the points pin the ratio B* depends on. NaN without a
     positive α and β or without degrees of freedom (two batch sizes fit any line exactly)."""
     dof: int = 0
-    """Batch sizes fitted minus the line's two parameters."""
+    """Points fitted minus the line's two parameters (none for two points)."""
 
     def predict(self, batch: float) -> float:
         """Step time at `batch` from the line; NaN where the line is unusable or non-positive."""
@@ -214,15 +214,14 @@ def fit_step_time(batch: Iterable, step_time: Iterable) -> StepTimeFit:
     if np.unique(b).size < 2:
         return StepTimeFit(math.nan, math.nan, math.nan, "fewer than two timed batch sizes")
     alpha, beta, r2 = weighted_line(b, t, 1.0 / t**2)
-    dof = np.unique(b).size - 2
-    return StepTimeFit(alpha, beta, r2, log_ratio_se=_log_ratio_se(b, t, alpha, beta),
+    dof = b.size - 2
+    return StepTimeFit(alpha, beta, r2, log_ratio_se=_log_ratio_se(b, t, alpha, beta, dof),
                        dof=dof)
 
 
-def _log_ratio_se(b: np.ndarray, t: np.ndarray, alpha: float, beta: float) -> float:
+def _log_ratio_se(b: np.ndarray, t: np.ndarray, alpha: float, beta: float, dof: int) -> float:
     """se of log(α/β) by the delta method on the weighted fit's covariance σ²(XᵀWX)⁻¹, σ² the
-    weighted residual variance over n − 2 degrees of freedom."""
-    dof = b.size - 2
+    weighted residual variance over `dof` = points − 2 degrees of freedom."""
     if dof < 1 or not (alpha > 0 and beta > 0):
         return math.nan
     w = 1.0 / t**2

@@ -229,18 +229,13 @@ def repeatability(out_dir: Path) -> dict:
             values = [run[b] for run in runs[workload] if b in run]
             figures[f"{workload} B={b}"] = (cv_figure(values, REPEATABILITY_GOAL)
                                             if len(values) >= 2 else None)
-    coverage = {}
-    for workload in plans:
-        covered, checked, width = rerun_coverage(runs[workload], intervals[workload])
-        coverage[workload] = {
-            "figure": share_figure(covered, checked, RERUN_COVERAGE_GOAL) if checked else None,
-            "covered": covered, "checked": checked, "median_half_width": width}
-    covered = sum(c["covered"] for c in coverage.values())
-    checked = sum(c["checked"] for c in coverage.values())
-    coverage["pooled"] = {
+    checks = {w: rerun_coverage(runs[w], intervals[w]) for w in plans}
+    checks["pooled"] = (sum(c[0] for c in checks.values()), sum(c[1] for c in checks.values()),
+                        [w for c in checks.values() for w in c[2]])
+    coverage = {name: {
         "figure": share_figure(covered, checked, RERUN_COVERAGE_GOAL) if checked else None,
-        "covered": covered, "checked": checked, "median_half_width": statistics.median(
-            c["median_half_width"] for c in coverage.values())}
+        "median_half_width": statistics.median(widths) if widths else None}
+        for name, (covered, checked, widths) in checks.items()}
     return {"figures": figures, "unstable_rows": unstable, "sweeps": REPEAT_SWEEPS,
             "runs": runs, "rerun_coverage": coverage}
 

@@ -264,9 +264,11 @@ def worst_figure(figures: Sequence[Figure]) -> Figure:
 
 
 def rerun_coverage(runs: list[dict[int, float]],
-                   intervals: list[dict[int, tuple[float, float]]]) -> tuple[int, int, float]:
-    """(covered, checked, median relative half-width): how often sweep i+1's samples/s fell
-    inside sweep i's rerun interval, over consecutive sweeps and the batches both vouch for."""
+                   intervals: list[dict[int, tuple[float, float]]]
+                   ) -> tuple[int, int, list[float]]:
+    """(covered, checked, relative half-widths): how often sweep i+1's samples/s fell inside
+    sweep i's rerun interval, over consecutive sweeps and the batches both vouch for, and the
+    half-width of each interval checked, over its own samples/s."""
     covered = checked = 0
     widths = []
     for before, after, interval in zip(runs, runs[1:], intervals, strict=False):
@@ -275,4 +277,4 @@ def rerun_coverage(runs: list[dict[int, float]],
                 checked += 1
                 covered += low <= after[batch] <= high
                 widths.append((high - low) / 2 / before[batch])
-    return covered, checked, statistics.median(widths) if widths else math.nan
+    return covered, checked, widths

@@ -85,3 +85,15 @@ def test_a_batch_beyond_the_memory_wall_comes_with_its_accumulation_steps():
     assert "accumulation" not in recommend(obvious_table(), RUNS).batch_reason  # no wall known
     assert "accumulation" not in recommend(obvious_table(), RUNS,
                                            largest_fitting=64.0).batch_reason  # it fits
+
+
+def test_a_flagged_step_time_marks_the_expected_training_time_not_trusted():
+    table = obvious_table().assign(timing_flag=None)
+    table.loc[(table["lr_rule"] == "linear") & (table["batch_size"] == 64), "timing_flag"] = (
+        "convergence trials waited for a CPU 40% of the time")
+    expected = expected_text(RUNS, table, "linear", 64)
+    assert expected.endswith("over 3 seeds (step time NOT TRUSTED: convergence trials waited "
+                             "for a CPU 40% of the time)")
+    against = versus_current(RUNS, table, "linear", 64, 16)
+    assert "the training time (step time NOT TRUSTED" in against
+    assert "NOT TRUSTED" not in expected_text(RUNS, obvious_table(), "linear", 64)

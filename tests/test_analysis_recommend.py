@@ -54,7 +54,7 @@ def obvious_table() -> pd.DataFrame:
 
 def test_recommend_picks_the_obvious_answer():
     runs = pd.DataFrame([run_row(64, "linear", 0.1, 0, 120)])
-    choice = recommend(obvious_table(), runs, {"linear": 80.0})
+    choice = recommend(obvious_table(), runs, {"linear": (80.0, math.nan, math.nan)})
     assert (choice.batch_size, choice.lr_rule, choice.workers) == (64, "linear", 1)
     assert "1.44 s" in choice.batch_reason and "≈ 80" in choice.batch_reason
     assert "linear 120, sqrt 200" in choice.lr_rule_reason
@@ -194,9 +194,7 @@ def test_workers_are_compared_where_both_ran_and_a_half_failing_cell_does_not_co
 
 def test_the_model_optimum_is_quoted_with_its_interval_or_why_it_is_open():
     runs = pd.DataFrame([run_row(64, "linear", 0.1, 0, 120)])
-    with_interval = recommend(obvious_table(), runs, {"linear": 80.0},
-                              b_star_intervals={"linear": (60.0, 110.0)})
+    with_interval = recommend(obvious_table(), runs, {"linear": (80.0, 60.0, 110.0)})
     assert "sqrt(α·B_crit/β) is ≈ 80 [60, 110] (90%)" in with_interval.batch_reason
-    open_ended = recommend(obvious_table(), runs, {"linear": 80.0},
-                           b_star_intervals={"linear": (60.0, math.inf)})
+    open_ended = recommend(obvious_table(), runs, {"linear": (80.0, 60.0, math.inf)})
     assert "≈ 80 (interval open" in open_ended.batch_reason

@@ -121,7 +121,8 @@ def analyze(
     cap = optimal_batch_cap(sweep, table, memory.largest_fitting_batch)
     critical, labels = critical_by_rule(runs, table, settings, step_fit, cap)
     b_simple, noise = noise_scale(runs, curves)
-    b_star = {rule: fit.optimal_batch for rule, fit in critical.items()}
+    b_star = {rule: (fit.optimal_batch, *fit.optimal_batch_interval)
+              for rule, fit in critical.items()}
     times = numeric_column(table, "time_to_target_s")
     summary = AnalysisSummary(
         throughput=throughput,
@@ -135,8 +136,6 @@ def analyze(
         recommendation=recommend(table, runs, b_star, settings.max_cpu_wait_share,
                                  learning_rates_given,
                                  (settings.current_batch_size, settings.current_lr),
-                                 {rule: fit.optimal_batch_interval
-                                  for rule, fit in critical.items()},
                                  memory.largest_fitting_batch),
         min_time_to_target_s=float(np.nanmin(times)) if np.isfinite(times).any() else math.nan,
         step_time_sources=_sources(table),

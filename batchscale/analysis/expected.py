@@ -60,9 +60,19 @@ def steps_spread(runs: pd.DataFrame, rule: str, batch: int) -> Spread | None:
 
 def step_time_at(table: pd.DataFrame, rule: str, batch: int) -> float:
     """The cell's step time from the analysis's cell table; NaN where it has none."""
-    row = table[matches(table, "lr_rule", rule) & (numeric_column(table, "batch_size") == batch)]
-    times = numeric_column(row, "step_time_s")
+    times = numeric_column(_cell(table, rule, batch), "step_time_s")
     return float(times[0]) if times.size and np.isfinite(times[0]) else math.nan
+
+
+def untrusted_time(table: pd.DataFrame, rule: str, batch: int) -> str:
+    """" (step time NOT TRUSTED: …)" where the cell's step time carries a timing flag, else ""."""
+    row = _cell(table, rule, batch)
+    flag = row["timing_flag"].iloc[0] if "timing_flag" in row and len(row) else None
+    return f" (step time NOT TRUSTED: {flag})" if isinstance(flag, str) else ""
+
+
+def _cell(table: pd.DataFrame, rule: str, batch: int) -> pd.DataFrame:
+    return table[matches(table, "lr_rule", rule) & (numeric_column(table, "batch_size") == batch)]
 
 
 def expected_text(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int) -> str:
@@ -73,7 +83,8 @@ def expected_text(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int
     text = f"{steps.text(' steps')}"
     step_s = step_time_at(table, rule, batch)
     if math.isfinite(step_s):
-        text += f"; {steps.scaled(step_s).text(' s of training')}"
+        text += (f"; {steps.scaled(step_s).text(' s of training')}"
+                 f"{untrusted_time(table, rule, batch)}")
     return text
 
 
@@ -97,7 +108,8 @@ def versus_current(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: in
     parts = [f"{_ratio(rec, cur)} the steps"]
     rec_s, cur_s = step_time_at(table, rule, batch), step_time_at(table, rule, current_batch)
     if math.isfinite(rec_s) and math.isfinite(cur_s):
-        parts.append(f"{_ratio(rec.scaled(rec_s), cur.scaled(cur_s))} the training time")
+        flags = untrusted_time(table, rule, batch) or untrusted_time(table, rule, current_batch)
+        parts.append(f"{_ratio(rec.scaled(rec_s), cur.scaled(cur_s))} the training time{flags}")
     return (f"at your batch {current_batch} ({cur.text(' steps')}), the recommendation needs "
             + " and ".join(parts))
 

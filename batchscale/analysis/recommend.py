@@ -30,27 +30,25 @@ MEASURED_IN = {
 def recommend(
     table: pd.DataFrame,
     runs: pd.DataFrame,
-    b_star: dict[str, float] | None = None,
+    b_star: dict[str, tuple[float, float, float]] | None = None,
     max_cpu_wait_share: float | None = None,
     learning_rates_given: bool = True,
     current: tuple[int | None, float | None] = (None, None),
-    b_star_intervals: dict[str, tuple[float, float]] | None = None,
     largest_fitting: float = math.inf,
 ) -> Recommendation:
     """Batch size, LR rule and worker count, each with a one-line reason.
 
     Batch: the minimum measured time to target (S·t) over reached (rule, batch) cells; the
-    model optimum B* of the chosen rule (`b_star`, per rule) is quoted to explain it, not to
-    override the measurement. LR rule: the smallest S at that batch. Workers: `worker_choice`
-    at that rule and batch. `table` has lr_rule, batch_size, steps_to_target, step_time_s,
-    time_to_target_s (and step_time_source, timing_flag, where known). A choice made from
-    flagged timings says so in its reason: a timing flag on the chosen cell, or trials that
-    waited for a CPU at least `max_cpu_wait_share` of their runnable time behind the workers.
-    `current` (batch size, learning rate trained with today, each None when not given): what
-    the expected figures are compared with (expected.py). `b_star_intervals`: B*'s interval
-    per rule, quoted with it. `largest_fitting`: the largest batch one device was measured to
-    hold (the sweep's memory wall); a recommended batch above it comes with accumulation
-    steps.
+    model optimum B* of the chosen rule (`b_star`, per rule: B* and its interval) is quoted to
+    explain it, not to override the measurement. LR rule: the smallest S at that batch.
+    Workers: `worker_choice` at that rule and batch. `table` has lr_rule, batch_size,
+    steps_to_target, step_time_s, time_to_target_s (and step_time_source, timing_flag, where
+    known). A choice made from flagged timings says so in its reason: a timing flag on the
+    chosen cell, or trials that waited for a CPU at least `max_cpu_wait_share` of their
+    runnable time behind the workers. `current` (batch size, learning rate trained with today,
+    each None when not given): what the expected figures are compared with (expected.py).
+    `largest_fitting`: the largest batch one device was measured to hold (the sweep's memory
+    wall); a recommended batch above it comes with accumulation steps.
     """
     timed = (
         table[np.isfinite(numeric_column(table, "time_to_target_s"))] if not table.empty else table
@@ -71,11 +69,10 @@ def recommend(
     )
     at_batch = timed[timed["batch_size"] == batch].sort_values(["steps_to_target", "lr_rule"])
     rule = str(at_batch.iloc[0]["lr_rule"])
-    model = (b_star or {}).get(rule, math.nan)
+    model, *interval = (b_star or {}).get(rule, (math.nan, math.nan, math.nan))
     if math.isfinite(model):
-        interval = (b_star_intervals or {}).get(rule, (math.nan, math.nan))
         batch_reason += (f"; the model optimum sqrt(α·B_crit/β) is "
-                         f"{optimal_batch_text(model, interval)}")
+                         f"{optimal_batch_text(model, tuple(interval))}")
     listing = ", ".join(
         f"{r} {s:.0f}"
         for r, s in zip(at_batch["lr_rule"], at_batch["steps_to_target"], strict=True)

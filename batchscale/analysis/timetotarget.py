@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from batchscale import schemas
+from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE
 from batchscale.fits import (
     StepTimeFit,
     as_floats,
@@ -32,7 +33,7 @@ from batchscale.fits import (
 )
 from batchscale.tdist import t_quantile
 
-B_STAR_LEVEL = 0.9
+B_STAR_LEVEL = BOOTSTRAP_CONFIDENCE
 """The level of B*'s interval: that of B_crit's interval it is built from."""
 
 
