@@ -48,7 +48,9 @@ ASCII_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+
 NOT_FINITE = ("inf", "infinity", "nan")
 INT64_DIGITS = len(str(INT64_MAX))
 # Items of a list flag: separated by commas (with or without spaces around) or by spaces.
-LIST_SEPARATOR = re.compile(r"\s*,\s*|\s+")
+LIST_SEPARATOR = re.compile(r"\s*,\s*|\s+", re.ASCII)
+ASCII_SPACE = " \t\n\r\f\v"
+"""What a number may be padded with: str.strip() alone would also drop U+0085 or U+3000."""
 
 
 def flag_for(field: str) -> str:
@@ -104,7 +106,7 @@ class FlagText:
         if any(not token.strip() for token in text):  # e.g. --batch-sizes 1 '' 2
             raise ValueError(f"{quote(' '.join(repr(t) for t in text))} has an empty value; "
                              "give each value, separated by commas or spaces")
-        joined = " ".join(text).strip()
+        joined = " ".join(text).strip(ASCII_SPACE)
         items = LIST_SEPARATOR.split(joined)
         if "" in items:
             raise ValueError(f"{quote(joined)} has an empty item (two commas in a row, or a "
@@ -126,7 +128,7 @@ class FlagText:
 
 def parse_integer(text: str) -> int:
     """An ASCII decimal integer within int64 (ValueError naming the text otherwise)."""
-    digits = text.strip()
+    digits = text.strip(ASCII_SPACE)
     if not ASCII_INTEGER.fullmatch(digits):
         raise ValueError(f"{quote(text)} is not an integer (digits 0-9)")
     if len(digits.lstrip("+-").lstrip("0")) > INT64_DIGITS or abs(int(digits)) > INT64_MAX:
@@ -137,7 +139,7 @@ def parse_integer(text: str) -> int:
 def parse_number(text: str) -> float:
     """An ASCII decimal number, finite and within int64's size like every number on the command
     line (ValueError naming the text otherwise)."""
-    digits = text.strip()
+    digits = text.strip(ASCII_SPACE)
     if digits.lower().lstrip("+-") in NOT_FINITE:
         raise ValueError(f"{quote(text)} is not a finite number")
     if not ASCII_DECIMAL.fullmatch(digits):

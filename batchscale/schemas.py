@@ -446,6 +446,37 @@ STUDY_AXES = pa.schema(
     ]
 )
 
+CRITICAL_OVER_TRAINING = pa.schema(
+    [
+        # The critical batch over training (batchscale/batch_schedule/): one row per checkpoint
+        # of the reference run (batch base_batch_size), from branches trained at several batch
+        # sizes to the checkpoint's milestone (the validation loss the reference reached
+        # milestone_steps later). B_crit with its 90 % interval; NaN where the branches support
+        # only a bound (b_crit_bound) or nothing (b_crit_reason).
+        pa.field("checkpoint_step", pa.int64(), nullable=False),
+        pa.field("examples", pa.int64(), nullable=False),
+        pa.field("val_loss", pa.float64(), nullable=False),
+        pa.field("milestone_loss", pa.float64(), nullable=False),
+        pa.field("base_batch_size", pa.int64(), nullable=False),
+        pa.field("lr_rule", pa.string(), nullable=False),
+        pa.field("batches_reached", pa.int64(), nullable=False),
+        pa.field("b_crit", pa.float64()),
+        pa.field("b_crit_low", pa.float64()),
+        pa.field("b_crit_high", pa.float64()),
+        pa.field("b_crit_bound", pa.string()),
+        pa.field("b_crit_bound_batch", pa.float64()),
+        pa.field("b_crit_reason", pa.string()),
+        pa.field("s_min", pa.float64()),
+        pa.field("e_min", pa.float64()),
+        # The reference run's gradient noise scale at the checkpoint (its EMA); NaN: none yet.
+        pa.field("b_simple", pa.float64()),
+        # The schedule's batch from this checkpoint on, and what its branches cost (seconds of
+        # the device, training and evaluation).
+        pa.field("scheduled_batch_size", pa.int64(), nullable=False),
+        pa.field("branch_device_s", pa.float64(), nullable=False),
+    ]
+)
+
 RESULT_TABLES = {
     "sweep": SWEEP,
     "curves": CURVES,
@@ -455,6 +486,7 @@ RESULT_TABLES = {
     "decisions": DECISIONS,
     "study": STUDY,
     "study_axes": STUDY_AXES,
+    "critical_over_training": CRITICAL_OVER_TRAINING,
 }
 TABLES = {"dataset": DATASET, "manifest": MANIFEST, **RESULT_TABLES, "regressions": REGRESSIONS}
 

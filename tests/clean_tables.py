@@ -203,10 +203,28 @@ def study_axes_rows() -> list[dict]:
              "range_factor_high": 3.5, "verdict": "no detectable change"}]
 
 
+def critical_over_training_rows() -> list[dict]:
+    """A checkpoint with B_crit and its interval, and one whose branches support only a bound."""
+    nan = float("nan")
+    common = {"base_batch_size": 8, "lr_rule": "sqrt", "branch_device_s": 4.2}
+    return [
+        {**common, "checkpoint_step": 100, "examples": 800, "val_loss": 2.7,
+         "milestone_loss": 2.6, "batches_reached": 4, "b_crit": 13.0, "b_crit_low": 5.3,
+         "b_crit_high": 25.5, "s_min": 9.0, "e_min": 117.0, "b_simple": 6.5,
+         "scheduled_batch_size": 8},
+        {**common, "checkpoint_step": 300, "examples": 2400, "val_loss": 2.4,
+         "milestone_loss": 2.35, "batches_reached": 4, "b_crit": nan, "b_crit_low": nan,
+         "b_crit_high": nan, "b_crit_bound": "above", "b_crit_bound_batch": 64.0,
+         "b_crit_reason": "steps still fall like 1/B", "s_min": nan, "e_min": nan,
+         "b_simple": nan, "scheduled_batch_size": 64},
+    ]
+
+
 ROWS = {"dataset": dataset_rows, "manifest": manifest_rows, "sweep": sweep_rows,
         "curves": curve_rows, "runs": run_rows, "analysis": analysis_rows,
         "regressions": regression_rows, "plan": plan_rows,
-        "decisions": decision_rows, "study": study_rows, "study_axes": study_axes_rows}
+        "decisions": decision_rows, "study": study_rows, "study_axes": study_axes_rows,
+        "critical_over_training": critical_over_training_rows}
 
 
 def table(kind: str, rows: list[dict] | None = None) -> pa.Table:
@@ -227,6 +245,7 @@ def context(kind: str) -> dict:
         "decisions": {},
         "study": {},
         "study_axes": {},
+        "critical_over_training": {},
     }[kind]
 
 

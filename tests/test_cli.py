@@ -363,3 +363,11 @@ def test_a_tasks_refusal_is_read_back_with_its_exit_status(capsys):
         refusal = task_refusal("INFO other lines\n    " + err.splitlines()[-1] + "\n")
         assert (str(refusal), refusal.exit_code) == (str(error), error.exit_code)
     assert task_refusal("a task that crashed with a bug prints no refusal") is None
+
+
+@pytest.mark.parametrize("text", ["0\x85", "\u30001", "1\u00a0", "4,\x858"])
+def test_a_number_padded_with_non_ascii_space_is_refused(text):
+    """str.strip() drops U+0085, U+3000 and U+00A0; the flags accept ASCII only."""
+    for flag in (FlagText(int, is_list=True), FlagText(float), FlagText(int)):
+        with pytest.raises(ValueError):
+            flag.value([text] if flag.is_list else text)

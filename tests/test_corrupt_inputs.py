@@ -209,6 +209,8 @@ NAN_MEANS_NOT_MEASURED = {
               "b_star_high", "b_star_low", "e_min", "s_min"},
     "study_axes": {"range_factor", "range_factor_high", "range_factor_low", "slope",
                    "slope_high", "slope_low"},
+    "critical_over_training": {"b_crit", "b_crit_low", "b_crit_high", "b_crit_bound_batch",
+                               "s_min", "e_min", "b_simple"},
 }
 ROWS_TO_CORRUPT = {"curves": [0, 1, 2, 4, 5, 7]}  # not a trial's last row (diverged may be NaN)
 EXTREMES = ("inf", "-inf", "nan", "huge", "negative")

@@ -33,6 +33,7 @@ from batchscale.cli.kfp_cmds import cmd_schedule, cmd_schedules, cmd_submit
 from batchscale.cli.lake_cmds import cmd_clean, cmd_history, cmd_report, cmd_store
 from batchscale.cli.pipeline_cmds import cmd_compile, cmd_run
 from batchscale.cli.plan_cmd import add_plan_parser
+from batchscale.cli.schedule_cmd import cmd_batch_schedule
 from batchscale.cli.stage_cmds import (
     cmd_analyze,
     cmd_converge,
@@ -49,7 +50,8 @@ from batchscale.schemas import TABLES
 from batchscale.stopping import EXIT_SIGINT, EXIT_SIGTERM, Terminated, sigterm_raises
 
 __all__ = [
-    "CONFIG_FLAGS_NOTE", "CONFIG_HELP", "STATE_DIR", "build_parser", "cmd_analyze", "cmd_clean",
+    "CONFIG_FLAGS_NOTE", "CONFIG_HELP", "STATE_DIR", "build_parser", "cmd_analyze",
+    "cmd_batch_schedule", "cmd_clean",
     "cmd_compile", "cmd_config", "cmd_converge", "cmd_datasets", "cmd_history", "cmd_report",
     "cmd_run", "cmd_schedule", "cmd_schedules", "cmd_store", "cmd_study", "cmd_submit", "cmd_sweep",
     "cmd_validate", "cmd_workloads", "connect_store", "given_run_id", "main", "new_run_id",
@@ -216,6 +218,26 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--run-id", help="reuse a run id to resume from its checkpoints")
     cv.add_argument("--out", required=True, help="output directory")
     cv.set_defaults(func=cmd_converge)
+
+    bsch = sub.add_parser("batch-schedule", help="the critical batch over training, and a "
+                          "batch-size schedule checked against the constant batch",
+                          description=CONFIG_FLAGS_NOTE + " Training settings (optimizer, LR "
+                          "rule, base LR, warm-up, target) come from the convergence section; "
+                          "see docs/batch-schedule.md.")
+    bsch.add_argument("--config", help=CONFIG_HELP)
+    add_config_flags(bsch, None, ["workload"])
+    add_config_flags(bsch, "batch_schedule", ["base_batch_size", "branch_factors",
+                                              "checkpoint_steps", "milestone_steps",
+                                              "max_steps", "check_seeds", "val_rows"])
+    bsch.add_argument("--dataset", metavar="NAME",
+                      help="the config's dataset.name (see `batchscale datasets`), prepared "
+                      "unless --dataset-dir is given")
+    bsch.add_argument("--dataset-dir", help="prepared dataset (default: prepare the config's)")
+    bsch.add_argument("--run-id", help="run id recorded in every row (default: the one --out "
+                      "was started with, else a new one)")
+    bsch.add_argument("--out", required=True, help="output directory; rerun with the same one "
+                      "to resume")
+    bsch.set_defaults(func=cmd_batch_schedule)
 
     val = sub.add_parser("validate", help="run a table's great-expectations suite")
     val.add_argument("--table", required=True,

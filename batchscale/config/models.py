@@ -23,6 +23,7 @@ from pydantic import (
 
 from batchscale import names
 from batchscale.catalog import DATASET_NAMES, DATASET_TASKS, SOURCE_DATASETS
+from batchscale.config.batch_schedule import BatchScheduleConfig
 from batchscale.config.convergence import (  # noqa: F401  re-exported
     DEFAULT_TARGET_VAL_ACCURACY,
     ConvergenceConfig,
@@ -320,6 +321,7 @@ class ExperimentConfig(_Strict):
     publish: PublishConfig = PublishConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     study: StudyConfig = StudyConfig()
+    batch_schedule: BatchScheduleConfig = BatchScheduleConfig()
 
     @field_validator("name")
     @classmethod

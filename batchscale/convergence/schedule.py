@@ -100,14 +100,18 @@ class DataOrder:
         return self._perms[epoch]
 
     def batch(self, step: int, batch_size: int) -> torch.Tensor:
-        start = step * batch_size
+        return self.rows_from(step * batch_size, batch_size)
+
+    def rows_from(self, start: int, count: int) -> torch.Tensor:
+        """`count` row indices from position `start` of the endless stream of epochs: a run
+        whose batch size changes reads on where the last batch ended."""
         epoch, offset = divmod(start, self.rows)
-        if offset + batch_size <= self.rows:  # within one epoch (most steps): a view, no copy
-            return self._perm(epoch)[offset:offset + batch_size]
+        if offset + count <= self.rows:  # within one epoch (most steps): a view, no copy
+            return self._perm(epoch)[offset:offset + count]
         parts, pos = [], start
-        while pos < start + batch_size:
+        while pos < start + count:
             epoch, offset = divmod(pos, self.rows)
-            take = min(self.rows - offset, start + batch_size - pos)
+            take = min(self.rows - offset, start + count - pos)
             parts.append(self._perm(epoch)[offset:offset + take])
             pos += take
         return torch.cat(parts)

@@ -1,0 +1,203 @@
+"""The three kinds of run of a batch-schedule measurement, each resumable from its work
+directory (a finished unit is a JSON file, skipped on a rerun; the reference run also resumes
+from its newest checkpoint):
+
+- the reference run: B0 from the first check seed, saving its state at every checkpoint step;
+- branches: from each checkpoint, one short run per batch size to the checkpoint's milestone
+  (the loss the reference reached `milestone_steps` later), all on one fresh data stream;
+- the check: the scheduled and the constant-B0 run, from each check seed, to the target.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from batchscale.batch_schedule.training import Run, Setup, crossing, reached
+from batchscale.errors import BatchscaleError
+
+VAL_LOSS = "val_loss"
+BRANCH_SEED_OFFSET = 1_000_003
+"""Branch data streams are seeded apart from every run's own (seed x offset + step)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    metric: str
+    value: float
+
+
+@dataclass(frozen=True)
+class Stage:
+    """From the first evaluation whose validation loss is at or below `from_loss`, train at
+    `batch_size`."""
+
+    from_loss: float
+    batch_size: int
+
+
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _write_json(path: Path, value: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    aside = path.with_suffix(".part")
+    aside.write_text(json.dumps(value, sort_keys=True))
+    aside.replace(path)
+
+
+def _eval_row(run: Run, batch_size: int) -> dict:
+    metrics = run.evaluate()
+    return {"step": run.step, "examples": run.examples, "train_time_s": run.train_time_s,
+            "eval_time_s": run.eval_time_s, "batch_size": batch_size,
+            "b_simple": run.noise.b_simple, **metrics}
+
+
+def _check_finite(loss: float, what: str, run: Run) -> None:
+    if not math.isfinite(loss):
+        raise BatchscaleError(f"{what} diverged at step {run.step} (training loss {loss}): "
+                              "lower convergence.base_lr or the branch factors")
+
+
+# ------------------------------------------------------------------------ the reference run
+
+
+def reference_run(setup: Setup, cfg, target: Target, seed: int, work: Path,
+                  echo: Callable[[str], None]) -> list[dict]:
+    """The reference run's curve (an evaluation row per evaluated step), training at B0 from
+    `seed` until it has passed the last milestone and reached `target`, or `max_steps`; its
+    state at each checkpoint step is saved under `work/reference`."""
+    folder = work / "reference"
+    done = _read_json(folder / "final.json")
+    if done is not None:
+        return done["curve"]
+    run, b0 = Run(setup, seed), cfg.base_batch_size
+    saved = sorted((int(m.group(1)) for p in folder.glob("step-*.pt")
+                    if (m := re.fullmatch(r"step-(\d+)\.pt", p.name))), reverse=True)
+    if saved:
+        curve = run.load(str(folder), f"step-{saved[0]}.pt")["curve"]
+        echo(f"reference run: resumed at step {saved[0]}")
+    else:
+        curve = [_eval_row(run, b0)]
+    checkpoints = set(cfg.checkpoint_steps)
+    milestones = {t + cfg.milestone_steps for t in cfg.checkpoint_steps}
+    last_needed = max(milestones)
+    while run.step < cfg.max_steps:
+        _check_finite(run.train_step(b0), "the reference run", run)
+        if run.step % cfg.eval_every_steps and run.step not in checkpoints | milestones:
+            continue
+        curve.append(_eval_row(run, b0))
+        if run.step in checkpoints:
+            run.save(str(folder), f"step-{run.step}.pt", {"curve": curve})
+            echo(f"reference run: checkpoint at step {run.step}, {VAL_LOSS} "
+                 f"{curve[-1][VAL_LOSS]:.4f}")
+        if run.step >= last_needed and reached(target.metric, curve[-1][target.metric],
+                                               target.value):
+            break
+    _write_json(folder / "final.json", {"curve": curve})
+    return curve
+
+
+def value_at(curve: list[dict], step: int, column: str = VAL_LOSS) -> float:
+    """`column` of the curve's evaluation at `step` (the reference evaluates every checkpoint
+    and milestone step)."""
+    for row in curve:
+        if row["step"] == step:
+            return float(row[column])
+    raise BatchscaleError(f"the reference run has no evaluation at step {step}")
+
+
+# ------------------------------------------------------------------------------ branches
+
+
+def branch(setup: Setup, cfg, checkpoint: dict, batch_size: int, milestone_loss: float,
+           seed: int, work: Path) -> dict:
+    """One branch from the reference's evaluation row `checkpoint`: steps at `batch_size` to
+    `milestone_loss` (interpolated between evaluations, the first from the checkpoint's own
+    loss; NaN when not reached within branch_step_factor x milestone_steps), with its cost."""
+    checkpoint_step = checkpoint["step"]
+    path = work / "branches" / f"step-{checkpoint_step}-batch-{batch_size}.json"
+    done = _read_json(path)
+    if done is not None:
+        return done
+    run = Run(setup, seed)
+    run.load(str(work / "reference"), f"step-{checkpoint_step}.pt")
+    run.branch(seed * BRANCH_SEED_OFFSET + checkpoint_step)
+    start_examples, start_time, start_eval = run.examples, run.train_time_s, run.eval_time_s
+    cap = math.ceil(cfg.branch_step_factor * cfg.milestone_steps)
+    before, steps = (0.0, float(checkpoint[VAL_LOSS])), math.nan
+    while run.step - checkpoint_step < cap:
+        _check_finite(run.train_step(batch_size), f"the branch at batch {batch_size} from "
+                      f"step {checkpoint_step}", run)
+        taken = run.step - checkpoint_step
+        if taken % cfg.branch_eval_every_steps and taken != cap:
+            continue
+        loss = run.evaluate()[VAL_LOSS]
+        if loss <= milestone_loss:
+            steps = crossing(before, (taken, loss), milestone_loss)
+            break
+        before = (taken, loss)
+    row = {"checkpoint_step": checkpoint_step, "batch_size": batch_size,
+           "lr": setup.peak_lr(batch_size), "milestone_loss": milestone_loss,
+           "steps_to_milestone": steps, "reached": math.isfinite(steps),
+           "examples": run.examples - start_examples,
+           "train_time_s": run.train_time_s - start_time,
+           "eval_time_s": run.eval_time_s - start_eval}
+    _write_json(path, row)
+    return row
+
+
+# ------------------------------------------------------------------------------- the check
+
+
+def check_run(setup: Setup, cfg, target: Target, stages: list[Stage], seed: int,
+              name: str, work: Path) -> dict:
+    """One run of the check from `seed`: B0, then each stage's batch once the validation loss
+    has reached the stage's `from_loss`, until `target` or max_steps."""
+    path = work / "check" / f"{name}-seed-{seed}.json"
+    done = _read_json(path)
+    if done is not None:
+        return done
+    run, batch, todo = Run(setup, seed), cfg.base_batch_size, list(stages)
+    curve = [_eval_row(run, batch)]
+    while run.step < cfg.max_steps and not reached(target.metric, curve[-1][target.metric],
+                                                   target.value):
+        _check_finite(run.train_step(batch), f"the {name} run from seed {seed}", run)
+        if run.step % cfg.eval_every_steps:
+            continue
+        curve.append(_eval_row(run, batch))
+        while todo and curve[-1][VAL_LOSS] <= todo[0].from_loss:
+            batch = todo.pop(0).batch_size
+    row = {"schedule": name, "seed": seed, **to_target(curve, target),
+           "device_s": run.train_time_s + run.eval_time_s}
+    _write_json(path, row)
+    return row
+
+
+def to_target(curve: list[dict], target: Target) -> dict:
+    """Steps, examples and training seconds to `target` along a curve (interpolated between
+    the evaluations around the first that reached it), the batch sizes trained at, and the
+    last evaluation's metrics."""
+    found = next((i for i, row in enumerate(curve)
+                  if reached(target.metric, row[target.metric], target.value)), None)
+    figures = {"steps_to_target": math.nan, "examples_to_target": math.nan,
+               "train_time_s_to_target": math.nan}
+    if found is not None:
+        before, after = curve[max(found - 1, 0)], curve[found]
+        point = crossing((0.0, before[target.metric]), (1.0, after[target.metric]),
+                         target.value)
+        for key, column in (("steps_to_target", "step"), ("examples_to_target", "examples"),
+                            ("train_time_s_to_target", "train_time_s")):
+            figures[key] = before[column] + point * (after[column] - before[column])
+    batches = list(dict.fromkeys(row["batch_size"] for row in curve[:None if found is None
+                                                                    else found + 1]))
+    last = curve[found if found is not None else -1]
+    return {"reached": found is not None, **figures,
+            "batch_sizes": ">".join(map(str, batches)),
+            "final_val_loss": float(last[VAL_LOSS]),
+            "final_metric": float(last[target.metric]), "steps_run": int(curve[-1]["step"])}

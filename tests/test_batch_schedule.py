@@ -1,0 +1,220 @@
+"""The critical batch over training and the batch-size schedule (batchscale/batch_schedule/):
+the fit recovers a known B_crit(t), the schedule follows it, the measurement is deterministic
+and resumes after a kill, and the command writes a checked table and an honest summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from batchscale.batch_schedule import fit, measure
+from batchscale.batch_schedule.measure import Stage
+from batchscale.config import ExperimentConfig
+from batchscale.errors import BadInput
+
+BATCHES = [8, 16, 32, 64, 128]
+CONFIG = {
+    "name": "digits-bs",
+    "convergence": {"lr_rules": ["linear"], "base_lr": 0.1,
+                    "targets": [{"metric": "val_accuracy", "value": 0.85}]},
+    "batch_schedule": {"base_batch_size": 4, "branch_factors": [2, 4, 8],
+                       "checkpoint_steps": [20, 60], "milestone_steps": 20, "max_steps": 400,
+                       "check_seeds": [0, 1], "val_rows": 128},
+}
+
+
+def _branch_rows(b_crit: float, s_min: float, rng, sigma: float, step: int = 100) -> list[dict]:
+    steps = s_min * (1 + b_crit / np.array(BATCHES)) * np.exp(rng.normal(0, sigma, len(BATCHES)))
+    return [{"checkpoint_step": step, "batch_size": b, "lr": 0.1, "milestone_loss": 2.0,
+             "steps_to_milestone": float(s), "reached": True}
+            for b, s in zip(BATCHES, steps, strict=True)]
+
+
+def _fit(rows: list[dict], loss: float = 2.5) -> fit.CheckpointFit:
+    row = {"examples": 800, "val_loss": loss, "b_simple": 10.0}
+    return fit.fit_checkpoint(rows[0]["checkpoint_step"], rows, row, "linear", 200, 2.0)
+
+
+# ------------------------------------------------------------------------------ the fit
+
+
+def test_a_known_rising_critical_batch_is_recovered_within_its_interval():
+    """Simulated branches from B_crit(t) = 12, 30, 60 (5 % multiplicative noise per branch): the
+    90 % interval holds the truth in most draws, and the estimates rise with t."""
+    rng = np.random.default_rng(7)
+    truth = [12.0, 30.0, 60.0]
+    covered, draws, medians = 0, 60, []
+    for b_crit in truth:
+        estimates = []
+        for _ in range(draws):
+            f = _fit(_branch_rows(b_crit, 20.0, rng, 0.05))
+            estimates.append(f.b_crit)
+            covered += bool(f.b_crit_low <= b_crit <= f.b_crit_high)
+        medians.append(float(np.nanmedian(estimates)))
+    assert covered / (draws * len(truth)) >= 0.8
+    assert medians[0] < medians[1] < medians[2]
+    assert all(abs(m / t - 1) < 0.25 for m, t in zip(medians, truth, strict=True))
+
+
+def test_a_branch_that_missed_its_milestone_drops_out_of_the_fit():
+    rows = _branch_rows(30.0, 20.0, np.random.default_rng(0), 0.0)
+    rows[-1] = {**rows[-1], "steps_to_milestone": math.nan, "reached": False}
+    f = _fit(rows)
+    assert f.batches_reached == 4 and f.b_crit == pytest.approx(30.0, rel=0.05)
+
+
+# ------------------------------------------------------------------------ the schedule
+
+
+def _checkpoint(step: int, loss: float, b_crit: float, low: float, high: float,
+                bound: str = "", bound_batch: float = math.nan) -> fit.CheckpointFit:
+    return fit.CheckpointFit(step, step * 8, loss, loss - 0.1, b_crit, low, high, bound,
+                             bound_batch, "", 1.0, b_crit, 5.0, 5)
+
+
+def test_the_batch_doubles_once_b_crit_passes_it_and_never_shrinks():
+    fits = [_checkpoint(50, 3.0, 10.0, 8.0, 13.0), _checkpoint(100, 2.6, 40.0, 30.0, 55.0),
+            _checkpoint(200, 2.3, 9.0, 5.0, 14.0),
+            _checkpoint(400, 2.1, math.nan, math.nan, math.nan, "above", 128.0)]
+    stages = fit.plan_schedule(fits, 8, BATCHES)
+    assert stages == [Stage(2.6, 32), Stage(2.1, 128)]
+
+
+def test_no_schedule_where_b_crit_never_passes_twice_the_base_batch():
+    fits = [_checkpoint(50, 3.0, 12.0, 8.0, 20.0),
+            _checkpoint(100, 2.6, math.nan, math.nan, math.nan, "below", 8.0)]
+    assert fit.plan_schedule(fits, 8, BATCHES) == []
+
+
+def test_the_prediction_follows_s_of_b_and_its_interval_is_ordered():
+    fits = [_checkpoint(100, 2.6, 40.0, 30.0, 55.0)]
+    p = fit.predicted(fits, [Stage(2.6, 32)], 8, 500.0)
+    ratio = (1 + 40 / 32) / (1 + 40 / 8)
+    assert p["steps"] == pytest.approx(100 + 400 * ratio)
+    assert p["steps_low"] < p["steps"] < p["steps_high"]
+    assert p["examples"] == pytest.approx(800 + 400 * ratio * 32)
+
+
+def test_the_check_pairs_seeds_and_gives_ratios_with_intervals():
+    rows = []
+    for seed, (sched, const) in enumerate([(60, 100), (66, 110), (52, 95)]):
+        for name, steps in (("scheduled", sched), ("constant", const)):
+            rows.append({"schedule": name, "seed": seed, "reached": True,
+                         "steps_to_target": steps, "examples_to_target": steps * 8,
+                         "train_time_s_to_target": steps * 0.01, "final_val_loss": 2.0})
+    summary = fit.check_summary(rows)
+    value, low, high = summary["steps_to_target"]
+    assert summary["paired"] == 3 and low < value < high < 1
+    assert value == pytest.approx(np.exp(np.mean(np.log([0.6, 0.6, 52 / 95]))))
+
+
+def test_crossing_interpolates_between_evaluations():
+    assert measure.crossing((10, 2.0), (15, 1.5), 1.8) == pytest.approx(12.0)
+    assert measure.crossing((0, 0.5), (1, 0.9), 0.8) == pytest.approx(0.75)  # rising metric
+
+
+# ------------------------------------------------------------------------------ config
+
+
+def test_config_refuses_what_a_schedule_cannot_use():
+    from batchscale.batch_schedule.stage import check_config
+
+    with pytest.raises(ValueError, match="ascending and above 1"):
+        ExperimentConfig.model_validate({"batch_schedule": {"branch_factors": [4, 2]}})
+    with pytest.raises(ValueError, match="past batch_schedule.max_steps"):
+        ExperimentConfig.model_validate({"batch_schedule": {"checkpoint_steps": [100],
+                                                            "milestone_steps": 50,
+                                                            "max_steps": 120}})
+    grid = ExperimentConfig.model_validate({"convergence": {"lr_rules": ["grid"],
+                                                            "lr_grid": [0.1]}})
+    with pytest.raises(BadInput, match="only grid"):
+        check_config(grid)
+    decay = ExperimentConfig.model_validate({"convergence": {"lr_decay": "cosine"}})
+    with pytest.raises(BadInput, match="lr_decay"):
+        check_config(decay)
+
+
+# --------------------------------------------------------- the measurement, for real
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    from batchscale.data.prep import prepare
+
+    cfg = ExperimentConfig.model_validate(CONFIG)
+    data = tmp_path_factory.mktemp("bs-data")
+    prepare(cfg.dataset, data)
+    return cfg, str(data)
+
+
+def _measure(cfg, data, work):
+    from batchscale.batch_schedule.stage import measure_schedule
+
+    return measure_schedule(cfg, data, work, "bs-test", lambda line: None)
+
+
+def _figures(outcome) -> list:
+    """What must not change between two runs of the same measurement (not the timings)."""
+    return ([(r["checkpoint_step"], r["batch_size"], r["steps_to_milestone"])
+             for r in outcome.branches],
+            [(f.b_crit, f.b_crit_low, f.b_crit_high, f.bound) for f in outcome.fits],
+            [(r["schedule"], r["seed"], r["steps_to_target"], r["final_val_loss"])
+             for r in outcome.check_rows])
+
+
+def test_the_measurement_is_deterministic_and_resumes_after_a_kill(prepared, tmp_path):
+    """Two measurements in fresh directories give the same branches, fits and check; one killed
+    after the reference run's first checkpoint and after a branch resumes to the same answer."""
+    cfg, data = prepared
+    first = _measure(cfg, data, tmp_path / "a")
+    assert first.stages, "the digits example is expected to schedule a larger batch"
+    assert _figures(_measure(cfg, data, tmp_path / "b")) == _figures(first)
+    killed = tmp_path / "killed"
+    shutil.copytree(tmp_path / "a", killed)
+    (killed / "reference" / "final.json").unlink()  # as if killed after checkpoint 20
+    (killed / "reference" / "step-60.pt").unlink()
+    for path in list((killed / "branches").glob("*.json"))[1:]:
+        path.unlink()
+    shutil.rmtree(killed / "check")
+    assert _figures(_measure(cfg, data, killed)) == _figures(first)
+
+
+def test_the_command_writes_a_checked_table_and_a_summary_that_agree(prepared, tmp_path,
+                                                                     capsys):
+    from batchscale.cli import main
+
+    cfg, data = prepared
+    config = tmp_path / "bs.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    out = tmp_path / "out"
+    assert main(["batch-schedule", "--config", str(config), "--dataset-dir", data,
+                 "--out", str(out)]) == 0
+    table = pq.read_table(out / "critical_over_training.parquet").to_pylist()
+    assert [r["checkpoint_step"] for r in table] == [20, 60]
+    assert all(r["scheduled_batch_size"] >= 4 and r["git_commit"] for r in table)
+    text = (out / "batch_schedule.md").read_text()
+    for r in table:
+        assert f"| {r['checkpoint_step']:,} |" in text
+    assert "**Check** (2 of 2 seeds" in text and "× the constant run's steps" in text
+    assert json.loads((out / "validation.json").read_text())[0]["success"]
+    assert (out / "critical_over_training.png").stat().st_size > 1000
+    assert "B_crit" in capsys.readouterr().out
+
+
+def test_a_rank_correlation_of_few_checkpoints_gets_its_chance_not_a_false_interval():
+    """Three checkpoints in the same order: rho 1, but a random order does that 1 time in 6;
+    no bootstrap interval (its resamples would only repeat 1.0)."""
+    fits = [_checkpoint(s, 3.0 - s / 1000, b, b / 2, b * 2) for s, b in
+            ((100, 10.0), (200, 20.0), (300, 40.0))]
+    fits = [fit.CheckpointFit(**{**f.as_row(), "b_simple": f.b_crit / 3}) for f in fits]
+    rho, low, high, p_value = fit.tracking(fits)["rank"]
+    assert rho == 1.0 and math.isnan(low) and math.isnan(high)
+    assert p_value == pytest.approx(1 / 6)
+    value, low, high = fit.tracking(fits)["ratio_mean"]
+    assert value == pytest.approx(1 / 3) and low <= value <= high
