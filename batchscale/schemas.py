@@ -477,6 +477,47 @@ CRITICAL_OVER_TRAINING = pa.schema(
     ]
 )
 
+SCHEDULE_CHECK = pa.schema(
+    [
+        # The batch-size schedule's check (batchscale/batch_schedule/): one row per (schedule,
+        # seed), the scheduled run and the constant-base_batch_size run trained to the same
+        # target. Steps, examples and training seconds to the target are interpolated between
+        # the evaluations around the first that reached it (NaN: not reached).
+        pa.field("schedule", pa.string(), nullable=False),  # scheduled, constant
+        pa.field("seed", pa.int64(), nullable=False),
+        # The constant run that is the reference run itself (the first check seed's): its row
+        # is there even when no check ran.
+        pa.field("reference", pa.bool_(), nullable=False),
+        pa.field("base_batch_size", pa.int64(), nullable=False),
+        pa.field("lr_rule", pa.string(), nullable=False),
+        pa.field("target_metric", pa.string(), nullable=False),
+        pa.field("target_value", pa.float64(), nullable=False),
+        pa.field("reached", pa.bool_(), nullable=False),
+        pa.field("diverged", pa.bool_(), nullable=False),
+        pa.field("steps_to_target", pa.float64()),
+        pa.field("examples_to_target", pa.float64()),
+        pa.field("train_time_s_to_target", pa.float64()),
+        # The batch sizes the run trained at, in order ("8>16>32").
+        pa.field("batch_sizes", pa.string(), nullable=False),
+        # The schedule itself, as "from_loss:batch" stages ("2.79:16,2.52:32"); empty: constant.
+        pa.field("stages", pa.string(), nullable=False),
+        pa.field("steps_run", pa.int64(), nullable=False),
+        pa.field("final_val_loss", pa.float64(), nullable=False),
+        pa.field("final_metric", pa.float64(), nullable=False),
+        # The schedule's steps and examples to the target predicted from B_crit(t) before it
+        # was trained, with their range from B_crit's intervals (scheduled rows; null on
+        # constant rows), and the reference run's steps they are set against.
+        pa.field("predicted_steps", pa.float64()),
+        pa.field("predicted_steps_low", pa.float64()),
+        pa.field("predicted_steps_high", pa.float64()),
+        pa.field("predicted_examples", pa.float64()),
+        pa.field("reference_steps", pa.float64()),
+        # Seconds of the device the run used, training and evaluation (the reference run's
+        # row: the whole reference run).
+        pa.field("device_s", pa.float64(), nullable=False),
+    ]
+)
+
 RESULT_TABLES = {
     "sweep": SWEEP,
     "curves": CURVES,
@@ -487,6 +528,7 @@ RESULT_TABLES = {
     "study": STUDY,
     "study_axes": STUDY_AXES,
     "critical_over_training": CRITICAL_OVER_TRAINING,
+    "schedule_check": SCHEDULE_CHECK,
 }
 TABLES = {"dataset": DATASET, "manifest": MANIFEST, **RESULT_TABLES, "regressions": REGRESSIONS}
 

@@ -27,10 +27,15 @@ study` runs the variants one after another without a pipeline of its own.
 
 from kfp import dsl
 
-from batchscale.components.analysis.component import analysis
+from batchscale.components.analysis.component import analysis, analysis_with_schedule
+from batchscale.components.batch_schedule.component import batch_schedule
 from batchscale.components.convergence.component import convergence
 from batchscale.components.data_prep.component import data_prep
-from batchscale.components.publish.component import publish, regression_gate
+from batchscale.components.publish.component import (
+    publish,
+    publish_with_schedule,
+    regression_gate,
+)
 from batchscale.components.study.component import compare_study, variant_run_id
 from batchscale.components.throughput_sweep.component import throughput_sweep
 from batchscale.components.validate.component import (
@@ -59,8 +64,10 @@ STAGE_NAMES = ("data-prep", "validate-dataset", "throughput-sweep", "validate-sw
                "convergence", "validate-runs", "analysis", "validate-analysis", "publish",
                "validate-regressions", "regression-gate")
 VARIANT_RUN_ID_STAGE = "variant-run-id"
-__all__ = ["GPU_STAGES", "STAGE_NAMES", "STUDY_STAGE", "VARIANT_RUN_ID_STAGE", "build_pipeline",
-           "compile_pipeline"]
+SCHEDULE_STAGE = "batch-schedule"
+"""The batch-schedule measurement's stage, in a pipeline whose config enables it."""
+__all__ = ["GPU_STAGES", "SCHEDULE_STAGE", "STAGE_NAMES", "STUDY_STAGE", "VARIANT_RUN_ID_STAGE",
+           "build_pipeline", "compile_pipeline"]
 LOCAL_RUN_ID = "manual"
 PUBLISH_RETRIES = 3
 PUBLISH_BACKOFF = "30s"
@@ -73,13 +80,23 @@ def _no_cache(task: dsl.PipelineTask) -> dsl.PipelineTask:
     return task.set_caching_options(False)
 
 
-def _stages(cells: list[dict], config_json: str, run_id: str) -> tuple[Tasks, object]:
+def _stages(cells: list[dict], config_json: str, run_id: str,
+            schedule: bool = False) -> tuple[Tasks, object]:
     """Create every stage's task (inside a pipeline function); returns them by stage name so the
     cluster settings can be applied per stage, and the convergence loop's item, whose fields
-    carry each cell's own requests on a cluster."""
+    carry each cell's own requests on a cluster. `schedule`: add the batch-schedule stage (the
+    config's batch_schedule.enabled), whose tables the analysis and publish then take."""
     prep = _no_cache(data_prep(config_json=config_json))
     dataset = prep.outputs["dataset"]
     data_ok = _no_cache(validate_dataset(config_json=config_json, dataset=dataset))
+    extra: Tasks = {}
+    analysis_op, publish_op, schedule_tables = analysis, publish, {}
+    if schedule:
+        extra[SCHEDULE_STAGE] = _no_cache(batch_schedule(config_json=config_json, run_id=run_id,
+                                                         dataset=dataset).after(data_ok))
+        schedule_tables = {name: extra[SCHEDULE_STAGE].outputs[name]
+                           for name in ("critical_over_training", "schedule_check")}
+        analysis_op, publish_op = analysis_with_schedule, publish_with_schedule
     sweep = _no_cache(throughput_sweep(config_json=config_json, run_id=run_id,
                                        dataset=dataset).after(data_ok))
     sweep_ok = _no_cache(validate_sweep(config_json=config_json, sweep=sweep.outputs["sweep"]))
@@ -92,23 +109,24 @@ def _stages(cells: list[dict], config_json: str, run_id: str) -> tuple[Tasks, ob
                                       curves=dsl.Collected(conv.outputs["curves"]),
                                       runs=dsl.Collected(conv.outputs["runs"]),
                                       decisions=dsl.Collected(conv.outputs["decisions"])))
-    analysed = _no_cache(analysis(config_json=config_json, run_id=run_id,
-                                  sweep=sweep.outputs["sweep"],
-                                  curves=runs_ok.outputs["merged_curves"],
-                                  runs=runs_ok.outputs["merged_runs"],
-                                  decisions=runs_ok.outputs["merged_decisions"]))
-    analysis_ok = _no_cache(validate_analysis(config_json=config_json,
-                                              analysis=analysed.outputs["analysis_table"],
-                                              plan=analysed.outputs["plan"]))
-    publish_task = _no_cache(publish(config_json=config_json, run_id=run_id, dataset=dataset,
+    analysed = _no_cache(analysis_op(config_json=config_json, run_id=run_id,
                                      sweep=sweep.outputs["sweep"],
                                      curves=runs_ok.outputs["merged_curves"],
                                      runs=runs_ok.outputs["merged_runs"],
-                                     analysis_table=analysed.outputs["analysis_table"],
-                                     report=analysed.outputs["report"],
                                      decisions=runs_ok.outputs["merged_decisions"],
-                                     plan=analysed.outputs["plan"]
-                                     ).after(analysis_ok))
+                                     **schedule_tables))
+    analysis_ok = _no_cache(validate_analysis(config_json=config_json,
+                                              analysis=analysed.outputs["analysis_table"],
+                                              plan=analysed.outputs["plan"]))
+    publish_task = _no_cache(publish_op(config_json=config_json, run_id=run_id,
+                                        dataset=dataset, sweep=sweep.outputs["sweep"],
+                                        curves=runs_ok.outputs["merged_curves"],
+                                        runs=runs_ok.outputs["merged_runs"],
+                                        analysis_table=analysed.outputs["analysis_table"],
+                                        report=analysed.outputs["report"],
+                                        decisions=runs_ok.outputs["merged_decisions"],
+                                        plan=analysed.outputs["plan"], **schedule_tables
+                                        ).after(analysis_ok))
     publish_task.set_retry(num_retries=PUBLISH_RETRIES, backoff_duration=PUBLISH_BACKOFF,
                            backoff_factor=PUBLISH_BACKOFF_FACTOR)
     # Its own step, without retries: a regression is a verdict, not a flaky store.
@@ -118,7 +136,7 @@ def _stages(cells: list[dict], config_json: str, run_id: str) -> tuple[Tasks, ob
                                      regressions=verdicts).after(verdicts_ok))
     tasks = dict(zip(STAGE_NAMES, (prep, data_ok, sweep, sweep_ok, conv, runs_ok, analysed,
                                    analysis_ok, publish_task, verdicts_ok, gate), strict=True))
-    return tasks, cell
+    return {**tasks, **extra}, cell
 
 
 # -------------------------------------------------------------------------------- studies
@@ -128,7 +146,8 @@ def _variant_branch(variant: Variant) -> dsl.PipelineTask:
     cfg = variant.config
     run_id = _no_cache(variant_run_id(study_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                                       variant=variant.name))
-    tasks, cell = _stages(cluster_cells(cfg), cfg.to_compact_json(), run_id.output)
+    tasks, cell = _stages(cluster_cells(cfg), cfg.to_compact_json(), run_id.output,
+                          cfg.batch_schedule.enabled)
     apply_cluster_settings({VARIANT_RUN_ID_STAGE: run_id, **tasks}, cell, cfg)
     return tasks["publish"]
 
@@ -172,7 +191,7 @@ def build_pipeline(cfg: ExperimentConfig, for_cluster: bool = False):
         @dsl.pipeline(name=PIPELINE_NAME, description=PIPELINE_DESCRIPTION)
         def batchscale_cluster_pipeline(config_json: str = cfg.to_json()):
             tasks, cell = _stages(cluster_cells(cfg), config_json,
-                                  dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+                                  dsl.PIPELINE_JOB_ID_PLACEHOLDER, cfg.batch_schedule.enabled)
             apply_cluster_settings(tasks, cell, cfg)
 
         return batchscale_cluster_pipeline
@@ -181,7 +200,7 @@ def build_pipeline(cfg: ExperimentConfig, for_cluster: bool = False):
 
     @dsl.pipeline(name=PIPELINE_NAME, description=PIPELINE_DESCRIPTION)
     def batchscale_pipeline(config_json: str = cfg.to_json(), run_id: str = LOCAL_RUN_ID):
-        _stages(cells, config_json, run_id)
+        _stages(cells, config_json, run_id, cfg.batch_schedule.enabled)
 
     return batchscale_pipeline
 

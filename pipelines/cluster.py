@@ -39,7 +39,7 @@ from batchscale.errors import BadInput
 from batchscale.images import CPU_IMAGE, GPU_IMAGE, IMAGE_REF_ENV
 from batchscale.quantities import cpu_quantity, mebibytes
 
-GPU_STAGES = ("throughput-sweep", "convergence")
+GPU_STAGES = ("throughput-sweep", "convergence", "batch-schedule")
 """Stages that measure: on the accelerator where the config gives them one."""
 POD_FIELD_ENV = {"BATCHSCALE_POD_NAME": "metadata.name", "BATCHSCALE_POD_UID": "metadata.uid",
                  "BATCHSCALE_POD_NAMESPACE": "metadata.namespace"}
@@ -186,6 +186,18 @@ def _size_sweep(task: dsl.PipelineTask, cfg: ExperimentConfig) -> None:
         _modest(task, k8s)
 
 
+def _size_one_device(task: dsl.PipelineTask, cfg: ExperimentConfig) -> None:
+    """One measuring process on one worker's accelerator (the batch-schedule stage)."""
+    k8s = cfg.kubernetes
+    if k8s.gpus_per_worker:
+        _request_gpus(task, k8s, k8s.gpus_per_worker)
+    _run_image(task, GPU_IMAGE if k8s.gpus_per_worker else CPU_IMAGE)
+    if k8s.measure_cpus:
+        _reserve(task, str(k8s.measure_cpus), mebibytes(k8s.measure_memory_gib))
+    else:
+        _modest(task, k8s)
+
+
 def _size_convergence(task: dsl.PipelineTask, cell, cfg: ExperimentConfig) -> None:
     """`cell`: the ParallelFor's loop item, whose fields carry the cell's own requests where
     they vary per cell (cluster_cells); else the one set of requests every cell has."""
@@ -239,6 +251,8 @@ def apply_cluster_settings(tasks: Tasks, cell, cfg: ExperimentConfig) -> None:
             _size_sweep(task, cfg)
         elif stage == "convergence":
             _size_convergence(task, cell, cfg)
+        elif stage == "batch-schedule":
+            _size_one_device(task, cfg)
         else:
             _run_image(task, CPU_IMAGE)
             _modest(task, k8s)

@@ -220,11 +220,35 @@ def critical_over_training_rows() -> list[dict]:
     ]
 
 
+def schedule_check_rows() -> list[dict]:
+    """Two seeds of the check: both runs reached; one scheduled run carries the prediction."""
+    nan = float("nan")
+    common = {"base_batch_size": 8, "lr_rule": "sqrt", "target_metric": "val_loss",
+              "target_value": 2.0, "reached": True, "diverged": False,
+              "stages": "2.79:16,2.52:32", "reference_steps": 791.0}
+    rows = []
+    for seed in (0, 1):
+        rows.append({**common, "schedule": "scheduled", "seed": seed, "reference": False,
+                     "steps_to_target": 371.0 + seed, "examples_to_target": 8100.0,
+                     "train_time_s_to_target": 9.5, "batch_sizes": "8>16>32", "steps_run": 375,
+                     "final_val_loss": 1.95, "final_metric": 1.95, "predicted_steps": 356.0,
+                     "predicted_steps_low": 301.0, "predicted_steps_high": 399.0,
+                     "predicted_examples": 9122.0, "device_s": 14.0})
+        rows.append({**common, "schedule": "constant", "seed": seed, "reference": seed == 0,
+                     "steps_to_target": 810.0 - seed, "examples_to_target": 6480.0,
+                     "train_time_s_to_target": 10.1, "batch_sizes": "8", "stages": "",
+                     "steps_run": 825, "final_val_loss": 1.99, "final_metric": 1.99,
+                     "predicted_steps": nan, "predicted_steps_low": nan,
+                     "predicted_steps_high": nan, "predicted_examples": nan, "device_s": 17.4})
+    return rows
+
+
 ROWS = {"dataset": dataset_rows, "manifest": manifest_rows, "sweep": sweep_rows,
         "curves": curve_rows, "runs": run_rows, "analysis": analysis_rows,
         "regressions": regression_rows, "plan": plan_rows,
         "decisions": decision_rows, "study": study_rows, "study_axes": study_axes_rows,
-        "critical_over_training": critical_over_training_rows}
+        "critical_over_training": critical_over_training_rows,
+        "schedule_check": schedule_check_rows}
 
 
 def table(kind: str, rows: list[dict] | None = None) -> pa.Table:
@@ -246,6 +270,7 @@ def context(kind: str) -> dict:
         "study": {},
         "study_axes": {},
         "critical_over_training": {},
+        "schedule_check": {},
     }[kind]
 
 

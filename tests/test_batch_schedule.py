@@ -9,10 +9,12 @@ import math
 import shutil
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from batchscale.analysis import schedule_report
 from batchscale.batch_schedule import fit, measure
 from batchscale.batch_schedule.measure import Stage
 from batchscale.config import ExperimentConfig
@@ -105,10 +107,10 @@ def test_the_check_pairs_seeds_and_gives_ratios_with_intervals():
     rows = []
     for seed, (sched, const) in enumerate([(60, 100), (66, 110), (52, 95)]):
         for name, steps in (("scheduled", sched), ("constant", const)):
-            rows.append({"schedule": name, "seed": seed, "reached": True,
+            rows.append({"schedule": name, "seed": seed, "reached": True, "diverged": False,
                          "steps_to_target": steps, "examples_to_target": steps * 8,
                          "train_time_s_to_target": steps * 0.01, "final_val_loss": 2.0})
-    summary = fit.check_summary(rows)
+    summary = schedule_report.check_summary(pd.DataFrame(rows))
     value, low, high = summary["steps_to_target"]
     assert summary["paired"] == 3 and low < value < high < 1
     assert value == pytest.approx(np.exp(np.mean(np.log([0.6, 0.6, 52 / 95]))))
@@ -210,11 +212,87 @@ def test_the_command_writes_a_checked_table_and_a_summary_that_agree(prepared, t
 def test_a_rank_correlation_of_few_checkpoints_gets_its_chance_not_a_false_interval():
     """Three checkpoints in the same order: rho 1, but a random order does that 1 time in 6;
     no bootstrap interval (its resamples would only repeat 1.0)."""
-    fits = [_checkpoint(s, 3.0 - s / 1000, b, b / 2, b * 2) for s, b in
-            ((100, 10.0), (200, 20.0), (300, 40.0))]
-    fits = [fit.CheckpointFit(**{**f.as_row(), "b_simple": f.b_crit / 3}) for f in fits]
-    rho, low, high, p_value = fit.tracking(fits)["rank"]
+    crit = pd.DataFrame({"b_crit": [10.0, 20.0, 40.0], "b_simple": [10 / 3, 20 / 3, 40 / 3]})
+    found = schedule_report.tracking(crit)
+    rho, low, high, p_value = found["rank"]
     assert rho == 1.0 and math.isnan(low) and math.isnan(high)
     assert p_value == pytest.approx(1 / 6)
-    value, low, high = fit.tracking(fits)["ratio_mean"]
+    value, low, high = found["ratio_mean"]
     assert value == pytest.approx(1 / 3) and low <= value <= high
+
+
+def _run_cli(tmp_path, data, **changes) -> tuple[int, str]:
+    import subprocess
+    import sys
+
+    config = {**CONFIG, **changes}
+    path = tmp_path / "bs.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run([sys.executable, "-m", "batchscale.cli", "batch-schedule",
+                             "--config", str(path), "--dataset-dir", data,
+                             "--out", str(tmp_path / "out")],
+                            capture_output=True, text=True, timeout=300)
+    return result.returncode, result.stderr
+
+
+def test_a_diverging_reference_run_stops_with_a_message_and_no_traceback(prepared, tmp_path):
+    _, data = prepared
+    code, stderr = _run_cli(tmp_path, data, convergence={**CONFIG["convergence"],
+                                                         "base_lr": 1e6})
+    assert code == 1, stderr
+    assert "the reference run diverged at step" in stderr and "convergence.base_lr" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_a_dataset_smaller_than_the_largest_branch_batch_is_refused(prepared, tmp_path):
+    _, data = prepared
+    code, stderr = _run_cli(tmp_path, data, batch_schedule={**CONFIG["batch_schedule"],
+                                                            "branch_factors": [2, 1024]})
+    assert code == 2, stderr
+    assert "fewer than the largest branch batch 4096" in stderr and "Traceback" not in stderr
+
+
+def test_the_section_and_the_answer_card_come_from_the_tables_and_agree():
+    """From the two tables alone: the table rows, the schedule, the check's ratio, and the
+    answer card's line, which names the schedule only because the check shows fewer steps."""
+    from clean_tables import critical_over_training_rows, schedule_check_rows
+
+    crit, check = pd.DataFrame(critical_over_training_rows()), pd.DataFrame(schedule_check_rows())
+    found = schedule_report.section(schedule_report.Findings.from_tables(crit, check))
+    assert [row[0] for row in found.rows] == ["100", "300"]
+    assert found.rows[0][4] == "13 [5.3, 25.5]" and found.rows[1][4] == "above 64"
+    text = " ".join(found.paragraphs)
+    assert "**Schedule**: 8, 64 from val_loss 2.400." in text
+    assert "2 of 2 seeds" in text and "meets the 25% goal" in text
+    assert found.answer.startswith("**Batch-size schedule: 8, 64 from val_loss 2.400**")
+    assert "(#critical-over-training)" in found.answer
+    worse = check.assign(steps_to_target=[900.0, 810.0, 901.0, 809.0])
+    lost = schedule_report.section(schedule_report.Findings.from_tables(crit, worse))
+    assert lost.answer is None and "does not establish" in " ".join(lost.paragraphs)
+
+
+def test_a_users_workload_is_measured_through_the_public_contract(tmp_path):
+    """A batchscale.Workload (its own Dataset, loss and metrics) branches like a built-in; a
+    TrainingLoop, whose state batchscale never holds, is refused naming why."""
+    config = {**CONFIG, "workload": "contract_workloads:good",
+              "convergence": {"lr_rules": ["linear"], "base_lr": 0.1, "targets": [
+                  {"metric": "val_accuracy", "value": 0.9}]}}
+    cfg = ExperimentConfig.model_validate(config)
+    outcome = _measure(cfg, str(tmp_path / "unused"), tmp_path / "work")
+    assert [f.checkpoint_step for f in outcome.fits] == [20, 60]
+    assert all(r["examples"] > 0 for r in outcome.branches)
+    loop = ExperimentConfig.model_validate({**config, "workload": "loop_workloads:good_loop"})
+    with pytest.raises(BadInput, match="is a TrainingLoop, whose model and optimizer"):
+        _measure(loop, str(tmp_path / "unused"), tmp_path / "loop")
+
+
+def test_the_terminal_summary_line_says_what_the_check_found():
+    from clean_tables import critical_over_training_rows, schedule_check_rows
+
+    crit, check = pd.DataFrame(critical_over_training_rows()), pd.DataFrame(schedule_check_rows())
+    found = schedule_report.Findings.from_tables(crit, check)
+    assert schedule_report.summary_line(found).startswith(
+        "batch-size schedule: 8, 64 from val_loss 2.400 — 0.46 [")
+    worse = schedule_report.Findings.from_tables(
+        crit, check.assign(steps_to_target=[900.0, 810.0, 901.0, 809.0]))
+    assert "does not establish the 25% goal" in schedule_report.summary_line(worse)

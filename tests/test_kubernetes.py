@@ -218,7 +218,7 @@ def test_measuring_tasks_request_what_they_are_limited_to_in_whole_cpus(cluster)
     for workers, size in zip(CELL_WORKERS, cluster.sizes("convergence"), strict=True):
         assert size["cpu_request"] == size["cpu_limit"] == str(2 * workers)
         assert size["memory_request"] == size["memory_limit"] == f"{MEASURE_MIB * workers}Mi"
-    for stage in GPU_STAGES:
+    for stage in set(GPU_STAGES) & set(cluster.tasks):
         for size in cluster.sizes(stage):
             assert all(QUANTITY.fullmatch(v) for v in size.values()), size
 
@@ -231,7 +231,8 @@ def test_other_stages_get_modest_requests_without_limits(cluster):
 
 
 def test_measure_off_gives_measuring_pods_the_modest_requests(tmp_path):
-    result = compiled(tmp_path, with_changes(kubernetes={"measure_cpus": None}))
+    result = compiled(tmp_path, with_changes(kubernetes={"measure_cpus": None},
+                                             batch_schedule={"enabled": True}))
     for stage in GPU_STAGES:
         for size in result.sizes(stage):
             assert size == {"cpu_request": STAGE_REQUESTS[0], "cpu_limit": "",
@@ -365,7 +366,8 @@ def test_torchrun_convergence_gets_no_launcher_variables(cluster):
 
 
 def test_zero_gpus_requests_none(tmp_path):
-    result = compiled(tmp_path, with_changes(kubernetes={"gpus_per_worker": 0}))
+    result = compiled(tmp_path, with_changes(kubernetes={"gpus_per_worker": 0},
+                                             batch_schedule={"enabled": True}))
     for stage in GPU_STAGES:
         assert set(result.gpus(stage)) == {("", 0)}
         assert "pool" not in result.k8s(stage).node_selector.labels
@@ -399,3 +401,21 @@ def test_local_pipeline_has_no_cluster_settings(tmp_path):
         assert set(map(tuple, (s.values() for s in local.sizes(stage)))) == {("", "", "", "")}
         assert local.container(stage).image == (GPU_IMAGE if stage in GPU_STAGES
                                                 else CPU_IMAGE), stage
+
+
+def test_the_batch_schedule_stage_runs_on_one_accelerator_and_feeds_analysis_and_publish(
+        tmp_path):
+    """batch_schedule.enabled adds its stage after the dataset check, on one GPU in the GPU
+    image; the analysis and publish that take its tables replace the plain ones."""
+    result = compiled(tmp_path, with_changes(batch_schedule={"enabled": True}))
+    assert set(result.gpus("batch-schedule")) == {("nvidia.com/gpu", 1)}
+    assert result.container("batch-schedule").image == GPU_IMAGE
+    tasks = result.spec.root.dag.tasks
+    assert "validate-dataset" in tasks["batch-schedule"].dependent_tasks
+    for stage in ("analysis-with-schedule", "publish-with-schedule"):
+        inputs = tasks[stage].inputs.artifacts
+        assert {"critical_over_training", "schedule_check"} <= set(inputs), stage
+        assert inputs["schedule_check"].task_output_artifact.producer_task == "batch-schedule"
+    assert "analysis" not in tasks and "publish" not in tasks
+    (tmp_path / "off").mkdir()
+    assert "batch-schedule" not in compiled(tmp_path / "off", CLUSTER).spec.root.dag.tasks

@@ -30,6 +30,19 @@ PLANTED_SECRET = "planted-secret-7f3a9c1e5b"
 STUDY_ID = "20261129T000000Z-e2etest"
 STUDY_AXES = "study:\n  axes:\n    dataset_fraction: [0.5, 1.0]\n"
 SCALING = "  scaling_workers: [2]\n  scaling_batch_sizes: [64]\n"
+# The batch-schedule stage, small: three batches from two checkpoints, a check from two seeds.
+SCHEDULE = """batch_schedule:
+  enabled: true
+  base_batch_size: 8
+  branch_factors: [2, 4]
+  checkpoint_steps: [20, 60]
+  milestone_steps: 20
+  branch_eval_every_steps: 4
+  eval_every_steps: 10
+  max_steps: 600
+  check_seeds: [0, 1]
+  val_rows: 128
+"""
 
 
 def _wait_for(predicate, timeout_s: float, proc: subprocess.Popen) -> None:
@@ -55,7 +68,7 @@ def killed(tmp_path_factory, seaweed):
     # Without the 2-worker cell (covered end to end by test_reliability_runs.py): a study runs
     # the pipeline three times here (two variants, one resumed), and CI has 30 minutes.
     assert SCALING in TINY_CONFIG
-    (workdir / "tiny.yaml").write_text(TINY_CONFIG.replace(SCALING, "") + STUDY_AXES)
+    (workdir / "tiny.yaml").write_text(TINY_CONFIG.replace(SCALING, "") + STUDY_AXES + SCHEDULE)
     env = {**store_env(store), "KF_PIPELINES_TOKEN": PLANTED_SECRET}
     last = f"{STUDY_ID}-{expand(load_config(workdir / 'tiny.yaml'))[-1].name}"
     trials = workdir / ".batchscale" / "work" / last
@@ -161,6 +174,26 @@ def test_summary_printed_and_report_saved(published):
     assert "B_crit" in result.stdout and "samples/s" in result.stdout
     report = workdir / ".batchscale" / "runs" / run_id / "report.html"
     assert "<img" in report.read_text()
+
+
+def test_the_batch_schedule_stage_publishes_its_tables_and_a_report_section(published):
+    """batch_schedule.enabled: the stage's two tables are in the lake with the run's id, agree
+    with each other, and the report has their section (what the answer card links to)."""
+    store, run_id, workdir, result, cfg = published
+    assert "batch-size schedule: 8" in result.stdout
+    crit = _table(store, "critical_over_training", run_id)
+    check = _table(store, "schedule_check", run_id)
+    assert [r["checkpoint_step"] for r in crit] == cfg.batch_schedule.checkpoint_steps
+    assert all(r["run_id"] == run_id and r["base_batch_size"] == 8 for r in crit + check)
+    reference = [r for r in check if r["reference"]]
+    assert len(reference) == 1 and reference[0]["schedule"] == "constant"
+    grows = [r["scheduled_batch_size"] for r in crit]
+    assert grows == sorted(grows) and grows[0] >= 8
+    if grows[-1] > 8:  # a schedule was found: it was checked from both seeds
+        assert {(r["schedule"], r["seed"]) for r in check} == {
+            (s, seed) for s in ("scheduled", "constant") for seed in (0, 1)}
+    report = (workdir / ".batchscale" / "runs" / run_id / "report.html").read_text()
+    assert 'id="critical-over-training"' in report and "B_simple against B_crit" in report
 
 
 def test_lake_reads_with_pyarrow_dataset_and_hive_partitions(published, variants):

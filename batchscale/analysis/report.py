@@ -27,6 +27,7 @@ from batchscale.analysis.plots import Plot, convergence_plots, parallel_plot, th
 from batchscale.analysis.plots_plan import plan_plot, what_if_markdown
 from batchscale.analysis.plots_targets import gap_plots, target_plot
 from batchscale.analysis.quality import headline, quality_box_markdown
+from batchscale.analysis.schedule_report import ScheduleSection
 from batchscale.analysis.study_report import STUDY_HEADINGS, StudySection
 from batchscale.analysis.summary import AnalysisSummary, TargetCriticalBatch
 from batchscale.analysis.targets import same_target, split_by_target
@@ -72,6 +73,7 @@ def render_html(
     plan: Plan | None = None,
     plan_missing: str = "",
     study: StudySection | None = None,
+    schedule: ScheduleSection | None = None,
 ) -> str:
     """The whole report as one HTML string, with every plot embedded and nothing fetched.
     The "What if" section is there when a `plan` is given, or why there is none
@@ -90,7 +92,8 @@ def render_html(
         quality_line=headline(summary.quality),
         recommendation=markdown_html(recommendation_list(
             summary.recommendation, summary.target, summary.target_reason,
-            evidence_links=True)),
+            evidence_links=True) + (f"\n- {schedule.answer}" if schedule and schedule.answer
+                                    else "")),
         narrative=markdown_html(narrative_markdown(summary, with_quality=False)),
         regressions_slot=REGRESSIONS_SLOT,
         throughput_plots=throughput_plots(sweep, summary, table),
@@ -117,6 +120,11 @@ def render_html(
         study_headings=STUDY_HEADINGS,
         study_rows=[[(str(v), isinstance(v, str)) for v in row.values()]
                     for row in (study.rows if study else ())],
+        schedule=schedule,
+        schedule_rows=[[(cell, i == 4) for i, cell in enumerate(row)]
+                       for row in (schedule.rows if schedule else ())],
+        schedule_paragraphs=markdown_html("\n\n".join(schedule.paragraphs))
+        if schedule else None,
     )
 
 

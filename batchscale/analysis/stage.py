@@ -23,13 +23,17 @@ def run_stage(
     markdown_path: str,
     plan_path: str | None = None,
     decisions_path: str | None = None,
+    schedule_paths: tuple[str, str] | None = None,
 ) -> dict[str, float]:
     """Fit, recommend, render; returns the flat metrics for KFP's Metrics artifact. The
     what-if plan goes into the report and, with `plan_path`, the plan table (no rows
-    when the run lacks a measurement it needs; the report says which)."""
+    when the run lacks a measurement it needs; the report says which). `schedule_paths`: the
+    batch-schedule stage's two tables (critical_over_training, schedule_check), for the
+    report's section on them and the answer card."""
     from batchscale.analysis.analyze import analyze
     from batchscale.analysis.plan_table import default_plan, table_rows
     from batchscale.analysis.report import render_html
+    from batchscale.analysis.schedule_report import read_section
 
     cfg = config_from_json(config_json)
     sweep = read_table_file(sweep_path).to_pandas()
@@ -47,13 +51,15 @@ def run_stage(
         image_size=cfg.sweep.image_size_px)
     if plan_path is not None:
         write_table_atomic(plan_path, make_table("plan", table_rows(plan) if plan else [], env))
+    schedule = read_section(*schedule_paths) if schedule_paths else None
     Path(report_path).write_text(
         render_html(result, sweep, runs, curves, title=f"batchscale: {cfg.name} ({run_id})",
                     plan=plan, plan_missing=plan_missing,
-                    study=_study(cfg, decisions_path, runs))
+                    study=_study(cfg, decisions_path, runs), schedule=schedule)
     )
-    Path(markdown_path).write_text(result.markdown)
-    print(result.markdown)
+    text = result.markdown + (f"\n{schedule.answer}\n" if schedule and schedule.answer else "")
+    Path(markdown_path).write_text(text)
+    print(text)
     return result.metrics
 
 

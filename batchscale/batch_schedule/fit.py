@@ -1,6 +1,6 @@
-"""From the branches to an answer: B_crit(t) per checkpoint (the S(B) fit and interval of
-`analysis.critical`), how well the gradient noise scale tracks it, the step warm-up of the
-batch it suggests with its predicted saving, and the check's paired comparison."""
+"""From the branches to a schedule: B_crit(t) per checkpoint (the S(B) fit and interval of
+`analysis.critical`), the step warm-up of the batch it suggests, and its predicted saving. What
+the tables then say (B_simple against B_crit, the check) is `analysis/schedule_report.py`."""
 
 from __future__ import annotations
 
@@ -10,22 +10,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from batchscale.analysis.critical import (
-    BOOTSTRAP_CONFIDENCE,
-    bootstrap_critical_batch,
-    fit_critical_batch,
-)
+from batchscale.analysis.critical import bootstrap_critical_batch, fit_critical_batch
 from batchscale.batch_schedule.measure import Stage
 from batchscale.schemas import RunStatus
-from batchscale.tdist import t_quantile
-
-LEVEL = BOOTSTRAP_CONFIDENCE
-"""Every interval here is at B_crit's level (90 %)."""
-RANK_BOOTSTRAP_SAMPLES = 2000
-MIN_RANK_POINTS = 3
-RANK_INTERVAL_POINTS = 6
-MAX_PERMUTATION_POINTS = 8
-"""An exact permutation test enumerates n! orders: up to 8 checkpoints (40,320)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +39,12 @@ class CheckpointFit:
     def as_row(self) -> dict:
         return asdict(self)
 
+    def table_row(self) -> dict:
+        """Its B_crit columns as the critical_over_training table names them."""
+        return {"b_crit": self.b_crit, "b_crit_low": self.b_crit_low,
+                "b_crit_high": self.b_crit_high, "b_crit_bound": self.bound,
+                "b_crit_bound_batch": self.bound_batch, "b_crit_reason": self.reason}
+
 
 def fit_checkpoint(step: int, rows: list[dict], curve_row: dict, rule: str, samples: int,
                    range_factor: float) -> CheckpointFit:
@@ -73,66 +66,6 @@ def fit_checkpoint(step: int, rows: list[dict], curve_row: dict, rule: str, samp
         bound_batch=fit.bound_batch, reason=fit.reason, s_min=fit.s_min, e_min=fit.e_min,
         b_simple=math.nan if b_simple is None else float(b_simple),
         batches_reached=int(np.isfinite(steps).sum()))
-
-
-# ------------------------------------------------------------------ does B_simple track it?
-
-
-def tracking(fits: list[CheckpointFit], seed: int = 0) -> dict:
-    """B_simple / B_crit per checkpoint with an interval (B_crit's interval mapped), their
-    geometric mean with a Student-t interval on the log ratios, and Spearman's rank correlation
-    over checkpoints with its exact one-sided permutation p-value (how often a random order of
-    the checkpoints correlates as well), and a bootstrap interval over checkpoints from
-    RANK_INTERVAL_POINTS on (with fewer, resamples tie so often that the interval would only
-    repeat the estimate). None where too few checkpoints have both figures."""
-    both = [f for f in fits if math.isfinite(f.b_crit) and math.isfinite(f.b_simple)
-            and f.b_simple > 0]
-    ratios = [{"checkpoint_step": f.checkpoint_step, "ratio": f.b_simple / f.b_crit,
-               "low": f.b_simple / f.b_crit_high if f.b_crit_high > 0 else math.nan,
-               "high": f.b_simple / f.b_crit_low if f.b_crit_low > 0 else math.inf}
-              for f in both]
-    result = {"ratios": ratios, "points": len(both), "ratio_mean": None, "rank": None}
-    if len(both) >= 2:
-        logs = np.log([r["ratio"] for r in ratios])
-        half = t_quantile(0.5 + LEVEL / 2, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(
-            len(logs))
-        result["ratio_mean"] = tuple(float(math.exp(v)) for v in
-                                     (logs.mean(), logs.mean() - half, logs.mean() + half))
-    if len(both) >= MIN_RANK_POINTS:
-        x = np.array([f.b_simple for f in both])
-        y = np.array([f.b_crit for f in both])
-        rho = _spearman(x, y)
-        low = high = math.nan
-        if len(both) >= RANK_INTERVAL_POINTS:
-            rng = np.random.default_rng(seed)
-            draws = np.array([_spearman(x[i], y[i]) for i in
-                              rng.integers(0, len(x), (RANK_BOOTSTRAP_SAMPLES, len(x)))])
-            draws = draws[np.isfinite(draws)]
-            tail = (1 - LEVEL) / 2
-            low, high = (float(q) for q in np.quantile(draws, [tail, 1 - tail]))
-        result["rank"] = (rho, low, high, _permutation_p(x, y, rho))
-    return result
-
-
-def _permutation_p(x: np.ndarray, y: np.ndarray, rho: float, seed: int = 0) -> float:
-    """Share of orders of y whose rank correlation with x is at least `rho`: all orders up to
-    MAX_PERMUTATION_POINTS checkpoints, else RANK_BOOTSTRAP_SAMPLES random ones."""
-    import itertools
-
-    if len(y) <= MAX_PERMUTATION_POINTS:
-        orders = itertools.permutations(range(len(y)))
-    else:
-        rng = np.random.default_rng(seed)
-        orders = (rng.permutation(len(y)) for _ in range(RANK_BOOTSTRAP_SAMPLES))
-    values = [_spearman(x, y[list(order)]) for order in orders]
-    return float(np.mean([v >= rho - 1e-12 for v in values if math.isfinite(v)]))
-
-
-def _spearman(x: np.ndarray, y: np.ndarray) -> float:
-    rx, ry = pd.Series(x).rank().to_numpy(), pd.Series(y).rank().to_numpy()
-    if rx.std() == 0 or ry.std() == 0:
-        return math.nan
-    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 # ----------------------------------------------------------------------------- the schedule
@@ -192,45 +125,3 @@ def predicted(fits: list[CheckpointFit], stages: list[Stage], base_batch: int,
             "examples": examples[0], "examples_low": examples[2],
             "examples_high": examples[1], "reference_steps": reference_steps,
             "reference_examples": reference_steps * base_batch}
-
-
-# ------------------------------------------------------------------------------ the check
-
-
-def paired_ratio(scheduled: list[float], constant: list[float]) -> tuple[float, float, float]:
-    """Geometric mean of scheduled/constant over paired seeds with a Student-t interval on the
-    log ratios (NaN, NaN interval from one pair)."""
-    logs = np.log(np.asarray(scheduled, dtype=float) / np.asarray(constant, dtype=float))
-    mean = float(logs.mean())
-    if logs.size < 2:
-        return math.exp(mean), math.nan, math.nan
-    half = t_quantile(0.5 + LEVEL / 2, logs.size - 1) * logs.std(ddof=1) / math.sqrt(logs.size)
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
-
-
-def mean_interval(values: list[float]) -> tuple[float, float, float]:
-    v = np.asarray(values, dtype=float)
-    if v.size < 2:
-        return float(v.mean()), math.nan, math.nan
-    half = t_quantile(0.5 + LEVEL / 2, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)
-    return float(v.mean()), float(v.mean() - half), float(v.mean() + half)
-
-
-def check_summary(rows: list[dict]) -> dict:
-    """The check over seeds where both runs reached the target: paired ratios of steps,
-    examples and training time (scheduled / constant), and each schedule's final loss."""
-    by = {(r["schedule"], r["seed"]): r for r in rows}
-    seeds = sorted({r["seed"] for r in rows})
-    pairs = [(by[("scheduled", s)], by[("constant", s)]) for s in seeds
-             if ("scheduled", s) in by and ("constant", s) in by
-             and by[("scheduled", s)]["reached"] and by[("constant", s)]["reached"]]
-    summary = {"seeds": len(seeds), "paired": len(pairs)}
-    if not pairs:
-        return summary
-    for key in ("steps_to_target", "examples_to_target", "train_time_s_to_target"):
-        summary[key] = paired_ratio([a[key] for a, _ in pairs], [b[key] for _, b in pairs])
-    for name, index in (("scheduled", 0), ("constant", 1)):
-        summary[f"{name}_final_val_loss"] = mean_interval([p[index]["final_val_loss"]
-                                                           for p in pairs])
-        summary[f"{name}_steps"] = mean_interval([p[index]["steps_to_target"] for p in pairs])
-    return summary

@@ -61,7 +61,8 @@ def _eval_row(run: Run, batch_size: int) -> dict:
 def _check_finite(loss: float, what: str, run: Run) -> None:
     if not math.isfinite(loss):
         raise BatchscaleError(f"{what} diverged at step {run.step} (training loss {loss}): "
-                              "lower convergence.base_lr or the branch factors")
+                              "lower convergence.base_lr (the reference run trains at "
+                              "batch_schedule.base_batch_size with the LR rule's rate)")
 
 
 # ------------------------------------------------------------------------ the reference run
@@ -130,10 +131,11 @@ def branch(setup: Setup, cfg, checkpoint: dict, batch_size: int, milestone_loss:
     run.branch(seed * BRANCH_SEED_OFFSET + checkpoint_step)
     start_examples, start_time, start_eval = run.examples, run.train_time_s, run.eval_time_s
     cap = math.ceil(cfg.branch_step_factor * cfg.milestone_steps)
-    before, steps = (0.0, float(checkpoint[VAL_LOSS])), math.nan
+    before, steps, diverged = (0.0, float(checkpoint[VAL_LOSS])), math.nan, False
     while run.step - checkpoint_step < cap:
-        _check_finite(run.train_step(batch_size), f"the branch at batch {batch_size} from "
-                      f"step {checkpoint_step}", run)
+        if not math.isfinite(run.train_step(batch_size)):
+            diverged = True  # infeasible at this batch and LR (Shallue et al.), not an error
+            break
         taken = run.step - checkpoint_step
         if taken % cfg.branch_eval_every_steps and taken != cap:
             continue
@@ -144,7 +146,7 @@ def branch(setup: Setup, cfg, checkpoint: dict, batch_size: int, milestone_loss:
         before = (taken, loss)
     row = {"checkpoint_step": checkpoint_step, "batch_size": batch_size,
            "lr": setup.peak_lr(batch_size), "milestone_loss": milestone_loss,
-           "steps_to_milestone": steps, "reached": math.isfinite(steps),
+           "steps_to_milestone": steps, "reached": math.isfinite(steps), "diverged": diverged,
            "examples": run.examples - start_examples,
            "train_time_s": run.train_time_s - start_time,
            "eval_time_s": run.eval_time_s - start_eval}
@@ -164,16 +166,18 @@ def check_run(setup: Setup, cfg, target: Target, stages: list[Stage], seed: int,
     if done is not None:
         return done
     run, batch, todo = Run(setup, seed), cfg.base_batch_size, list(stages)
-    curve = [_eval_row(run, batch)]
+    curve, diverged = [_eval_row(run, batch)], False
     while run.step < cfg.max_steps and not reached(target.metric, curve[-1][target.metric],
                                                    target.value):
-        _check_finite(run.train_step(batch), f"the {name} run from seed {seed}", run)
+        if not math.isfinite(run.train_step(batch)):
+            diverged = True  # not reached; the check compares seeds where both runs reached
+            break
         if run.step % cfg.eval_every_steps:
             continue
         curve.append(_eval_row(run, batch))
         while todo and curve[-1][VAL_LOSS] <= todo[0].from_loss:
             batch = todo.pop(0).batch_size
-    row = {"schedule": name, "seed": seed, **to_target(curve, target),
+    row = {"schedule": name, "seed": seed, **to_target(curve, target), "diverged": diverged,
            "device_s": run.train_time_s + run.eval_time_s}
     _write_json(path, row)
     return row

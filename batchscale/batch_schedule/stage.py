@@ -4,32 +4,15 @@ cost in device-seconds (docs/batch-schedule.md)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchscale.analysis.schedule_report import crit_text
 from batchscale.batch_schedule import fit, measure
-from batchscale.batch_schedule.measure import Stage, Target
+from batchscale.batch_schedule.measure import Target
+from batchscale.batch_schedule.report import Outcome
 from batchscale.batch_schedule.training import Setup
 from batchscale.errors import BadInput
-
-
-@dataclass
-class Outcome:
-    """Everything the measurement found, for tables and the summary."""
-
-    curve: list[dict]
-    branches: list[dict]
-    fits: list[fit.CheckpointFit]
-    tracking: dict
-    stages: list[Stage]
-    prediction: dict
-    check_rows: list[dict] = field(default_factory=list)
-    check: dict = field(default_factory=dict)
-    cost_s: dict = field(default_factory=dict)
-    target: Target | None = None
-    base_batch: int = 0
 
 
 def check_config(cfg) -> tuple[str, Target]:
@@ -49,12 +32,14 @@ def check_config(cfg) -> tuple[str, Target]:
 
 
 def build_setup(cfg, data_dir: str, work: Path, run_id: str, rule: str) -> Setup:
-    import torch
-
     from batchscale.convergence.runner import build_spec
     from batchscale.convergence.trialdata import load_data, workload_for_data
 
     workload = workload_for_data(cfg.workload, data_dir)
+    if workload.loop is not None:
+        raise BadInput(f"batch_schedule: {cfg.workload} is a TrainingLoop, whose model and "
+                       "optimizer batchscale never holds, so it cannot branch from its "
+                       "checkpoints; give a batchscale.Workload (model, data, loss) instead")
     train, val = load_data(data_dir, workload)
     bs = cfg.batch_schedule
     largest = bs.branch_batch_sizes[-1]
@@ -68,7 +53,7 @@ def build_setup(cfg, data_dir: str, work: Path, run_id: str, rule: str) -> Setup
     return Setup(workload=workload, train=train, val=val.head(bs.val_rows),
                  settings=spec.training, lr_rule=rule, base_lr=c.base_lr,
                  reference_batch=c.reference_batch_size,
-                 device="cuda" if torch.cuda.is_available() else "cpu",
+                 device=_device(),
                  gns_every_steps=c.gns_every_steps)
 
 
@@ -93,16 +78,18 @@ def measure_schedule(cfg, data_dir: str, work: Path, run_id: str,
                                        cfg.analysis.b_crit_range_factor))
         echo(f"checkpoint {step}: steps to {milestone:.4f} "
              + ", ".join(f"{r['batch_size']}: {r['steps_to_milestone']:.1f}" for r in rows)
-             + f" -> {crit_text(fits[-1])}")
+             + f" -> B_crit {crit_text(fits[-1].table_row())}")
     reference = measure.to_target(curve, target)
     stages = fit.plan_schedule(fits, bs.base_batch_size, bs.branch_batch_sizes)
-    outcome = Outcome(curve=curve, branches=branches, fits=fits, tracking=fit.tracking(fits),
-                      stages=stages, prediction=fit.predicted(
-                          fits, stages, bs.base_batch_size, reference["steps_to_target"]),
-                      target=target, base_batch=bs.base_batch_size)
+    outcome = Outcome(curve=curve, branches=branches, fits=fits, stages=stages,
+                      prediction=fit.predicted(fits, stages, bs.base_batch_size,
+                                               reference["steps_to_target"]),
+                      target=target, base_batch=bs.base_batch_size, rule=rule)
+    outcome.check_rows = [{"schedule": "constant", "seed": seed, "reference": True,
+                           **reference, "device_s": curve[-1]["train_time_s"]
+                           + curve[-1]["eval_time_s"]}]
     if stages and reference["reached"]:
-        outcome.check_rows = [{"schedule": "constant", "seed": seed, **reference}]
-        plan = schedule_text(stages, bs.base_batch_size)
+        plan = " -> ".join(map(str, [bs.base_batch_size, *(s.batch_size for s in stages)]))
         for s in bs.check_seeds:
             echo(f"check: scheduled run from seed {s} ({plan})")
             outcome.check_rows.append(measure.check_run(setup, bs, target, stages, s,
@@ -111,31 +98,40 @@ def measure_schedule(cfg, data_dir: str, work: Path, run_id: str,
                 echo(f"check: constant run from seed {s}")
                 outcome.check_rows.append(measure.check_run(setup, bs, target, [], s,
                                                             "constant", work))
-        outcome.check = fit.check_summary(outcome.check_rows)
-    # Device seconds, evaluations included: the measurement pays for them as much as for steps.
-    outcome.cost_s = {
-        "reference": curve[-1]["train_time_s"] + curve[-1]["eval_time_s"],
-        "branches": sum(r["train_time_s"] + r["eval_time_s"] for r in branches),
-        "check": sum(r["device_s"] for r in outcome.check_rows[1:]),
-    }
     return outcome
 
 
-# ------------------------------------------------------------------------------- the text
+def run_stage(config_json: str, run_id: str, dataset_path: str, crit_path: str,
+              check_path: str, summary_path: str, work_dir: str, validation_dir: str,
+              echo: Callable[[str], None]):
+    """The measurement as a pipeline stage (and the command's core): measure (or resume) under
+    `work_dir`, write the two tables and the summary, validate both tables (their pages in
+    `validation_dir`; ValidationFailed, exit 3, when one fails). Returns (findings, outcome)."""
+    from batchscale.analysis.schedule_report import Findings, markdown
+    from batchscale.batch_schedule.report import tables
+    from batchscale.checks.stage import check_tables
+    from batchscale.config import config_from_json
+    from batchscale.envinfo import environment
+    from batchscale.storage import write_bytes_atomic, write_table_atomic
+
+    cfg = config_from_json(config_json)
+    outcome = measure_schedule(cfg, dataset_path, Path(work_dir), run_id, echo)
+    env = environment(run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name,
+                      workload=cfg.workload, device=_device(), variant=cfg.variant)
+    crit, check = tables(outcome, env)
+    write_table_atomic(crit_path, crit)
+    write_table_atomic(check_path, check)
+    findings = Findings.from_tables(crit.to_pandas(), check.to_pandas())
+    write_bytes_atomic(summary_path, markdown(findings, cfg.workload).encode())
+    folder = Path(validation_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    check_tables([("critical_over_training", "critical_over_training", crit, {}),
+                  ("schedule_check", "schedule_check", check, {})],
+                 str(folder / "validation.json"), str(folder / "validation.html"))
+    return findings, outcome
 
 
-def crit_text(f: fit.CheckpointFit) -> str:
-    if math.isfinite(f.b_crit):
-        interval = (f" [{f.b_crit_low:.3g}, {f.b_crit_high:.3g}]"
-                    if math.isfinite(f.b_crit_low) else " (no interval)")
-        return f"B_crit {f.b_crit:.3g}{interval}"
-    if f.bound:
-        return f"B_crit {f.bound} {f.bound_batch:g}"
-    return f"no B_crit: {f.reason}"
+def _device() -> str:
+    import torch
 
-
-def schedule_text(stages: list[Stage], base_batch: int) -> str:
-    if not stages:
-        return f"constant {base_batch}"
-    return f"{base_batch}" + "".join(f", {s.batch_size} from val_loss {s.from_loss:.3f}"
-                                     for s in stages)
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -5,6 +5,7 @@ checkpoint."""
 
 from __future__ import annotations
 
+import base64
 import sys
 import time
 from pathlib import Path
@@ -12,8 +13,8 @@ from pathlib import Path
 from batchscale.cli.common import given_run_id
 from batchscale.cliflags import check_output_dir, config_from_args
 
-OUTPUTS = ("critical_over_training.parquet", "batch_schedule.md", "critical_over_training.png",
-           "validation.json", "validation.html")
+OUTPUTS = ("critical_over_training.parquet", "schedule_check.parquet", "batch_schedule.md",
+           "critical_over_training.png", "validation.json", "validation.html")
 
 
 def cmd_batch_schedule(args) -> int:
@@ -21,15 +22,12 @@ def cmd_batch_schedule(args) -> int:
     cfg = config_from_args(args, overrides)
     from batchscale.batch_schedule.stage import check_config
 
-    rule, _ = check_config(cfg)  # before any data is prepared
+    check_config(cfg)  # before any data is prepared
     out = check_output_dir(args.out, "--out")
     run_id = _run_id(args, out)
-    from batchscale.batch_schedule import report
-    from batchscale.batch_schedule.stage import measure_schedule
-    from batchscale.checks.stage import check_tables
+    from batchscale.analysis.schedule_report import plot
+    from batchscale.batch_schedule.stage import run_stage
     from batchscale.data.prep import prepare
-    from batchscale.envinfo import environment
-    from batchscale.storage import write_bytes_atomic, write_table_atomic
 
     data_dir = args.dataset_dir or str(out / "data")
     if not args.dataset_dir:
@@ -37,20 +35,16 @@ def cmd_batch_schedule(args) -> int:
     print(f"batchscale batch-schedule {run_id}: {cfg.workload} (rerun with --out {out} to "
           "resume)", file=sys.stderr)
     started = time.monotonic()
-    outcome = measure_schedule(cfg, data_dir, out / "work", run_id, lambda line: print(
-        f"[{time.monotonic() - started:6.0f} s] {line}", file=sys.stderr, flush=True))
-    env = environment(run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name,
-                      workload=cfg.workload, device="cuda" if _cuda() else "cpu",
-                      variant=cfg.variant)
-    table = report.table(outcome, rule, env)
-    write_table_atomic(out / OUTPUTS[0], table)
-    text = report.markdown(outcome, cfg.workload, rule)
-    write_bytes_atomic(out / OUTPUTS[1], text.encode())
-    report.plot_png(outcome, out / OUTPUTS[2])
-    print(text)
-    print("wrote " + ", ".join(str(out / name) for name in OUTPUTS))
-    check_tables([("critical_over_training", "critical_over_training", table, {})],
-                 str(out / OUTPUTS[3]), str(out / OUTPUTS[4]))
+    paths = [out / name for name in OUTPUTS]
+    findings, outcome = run_stage(
+        cfg.to_json(), run_id, data_dir, str(paths[0]), str(paths[1]), str(paths[2]),
+        str(out / "work"), str(out), lambda line: print(
+            f"[{time.monotonic() - started:6.0f} s] {line}", file=sys.stderr, flush=True))
+    figure = plot(findings, outcome.curve)
+    if figure.image_uri:
+        paths[3].write_bytes(base64.b64decode(figure.image_uri.split(",", 1)[1]))
+    print(paths[2].read_text())
+    print("wrote " + ", ".join(map(str, paths)))
     return 0
 
 
@@ -63,9 +57,3 @@ def _run_id(args, out: Path) -> str:
     run_id = given_run_id(args)
     marker.write_text(run_id)
     return run_id
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

@@ -18,6 +18,11 @@ MIN_BRANCH_BATCHES = 3
 class BatchScheduleConfig(_Strict):
     """The critical batch over training and a batch-size schedule (`batchscale batch-schedule`)."""
 
+    enabled: bool = False
+    """Also run the measurement as a stage of the pipeline (`batchscale run`, `compile`), on
+    the accelerator after the dataset is checked: its two tables go to the report (a section,
+    and the answer card when the checked schedule needs fewer steps) and to the lake.
+    `batchscale batch-schedule` runs it on its own whatever this says."""
     base_batch_size: BatchSize = 8
     """B0, in examples: the reference run's batch size and the schedule's first batch."""
     branch_factors: Annotated[list[PositiveInt], Field(min_length=2, max_length=8)] = [2, 4, 8, 16]

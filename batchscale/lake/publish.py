@@ -49,10 +49,12 @@ from batchscale.storage import (
 )
 
 LAKE_TABLES = ("dataset_manifest", "sweep", "curves", "runs", "analysis", "regressions")
-OPTIONAL_LAKE_TABLES = ("decisions", "plan", "study", "study_axes")
+OPTIONAL_LAKE_TABLES = ("decisions", "plan", "study", "study_axes", "critical_over_training",
+                        "schedule_check")
 """Published only by the runs that have them (decisions: an adaptive study's; plan: the what-if
 plan, absent when the run lacked a measurement it needs; study, study_axes: a study's
-comparison, published as a run of its own under the study id)."""
+comparison, published as a run of its own under the study id; critical_over_training,
+schedule_check: the batch-schedule stage's, when the config enables it)."""
 _RUN_DATE = re.compile(r"^(\d{4})(\d{2})(\d{2})T")
 
 
@@ -163,7 +165,8 @@ def write_regressions(store: ObjectStore, run_id: str, sweep: pd.DataFrame,
 def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str,
               curves_path: str, runs_path: str, analysis_path: str, report_path: str,
               regressions_path: str, markdown_path: str,
-              decisions_path: str | None = None, plan_path: str | None = None) -> dict:
+              decisions_path: str | None = None, plan_path: str | None = None,
+              schedule_paths: tuple[str, str] | None = None) -> dict:
     """Pipeline entry: check for regressions, then publish a validated run (tables, the report
     with its "Regressions" section, the verdicts; the adaptive study's decisions where there
     are any) to the store named by the environment."""
@@ -184,6 +187,9 @@ def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str
         files["decisions"] = decisions_path
     if plan_path and read_table_file(plan_path).num_rows:
         files["plan"] = plan_path
+    if schedule_paths:
+        files.update(zip(("critical_over_training", "schedule_check"), schedule_paths,
+                         strict=True))
     extra = {"workload": cfg.workload, "experiment": cfg.name, "config_hash": cfg.config_hash,
              "analysis_config": cfg.analysis.model_dump(mode="json"),
              "gap_epochs": cfg.convergence.gap_epochs,

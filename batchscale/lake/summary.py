@@ -217,6 +217,7 @@ def summary_lines(store: ObjectStore, run_id: str, manifest: dict,
     lines = [f"\nbatchscale run {run_id}"]
     if summary is not None:
         lines += recommendation_lines(summary)
+    lines += schedule_lines(tables)
     if "sweep" in tables:
         lines += throughput_lines(tables["sweep"])
     if "analysis" in tables:
@@ -231,6 +232,18 @@ def summary_lines(store: ObjectStore, run_id: str, manifest: dict,
     lines += [f"  s3://{store.settings.bucket}/{o['key']}" for o in manifest["objects"]
               if o["key"].endswith(PARQUET_SUFFIX)]
     return lines
+
+
+def schedule_lines(tables: dict[str, pa.Table]) -> list[str]:
+    """The batch-size schedule's line, for a run that measured one."""
+    from batchscale.analysis.schedule_report import Findings, summary_line
+
+    if not {"critical_over_training", "schedule_check"} <= set(tables):
+        return []
+    crit, check = (tables[n].to_pandas() for n in ("critical_over_training", "schedule_check"))
+    if crit.empty or check.empty:
+        return []
+    return ["  " + summary_line(Findings.from_tables(crit, check))]
 
 
 def recommendation_lines(summary) -> list[str]:
@@ -317,15 +330,18 @@ def rebuild_report(store: ObjectStore, run_id: str, out: Path) -> list[str]:
     (with the published regression verdicts and the what-if plan, rebuilt from the same
     tables by the pipeline's own code path); returns the summary lines."""
     from batchscale.analysis.report import add_regressions, render_html
+    from batchscale.analysis.schedule_report import table_section
     from batchscale.lake.regression import regressions_markdown
 
     manifest, tables = load_run(store, run_id)
     frames, result = analyzed(manifest, tables)
     title = f"batchscale: {manifest.get('experiment', manifest.get('workload', 'run'))} ({run_id})"
     plan, plan_missing = _what_if(manifest, frames, result.rows)
+    schedule = table_section(*(tables[name].to_pandas() if name in tables else None
+                               for name in ("critical_over_training", "schedule_check")))
     page = render_html(result, frames["sweep"], frames["runs"], frames["curves"], title=title,
                        plan=plan, plan_missing=plan_missing,
-                       study=_study(manifest, tables, frames["runs"]))
+                       study=_study(manifest, tables, frames["runs"]), schedule=schedule)
     if "regressions" in tables:
         page = add_regressions(page, regressions_markdown(tables["regressions"].to_pandas()))
     out.parent.mkdir(parents=True, exist_ok=True)

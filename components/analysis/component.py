@@ -1,4 +1,6 @@
-"""KFP wrapper of analysis."""
+"""KFP wrappers of analysis: the plain one, and the one that also reads the batch-schedule
+stage's tables (a pipeline whose config enables it; KFP's local runner cannot leave an
+optional artifact input unset, kubeflow/pipelines#13061)."""
 
 from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Output
@@ -29,6 +31,37 @@ def analysis(
         values = run_stage(config_json, run_id, sweep.path, curves.path, runs.path,
                            analysis_table.path, report.path, summary.path,
                            decisions_path=decisions.path, plan_path=plan.path)
+    for name, value in values.items():
+        if value is not None and math.isfinite(value):
+            metrics.log_metric(name, float(value))
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def analysis_with_schedule(
+    config_json: str,
+    run_id: str,
+    sweep: Input[Dataset],
+    curves: Input[Dataset],
+    runs: Input[Dataset],
+    decisions: Input[Dataset],
+    critical_over_training: Input[Dataset],
+    schedule_check: Input[Dataset],
+    analysis_table: Output[Dataset],
+    plan: Output[Dataset],
+    report: Output[HTML],
+    metrics: Output[Metrics],
+    summary: Output[Markdown],
+):
+    import math
+
+    from batchscale.analysis.stage import run_stage
+    from batchscale.errors import task_refusals
+
+    with task_refusals():
+        values = run_stage(config_json, run_id, sweep.path, curves.path, runs.path,
+                           analysis_table.path, report.path, summary.path,
+                           decisions_path=decisions.path, plan_path=plan.path,
+                           schedule_paths=(critical_over_training.path, schedule_check.path))
     for name, value in values.items():
         if value is not None and math.isfinite(value):
             metrics.log_metric(name, float(value))

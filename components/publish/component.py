@@ -31,6 +31,32 @@ def publish(config_json: str, run_id: str, dataset: Input[Dataset], sweep: Input
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def publish_with_schedule(config_json: str, run_id: str, dataset: Input[Dataset],
+                          sweep: Input[Dataset], curves: Input[Dataset], runs: Input[Dataset],
+                          analysis_table: Input[Dataset], report: Input[HTML],
+                          decisions: Input[Dataset], plan: Input[Dataset],
+                          critical_over_training: Input[Dataset],
+                          schedule_check: Input[Dataset], lake_manifest: Output[Artifact],
+                          regressions: Output[Dataset], regressions_summary: Output[Markdown]):
+    """publish, with the batch-schedule stage's two tables (a config that enables it)."""
+    import json
+    import os
+
+    from batchscale.errors import task_refusals
+    from batchscale.lake.publish import run_stage
+
+    with task_refusals():
+        manifest = run_stage(config_json, run_id,
+                             os.path.join(dataset.path, "manifest.parquet"), sweep.path,
+                             curves.path, runs.path, analysis_table.path, report.path,
+                             regressions.path, regressions_summary.path, decisions.path,
+                             plan_path=plan.path,
+                             schedule_paths=(critical_over_training.path, schedule_check.path))
+    with open(lake_manifest.path, "w") as f:
+        json.dump(manifest, f, indent=1)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def regression_gate(config_json: str, regressions: Input[Dataset]):
     from batchscale.errors import task_refusals
     from batchscale.lake.publish import gate_stage

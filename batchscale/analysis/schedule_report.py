@@ -1,0 +1,410 @@
+"""What a batch-schedule measurement says, read from its two tables (`critical_over_training`,
+`schedule_check`; batchscale/batch_schedule/ writes them): B_simple against B_crit over the
+checkpoints, the schedule, its prediction and its check with intervals, what it cost, the
+summary Markdown (`batchscale batch-schedule`), the report's section and the answer card's line.
+Every figure here comes from the tables, so the command, the report and the lake say the same.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE
+from batchscale.analysis.figures import Plot, make_plot
+from batchscale.tdist import t_quantile
+
+LEVEL = BOOTSTRAP_CONFIDENCE
+"""Every interval here is at B_crit's level (90 %)."""
+STEP_GOAL = 0.25
+"""The schedule is worth taking when it needs at least this share fewer optimizer steps."""
+MIN_RANK_POINTS = 3
+RANK_INTERVAL_POINTS = 6
+"""A bootstrap interval of the rank correlation from this many checkpoints on: resamples of
+fewer tie so often that the interval would only repeat the estimate."""
+RANK_SAMPLES = 2000
+MAX_PERMUTATION_POINTS = 8
+"""An exact permutation test enumerates n! orders: up to 8 checkpoints (40,320)."""
+SECTION_ID = "critical-over-training"
+
+
+# ------------------------------------------------------------------------------ statistics
+
+
+def _t_interval(values: np.ndarray) -> tuple[float, float, float]:
+    mean = float(values.mean())
+    if values.size < 2:
+        return mean, math.nan, math.nan
+    half = (t_quantile(0.5 + LEVEL / 2, values.size - 1) * values.std(ddof=1)
+            / math.sqrt(values.size))
+    return mean, mean - half, mean + half
+
+
+def paired_ratio(scheduled, constant) -> tuple[float, float, float]:
+    """Geometric mean of scheduled/constant over paired seeds with a Student-t interval on the
+    log ratios (NaN interval from one pair)."""
+    return geometric_interval(np.asarray(scheduled, dtype=float)
+                              / np.asarray(constant, dtype=float))
+
+
+def geometric_interval(values) -> tuple[float, float, float]:
+    """Geometric mean of positive figures (steps, a loss) with a Student-t interval on their
+    logs: the ends stay positive, as the figures are."""
+    return tuple(math.exp(v) if math.isfinite(v) else math.nan
+                 for v in _t_interval(np.log(np.asarray(values, dtype=float))))
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    rx, ry = pd.Series(x).rank().to_numpy(), pd.Series(y).rank().to_numpy()
+    if rx.std() == 0 or ry.std() == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _permutation_p(x: np.ndarray, y: np.ndarray, rho: float, seed: int = 0) -> float:
+    """Share of orders of y whose rank correlation with x is at least `rho`: all orders up to
+    MAX_PERMUTATION_POINTS checkpoints, else RANK_SAMPLES random ones."""
+    if len(y) <= MAX_PERMUTATION_POINTS:
+        orders = itertools.permutations(range(len(y)))
+    else:
+        rng = np.random.default_rng(seed)
+        orders = (rng.permutation(len(y)) for _ in range(RANK_SAMPLES))
+    values = [_spearman(x, y[list(order)]) for order in orders]
+    return float(np.mean([v >= rho - 1e-12 for v in values if math.isfinite(v)]))
+
+
+def tracking(crit: pd.DataFrame, seed: int = 0) -> dict:
+    """B_simple / B_crit per checkpoint (B_crit's interval mapped), their geometric mean with a
+    Student-t interval on the log ratios, and Spearman's rank correlation over checkpoints with
+    its permutation p-value (how often a random order of the checkpoints correlates as well)
+    and, from RANK_INTERVAL_POINTS checkpoints on, a bootstrap interval."""
+    both = crit[np.isfinite(crit["b_crit"]) & np.isfinite(crit["b_simple"])
+                & (crit["b_simple"] > 0)]
+    result = {"points": len(both), "ratio_mean": None, "rank": None}
+    if len(both) >= 2:
+        logs = np.log(both["b_simple"].to_numpy() / both["b_crit"].to_numpy())
+        result["ratio_mean"] = tuple(math.exp(v) for v in _t_interval(logs))
+    if len(both) >= MIN_RANK_POINTS:
+        x, y = both["b_simple"].to_numpy(), both["b_crit"].to_numpy()
+        rho, low, high = _spearman(x, y), math.nan, math.nan
+        if len(both) >= RANK_INTERVAL_POINTS:
+            rng = np.random.default_rng(seed)
+            draws = np.array([_spearman(x[i], y[i]) for i in
+                              rng.integers(0, len(x), (RANK_SAMPLES, len(x)))])
+            tail = (1 - LEVEL) / 2
+            low, high = (float(q) for q in np.quantile(draws[np.isfinite(draws)],
+                                                       [tail, 1 - tail]))
+        result["rank"] = (rho, low, high, _permutation_p(x, y, rho))
+    return result
+
+
+def check_summary(check: pd.DataFrame) -> dict:
+    """The check over seeds where both runs reached the target: paired ratios (scheduled /
+    constant) of steps, examples and training time, each schedule's steps and loss at the stop."""
+    rows = check.to_dict("records")
+    by = {(r["schedule"], r["seed"]): r for r in rows}
+    seeds = sorted({r["seed"] for r in rows if r["schedule"] == "scheduled"})
+    pairs = [(by[("scheduled", s)], by[("constant", s)]) for s in seeds
+             if ("constant", s) in by and by[("scheduled", s)]["reached"]
+             and by[("constant", s)]["reached"]]
+    summary = {"seeds": len(seeds), "paired": len(pairs),
+               "diverged": sum(bool(r["diverged"]) for r in rows)}
+    if not pairs:
+        return summary
+    for key in ("steps_to_target", "examples_to_target", "train_time_s_to_target"):
+        summary[key] = paired_ratio([a[key] for a, _ in pairs], [b[key] for _, b in pairs])
+    for name, index in (("scheduled", 0), ("constant", 1)):
+        summary[f"{name}_final_val_loss"] = geometric_interval([p[index]["final_val_loss"]
+                                                                for p in pairs])
+        summary[f"{name}_steps"] = geometric_interval([p[index]["steps_to_target"]
+                                                       for p in pairs])
+    return summary
+
+
+# ------------------------------------------------------------------------------- findings
+
+
+@dataclass
+class Findings:
+    """Everything the texts say, from the two tables."""
+
+    crit: pd.DataFrame
+    check: pd.DataFrame
+    base_batch: int
+    rule: str
+    target: str
+    tracking: dict = field(default_factory=dict)
+    summary: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_tables(cls, crit: pd.DataFrame, check: pd.DataFrame) -> Findings:
+        crit = crit.sort_values("checkpoint_step").reset_index(drop=True)
+        first = check.iloc[0]
+        return cls(crit=crit, check=check, base_batch=int(first["base_batch_size"]),
+                   rule=str(first["lr_rule"]),
+                   target=f"{first['target_metric']} {first['target_value']:g}",
+                   tracking=tracking(crit), summary=check_summary(check))
+
+    @property
+    def stages(self) -> list[tuple[float, int]]:
+        """(from val_loss, batch) where the scheduled batch grows."""
+        stages, batch = [], self.base_batch
+        for row in self.crit.itertuples():
+            if row.scheduled_batch_size > batch:
+                batch = int(row.scheduled_batch_size)
+                stages.append((float(row.val_loss), batch))
+        return stages
+
+    @property
+    def prediction(self) -> dict | None:
+        rows = self.check[(self.check["schedule"] == "scheduled")
+                          & np.isfinite(self.check["predicted_steps"].astype(float))]
+        return None if rows.empty else rows.iloc[0].to_dict()
+
+    @property
+    def reference(self) -> dict:
+        return self.check[self.check["reference"]].iloc[0].to_dict()
+
+    @property
+    def wins(self) -> bool:
+        """The check shows the schedule needs fewer steps (the interval's top below 1)."""
+        steps = self.summary.get("steps_to_target")
+        return bool(steps) and math.isfinite(steps[2]) and steps[2] < 1
+
+    def schedule_text(self) -> str:
+        if not self.stages:
+            return f"constant {self.base_batch}"
+        return f"{self.base_batch}" + "".join(f", {b} from val_loss {loss:.3f}"
+                                              for loss, b in self.stages)
+
+    def cost_s(self) -> dict:
+        others = self.check[~self.check["reference"]]
+        return {"reference": float(self.reference["device_s"]),
+                "branches": float(self.crit["branch_device_s"].sum()),
+                "check": float(others["device_s"].sum())}
+
+
+# -------------------------------------------------------------------------------- the text
+
+
+def crit_text(row) -> str:
+    if math.isfinite(row["b_crit"]):
+        interval = (f" [{row['b_crit_low']:.3g}, {row['b_crit_high']:.3g}]"
+                    if math.isfinite(row["b_crit_low"]) else " (no interval)")
+        return f"{row['b_crit']:.3g}{interval}"
+    if isinstance(row["b_crit_bound"], str) and row["b_crit_bound"]:
+        return f"{row['b_crit_bound']} {row['b_crit_bound_batch']:g}"
+    return f"none: {row['b_crit_reason']}"
+
+
+def _range(values, digits: str = ".3g") -> str:
+    value, low, high = values
+    if not math.isfinite(low):
+        return f"{value:{digits}} (one seed: no interval)"
+    return f"{value:{digits}} [{low:{digits}}, {high:{digits}}]"
+
+
+TABLE_HEADINGS = ["checkpoint step", "examples", "val_loss", "milestone",
+                  f"B_crit ({LEVEL:.0%})", "B_simple", "scheduled batch"]
+
+
+def table_rows(f: Findings) -> list[list[str]]:
+    return [[f"{r['checkpoint_step']:,}", f"{r['examples']:,}", f"{r['val_loss']:.4f}",
+             f"{r['milestone_loss']:.4f}", crit_text(r),
+             f"{r['b_simple']:.3g}" if math.isfinite(r["b_simple"]) else "–",
+             str(r["scheduled_batch_size"])] for r in f.crit.to_dict("records")]
+
+
+def sentences(f: Findings) -> list[str]:
+    """The section's paragraphs (Markdown), after its table."""
+    return [_tracking_text(f.tracking), f"**Schedule**: {f.schedule_text()}.",
+            _prediction_text(f), _check_text(f), _cost_text(f)]
+
+
+def markdown(f: Findings, workload: str) -> str:
+    lines = [f"# The critical batch over training: {workload}", "",
+             f"Reference run at batch {f.base_batch} ({f.rule} LR rule) to {f.target}; B_crit "
+             "per checkpoint from branches to the loss the reference reached a fixed number "
+             f"of steps later ({LEVEL:.0%} intervals).", "",
+             "| " + " | ".join(TABLE_HEADINGS) + " |", "|" + "---|" * len(TABLE_HEADINGS)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(f)]
+    for paragraph in sentences(f):
+        lines += ["", paragraph]
+    return "\n".join(lines) + "\n"
+
+
+def _tracking_text(t: dict) -> str:
+    if t["ratio_mean"] is None:
+        return (f"**B_simple against B_crit**: {t['points']} checkpoint(s) with both figures; "
+                "too few to compare.")
+    text = (f"**B_simple against B_crit**: B_simple / B_crit {_range(t['ratio_mean'])} "
+            f"(geometric mean over {t['points']} checkpoints)")
+    if t["rank"] is None:
+        return text + "; too few checkpoints for a rank correlation."
+    rho, low, high, p_value = t["rank"]
+    interval = (f" [{low:.2f}, {high:.2f}]" if math.isfinite(low) else
+                f" (no interval from {t['points']} checkpoints)")
+    return (text + f"; Spearman rank correlation over checkpoints {rho:.2f}{interval}, and a "
+            f"random order of the checkpoints would correlate as well {p_value:.0%} of the "
+            "time.")
+
+
+def _prediction_text(f: Findings) -> str:
+    p = f.prediction
+    if not f.stages:
+        return ("**Prediction**: no saving — B_crit never passed twice the base batch at a "
+                "checkpoint (or was not measured), so the schedule stays constant.")
+    if p is None:
+        return "**Prediction**: none — the reference run did not reach the target."
+    fewer = 1 - p["predicted_steps"] / p["reference_steps"]
+    return (f"**Prediction**: {p['predicted_steps']:,.0f} steps [{p['predicted_steps_low']:,.0f},"
+            f" {p['predicted_steps_high']:,.0f}] to the target against the reference's "
+            f"{p['reference_steps']:,.0f} ({fewer:.0%} fewer), {p['predicted_examples']:,.0f} "
+            f"examples against {p['reference_steps'] * f.base_batch:,.0f}.")
+
+
+def _check_text(f: Findings) -> str:
+    c = f.summary
+    if not f.stages:
+        return "**Check**: not run (the schedule is the constant batch)."
+    if not c["seeds"]:
+        return ("**Check**: not run — the reference run did not reach the target within "
+                "batch_schedule.max_steps, so there is no constant run to compare with.")
+    diverged = f" ({c['diverged']} run(s) diverged)" if c["diverged"] else ""
+    if not c["paired"]:
+        return ("**Check**: no seed where both the scheduled and the constant run reached the "
+                f"target{diverged}; nothing to compare.")
+    steps = c["steps_to_target"]
+    fewer = (1 - steps[0], 1 - steps[2], 1 - steps[1])
+    verdict = ("meets" if math.isfinite(fewer[1]) and fewer[1] >= STEP_GOAL else
+               "does not establish")
+    saving = _range(fewer, ".0%") + " fewer"
+    if math.isfinite(fewer[1]) and fewer[1] < 0:  # the interval reaches more steps
+        saving = (f"{fewer[0]:.0%} fewer, between {-fewer[1]:.0%} more and "
+                  f"{fewer[2]:.0%} fewer")
+    sched, const = c["scheduled_final_val_loss"], c["constant_final_val_loss"]
+    return (f"**Check** ({c['paired']} of {c['seeds']} seeds with both runs at the target"
+            f"{diverged}): the schedule took {_range(steps, '.2f')}× the constant run's steps "
+            f"({saving}; {verdict} the {STEP_GOAL:.0%} goal), "
+            f"{_range(c['examples_to_target'], '.2f')}× its examples and "
+            f"{_range(c['train_time_s_to_target'], '.2f')}× its training time; steps to "
+            f"the target: scheduled {_range(c['scheduled_steps'], ',.0f')}, constant "
+            f"{_range(c['constant_steps'], ',.0f')}. Validation loss at the stop: scheduled "
+            f"{_range(sched, '.4f')}, constant {_range(const, '.4f')}.")
+
+
+def _cost_text(f: Findings) -> str:
+    cost = f.cost_s()
+    share = cost["branches"] / cost["reference"] if cost["reference"] else math.nan
+    return (f"**Cost** (seconds of this device, training and evaluation): reference run "
+            f"{cost['reference']:.1f} s, branches {cost['branches']:.1f} s ({share:.2f}× the "
+            f"reference run), check {cost['check']:.1f} s. One measurement, no spread.")
+
+
+def answer_line(f: Findings) -> str | None:
+    """The answer card's line when the checked schedule needs fewer steps; None otherwise."""
+    if not f.wins:
+        return None
+    steps, seeds = f.summary["steps_to_target"], f.summary["paired"]
+    return (f"**Batch-size schedule: {f.schedule_text()}** — it took {_range(steps, '.2f')}× "
+            f"the steps of a constant {f.base_batch} to {f.target}, checked from {seeds} seeds "
+            f"([evidence](#{SECTION_ID})).")
+
+
+def summary_line(f: Findings) -> str:
+    """One plain line for a terminal summary: the answer card's line when the schedule won its
+    check, else what the check (or its absence) says."""
+    if f.wins:
+        steps = f.summary["steps_to_target"]
+        return (f"batch-size schedule: {f.schedule_text()} — {_range(steps, '.2f')}x the "
+                f"steps of a constant {f.base_batch} (checked from {f.summary['paired']} "
+                "seeds)")
+    check = _check_text(f).replace("**", "")
+    return f"batch-size schedule: {f.schedule_text()} — {check}"
+
+
+# -------------------------------------------------------------------------------- the plot
+
+
+def plot(f: Findings, curve: list[dict] | None = None) -> Plot:
+    """B_crit at each checkpoint with its interval (a triangle for a bound), B_simple (along the
+    reference run when its curve is given, else at the checkpoints) and the scheduled batch,
+    against examples seen, log y."""
+    return make_plot(lambda: _draw(f, curve), "B_crit over training, B_simple and the schedule",
+                     "no checkpoint was measured")
+
+
+def _draw(f: Findings, curve: list[dict] | None):
+    from batchscale.analysis.figures import new_axes
+
+    if f.crit.empty:
+        return None
+    fig, ax = new_axes("examples seen by the reference run", "batch size (examples)",
+                       x_base=None, log_y=True)
+    points = ([(r["examples"], r["b_simple"]) for r in curve or []
+               if r.get("b_simple") and r["b_simple"] > 0]
+              or [(r["examples"], r["b_simple"]) for r in f.crit.to_dict("records")
+                  if math.isfinite(r["b_simple"]) and r["b_simple"] > 0])
+    if points:
+        ax.plot(*zip(*points, strict=True), color="tab:gray", marker="" if curve else ".",
+                label="B_simple (reference run)")
+    for r in f.crit.to_dict("records"):
+        if math.isfinite(r["b_crit"]):
+            low = r["b_crit"] - r["b_crit_low"] if math.isfinite(r["b_crit_low"]) else 0
+            high = r["b_crit_high"] - r["b_crit"] if math.isfinite(r["b_crit_high"]) else 0
+            ax.errorbar(r["examples"], r["b_crit"], yerr=[[low], [high]], fmt="o",
+                        color="tab:blue", capsize=4)
+        elif isinstance(r["b_crit_bound"], str) and r["b_crit_bound"]:
+            ax.plot(r["examples"], r["b_crit_bound_batch"], linestyle="none", color="tab:blue",
+                    marker="^" if r["b_crit_bound"] == "above" else "v")
+    ax.plot([], [], "o", color="tab:blue", label=f"B_crit ({LEVEL:.0%}); triangles: bounds")
+    xs = [0, *f.crit["examples"], max(f.crit["examples"].max(), points[-1][0] if points else 0)]
+    ys = [f.base_batch, *f.crit["scheduled_batch_size"]]
+    ax.step(xs, [*ys, ys[-1]], where="post", color="tab:orange",
+            label="scheduled batch (from the checkpoint's loss on)")
+    ax.legend()
+    return fig
+
+
+# ----------------------------------------------------------------------------- the section
+
+
+@dataclass(frozen=True)
+class ScheduleSection:
+    """What the analysis report shows of a batch-schedule measurement."""
+
+    intro: str
+    headings: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    paragraphs: tuple[str, ...]
+    """Markdown, one per paragraph."""
+    plot: Plot
+    answer: str | None
+    """The answer card's line (Markdown), when the checked schedule needs fewer steps."""
+
+
+def section(f: Findings) -> ScheduleSection:
+    intro = (f"Reference run at batch {f.base_batch} ({f.rule} LR rule) to {f.target}; B_crit "
+             "per checkpoint from branches to the loss the reference reached a fixed number "
+             f"of steps later ({LEVEL:.0%} intervals).")
+    return ScheduleSection(intro, tuple(TABLE_HEADINGS), tuple(map(tuple, table_rows(f))),
+                           tuple(sentences(f)), plot(f), answer_line(f))
+
+
+def read_section(crit_path: str, check_path: str) -> ScheduleSection | None:
+    """The section from the stage's two table files; None when the measurement has no rows."""
+    from batchscale.storage import read_table_file
+
+    return table_section(read_table_file(crit_path).to_pandas(),
+                         read_table_file(check_path).to_pandas())
+
+
+def table_section(crit: pd.DataFrame | None, check: pd.DataFrame | None) -> ScheduleSection | None:
+    """The section from the two tables (None when either is missing or empty)."""
+    if crit is None or check is None or crit.empty or check.empty:
+        return None
+    return section(Findings.from_tables(crit, check))

@@ -1,0 +1,25 @@
+"""KFP wrapper of the batch-schedule measurement: B_crit over training, the schedule it
+suggests and that schedule's check (docs/batch-schedule.md)."""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Markdown, Output
+
+from batchscale.images import GPU_IMAGE
+
+
+@dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
+def batch_schedule(config_json: str, run_id: str, dataset: Input[Dataset],
+                   critical_over_training: Output[Dataset], schedule_check: Output[Dataset],
+                   summary: Output[Markdown]):
+    import os
+    import sys
+    import tempfile
+
+    from batchscale.batch_schedule.stage import run_stage
+    from batchscale.errors import task_refusals
+
+    work = tempfile.mkdtemp(prefix="batch-schedule-")
+    with task_refusals():
+        run_stage(config_json, run_id, dataset.path, critical_over_training.path,
+                  schedule_check.path, summary.path, os.path.join(work, "work"), work,
+                  lambda line: print(line, file=sys.stderr, flush=True))
