@@ -296,3 +296,36 @@ def test_the_terminal_summary_line_says_what_the_check_found():
     worse = schedule_report.Findings.from_tables(
         crit, check.assign(steps_to_target=[900.0, 810.0, 901.0, 809.0]))
     assert "does not establish the 25% goal" in schedule_report.summary_line(worse)
+
+
+def test_sigterm_stops_the_measurement_keeping_what_it_finished(prepared, tmp_path):
+    """SIGTERM once a branch is written: exit 143, one line, no traceback; the rerun with the
+    same --out keeps the finished units and completes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    _, data = prepared
+    config = tmp_path / "bs.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "batchscale.cli", "batch-schedule", "--config",
+               str(config), "--dataset-dir", data, "--out", str(out)]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list((out / "work" / "branches").glob("*.json")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)
+    stderr = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 143, stderr
+    assert "Traceback" not in stderr
+    kept = {p.name: p.read_bytes() for p in (out / "work" / "branches").glob("*.json")}
+    assert kept
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    for name, data_bytes in kept.items():
+        assert (out / "work" / "branches" / name).read_bytes() == data_bytes
