@@ -140,6 +140,9 @@ def test_config_refuses_what_a_schedule_cannot_use():
     decay = ExperimentConfig.model_validate({"convergence": {"lr_decay": "cosine"}})
     with pytest.raises(BadInput, match="lr_decay"):
         check_config(decay)
+    with pytest.raises(ValueError, match="lr_decay 'cosine' decays"):  # the stage: at load
+        ExperimentConfig.model_validate({"convergence": {"lr_decay": "cosine"},
+                                         "batch_schedule": {"enabled": True}})
 
 
 # --------------------------------------------------------- the measurement, for real

@@ -12,23 +12,19 @@ from batchscale.batch_schedule import fit, measure
 from batchscale.batch_schedule.measure import Target
 from batchscale.batch_schedule.report import Outcome
 from batchscale.batch_schedule.training import Setup
+from batchscale.config.batch_schedule import schedule_refusal
 from batchscale.errors import BadInput
 
 
 def check_config(cfg) -> tuple[str, Target]:
     """The LR rule and target the measurement uses, or BadInput naming what is not allowed."""
     c = cfg.convergence
-    rules = [r for r in c.lr_rules if r != "grid"]
-    if not rules:
-        raise BadInput("batch_schedule: the batch grows during a run, so its LR must follow a "
-                       "rule; convergence.lr_rules has only grid (allowed: constant, linear, "
-                       "sqrt)")
-    if c.lr_decay != "none":
-        raise BadInput(f"batch_schedule: convergence.lr_decay {c.lr_decay!r} decays over a "
-                       "fixed step count that a schedule changes; use lr_decay: none")
+    refusal = schedule_refusal(c)
+    if refusal:
+        raise BadInput(refusal)
     targets = c.resolved_targets()
-    primary = next((t for t in targets if getattr(t, "primary", False)), targets[0])
-    return rules[0], Target(primary.metric, primary.value)
+    primary = next((t for t in targets if t.primary), targets[0])
+    return next(r for r in c.lr_rules if r != "grid"), Target(primary.metric, primary.value)
 
 
 def build_setup(cfg, data_dir: str, work: Path, run_id: str, rule: str) -> Setup:

@@ -82,3 +82,16 @@ class BatchScheduleConfig(_Strict):
     def branch_batch_sizes(self) -> list[int]:
         """B0 and B0 x each branch factor."""
         return [self.base_batch_size] + [self.base_batch_size * f for f in self.branch_factors]
+
+
+def schedule_refusal(convergence) -> str | None:
+    """Why the batch schedule cannot train with these convergence settings (None: it can): the
+    batch grows during a run, so the LR must follow a rule, and a decay over a fixed step count
+    would end elsewhere once the schedule changes the count."""
+    if not [rule for rule in convergence.lr_rules if rule != "grid"]:
+        return ("batch_schedule: the batch grows during a run, so its LR must follow a rule; "
+                "convergence.lr_rules has only grid (allowed: constant, linear, sqrt)")
+    if convergence.lr_decay != "none":
+        return (f"batch_schedule: convergence.lr_decay {convergence.lr_decay!r} decays over a "
+                "fixed step count that a schedule changes; use lr_decay: none")
+    return None

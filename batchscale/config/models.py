@@ -23,7 +23,7 @@ from pydantic import (
 
 from batchscale import names
 from batchscale.catalog import DATASET_NAMES, DATASET_TASKS, SOURCE_DATASETS
-from batchscale.config.batch_schedule import BatchScheduleConfig
+from batchscale.config.batch_schedule import BatchScheduleConfig, schedule_refusal
 from batchscale.config.convergence import (  # noqa: F401  re-exported
     DEFAULT_TARGET_VAL_ACCURACY,
     ConvergenceConfig,
@@ -384,6 +384,17 @@ class ExperimentConfig(_Strict):
             if target.metric not in measured:
                 raise ValueError(f"convergence.targets: {self.workload} does not measure "
                                  f"{target.metric}; its metrics: {', '.join(measured)}")
+        return self
+
+    @model_validator(mode="after")
+    def _schedule_can_run(self) -> ExperimentConfig:
+        """A pipeline with the batch-schedule stage would otherwise refuse these only after
+        its data prep."""
+        if not self.batch_schedule.enabled:
+            return self
+        refusal = schedule_refusal(self.convergence)
+        if refusal:
+            raise ValueError(refusal)
         return self
 
     @model_validator(mode="after")
