@@ -1,4 +1,4 @@
-"""A table held against its schema (`schemas.py`): duplicated, missing and mistyped columns,
+"""A table held against its schema (`batchscale/schemas`): duplicated, missing and mistyped columns,
 named with why, before any check reads the values. Only widening within one kind of value
 converts; everything else is refused rather than parsed or truncated."""
 

@@ -206,7 +206,8 @@ def study_axes_rows() -> list[dict]:
 def critical_over_training_rows() -> list[dict]:
     """A checkpoint with B_crit and its interval, and one whose branches support only a bound."""
     nan = float("nan")
-    common = {"base_batch_size": 8, "lr_rule": "sqrt", "branch_device_s": 4.2}
+    common = {"base_batch_size": 8, "lr_rule": "sqrt", "branch_device_s": 4.2,
+              "cpu_wait_share": 0.02}
     return [
         {**common, "checkpoint_step": 100, "examples": 800, "val_loss": 2.7,
          "milestone_loss": 2.6, "batches_reached": 4, "b_crit": 13.0, "b_crit_low": 5.3,
@@ -225,7 +226,7 @@ def schedule_check_rows() -> list[dict]:
     nan = float("nan")
     common = {"base_batch_size": 8, "lr_rule": "sqrt", "target_metric": "val_loss",
               "target_value": 2.0, "reached": True, "diverged": False,
-              "stages": "2.79:16,2.52:32", "reference_steps": 791.0}
+              "stages": "2.79:16,2.52:32", "reference_steps": 791.0, "cpu_wait_share": 0.01}
     rows = []
     for seed in (0, 1):
         rows.append({**common, "schedule": "scheduled", "seed": seed, "reference": False,

@@ -332,3 +332,17 @@ def test_sigterm_stops_the_measurement_keeping_what_it_finished(prepared, tmp_pa
     assert rerun.returncode == 0, rerun.stderr
     for name, data_bytes in kept.items():
         assert (out / "work" / "branches" / name).read_bytes() == data_bytes
+
+
+def test_seconds_measured_on_a_busy_machine_are_flagged_not_trusted():
+    """A run that waited for a CPU beyond analysis.max_cpu_wait_share: the time ratio and the
+    cost say NOT TRUSTED; the step figures, which a busy machine does not change, do not."""
+    from clean_tables import critical_over_training_rows, schedule_check_rows
+
+    crit, check = pd.DataFrame(critical_over_training_rows()), pd.DataFrame(schedule_check_rows())
+    quiet = " ".join(schedule_report.sentences(schedule_report.Findings.from_tables(crit, check)))
+    assert "NOT TRUSTED" not in quiet
+    busy = schedule_report.Findings.from_tables(crit, check.assign(cpu_wait_share=0.35))
+    text = " ".join(schedule_report.sentences(busy))
+    assert text.count("seconds NOT TRUSTED: a run waited for a CPU 35%") == 2
+    assert "NOT TRUSTED" not in schedule_report.summary_line(busy)

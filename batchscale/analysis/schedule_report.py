@@ -16,6 +16,7 @@ import pandas as pd
 
 from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE
 from batchscale.analysis.figures import Plot, make_plot
+from batchscale.config import AnalysisConfig
 from batchscale.tdist import t_quantile
 
 LEVEL = BOOTSTRAP_CONFIDENCE
@@ -30,6 +31,7 @@ RANK_SAMPLES = 2000
 MAX_PERMUTATION_POINTS = 8
 """An exact permutation test enumerates n! orders: up to 8 checkpoints (40,320)."""
 SECTION_ID = "critical-over-training"
+DEFAULT_MAX_CPU_WAIT_SHARE = AnalysisConfig.model_fields["max_cpu_wait_share"].default
 
 
 # ------------------------------------------------------------------------------ statistics
@@ -139,15 +141,31 @@ class Findings:
     target: str
     tracking: dict = field(default_factory=dict)
     summary: dict = field(default_factory=dict)
+    max_cpu_wait_share: float | None = DEFAULT_MAX_CPU_WAIT_SHARE
+    """Above this CPU wait share (analysis.max_cpu_wait_share) the seconds are not trusted."""
 
     @classmethod
-    def from_tables(cls, crit: pd.DataFrame, check: pd.DataFrame) -> Findings:
+    def from_tables(cls, crit: pd.DataFrame, check: pd.DataFrame,
+                    max_cpu_wait_share: float | None = DEFAULT_MAX_CPU_WAIT_SHARE) -> Findings:
         crit = crit.sort_values("checkpoint_step").reset_index(drop=True)
         first = check.iloc[0]
         return cls(crit=crit, check=check, base_batch=int(first["base_batch_size"]),
                    rule=str(first["lr_rule"]),
                    target=f"{first['target_metric']} {first['target_value']:g}",
-                   tracking=tracking(crit), summary=check_summary(check))
+                   tracking=tracking(crit), summary=check_summary(check),
+                   max_cpu_wait_share=max_cpu_wait_share)
+
+    def timing_flag(self) -> str:
+        """" (seconds NOT TRUSTED: ...)" when a run waited for a CPU beyond the limit, else
+        "": the device-second figures are then the machine's load, not the device's."""
+        shares = pd.concat([self.crit.get("cpu_wait_share", pd.Series(dtype=float)),
+                            self.check.get("cpu_wait_share", pd.Series(dtype=float))])
+        worst = pd.to_numeric(shares, errors="coerce").max()
+        limit = self.max_cpu_wait_share
+        if limit is None or not math.isfinite(worst) or worst <= limit:
+            return ""
+        return (f" (seconds NOT TRUSTED: a run waited for a CPU {worst:.0%} of its runnable "
+                f"time, above analysis.max_cpu_wait_share {limit:.0%})")
 
     @property
     def stages(self) -> list[tuple[float, int]]:
@@ -291,7 +309,8 @@ def _check_text(f: Findings) -> str:
             f"{diverged}): the schedule took {_range(steps, '.2f')}× the constant run's steps "
             f"({saving}; {verdict} the {STEP_GOAL:.0%} goal), "
             f"{_range(c['examples_to_target'], '.2f')}× its examples and "
-            f"{_range(c['train_time_s_to_target'], '.2f')}× its training time; steps to "
+            f"{_range(c['train_time_s_to_target'], '.2f')}× its training time"
+            f"{f.timing_flag()}; steps to "
             f"the target: scheduled {_range(c['scheduled_steps'], ',.0f')}, constant "
             f"{_range(c['constant_steps'], ',.0f')}. Validation loss at the stop: scheduled "
             f"{_range(sched, '.4f')}, constant {_range(const, '.4f')}.")
@@ -302,7 +321,8 @@ def _cost_text(f: Findings) -> str:
     share = cost["branches"] / cost["reference"] if cost["reference"] else math.nan
     return (f"**Cost** (seconds of this device, training and evaluation): reference run "
             f"{cost['reference']:.1f} s, branches {cost['branches']:.1f} s ({share:.2f}× the "
-            f"reference run), check {cost['check']:.1f} s. One measurement, no spread.")
+            f"reference run), check {cost['check']:.1f} s. One measurement, no spread"
+            f"{f.timing_flag()}.")
 
 
 def answer_line(f: Findings) -> str | None:
@@ -395,16 +415,18 @@ def section(f: Findings) -> ScheduleSection:
                            tuple(sentences(f)), plot(f), answer_line(f))
 
 
-def read_section(crit_path: str, check_path: str) -> ScheduleSection | None:
+def read_section(crit_path: str, check_path: str,
+                 max_cpu_wait_share: float | None) -> ScheduleSection | None:
     """The section from the stage's two table files; None when the measurement has no rows."""
     from batchscale.storage import read_table_file
 
     return table_section(read_table_file(crit_path).to_pandas(),
-                         read_table_file(check_path).to_pandas())
+                         read_table_file(check_path).to_pandas(), max_cpu_wait_share)
 
 
-def table_section(crit: pd.DataFrame | None, check: pd.DataFrame | None) -> ScheduleSection | None:
+def table_section(crit: pd.DataFrame | None, check: pd.DataFrame | None,
+                  max_cpu_wait_share: float | None) -> ScheduleSection | None:
     """The section from the two tables (None when either is missing or empty)."""
     if crit is None or check is None or crit.empty or check.empty:
         return None
-    return section(Findings.from_tables(crit, check))
+    return section(Findings.from_tables(crit, check, max_cpu_wait_share))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -51,7 +52,8 @@ def run_stage(
         image_size=cfg.sweep.image_size_px)
     if plan_path is not None:
         write_table_atomic(plan_path, make_table("plan", table_rows(plan) if plan else [], env))
-    schedule = read_section(*schedule_paths) if schedule_paths else None
+    schedule = (read_section(*schedule_paths, cfg.analysis.max_cpu_wait_share)
+                if schedule_paths else None)
     Path(report_path).write_text(
         render_html(result, sweep, runs, curves, title=f"batchscale: {cfg.name} ({run_id})",
                     plan=plan, plan_missing=plan_missing,
@@ -61,6 +63,24 @@ def run_stage(
     Path(markdown_path).write_text(text)
     print(text)
     return result.metrics
+
+
+def run_task(metrics, config_json: str, run_id: str, sweep_path: str, curves_path: str,
+             runs_path: str, decisions_path: str, analysis_path: str, plan_path: str,
+             report_path: str, markdown_path: str,
+             schedule_paths: tuple[str, str] | None = None) -> None:
+    """The analysis components' body: `run_stage` (a refusal is one line and its exit status,
+    errors.task_refusals), then its finite figures into KFP's Metrics artifact `metrics`."""
+    from batchscale.errors import task_refusals
+
+    with task_refusals():
+        values = run_stage(config_json, run_id, sweep_path, curves_path, runs_path,
+                           analysis_path, report_path, markdown_path,
+                           decisions_path=decisions_path, plan_path=plan_path,
+                           schedule_paths=schedule_paths)
+    for name, value in values.items():
+        if value is not None and math.isfinite(value):
+            metrics.log_metric(name, float(value))
 
 
 def _study(cfg, decisions_path: str | None, runs: pd.DataFrame):

@@ -55,7 +55,7 @@ def _eval_row(run: Run, batch_size: int) -> dict:
     metrics = run.evaluate()
     return {"step": run.step, "examples": run.examples, "train_time_s": run.train_time_s,
             "eval_time_s": run.eval_time_s, "batch_size": batch_size,
-            "b_simple": run.noise.b_simple, **metrics}
+            "b_simple": run.noise.b_simple, "cpu_wait_share": run.cpu_wait_share(), **metrics}
 
 
 def _check_finite(loss: float, what: str, run: Run) -> None:
@@ -149,7 +149,7 @@ def branch(setup: Setup, cfg, checkpoint: dict, batch_size: int, milestone_loss:
            "steps_to_milestone": steps, "reached": math.isfinite(steps), "diverged": diverged,
            "examples": run.examples - start_examples,
            "train_time_s": run.train_time_s - start_time,
-           "eval_time_s": run.eval_time_s - start_eval}
+           "eval_time_s": run.eval_time_s - start_eval, "cpu_wait_share": run.cpu_wait_share()}
     _write_json(path, row)
     return row
 
@@ -204,4 +204,5 @@ def to_target(curve: list[dict], target: Target) -> dict:
     return {"reached": found is not None, **figures,
             "batch_sizes": ">".join(map(str, batches)),
             "final_val_loss": float(last[VAL_LOSS]),
-            "final_metric": float(last[target.metric]), "steps_run": int(curve[-1]["step"])}
+            "final_metric": float(last[target.metric]), "steps_run": int(curve[-1]["step"]),
+            "cpu_wait_share": curve[-1].get("cpu_wait_share")}

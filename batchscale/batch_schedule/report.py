@@ -48,9 +48,12 @@ def _scheduled_batches(outcome: Outcome) -> dict[int, int]:
 def _checkpoint_rows(outcome: Outcome) -> list[dict]:
     scheduled = _scheduled_batches(outcome)
     cost: dict[int, float] = {}
+    waits: dict[int, list[float]] = {}
     for row in outcome.branches:
         step = row["checkpoint_step"]
         cost[step] = cost.get(step, 0.0) + row["train_time_s"] + row["eval_time_s"]
+        if row.get("cpu_wait_share") is not None:
+            waits.setdefault(step, []).append(row["cpu_wait_share"])
     return [{
         "checkpoint_step": f.checkpoint_step, "examples": f.examples, "val_loss": f.val_loss,
         "milestone_loss": f.milestone_loss, "base_batch_size": outcome.base_batch,
@@ -59,7 +62,9 @@ def _checkpoint_rows(outcome: Outcome) -> list[dict]:
         "b_crit_bound": f.bound or None, "b_crit_bound_batch": f.bound_batch,
         "b_crit_reason": f.reason or None, "s_min": f.s_min, "e_min": f.e_min,
         "b_simple": f.b_simple, "scheduled_batch_size": scheduled[f.checkpoint_step],
-        "branch_device_s": cost.get(f.checkpoint_step, 0.0)} for f in outcome.fits]
+        "branch_device_s": cost.get(f.checkpoint_step, 0.0),
+        "cpu_wait_share": max(waits[f.checkpoint_step]) if f.checkpoint_step in waits else None}
+        for f in outcome.fits]
 
 
 def _check_rows(outcome: Outcome) -> list[dict]:
@@ -82,6 +87,7 @@ def _check_rows(outcome: Outcome) -> list[dict]:
             "batch_sizes": row["batch_sizes"], "stages": stages if scheduled else "",
             "steps_run": row["steps_run"], "final_val_loss": row["final_val_loss"],
             "final_metric": row["final_metric"], "device_s": row["device_s"],
+            "cpu_wait_share": row.get("cpu_wait_share"),
             **{f"predicted_{k}": (p[k] if scheduled and predicted else math.nan)
                for k in ("steps", "steps_low", "steps_high", "examples")}})
     return rows

@@ -117,7 +117,8 @@ def run_stage(config_json: str, run_id: str, dataset_path: str, crit_path: str,
     crit, check = tables(outcome, env)
     write_table_atomic(crit_path, crit)
     write_table_atomic(check_path, check)
-    findings = Findings.from_tables(crit.to_pandas(), check.to_pandas())
+    findings = Findings.from_tables(crit.to_pandas(), check.to_pandas(),
+                                    cfg.analysis.max_cpu_wait_share)
     write_bytes_atomic(summary_path, markdown(findings, cfg.workload).encode())
     folder = Path(validation_dir)
     folder.mkdir(parents=True, exist_ok=True)

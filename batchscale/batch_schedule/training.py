@@ -12,6 +12,7 @@ from functools import partial
 
 import torch
 
+from batchscale.conditions import run_queue_wait_s
 from batchscale.convergence.noise import NoiseScale, grad_list, sq_norm
 from batchscale.convergence.schedule import DataOrder, build_optimizer, lr_at, scaled_lr
 from batchscale.location import LocalLocation
@@ -54,6 +55,21 @@ class Run:
         self.loss = (setup.workload.contract.loss if setup.workload.contract is not None
                      else setup.workload.task.loss)
         self.autocast = partial(autocast, setup.device, setup.settings.precision)
+        self.mark_conditions()
+
+    def mark_conditions(self) -> None:
+        """Start the span `cpu_wait_share` covers (a run's start, a branch's, a resume's)."""
+        self._waited_from, self._cpu_from = run_queue_wait_s(), time.process_time()
+
+    def cpu_wait_share(self) -> float | None:
+        """Share of this process's runnable time spent waiting for a CPU since the mark (a busy
+        machine: its timings are not the device's); None where the kernel does not say."""
+        waited_now = run_queue_wait_s()
+        if self._waited_from is None or waited_now is None:
+            return None
+        waited = max(0.0, waited_now - self._waited_from)
+        runnable = waited + time.process_time() - self._cpu_from
+        return waited / runnable if runnable > 0 else None
 
     def branch(self, seed: int) -> None:
         """Read the data from here on from a fresh stream (and reseed dropout): every branch of
@@ -61,6 +77,7 @@ class Run:
         torch.manual_seed(seed)
         self.order = DataOrder(len(self.setup.train), seed)
         self.stream_start = self.examples
+        self.mark_conditions()
 
     def train_step(self, batch_size: int) -> float:
         """One optimizer step on the next `batch_size` examples; the mean loss. Every

@@ -29,7 +29,7 @@ from batchscale import schemas
 from batchscale.config import SweepConfig
 from batchscale.errors import BadInput
 
-SUITES_DIR = Path(schemas.__file__).parent / "expectations"
+SUITES_DIR = Path(__file__).parents[1] / "expectations"  # batchscale/expectations
 
 
 @functools.cache

@@ -34,7 +34,7 @@ MANIFEST_NAME = "manifest.json"
 RUN_PARTITION = "run_id="
 PUBLISHED_AT = "published_at"
 LAKE_TABLE_KINDS = {"dataset_manifest": "manifest"}
-"""Lake table name -> its table kind in schemas.py, where the two differ."""
+"""Lake table name -> its table kind in batchscale/schemas, where the two differ."""
 PARTITIONING = ds.partitioning(
     pa.schema([("date", pa.string()), ("run_id", pa.string())]), flavor="hive"
 )
@@ -173,7 +173,7 @@ def _scan_now(store: ObjectStore, table: str, files: list[str], where: pc.Expres
 
 def current_schema(table: str) -> pa.Schema | None:
     """Today's schema of a lake table (with its partition columns); None for a table whose
-    schema lives outside schemas.py."""
+    schema lives outside batchscale/schemas."""
     kind = LAKE_TABLE_KINDS.get(table, table)
     if kind not in TABLES:
         return None

@@ -204,6 +204,22 @@ def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str
         return publish_run(store, run_id, files, report, extra)
 
 
+def run_task(manifest_out: str, config_json: str, run_id: str, dataset_dir: str,
+             sweep_path: str, curves_path: str, runs_path: str, analysis_path: str,
+             report_path: str, regressions_path: str, markdown_path: str, decisions_path: str,
+             plan_path: str, schedule_paths: tuple[str, str] | None = None) -> None:
+    """The publish components' body: `run_stage` (a refusal is one line and its exit status,
+    errors.task_refusals), then the lake manifest written to `manifest_out`."""
+    from batchscale.errors import task_refusals
+
+    with task_refusals():
+        manifest = run_stage(config_json, run_id, str(Path(dataset_dir) / "manifest.parquet"),
+                             sweep_path, curves_path, runs_path, analysis_path, report_path,
+                             regressions_path, markdown_path, decisions_path,
+                             plan_path=plan_path, schedule_paths=schedule_paths)
+    Path(manifest_out).write_text(json.dumps(manifest, indent=1))
+
+
 def _report_with_regressions(store: ObjectStore, cfg, run_id: str, report_path: str,
                              markdown: str, sweep: pd.DataFrame, verdicts: pd.DataFrame,
                              analysis_path: str) -> bytes:

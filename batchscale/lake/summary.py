@@ -217,7 +217,7 @@ def summary_lines(store: ObjectStore, run_id: str, manifest: dict,
     lines = [f"\nbatchscale run {run_id}"]
     if summary is not None:
         lines += recommendation_lines(summary)
-    lines += schedule_lines(tables)
+    lines += schedule_lines(tables, analysis_config(manifest).max_cpu_wait_share)
     if "sweep" in tables:
         lines += throughput_lines(tables["sweep"])
     if "analysis" in tables:
@@ -234,7 +234,7 @@ def summary_lines(store: ObjectStore, run_id: str, manifest: dict,
     return lines
 
 
-def schedule_lines(tables: dict[str, pa.Table]) -> list[str]:
+def schedule_lines(tables: dict[str, pa.Table], max_cpu_wait_share: float | None) -> list[str]:
     """The batch-size schedule's line, for a run that measured one."""
     from batchscale.analysis.schedule_report import Findings, summary_line
 
@@ -243,7 +243,7 @@ def schedule_lines(tables: dict[str, pa.Table]) -> list[str]:
     crit, check = (tables[n].to_pandas() for n in ("critical_over_training", "schedule_check"))
     if crit.empty or check.empty:
         return []
-    return ["  " + summary_line(Findings.from_tables(crit, check))]
+    return ["  " + summary_line(Findings.from_tables(crit, check, max_cpu_wait_share))]
 
 
 def recommendation_lines(summary) -> list[str]:
@@ -338,7 +338,8 @@ def rebuild_report(store: ObjectStore, run_id: str, out: Path) -> list[str]:
     title = f"batchscale: {manifest.get('experiment', manifest.get('workload', 'run'))} ({run_id})"
     plan, plan_missing = _what_if(manifest, frames, result.rows)
     schedule = table_section(*(tables[name].to_pandas() if name in tables else None
-                               for name in ("critical_over_training", "schedule_check")))
+                               for name in ("critical_over_training", "schedule_check")),
+                             analysis_config(manifest).max_cpu_wait_share)
     page = render_html(result, frames["sweep"], frames["runs"], frames["curves"], title=title,
                        plan=plan, plan_missing=plan_missing,
                        study=_study(manifest, tables, frames["runs"]), schedule=schedule)

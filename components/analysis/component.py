@@ -22,18 +22,10 @@ def analysis(
     metrics: Output[Metrics],
     summary: Output[Markdown],
 ):
-    import math
+    from batchscale.analysis.stage import run_task
 
-    from batchscale.analysis.stage import run_stage
-    from batchscale.errors import task_refusals
-
-    with task_refusals():
-        values = run_stage(config_json, run_id, sweep.path, curves.path, runs.path,
-                           analysis_table.path, report.path, summary.path,
-                           decisions_path=decisions.path, plan_path=plan.path)
-    for name, value in values.items():
-        if value is not None and math.isfinite(value):
-            metrics.log_metric(name, float(value))
+    run_task(metrics, config_json, run_id, sweep.path, curves.path, runs.path, decisions.path,
+             analysis_table.path, plan.path, report.path, summary.path)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
@@ -52,16 +44,8 @@ def analysis_with_schedule(
     metrics: Output[Metrics],
     summary: Output[Markdown],
 ):
-    import math
+    from batchscale.analysis.stage import run_task
 
-    from batchscale.analysis.stage import run_stage
-    from batchscale.errors import task_refusals
-
-    with task_refusals():
-        values = run_stage(config_json, run_id, sweep.path, curves.path, runs.path,
-                           analysis_table.path, report.path, summary.path,
-                           decisions_path=decisions.path, plan_path=plan.path,
-                           schedule_paths=(critical_over_training.path, schedule_check.path))
-    for name, value in values.items():
-        if value is not None and math.isfinite(value):
-            metrics.log_metric(name, float(value))
+    run_task(metrics, config_json, run_id, sweep.path, curves.path, runs.path, decisions.path,
+             analysis_table.path, plan.path, report.path, summary.path,
+             schedule_paths=(critical_over_training.path, schedule_check.path))

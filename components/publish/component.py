@@ -14,20 +14,11 @@ def publish(config_json: str, run_id: str, dataset: Input[Dataset], sweep: Input
             report: Input[HTML], decisions: Input[Dataset], plan: Input[Dataset],
             lake_manifest: Output[Artifact],
             regressions: Output[Dataset], regressions_summary: Output[Markdown]):
-    import json
-    import os
+    from batchscale.lake.publish import run_task
 
-    from batchscale.errors import task_refusals
-    from batchscale.lake.publish import run_stage
-
-    with task_refusals():
-        manifest = run_stage(config_json, run_id,
-                             os.path.join(dataset.path, "manifest.parquet"), sweep.path,
-                             curves.path, runs.path, analysis_table.path, report.path,
-                             regressions.path, regressions_summary.path, decisions.path,
-                             plan_path=plan.path)
-    with open(lake_manifest.path, "w") as f:
-        json.dump(manifest, f, indent=1)
+    run_task(lake_manifest.path, config_json, run_id, dataset.path, sweep.path, curves.path,
+             runs.path, analysis_table.path, report.path, regressions.path,
+             regressions_summary.path, decisions.path, plan.path)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
@@ -39,21 +30,12 @@ def publish_with_schedule(config_json: str, run_id: str, dataset: Input[Dataset]
                           schedule_check: Input[Dataset], lake_manifest: Output[Artifact],
                           regressions: Output[Dataset], regressions_summary: Output[Markdown]):
     """publish, with the batch-schedule stage's two tables (a config that enables it)."""
-    import json
-    import os
+    from batchscale.lake.publish import run_task
 
-    from batchscale.errors import task_refusals
-    from batchscale.lake.publish import run_stage
-
-    with task_refusals():
-        manifest = run_stage(config_json, run_id,
-                             os.path.join(dataset.path, "manifest.parquet"), sweep.path,
-                             curves.path, runs.path, analysis_table.path, report.path,
-                             regressions.path, regressions_summary.path, decisions.path,
-                             plan_path=plan.path,
-                             schedule_paths=(critical_over_training.path, schedule_check.path))
-    with open(lake_manifest.path, "w") as f:
-        json.dump(manifest, f, indent=1)
+    run_task(lake_manifest.path, config_json, run_id, dataset.path, sweep.path, curves.path,
+             runs.path, analysis_table.path, report.path, regressions.path,
+             regressions_summary.path, decisions.path, plan.path,
+             schedule_paths=(critical_over_training.path, schedule_check.path))
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

@@ -1,0 +1,135 @@
+"""One pyarrow schema per table, kept by capability in this package's modules (`measurement`,
+`study`, `batch_schedule`) and registered here. Every result row also carries the run's
+environment columns.
+
+Units are in the column names. `make_table` is the only way tables are built, so a missing or
+mistyped column fails where it is produced, not three stages later.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import pyarrow as pa
+
+from batchscale.errors import BadInput
+from batchscale.schemas.batch_schedule import CRITICAL_OVER_TRAINING, SCHEDULE_CHECK
+from batchscale.schemas.measurement import (
+    ANALYSIS,
+    CURVES,
+    DATASET,
+    MANIFEST,
+    PLAN,
+    REGRESSIONS,
+    RUNS,
+    SWEEP,
+)
+from batchscale.schemas.study import DECISIONS, STUDY, STUDY_AXES
+
+
+class TrialStatus(StrEnum):
+    """`status` of a sweep row: did the batch fit and run?"""
+
+    OK = "ok"
+    OOM = "oom"
+    ERROR = "error"
+
+
+class Quality(StrEnum):
+    """`quality` of a timed sweep row: can its figures be trusted?"""
+
+    OK = "ok"
+    UNSTABLE = "unstable"
+
+
+class RunStatus(StrEnum):
+    """`status` of a convergence trial (runs table)."""
+
+    REACHED = "reached"
+    NOT_REACHED = "not_reached"
+    DIVERGED = "diverged"
+    PRUNED = "pruned"
+    """Stopped by the adaptive study: hopelessly behind what its fit implies (excluded from
+    the fit; convergence.adaptive_prune_factor)."""
+    FAILED = "failed"
+    """A user's training loop raised, never reported, or reported what is not a metric
+    (batchscale/loop.py); its message is in the converge log. Excluded from the fit."""
+
+
+ENV_FIELDS = [
+    pa.field("run_id", pa.string(), nullable=False),
+    pa.field("config_hash", pa.string(), nullable=False),
+    pa.field("experiment", pa.string(), nullable=False),
+    pa.field("workload", pa.string(), nullable=False),
+    pa.field("git_commit", pa.string(), nullable=False),
+    pa.field("batchscale_version", pa.string(), nullable=False),
+    pa.field("torch_version", pa.string(), nullable=False),
+    pa.field("python_version", pa.string(), nullable=False),
+    pa.field("device_name", pa.string(), nullable=False),
+    pa.field("threads", pa.int32(), nullable=False),
+    pa.field("world_size", pa.int32(), nullable=False),
+    # Software under torch (null on a CPU, and in rows written before version 4): the CUDA
+    # runtime torch was built with, the NVIDIA driver, and the image reference the pipeline task
+    # ran (images.IMAGE_REF_ENV; null outside a pipeline).
+    pa.field("cuda_version", pa.string()),
+    pa.field("gpu_driver", pa.string()),
+    pa.field("image", pa.string()),
+    # The table layout the row was written with (SCHEMA_VERSION); null in rows written before
+    # the column existed (version 1). Readers take older partitions under today's schema, the
+    # columns added since reading as null (docs/architecture.md, "Schema versions").
+    pa.field("schema_version", pa.int32()),
+    # A study's variant (config `variant`) and the study (its run id less the variant's name);
+    # null for a single run, and in rows written before version 3.
+    pa.field("study_id", pa.string()),
+    pa.field("variant", pa.string()),
+]
+SCHEMA_VERSION = 4
+"""2: several targets per trial (runs: a row per trial and target, target_metric and
+target_value), every evaluated metric in curves, curves' train_loss on a fixed training subset
+(the running batch mean moved to train_batch_loss). 3: `study_id` and `variant` in every result
+row. 4: `cuda_version`, `gpu_driver` and `image` (the regression check's software fields)."""
+
+__all__ = ["ANALYSIS", "CRITICAL_OVER_TRAINING", "CURVES", "DATASET", "DECISIONS", "ENV_FIELDS",
+           "MANIFEST", "PLAN", "REGRESSIONS", "RESULT_TABLES", "RUNS", "SCHEDULE_CHECK",
+           "SCHEMA_VERSION", "STUDY", "STUDY_AXES", "SWEEP", "TABLES", "Quality", "RunStatus",
+           "TrialStatus", "make_table", "schema_for"]
+
+
+RESULT_TABLES = {
+    "sweep": SWEEP,
+    "curves": CURVES,
+    "runs": RUNS,
+    "analysis": ANALYSIS,
+    "plan": PLAN,
+    "decisions": DECISIONS,
+    "study": STUDY,
+    "study_axes": STUDY_AXES,
+    "critical_over_training": CRITICAL_OVER_TRAINING,
+    "schedule_check": SCHEDULE_CHECK,
+}
+TABLES = {"dataset": DATASET, "manifest": MANIFEST, **RESULT_TABLES, "regressions": REGRESSIONS}
+
+
+def schema_for(kind: str) -> pa.Schema:
+    """The full schema of a table kind (result tables include the environment columns)."""
+    if kind not in TABLES:
+        raise BadInput(f"unknown table kind {kind!r}; allowed: {', '.join(TABLES)}")
+    base = TABLES[kind]
+    if kind in RESULT_TABLES:
+        return pa.schema(ENV_FIELDS + list(base))
+    return base
+
+
+def make_table(kind: str, rows: list[dict], env: dict | None = None) -> pa.Table:
+    """Build a table of `kind` from row dicts, adding `env` to every row of result tables."""
+    schema = schema_for(kind)
+    if kind in RESULT_TABLES:
+        if env is None:
+            raise ValueError(f"{kind} rows need the environment columns")
+        rows = [{**env, "schema_version": SCHEMA_VERSION, **row} for row in rows]
+    names = set(schema.names)
+    for row in rows:
+        extra = set(row) - names
+        if extra:
+            raise ValueError(f"{kind} row has columns outside the schema: {sorted(extra)}")
+    return pa.Table.from_pylist(rows, schema=schema)

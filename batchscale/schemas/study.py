@@ -1,0 +1,99 @@
+"""The tables of studies: the adaptive study's decisions, and a study's comparison of its
+variants (their registry and `make_table` are in `batchscale.schemas`)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from batchscale.schemas.fields import CRITICAL_BATCH_FIELDS
+
+DECISIONS = pa.schema(
+    [
+        # The adaptive study's decisions (batchscale/study/driver.py): one row per decision, in
+        # order. A row that ran a cell names it (batch_size, seed); the interval is the one
+        # after that cell (null while the fit gives none), the spend is cumulative.
+        pa.field("decision", pa.int64(), nullable=False),
+        pa.field("action", pa.string(), nullable=False),  # probe, predict, place, refine, stop
+        pa.field("batch_size", pa.int64()),
+        pa.field("seed", pa.int64()),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("lr_rule", pa.string(), nullable=False),
+        pa.field("target_metric", pa.string(), nullable=False),
+        pa.field("target_value", pa.float64(), nullable=False),
+        # B_crit predicted from the gradient noise scale, with the spread of B_simple near the
+        # target; method: near target, extrapolated, or none.
+        pa.field("predicted_b_crit", pa.float64()),
+        pa.field("predicted_low", pa.float64()),
+        pa.field("predicted_high", pa.float64()),
+        pa.field("prediction_method", pa.string(), nullable=False),
+        pa.field("b_crit", pa.float64()),
+        pa.field("b_crit_low", pa.float64()),
+        pa.field("b_crit_high", pa.float64()),
+        pa.field("interval_ratio", pa.float64()),
+        # B* = sqrt(B_crit·α/β) and its interval (B_crit's mapped), where the trials' own step
+        # times give the line t = α + βB; the adaptive_objective b_star narrows it.
+        pa.field("b_star", pa.float64()),
+        pa.field("b_star_low", pa.float64()),
+        pa.field("b_star_high", pa.float64()),
+        # What the simulated results of this cell made the study expect the ratio to become.
+        pa.field("expected_ratio", pa.float64()),
+        pa.field("examples_spent", pa.int64(), nullable=False),
+        pa.field("device_s_spent", pa.float64(), nullable=False),
+        pa.field("workers", pa.int64(), nullable=False),
+    ]
+)
+
+STUDY = pa.schema(
+    [
+        # A study's comparison (batchscale/variants/): one row per (variant, target, LR rule),
+        # the figures the variant's own analysis gives, recomputed from its published tables.
+        # `run_id` is the study id; the variant's own run is `variant_run_id`.
+        pa.field("variant_run_id", pa.string(), nullable=False),
+        # The variant's axis values as JSON ({"dataset_fraction": 0.25, "model": "..."}).
+        pa.field("axis_values", pa.string(), nullable=False),
+        pa.field("target_metric", pa.string(), nullable=False),
+        pa.field("target_value", pa.float64(), nullable=False),
+        pa.field("lr_rule", pa.string(), nullable=False),
+        # B_crit with its 90 % interval; NaN where the data support only a bound (b_crit_bound
+        # "above"/"below" b_crit_bound_batch) or nothing (`b_crit_reason`).
+        *CRITICAL_BATCH_FIELDS,
+        # Where the interval is cut at the measured batch range or extrapolates past it (then it
+        # is narrower than 90 % on that side; the slope fit leaves the variant out); null: inside.
+        pa.field("b_crit_interval_note", pa.string()),
+        pa.field("s_min", pa.float64()),
+        pa.field("e_min", pa.float64()),
+        # The gradient noise scale at the end of the variant's trials (median over trials).
+        pa.field("b_simple", pa.float64()),
+        pa.field("saturation_batch", pa.int64()),
+        # B* = sqrt(α·B_crit/β) with B_crit's interval through the same square root.
+        pa.field("b_star", pa.float64()),
+        pa.field("b_star_low", pa.float64()),
+        pa.field("b_star_high", pa.float64()),
+        # The model's parameter count (the model-size axis's x when the axis names workloads).
+        pa.field("parameters", pa.int64()),
+    ]
+)
+
+STUDY_AXES = pa.schema(
+    [
+        # One row per (axis, target, LR rule): does B_crit move with this axis? The slope of
+        # log B_crit on log x (x_scale "log"; "linear" when an axis value is not positive), its
+        # 90 % interval from the variants' B_crit intervals, and the factor B_crit changes by
+        # over the axis's studied range. NaN slope: `verdict` says why it was not fitted.
+        pa.field("axis", pa.string(), nullable=False),
+        pa.field("x_name", pa.string(), nullable=False),
+        pa.field("x_scale", pa.string(), nullable=False),
+        pa.field("target_metric", pa.string(), nullable=False),
+        pa.field("target_value", pa.float64(), nullable=False),
+        pa.field("lr_rule", pa.string(), nullable=False),
+        pa.field("variants_fitted", pa.int64(), nullable=False),
+        pa.field("slope", pa.float64()),
+        pa.field("slope_low", pa.float64()),
+        pa.field("slope_high", pa.float64()),
+        pa.field("range_factor", pa.float64()),
+        pa.field("range_factor_low", pa.float64()),
+        pa.field("range_factor_high", pa.float64()),
+        # "grows", "shrinks", "no detectable change" or "not fitted: <why>".
+        pa.field("verdict", pa.string(), nullable=False),
+    ]
+)
