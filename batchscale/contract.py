@@ -43,7 +43,9 @@ class Workload:
     train_data: Callable[[], Sequence] | None = None
     """No-argument factory returning the training split as a map-style dataset (`__len__`,
     `__getitem__`, e.g. a `torch.utils.data.Dataset`). Items are read by index, a global batch
-    at a time, so the dataset may load lazily from disk; nothing holds the whole split."""
+    at a time, so the dataset may load lazily from disk; nothing holds the whole split. A
+    dataset with torch's batched `__getitems__(indices)` is read through it, one call per
+    batch, and `collate` gets what it returns (the built-in workloads read rows that way)."""
     val_data: Callable[[], Sequence] | None = None
     """The validation split, like `train_data`; the validation metrics are computed on all
     of it at every evaluation."""
@@ -54,7 +56,12 @@ class Workload:
     evaluate: Callable[[Any, Iterable[Batch]], dict[str, float]] | None = None
     """`evaluate(model, batches)`: the validation metrics over an iterable of batches (already
     on the device, the model in eval mode, no gradients), keys without the `val_` prefix, e.g.
-    {"loss": 0.41, "accuracy": 0.88}. Default: {"loss": the example-weighted mean of `loss`}."""
+    {"loss": 0.41, "accuracy": 0.88}. Default: {"loss": the example-weighted mean of `loss`}.
+    Its "loss", when it returns one, is also what train_loss measures on a fixed training
+    subset (one meaning of the loss for both splits)."""
+    eval_batch_size: int = 256
+    """Examples per batch when a split is evaluated (`evaluate`'s batches; the fixed training
+    subset of train_loss too): as large as memory allows, it changes no metric."""
     metrics: tuple[str, ...] = ("val_loss",)
     """The validation metrics `evaluate` returns, as target names (`batchscale metrics`:
     val_loss, val_accuracy, val_perplexity, ...; their direction is known). `train_loss`, the

@@ -190,9 +190,10 @@ def _check_loss(contract, model, train, device: str) -> None:
 
 
 def _check_factory_input(workload, model, device: str) -> None:
-    batch = workload.synthetic_batch(CHECK_EXAMPLES, device)
+    contract = workload.contract_for()
+    batch = synthetic_batch(contract, CHECK_EXAMPLES, device)
     try:
-        workload.loss(model.to(device), batch)
+        contract.loss(model.to(device), batch)
     except Exception as err:
         raise BadInput(f"workload {workload.name!r}: the model rejected a synthetic batch "
                        f"{describe_batch(batch)} of the shape a model factory is fed "

@@ -1,12 +1,12 @@
-"""A split of a workload's data as the trainer and the sweep read it: rows by index, made into a
-batch on the device, and the split's metrics.
+"""A split of a workload's data as the trainer and the sweep read it: items by index, made into
+a batch on the device, and the split's metrics.
 
-Two sources, one interface: the Parquet shards of a prepared dataset (tensors, or a large
-training split read row by row from a spill file, batchscale/shards.py; the built-in workloads'
-task modules make the batch), and a contract workload's own map-style dataset
-(batchscale/contract.py; items read by index a batch at a time, so only the rows a rank trains
-on are ever read). The trainer picks a global batch's indices (a function of the seed and the
-step), each rank reads its slice: the global batch is the same for any worker count.
+Every workload comes through the public contract (batchscale/contract.py): a user's own
+map-style dataset, or a built-in's prepared rows (batchscale/tasks/builtin.py). Items are read a
+global batch at a time (through torch's batched `__getitems__` where the dataset has one), so
+only the rows a rank trains on are ever read. The trainer picks a global batch's indices (a
+function of the seed and the step), each rank reads its slice: the global batch is the same for
+any worker count.
 """
 
 from __future__ import annotations
@@ -19,33 +19,6 @@ import torch
 
 from batchscale.contract import Batch, default_collate, to_device
 
-EVAL_BATCH_EXAMPLES = 256
-"""Examples per batch when a contract workload's split is evaluated."""
-
-
-class TensorSplit:
-    """Rows of a prepared dataset held as tensors; `workload` (batchscale/workloads.py) turns
-    rows into a batch and evaluates a split."""
-
-    def __init__(self, workload, x, y: torch.Tensor):
-        self.workload, self.x, self.y = workload, x, y  # x: a tensor or a shards.RowFile
-        self._to_batch = workload.task.to_batch  # looked up once: it runs every step
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def batch(self, idx: torch.Tensor, device: str) -> Batch:
-        return self._to_batch(self.x[idx], self.y[idx], device)
-
-    def head(self, rows: int) -> TensorSplit:
-        return TensorSplit(self.workload, self.x[:rows], self.y[:rows])
-
-    def evaluate(self, model, device: str, autocast: Callable) -> dict[str, float]:
-        return self.workload.evaluate(model, self.x, self.y, device, autocast)
-
-    def mean_loss(self, model, device: str, autocast: Callable) -> float:
-        return self.evaluate(model, device, autocast)["loss"]
-
 
 class DatasetSplit:
     """A contract workload's dataset: `dataset[i]` items, collated by the workload."""
@@ -53,22 +26,31 @@ class DatasetSplit:
     def __init__(self, contract, dataset: Sequence, member: str):
         self.contract, self.dataset, self.member = contract, dataset, member
         self.collate = contract.collate or default_collate
+        # Looked up once: it runs every step.
+        self.reads_batches = hasattr(dataset, "__getitems__")
+        self._read = dataset.__getitems__ if self.reads_batches else self._read_each
 
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def _read_each(self, indices: list[int]) -> list:
+        return [self.dataset[i] for i in indices]
+
+    def items(self, idx: torch.Tensor) -> object:
+        """The items at `idx`, as `collate` takes them."""
+        return self._read(idx.tolist())
+
     def batch(self, idx: torch.Tensor, device: str) -> Batch:
-        items = [self.dataset[int(i)] for i in idx]
-        return to_device(self.collate(items), device)
+        return to_device(self.collate(self.items(idx)), device)
 
     def head(self, rows: int) -> DatasetSplit:
         return DatasetSplit(self.contract, _Head(self.dataset, min(rows, len(self))), self.member)
 
     def batches(self, device: str) -> Iterator[tuple[int, Batch]]:
-        """(examples, batch) over the whole split in order."""
-        n = len(self)
-        for start in range(0, n, EVAL_BATCH_EXAMPLES):
-            idx = torch.arange(start, min(n, start + EVAL_BATCH_EXAMPLES))
+        """(examples, batch) over the whole split in order, `eval_batch_size` at a time."""
+        n, size = len(self), self.contract.eval_batch_size
+        for start in range(0, n, size):
+            idx = torch.arange(start, min(n, start + size))
             yield len(idx), self.batch(idx, device)
 
     def evaluate(self, model, device: str, autocast: Callable) -> dict[str, float]:
@@ -78,6 +60,15 @@ class DatasetSplit:
             return {"loss": self.mean_loss(model, device, autocast)}
         with _evaluating(model), autocast():
             return dict(self.contract.evaluate(model, (b for _, b in self.batches(device))))
+
+    def loss_metric(self, model, device: str, autocast: Callable) -> float:
+        """The split's loss as the workload defines it: `evaluate`'s "loss" when it returns
+        one, else the mean of `loss` (train_loss on the fixed training subset)."""
+        if self.contract.evaluate is not None:
+            metrics = self.evaluate(model, device, autocast)
+            if "loss" in metrics:
+                return float(metrics["loss"])
+        return self.mean_loss(model, device, autocast)
 
     def mean_loss(self, model, device: str, autocast: Callable) -> float:
         """The example-weighted mean of the workload's loss over the split."""
@@ -125,10 +116,15 @@ class _SeededSteps(torch.utils.data.Dataset):
         step, parts = key
         batches = []
         for position, idx in parts:
-            items = []
-            for offset, i in enumerate(idx):
-                seed_item(self.seed, step, position + offset)
-                items.append(self.split.dataset[i])
+            if self.split.reads_batches:
+                # One seed for the micro-batch: a batched read draws once for all its items.
+                seed_item(self.seed, step, position)
+                items = self.split.items(torch.as_tensor(idx))
+            else:
+                items = []
+                for offset, i in enumerate(idx):
+                    seed_item(self.seed, step, position + offset)
+                    items.append(self.split.dataset[i])
             batches.append(self.split.collate(items))
         return step, batches
 
@@ -156,6 +152,8 @@ class _Head:
 
     def __init__(self, dataset: Sequence, rows: int):
         self.dataset, self.rows = dataset, rows
+        if hasattr(dataset, "__getitems__"):
+            self.__getitems__ = self._getitems
 
     def __len__(self) -> int:
         return self.rows
@@ -164,6 +162,11 @@ class _Head:
         if not 0 <= i < self.rows:
             raise IndexError(i)
         return self.dataset[i]
+
+    def _getitems(self, indices: list[int]):
+        if any(not 0 <= i < self.rows for i in indices):
+            raise IndexError(indices)
+        return self.dataset.__getitems__(indices)
 
 
 @contextmanager

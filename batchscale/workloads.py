@@ -15,6 +15,7 @@ imported, and whatever the factory returns must be a torch.nn.Module before it i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import os
@@ -137,14 +138,29 @@ class Workload:
         """The task module: to_batch, loss, evaluate (batchscale/tasks)."""
         return importlib.import_module(TASK_MODULES[self.kind])
 
-    def synthetic_batch(self, batch_size: int, device: str, seed: int = 0):
-        """A batch already on the device: pure compute, no input pipeline."""
+    def contract_for(self, data_uri: str | None = None):
+        """This workload as a `batchscale.Workload`, the public contract every stage reads:
+        the user's own (its model checked to be a torch.nn.Module when built), or a built-in's
+        (batchscale/tasks/builtin.py) whose data are the prepared dataset at `data_uri`."""
+        if self.loop is not None:
+            self.build()  # refuses, saying what a training loop can be used for
+        if self.contract is not None:
+            return dataclasses.replace(self.contract, model=self.build)
+        from batchscale.tasks.builtin import as_contract
+
+        return as_contract(self, data_uri)
+
+    def synthetic_batch(self, batch_size: int, device: str):
+        """A batch already on the device, from the contract's `synthetic_batch` (pure compute,
+        no input pipeline)."""
+        from batchscale.contract_check import synthetic_batch
+
+        return synthetic_batch(self.contract_for(), batch_size, device)
+
+    def builtin_synthetic_batch(self, batch_size: int, device: str, seed: int = 0):
+        """A built-in's synthetic batch: random inputs of its shape and random targets."""
         import torch
 
-        if self.contract is not None:
-            from batchscale.contract_check import synthetic_batch
-
-            return synthetic_batch(self.contract, batch_size, device)
         gen = torch.Generator().manual_seed(seed)
         x = torch.randn((batch_size, *self.input_shape), generator=gen)
         if self.kind == "detection":
@@ -152,22 +168,7 @@ class Workload:
         if self.kind == "classification":
             y = torch.randint(0, self.num_classes, (batch_size,), generator=gen)
             return x.to(device), y.to(device)
-        return self.to_batch(*_synthetic_rows(self, batch_size, gen), device)
-
-    def to_batch(self, x, y, device: str):
-        """Dataset rows (features in `example_shape`, labels) as the batch `loss` takes."""
-        return self.task.to_batch(x, y, device)
-
-    def loss(self, model, batch):
-        """Scalar training loss of `model` on `batch`."""
-        if self.contract is not None:
-            return self.contract.loss(model, batch)
-        return self.task.loss(model, batch)
-
-    def evaluate(self, model, x, y, device: str, autocast) -> dict[str, float]:
-        """Metrics of `model` over a whole split, keys without a split prefix ("loss",
-        "accuracy", "perplexity", "miou", "pixel_accuracy")."""
-        return self.task.evaluate(model, x, y, device, autocast)
+        return self.task.to_batch(*_synthetic_rows(self, batch_size, gen), device)
 
 
 def _synthetic_rows(workload: Workload, batch_size: int, gen):

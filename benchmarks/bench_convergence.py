@@ -80,7 +80,8 @@ def worker(out_path: str) -> None:
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = workload.synthetic_batch(BATCH_PER_WORKER, "cpu", seed=int(os.environ.get("RANK", 0)))
+    rank = int(os.environ.get("RANK", 0))
+    x, y = workload.builtin_synthetic_batch(BATCH_PER_WORKER, "cpu", seed=rank)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)

@@ -90,6 +90,26 @@ def test_components_are_thin_and_import_no_layer_above_them():
                 f"imports another component ({imported}); share code through batchscale/"
 
 
+def test_stages_learn_about_a_model_only_through_the_public_contract():
+    """Only the catalog (workloads.py) and the built-ins' bridge to the contract
+    (tasks/builtin.py) touch a task module; every stage reads a contract Workload, the user's or
+    a built-in's, so a built-in has no private path."""
+    allowed = {ROOT / "batchscale" / "workloads.py"}
+    wrong = []
+    for folder in SOURCE_DIRS:
+        for path in _sources(folder):
+            if path in allowed or path.parent == ROOT / "batchscale" / "tasks":
+                continue
+            rel = path.relative_to(ROOT)
+            wrong += [f"{rel}:{line}: imports {imported}"
+                      for line, imported in _batchscale_imports(path)
+                      if imported.startswith("batchscale.tasks")]
+            wrong += [f"{rel}:{node.lineno}: reads .task"
+                      for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                      if isinstance(node, ast.Attribute) and node.attr == "task"]
+    assert not wrong, "a stage goes around the workload contract:\n" + "\n".join(wrong)
+
+
 def test_import_contracts_hold():
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     if lint is None:

@@ -5,6 +5,7 @@ the CLI runs for real (torchrun process groups included)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
 from pathlib import Path
@@ -81,6 +82,66 @@ def test_a_builtin_workload_without_accuracy_gets_its_own_default_target():
     cfg = with_overrides(load_config(None), {"workload": "byte-transformer",
                                              "dataset": {"name": "python-docs"}}, "test")
     assert [t.label for t in cfg.convergence.resolved_targets()] == ["val_loss <= 2.6"]
+
+
+def _rows(workload, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n dataset rows of a built-in: features in its example shape (a class-id channel or the
+    next byte inside where its target is dense) and labels."""
+    gen = torch.Generator().manual_seed(0)
+    if workload.kind == "language_model":
+        x = torch.randint(0, 256, (n, *workload.example_shape), generator=gen).float()
+        return x, x[:, -1].long()
+    if workload.kind == "classification":
+        return (torch.randn((n, *workload.example_shape), generator=gen),
+                torch.randint(0, workload.num_classes, (n,), generator=gen))
+    channels, h, w = workload.example_shape
+    image = torch.rand((n, channels - 1, h, w), generator=gen)
+    mask = torch.zeros((n, 1, h, w))
+    mask[:, :, 4:12, 4:12] = 1.0  # one object per image: a detector needs a box
+    return torch.cat([image, mask], dim=1), torch.ones(n, dtype=torch.long)
+
+
+@pytest.mark.parametrize(("name", "options"), [
+    ("digits-mlp", {}), ("byte-transformer", {"seq_len": 16}),
+    ("lraspp_mobilenet_v3_large", {"image_size": 32}),
+    ("fasterrcnn_mobilenet_v3_large_320_fpn", {"image_size": 32, "num_classes": 4}),
+])
+def test_every_kind_of_builtin_is_a_workload_of_the_public_contract(name, options):
+    """A built-in is a batchscale.Workload like a user's: its loss is a finite scalar on its own
+    collated rows, its evaluate returns exactly the metrics it declares, train_loss is its
+    evaluate's loss, and reading rows in one batched call gives the batch item-by-item reading
+    gives."""
+    import batchscale
+    from batchscale.datasplit import DatasetSplit
+    from batchscale.tasks.builtin import PreparedRows
+
+    workload = get_workload(name, **options)
+    contract = workload.contract_for()
+    assert isinstance(contract, batchscale.Workload) and contract.train_data is None
+    torch.manual_seed(0)
+    model = contract.model()
+    rows = PreparedRows(*_rows(workload, 6))
+    split = DatasetSplit(contract, rows, "val_data")
+    loss = contract.loss(model, split.batch(torch.arange(4), "cpu"))
+    assert loss.dim() == 0 and loss.requires_grad and math.isfinite(float(loss.detach()))
+    metrics = split.evaluate(model, "cpu", contextlib.nullcontext)
+    assert {f"val_{k}" for k in metrics} == set(contract.metrics)
+    assert split.loss_metric(model, "cpu", contextlib.nullcontext) == metrics["loss"]
+    assert [t for t, _ in contract.targets][0] in contract.metrics
+    batched = split.collate(rows.__getitems__([1, 3]))
+    one_by_one = split.collate([rows[1], rows[3]])
+    flat = [torch.as_tensor(t) for t in _leaves(batched)]
+    assert len(flat) == len(_leaves(one_by_one)) > 0
+    assert all(torch.equal(a, torch.as_tensor(b)) for a, b in zip(flat, _leaves(one_by_one),
+                                                                  strict=True))
+
+
+def _leaves(batch) -> list:
+    if isinstance(batch, dict):
+        return [leaf for v in batch.values() for leaf in _leaves(v)]
+    if isinstance(batch, list | tuple):
+        return [leaf for v in batch for leaf in _leaves(v)]
+    return [batch]
 
 
 @pytest.mark.parametrize(("name", "sizes", "message"), [

@@ -189,7 +189,7 @@ def test_adamw_reaches_the_digits_target_with_the_configured_settings(tmp_path, 
 # ------------------------------------------------------------------------------------- bf16
 def test_bf16_trial_trains_with_fp32_state_and_labels_its_rows(tmp_path, digits_dir):
     trial = make_trial(tmp_path, digits_dir, precision="bf16")
-    x = trial.train.x[:8]
+    x = trial.train.dataset.x[:8]
     with trial.autocast():
         assert trial.model(x).dtype == torch.bfloat16  # the forward runs in bf16
     summary = train.summary_run_rows(trial.run())[0]

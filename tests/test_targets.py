@@ -19,6 +19,7 @@ from batchscale.errors import BadInput
 from batchscale.location import LocalLocation
 from batchscale.metrics import METRICS, target_label
 from batchscale.schemas import SCHEMA_VERSION, make_table
+from batchscale.tasks import classification
 from batchscale.workloads import get_workload
 
 BATCH = 64
@@ -140,9 +141,9 @@ def test_an_unreached_target_does_not_undo_the_reached_ones(tmp_path, digits_dir
 def test_train_loss_is_measured_on_a_fixed_training_subset(tmp_path, digits_dir):
     trial, rows = run_trial(tmp_path, digits_dir, train_eval_rows=100,
                             targets=targets(("train_loss", 0.5)))
-    x, y = trial.train.x[:100], trial.train.y[:100]
+    x, y = trial.train.dataset.x[:100], trial.train.dataset.y[:100]
     last = trial.state.curve[-1]
-    again = trial.workload.evaluate(trial.model, x, y, "cpu", nullcontext)["loss"]
+    again = classification.evaluate(trial.model, x, y, "cpu", nullcontext)["loss"]
     assert last["train_loss"] == pytest.approx(again, rel=1e-6)
     assert last["train_loss"] != last["train_batch_loss"]  # not the running batch mean
     assert rows[0]["status"] == "reached" and rows[0]["final_metric_value"] <= 0.5
@@ -160,7 +161,7 @@ def test_the_gap_budget_is_recorded_once_even_past_the_targets(tmp_path, digits_
 
 
 def trial_rows(digits_dir: Path):
-    return train.load_data(str(digits_dir), get_workload("digits-mlp"))[0].x
+    return train.load_data(str(digits_dir), get_workload("digits-mlp"))[0].dataset.x
 
 
 def test_rows_of_several_targets_pass_the_suites_with_their_curves(tmp_path, digits_dir):

@@ -104,12 +104,14 @@ def test_evaluate_is_the_token_weighted_mean_over_chunks(monkeypatch):
     # weigh the 3 rows as much as the 7 and differ from the whole.
     monkeypatch.setattr(language, "EVAL_CHUNK_TOKENS", 7 * SEQ_LEN)
     chunks = []
+    to_batch = language.to_batch
 
-    def counting_autocast():
+    def counting_to_batch(*args):
         chunks.append(1)
-        return contextlib.nullcontext()
+        return to_batch(*args)
 
-    chunked = language.evaluate(model, x, y, "cpu", counting_autocast)
+    monkeypatch.setattr(language, "to_batch", counting_to_batch)
+    chunked = language.evaluate(model, x, y, "cpu", contextlib.nullcontext)
     assert len(chunks) == 2
     assert chunked["loss"] == pytest.approx(whole["loss"], rel=1e-6)
 

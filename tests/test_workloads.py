@@ -57,7 +57,7 @@ def one_step(name: str, image_px: int) -> tuple[float, float]:
     torch.manual_seed(0)
     model = workload.build()
     model.train()
-    loss = workload.loss(model, workload.synthetic_batch(STEP_BATCH, "cpu"))
+    loss = workload.contract_for().loss(model, workload.synthetic_batch(STEP_BATCH, "cpu"))
     loss.backward()
     grad = torch.sqrt(sum((p.grad**2).sum() for p in model.parameters() if p.grad is not None))
     torch.optim.SGD(model.parameters(), lr=1e-3).step()

@@ -25,7 +25,7 @@ class Setup:
     """What every run of one measurement shares."""
 
     workload: object  # batchscale.workloads.Workload
-    train: object  # datasplit.TensorSplit or DatasetSplit
+    train: object  # datasplit.DatasetSplit of the workload's contract
     val: object  # the validation subset every evaluation uses
     settings: object  # convergence.spec.TrainingSettings
     lr_rule: str
@@ -44,7 +44,7 @@ class Run:
     def __init__(self, setup: Setup, seed: int):
         self.setup = setup
         torch.manual_seed(seed)
-        self.model = setup.workload.build().to(setup.device)
+        self.model = setup.train.contract.model().to(setup.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = build_optimizer(self.params, setup.settings, setup.base_lr)
         self.order = DataOrder(len(setup.train), seed)
@@ -52,8 +52,7 @@ class Run:
         self.eval_time_s = 0.0  # device time spent evaluating: the measurement pays it too
         self.stream_start = 0  # examples seen when the current data stream began
         self.noise = NoiseScale()
-        self.loss = (setup.workload.contract.loss if setup.workload.contract is not None
-                     else setup.workload.task.loss)
+        self.loss = setup.train.contract.loss
         self.autocast = partial(autocast, setup.device, setup.settings.precision)
         self.mark_conditions()
 

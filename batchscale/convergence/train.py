@@ -42,7 +42,7 @@ from batchscale.convergence.outcome import Target, note_targets, trial_rows
 from batchscale.convergence.schedule import DataOrder, LrSchedule, build_optimizer
 from batchscale.convergence.spec import ConvergenceSpec, TrialSpec, read_spec
 from batchscale.convergence.trialdata import load_data, workload_for_data
-from batchscale.datasplit import DatasetSplit, prefetched
+from batchscale.datasplit import prefetched
 from batchscale.envinfo import environment
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import Location, open_location
@@ -98,13 +98,14 @@ class Trial:
         self.settings = spec.training
         self.identity = spec.identity(trial)
         self.workload = workload
-        self.train, self.val = data  # datasplit.TensorSplit or DatasetSplit
+        self.train, self.val = data  # datasplit.DatasetSplit: the workload's contract
+        self.contract = self.train.contract
         # train_loss: always the same first rows, so every evaluation and batch size compares
         self.train_eval = self.train.head(self.settings.train_eval_rows)
         self.targets = [Target(METRICS[t.metric], t.value) for t in self.settings.all_targets()]
         self.gap_step = self._gap_step(len(self.train))
         torch.manual_seed(trial.seed)
-        model = self.workload.build().to(d.device)
+        model = self.contract.model().to(d.device)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if d.world_size > 1:
             model = torch.nn.parallel.DistributedDataParallel(model)
@@ -115,7 +116,7 @@ class Trial:
         # the trial's precision for a forward pass and loss (training and evaluation alike)
         self.autocast = partial(autocast, d.device, self.settings.precision)
         # Looked up once: the step runs them every time (a sub-millisecond step notices).
-        self.loss = workload.contract.loss if workload.contract is not None else workload.task.loss
+        self.loss = self.contract.loss
         self.step_precision = (self.autocast if self.settings.precision != "fp32"
                                else _NO_CONTEXT)
         self.order = DataOrder(len(self.train), trial.seed)
@@ -274,7 +275,7 @@ class Trial:
         model, device = self._bare_model(), self.d.device
         val = self.val.evaluate(model, device, self.autocast)
         metrics = {f"val_{name}": float(value) for name, value in val.items()}
-        metrics["train_loss"] = self.train_eval.mean_loss(model, device, self.autocast)
+        metrics["train_loss"] = self.train_eval.loss_metric(model, device, self.autocast)
         return metrics
 
     def record_eval(self) -> RunStatus | None:
@@ -337,10 +338,10 @@ class Trial:
         return self.finish(status, contention)
 
     def start_loader(self, step: int):
-        """Background reading from step `step` on, for a workload's own dataset with
-        `loader_workers` set; None (read in the step) otherwise."""
+        """Background reading from step `step` on with `loader_workers` set; None (read in the
+        step) otherwise."""
         workers = self.spec.loader_workers
-        if not workers or not isinstance(self.train, DatasetSplit):
+        if not workers:
             return None
         return prefetched(self.train, self.step_keys(step), self.t.seed, workers)
 

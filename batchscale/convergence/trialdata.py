@@ -1,29 +1,23 @@
 """A convergence trial's data: the workload sized by its dataset, and its (train, val) splits
-(batchscale/datasplit.py) — a contract workload's own datasets, or a prepared dataset's shards."""
+(batchscale/datasplit.py) through the workload's contract — a user's own datasets, or a
+built-in's prepared dataset."""
 
 from __future__ import annotations
 
-from batchscale.datasplit import TensorSplit
+from batchscale.contract_check import load_split
 from batchscale.errors import BadInput
-from batchscale.shards import load_split, read_manifest
+from batchscale.shards import read_manifest
 from batchscale.workloads import Workload, get_workload
 
 
 def load_data(data_uri: str, workload: Workload):
-    """(train, val) splits (batchscale/datasplit.py): a contract workload's own datasets, read
-    by index a batch at a time; else the prepared dataset at `data_uri` (a directory or an
-    s3:// prefix) as tensors, in the workload's shape or the dataset's own where the model
-    takes any size. Each rank reads its slice of each global batch, so the global batch is
-    identical for any worker count."""
-    if workload.has_own_data:
-        from batchscale.contract_check import load_split as contract_split
-
-        return contract_split(workload.contract, "train"), contract_split(workload.contract, "val")
-    shape = None if workload.shape_from_data else workload.example_shape
-    # The training split is streamed when large; the validation split is held in memory.
-    return tuple(TensorSplit(workload, *load_split(data_uri, split, input_shape=shape,
-                                                   stream=split == "train"))
-                 for split in ("train", "val"))
+    """(train, val) splits (batchscale/datasplit.py) of the workload's contract: a user
+    workload's own datasets, or a built-in's prepared dataset at `data_uri` (a directory or an
+    s3:// prefix) in the workload's shape or the dataset's own where the model takes any size.
+    Items are read by index a batch at a time: each rank reads its slice of each global batch,
+    so the global batch is identical for any worker count."""
+    contract = workload.contract_for(data_uri)
+    return load_split(contract, "train"), load_split(contract, "val")
 
 
 def workload_for_data(name: str, data_uri: str) -> Workload:

@@ -152,13 +152,14 @@ def process_memory_bytes(key: str, pid: int | str = "self") -> int | None:
     return None
 
 
-def train_flops_per_sample(workload: Workload, model, batch, batch_size: int) -> float:
-    """Forward + backward FLOPs of one step, counted by torch's FlopCounterMode."""
+def train_flops_per_sample(loss, model, batch, batch_size: int) -> float:
+    """Forward + backward FLOPs of one step of `loss(model, batch)` (the workload's), counted
+    by torch's FlopCounterMode."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
     with counter:
-        workload.loss(model, batch).backward()
+        loss(model, batch).backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops() / batch_size
 
@@ -173,15 +174,17 @@ def _to_format(batch, channels_last: bool):
     return x, y
 
 
-def _batches(spec: TrialSpec, workload: Workload) -> Iterator:
+def _batches(spec: TrialSpec, workload: Workload, contract) -> Iterator:
     """A step's input: one fixed on-device batch (synthetic: pure compute), or the next slice of
     the real dataset copied to the device every step (the input pipeline is part of the step)."""
+    from batchscale.contract_check import load_split, synthetic_batch
+
     channels_last = spec.cfg.channels_last and workload.is_image
     if spec.input_mode == "synthetic":
-        batch = _to_format(workload.synthetic_batch(spec.batch_size, spec.device), channels_last)
+        batch = _to_format(synthetic_batch(contract, spec.batch_size, spec.device), channels_last)
         while True:
             yield batch
-    split = _train_split(spec, workload)
+    split = load_split(contract, "train")
     if len(split) < spec.batch_size:
         raise ValueError(f"the dataset has {len(split)} training rows, fewer than batch "
                          f"{spec.batch_size}")
@@ -190,20 +193,6 @@ def _batches(spec: TrialSpec, workload: Workload) -> Iterator:
         for idx in torch.randperm(len(split), generator=gen).split(spec.batch_size):
             if len(idx) == spec.batch_size:
                 yield _to_format(split.batch(idx, spec.device), channels_last)
-
-
-def _train_split(spec: TrialSpec, workload: Workload):
-    """The training rows real input reads: a contract workload's own dataset, else the
-    prepared dataset's shards."""
-    if workload.has_own_data:
-        from batchscale.contract_check import load_split as contract_split
-
-        return contract_split(workload.contract, "train")
-    from batchscale.datasplit import TensorSplit
-    from batchscale.shards import load_split
-
-    return TensorSplit(workload, *load_split(spec.dataset_dir, "train",
-                                             input_shape=workload.example_shape, stream=True))
 
 
 def _progress(spec: TrialSpec):
@@ -221,25 +210,28 @@ def _measure(spec: TrialSpec, memory: PeakMemory) -> TrialResult:
     cfg = spec.cfg
     workload = get_workload(spec.workload, image_size=cfg.image_size_px,
                             seq_len=cfg.sequence_length_tokens)
-    model = workload.build().to(spec.device)
+    # The workload's contract: a user's, or a built-in's with the prepared dataset as its data.
+    contract = workload.contract_for(spec.dataset_dir if spec.input_mode == "real" else None)
+    model = contract.model().to(spec.device)
     if cfg.channels_last and workload.is_image:
         model = model.to(memory_format=torch.channels_last)
     model.train()
     forward = torch.compile(model) if cfg.torch_compile else model
     opt = torch.optim.SGD(model.parameters(), lr=SGD_LR, momentum=SGD_MOMENTUM)
-    batches = _batches(spec, workload)
+    batches = _batches(spec, workload, contract)
+    loss_of = contract.loss
     autocast = precision_autocast(spec.device, cfg.precision)
 
     def step() -> None:
         batch = next(batches)
         with autocast:
-            loss = workload.loss(forward, batch)
+            loss = loss_of(forward, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
 
     with autocast:
-        flops = train_flops_per_sample(workload, model, next(batches), spec.batch_size)
+        flops = train_flops_per_sample(loss_of, model, next(batches), spec.batch_size)
     with _progress(spec) as bar:
         times = time_steps(step, device=spec.device, warmup_steps=cfg.warmup_steps,
                            min_steps=cfg.min_timed_steps, max_steps=cfg.max_timed_steps,

@@ -18,7 +18,8 @@ from torch import nn
 from torchvision.ops import box_iou
 
 from batchscale.errors import BadInput
-from batchscale.tasks.segmentation import FEATURE_CHANNELS, kept_modes
+from batchscale.tasks.builtin import evaluate_rows, kept_modes
+from batchscale.tasks.segmentation import FEATURE_CHANNELS
 
 # Images per evaluation chunk: the detectors resize each image to 320 or 800 px inside.
 EVAL_CHUNK_ROWS = 16
@@ -77,32 +78,40 @@ def _fixed_rng(device: str) -> Iterator[None]:
         yield
 
 
-@torch.no_grad()
-def evaluate(model, x, y, device: str, autocast, *,
-             chunk_rows: int | None = None) -> dict[str, float]:
+def eval_rows(example_shape: tuple[int, ...]) -> int:
+    del example_shape
+    return EVAL_CHUNK_ROWS
+
+
+def evaluate_batches(model, batches) -> dict[str, float]:
     """{"loss": mean per image of the summed detector losses (train mode, BatchNorm frozen),
     "map50": mean over classes of the average precision at IoU 0.5 (eval-mode detections)}
-    over the whole split. Modes, parameters, buffers and the caller's RNG are left unchanged."""
-    x = torch.as_tensor(x)
+    over the batches, without gradients. Modes, parameters, buffers and the caller's RNG are
+    left unchanged."""
     loss_sum, seen = 0.0, 0
     detections: list[dict[str, torch.Tensor]] = []
     truths: list[dict[str, torch.Tensor]] = []
-    with kept_modes(model), _fixed_rng(device):
-        for chunk in x.split(chunk_rows or EVAL_CHUNK_ROWS):
-            images, targets = to_batch(chunk, None, device)
+    device = next(model.parameters()).device
+    with kept_modes(model), _fixed_rng(device), torch.no_grad():
+        for images, targets in batches:
             _train_mode_with_frozen_norm(model)
-            with autocast():
-                losses = model(images, targets)
+            losses = model(images, targets)
             loss_sum += float(sum(v.float() for v in losses.values())) * len(images)
             seen += len(images)
             model.eval()
-            with autocast():
-                found = model(images)
+            found = model(images)
             detections += [{k: v.detach().float().cpu() for k, v in d.items()} for d in found]
             truths += [{k: v.cpu() for k, v in t.items()} for t in targets]
     if seen == 0:
         raise BadInput("detection evaluate: the split has no rows")
     return {"loss": loss_sum / seen, "map50": mean_average_precision(detections, truths)}
+
+
+def evaluate(model, x, y, device: str, autocast, *,
+             chunk_rows: int | None = None) -> dict[str, float]:
+    """`evaluate_batches` over whole rows in chunks (default EVAL_CHUNK_ROWS)."""
+    return evaluate_rows(model, x, None, device, autocast, chunk_rows or EVAL_CHUNK_ROWS,
+                         to_batch=to_batch, evaluate_batches=evaluate_batches)
 
 
 def mean_average_precision(detections: list[dict[str, torch.Tensor]],

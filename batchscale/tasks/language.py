@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from batchscale.errors import BadInput
+from batchscale.tasks.builtin import evaluate_rows
 
 VOCAB_SIZE = 256
 DEFAULT_SEQ_LEN = 64
@@ -165,40 +166,36 @@ def synthetic_batch(batch_size: int, device: str | torch.device, seed: int = 0,
 
 
 # ------------------------------------------------------------------------------ metrics
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: str | torch.device,
-             autocast: Callable[[], AbstractContextManager]) -> dict[str, float]:
-    """"loss" (nats per token over every token of the split) and "perplexity" (exp of it),
-    in chunks under no_grad; the model's train/eval modes and weights are left as found."""
-    if len(x) == 0:
-        raise BadInput("language model evaluation: the split has no sequences")
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        total_nats, tokens = _summed_nats(model, x, device, autocast)
-    finally:
-        for module, training in modes:
-            module.training = training
-    mean_nats = total_nats / tokens
-    return {"loss": mean_nats, "perplexity": math.exp(mean_nats)}
+def eval_rows(example_shape: tuple[int, ...]) -> int:
+    """Sequences per evaluation batch: EVAL_CHUNK_TOKENS tokens (at most MAX_EVAL_CHUNK_ROWS)."""
+    return eval_chunk_rows(example_shape[0] - 1)
 
 
 def eval_chunk_rows(seq_len: int) -> int:
     return max(1, min(MAX_EVAL_CHUNK_ROWS, EVAL_CHUNK_TOKENS // seq_len))
 
 
-def _summed_nats(model: nn.Module, x: torch.Tensor, device: str | torch.device,
-                 autocast: Callable[[], AbstractContextManager]) -> tuple[float, int]:
-    """Cross-entropy summed over every token (in float64 across chunks), and the tokens."""
-    rows = eval_chunk_rows(x.shape[1] - 1)
-    total_nats = 0.0
-    tokens = 0
-    with torch.no_grad():
-        for start in range(0, len(x), rows):
-            inputs, targets = to_batch(x[start:start + rows], x[start:start + rows, -1], device)
-            with autocast():
-                logits = model(inputs)
-            # float32 logits: a bf16 sum over 100k tokens would lose the metric's digits.
-            total_nats += F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE),
-                                          targets.reshape(-1), reduction="sum").item()
-            tokens += targets.numel()
-    return total_nats, tokens
+def evaluate_batches(model: nn.Module, batches) -> dict[str, float]:
+    """"loss" (nats per token over every token of the batches) and "perplexity" (exp of it);
+    the model in eval mode without gradients (the caller's)."""
+    total_nats, tokens = 0.0, 0
+    for inputs, targets in batches:
+        logits = model(inputs)
+        # float32 logits, a float64 sum: a bf16 sum over 100k tokens would lose the digits.
+        total_nats += F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE),
+                                      targets.reshape(-1), reduction="sum").item()
+        tokens += targets.numel()
+    if tokens == 0:
+        raise BadInput("language model evaluation: the split has no sequences")
+    mean_nats = total_nats / tokens
+    return {"loss": mean_nats, "perplexity": math.exp(mean_nats)}
+
+
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: str | torch.device,
+             autocast: Callable[[], AbstractContextManager]) -> dict[str, float]:
+    """`evaluate_batches` over whole rows, in chunks of `eval_chunk_rows`; the model's
+    train/eval modes and weights are left as found."""
+    if len(x) == 0:
+        raise BadInput("language model evaluation: the split has no sequences")
+    return evaluate_rows(model, x, y, device, autocast, eval_chunk_rows(x.shape[1] - 1),
+                         to_batch=to_batch, evaluate_batches=evaluate_batches)

@@ -2,14 +2,11 @@
 
 Dataset rows keep the target inside the features (docs/architecture.md, "Workloads and tasks"):
 (4, H, W) with channels 0..2 the RGB image in [0, 1] and channel 3 the class id of each pixel
-(0 = background). `to_batch` splits them; `loss` is the mean pixel cross-entropy; `evaluate`
+(0 = background). `to_batch` splits them; `loss` is the mean pixel cross-entropy; `evaluate_batches`
 gives the loss, the mean IoU and the pixel accuracy over a whole split.
 """
 
 from __future__ import annotations
-
-import contextlib
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +14,7 @@ import torchvision
 from torch import nn
 
 from batchscale.errors import BadInput
+from batchscale.tasks.builtin import evaluate_rows
 
 SEGMENTERS = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "fcn_resnet50")
 FEATURE_CHANNELS = 4  # RGB + the class-id mask
@@ -103,48 +101,41 @@ def pixel_accuracy_from_confusion(confusion: torch.Tensor) -> float:
     return float(confusion.diagonal().sum()) / max(1, int(confusion.sum()))
 
 
-@contextlib.contextmanager
-def kept_modes(model: nn.Module) -> Iterator[None]:
-    """Restore every submodule's train/eval flag on exit, exactly as it was (a model whose
-    parts are in different modes stays that way; `model.train(flag)` would flatten it)."""
-    modes = [(module, module.training) for module in model.modules()]
-    try:
-        yield
-    finally:
-        for module, training in modes:
-            module.training = training
-
-
 def eval_chunk_rows(image_pixels: int) -> int:
     """Rows per evaluation chunk: at most EVAL_CHUNK_ROWS and EVAL_CHUNK_PIXELS pixels."""
     return max(1, min(EVAL_CHUNK_ROWS, EVAL_CHUNK_PIXELS // max(1, image_pixels)))
 
 
-@torch.no_grad()
-def evaluate(model, x, y, device: str, autocast, *,
-             chunk_rows: int | None = None) -> dict[str, float]:
-    """{"loss": mean pixel cross-entropy (nats), "miou", "pixel_accuracy"} over the whole split,
-    in eval mode; the confusion matrix is summed over the chunks before the IoU is taken, so
-    the result does not depend on `chunk_rows` (default: `eval_chunk_rows`)."""
-    x = torch.as_tensor(x)
-    rows = chunk_rows or eval_chunk_rows(int(x.shape[-1] * x.shape[-2]))
+def eval_rows(example_shape: tuple[int, ...]) -> int:
+    return eval_chunk_rows(int(example_shape[-1] * example_shape[-2]))
+
+
+def evaluate_batches(model, batches) -> dict[str, float]:
+    """{"loss": mean pixel cross-entropy (nats), "miou", "pixel_accuracy"} over the batches (the
+    model in eval mode, no gradients: the caller's); the confusion matrix is summed over the
+    batches before the IoU is taken, so the result does not depend on the batch size."""
     confusion, loss_sum, pixels = None, 0.0, 0
-    with kept_modes(model):
-        model.eval()
-        for chunk in x.split(rows):
-            images, masks = to_batch(chunk, None, device)
-            with autocast():
-                logits = model(images)
-            logits = logits.float()
-            _check_mask_classes(masks, logits.shape[1])
-            loss_sum += float(F.cross_entropy(logits, masks, reduction="sum"))
-            pixels += masks.numel()
-            counts = confusion_matrix(masks, logits.argmax(1), logits.shape[1])
-            confusion = counts if confusion is None else confusion + counts
+    for images, masks in batches:
+        logits = model(images).float()
+        _check_mask_classes(masks, logits.shape[1])
+        loss_sum += float(F.cross_entropy(logits, masks, reduction="sum"))
+        pixels += masks.numel()
+        counts = confusion_matrix(masks, logits.argmax(1), logits.shape[1])
+        confusion = counts if confusion is None else confusion + counts
     if confusion is None:
         raise BadInput("segmentation evaluate: the split has no rows")
     return {"loss": loss_sum / pixels, "miou": miou_from_confusion(confusion),
             "pixel_accuracy": pixel_accuracy_from_confusion(confusion)}
+
+
+def evaluate(model, x, y, device: str, autocast, *,
+             chunk_rows: int | None = None) -> dict[str, float]:
+    """`evaluate_batches` over whole rows in chunks (default `eval_chunk_rows`), in eval mode;
+    the model's modes are restored."""
+    x = torch.as_tensor(x)
+    rows = chunk_rows or eval_chunk_rows(int(x.shape[-1] * x.shape[-2]))
+    return evaluate_rows(model, x, None, device, autocast, rows, to_batch=to_batch,
+                         evaluate_batches=evaluate_batches)
 
 
 def _check_mask_classes(masks: torch.Tensor, num_classes: int) -> None:
