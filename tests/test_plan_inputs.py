@@ -212,3 +212,21 @@ def test_durations(text, seconds):
 def test_bad_durations_are_refused(text):
     with pytest.raises(BadInput, match="--deadline"):
         parse_duration(text)
+
+
+def test_analyze_plans_from_a_users_own_runs_with_their_recorded_gradient_bytes():
+    """`batchscale analyze` on tables of a user's workload plans from what the trials recorded
+    (gradient bytes, data-parallel cells), with no workload name to build a model from; a table
+    that did not record them gets the reason instead of a plan."""
+    from batchscale.analysis.external import what_if_plan
+
+    frames = pt.frames()
+    runs = frames["runs"].assign(gradient_bytes=pt.GRADIENT_BYTES)
+    plan, missing = what_if_plan(frames["sweep"], runs, frames["analysis"].to_dict("records"))
+    assert missing == "" and plan is not None
+    assert {r.workers for r in plan.rows} == {1, 2, 4, 8}
+    row = next(r for r in plan.rows if (r.workers, r.per_worker_batch) == (2, 64))
+    assert row.step_time_s == pytest.approx(pt.one_device_s(64) + pt.COMM_S, rel=1e-6)
+    plan, missing = what_if_plan(frames["sweep"], runs.drop(columns="gradient_bytes"),
+                                 frames["analysis"].to_dict("records"))
+    assert plan is None and "did not record their gradient bytes" in missing

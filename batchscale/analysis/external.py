@@ -20,6 +20,7 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
@@ -46,6 +47,7 @@ EXTERNAL = "external"
 RUN_ID_PREFIX = "external-"
 RUN_ID_DIGEST_CHARS = 12
 ANALYSIS_FILE = "analysis.parquet"
+PLAN_FILE = "plan.parquet"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.html"
 INPUT_SPECS = {"runs": RUNS_INPUT, "sweep": SWEEP_INPUT}
@@ -89,6 +91,8 @@ class ExternalAnalysis:
     """summary.json: inputs, notes, settings, the typed summary, metrics and the narrative."""
     markdown: str
     report_html: str
+    plan_table: pa.Table
+    """The what-if plan table (schema `plan`; no rows when the tables lack what it needs)."""
 
 
 def parse_column_mapping(items: list[str] | None) -> dict[str, str]:
@@ -219,8 +223,10 @@ def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
     result = analyze(sweep, runs, None, config.analysis,
                      learning_rates_given=NO_LR_NOTE not in inputs.runs.notes)
     table = schemas.make_table("analysis", result.rows, env)
+    plan, plan_missing = what_if_plan(sweep, runs, result.rows)
     title = f"batchscale analyze: {inputs.runs.path.name} ({run_id})"
-    page = render_html(result, sweep, runs, None, title=title)
+    page = render_html(result, sweep, runs, None, title=title, plan=plan,
+                       plan_missing=plan_missing)
     summary = {
         "run_id": run_id,
         "inputs": {"runs": inputs.runs.describe(),
@@ -231,8 +237,24 @@ def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
         "summary": json_safe(dataclasses.asdict(result.summary)),
         "metrics": result.metrics,
         "markdown": result.markdown,
+        "plan": plan_missing or "in report.html and plan.parquet",
     }
-    return ExternalAnalysis(run_id, table, summary, result.markdown, page)
+    from batchscale.analysis.plan_table import table_rows
+
+    plan_table = schemas.make_table("plan", table_rows(plan) if plan else [], env)
+    return ExternalAnalysis(run_id, table, summary, result.markdown, page, plan_table)
+
+
+def what_if_plan(sweep: pd.DataFrame | None, runs: pd.DataFrame, rows: list[dict]):
+    """The pipeline's what-if plan (worker counts the runs measured, and 4 and 8) when the
+    tables carry what it needs: batchscale's own runs record their gradient bytes and
+    all-reduce probe; a table from elsewhere gets the reason there is none."""
+    from batchscale.analysis.plan_table import default_plan
+
+    workers = {int(w) for w in pd.to_numeric(runs.get("workers", pd.Series(dtype=float)),
+                                             errors="coerce").dropna()}
+    return default_plan(sweep, runs, pd.DataFrame(rows), workload=None,
+                        configured_workers=sorted(workers or {1}))
 
 
 def json_safe(value):
@@ -248,10 +270,12 @@ def json_safe(value):
 
 
 def write_outputs(analysis: ExternalAnalysis, out_dir: Path) -> dict[str, Path]:
-    """analysis.parquet, summary.json and report.html in `out_dir`, each written atomically."""
-    paths = {"analysis": out_dir / ANALYSIS_FILE, "summary": out_dir / SUMMARY_FILE,
-             "report": out_dir / REPORT_FILE}
+    """analysis.parquet, plan.parquet, summary.json and report.html in `out_dir`, each
+    written atomically."""
+    paths = {"analysis": out_dir / ANALYSIS_FILE, "plan": out_dir / PLAN_FILE,
+             "summary": out_dir / SUMMARY_FILE, "report": out_dir / REPORT_FILE}
     write_table_atomic(paths["analysis"], analysis.table)
+    write_table_atomic(paths["plan"], analysis.plan_table)
     text = json.dumps(analysis.summary, indent=1, allow_nan=False, ensure_ascii=False)
     write_bytes_atomic(paths["summary"], (text + "\n").encode())
     write_bytes_atomic(paths["report"], analysis.report_html.encode())

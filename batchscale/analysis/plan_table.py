@@ -305,16 +305,17 @@ def check_lines(checks: list[dict], goal: float = 0.25) -> list[str]:
 
 
 def default_plan(sweep: pd.DataFrame | None, runs: pd.DataFrame | None,
-                 analysis: pd.DataFrame | None, *, workload: str,
+                 analysis: pd.DataFrame | None, *, workload: str | None,
                  configured_workers: Sequence[int], image_size: int | None = None
                  ) -> tuple[Plan | None, str]:
     """The pipeline's plan: the configured worker counts and DEFAULT_EXTRA_WORKERS (marked
     extrapolated), the measured communication, no objective. None and the reason when the run
-    lacks a measurement the planner needs (the report says so; the run goes on)."""
+    lacks a measurement the planner needs (the report says so; the run goes on). Without a
+    `workload` (tables a user brings), the gradient bytes are those the trials recorded."""
     from batchscale.analysis.plan_inputs import gradient_bytes, read_plan_inputs
 
     try:
-        grad = gradient_bytes(workload, image_size=image_size)
+        grad = gradient_bytes(workload, image_size=image_size) if workload else None
         inputs = read_plan_inputs(sweep, runs, analysis, grad)
         workers = sorted({1, *configured_workers, *DEFAULT_EXTRA_WORKERS})
         return make_plan(inputs, comm_model(inputs), workers), ""
