@@ -29,6 +29,8 @@ class DatasetSplit:
         # Looked up once: it runs every step.
         self.reads_batches = hasattr(dataset, "__getitems__")
         self._read = dataset.__getitems__ if self.reads_batches else self._read_each
+        # A dataset that takes the index tensor itself spares the list (sub-ms steps notice).
+        self._as_list = not getattr(dataset, "getitems_takes_tensor", False)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -38,7 +40,7 @@ class DatasetSplit:
 
     def items(self, idx: torch.Tensor) -> object:
         """The items at `idx`, as `collate` takes them."""
-        return self._read(idx.tolist())
+        return self._read(idx.tolist() if self._as_list else idx)
 
     def batch(self, idx: torch.Tensor, device: str) -> Batch:
         return to_device(self.collate(self.items(idx)), device)
@@ -154,6 +156,7 @@ class _Head:
         self.dataset, self.rows = dataset, rows
         if hasattr(dataset, "__getitems__"):
             self.__getitems__ = self._getitems
+            self.getitems_takes_tensor = getattr(dataset, "getitems_takes_tensor", False)
 
     def __len__(self) -> int:
         return self.rows
@@ -163,9 +166,13 @@ class _Head:
             raise IndexError(i)
         return self.dataset[i]
 
-    def _getitems(self, indices: list[int]):
-        if any(not 0 <= i < self.rows for i in indices):
-            raise IndexError(indices)
+    def _getitems(self, indices):
+        if len(indices):
+            tensor = isinstance(indices, torch.Tensor)
+            low, high = ((int(indices.min()), int(indices.max())) if tensor
+                         else (min(indices), max(indices)))
+            if not 0 <= low <= high < self.rows:
+                raise IndexError(f"rows {low}..{high} of the first {self.rows}")
         return self.dataset.__getitems__(indices)
 
 

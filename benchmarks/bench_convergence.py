@@ -191,7 +191,7 @@ def bare_samples_per_s(data, lr: float, workload: str = WORKLOAD,
     from batchscale.workloads import get_workload
 
     train, _ = data
-    x, y = train.x, train.y
+    x, y = train.dataset.x, train.dataset.y  # the prepared rows, gathered directly
     torch.manual_seed(0)
     model = get_workload(workload).build()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)

@@ -128,12 +128,14 @@ def test_every_kind_of_builtin_is_a_workload_of_the_public_contract(name, option
     assert {f"val_{k}" for k in metrics} == set(contract.metrics)
     assert split.loss_metric(model, "cpu", contextlib.nullcontext) == metrics["loss"]
     assert [t for t, _ in contract.targets][0] in contract.metrics
-    batched = split.collate(rows.__getitems__([1, 3]))
-    one_by_one = split.collate([rows[1], rows[3]])
-    flat = [torch.as_tensor(t) for t in _leaves(batched)]
-    assert len(flat) == len(_leaves(one_by_one)) > 0
-    assert all(torch.equal(a, torch.as_tensor(b)) for a, b in zip(flat, _leaves(one_by_one),
-                                                                  strict=True))
+    one_by_one = _leaves(split.collate([rows[1], rows[3]]))
+    for indices in ([1, 3], torch.tensor([1, 3])):  # torch's list, or the trainer's tensor
+        batched = _leaves(split.collate(rows.__getitems__(indices)))
+        assert len(batched) == len(one_by_one) > 0
+        assert all(torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+                   for a, b in zip(batched, one_by_one, strict=True))
+    with pytest.raises(IndexError, match="rows 0..2 of the first 2"):
+        split.head(2).batch(torch.arange(3), "cpu")
 
 
 def _leaves(batch) -> list:

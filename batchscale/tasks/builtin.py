@@ -41,6 +41,9 @@ class PreparedRows(torch.utils.data.Dataset):
     """A split of a prepared dataset (batchscale/shards.py: a tensor, or a large training split
     read row by row from a spill file) as a map-style dataset of (features, label) items."""
 
+    getitems_takes_tensor = True
+    """`__getitems__` takes the trainer's index tensor as it is (no list per step)."""
+
     def __init__(self, x, y: torch.Tensor):
         self.x, self.y = x, y  # x: a tensor or a shards.RowFile
 
@@ -50,10 +53,11 @@ class PreparedRows(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         return self.x[[i]][0], self.y[i]
 
-    def __getitems__(self, indices: Sequence[int]) -> Rows:
-        # Through numpy: a third of torch.as_tensor's cost on a list of ints (it runs per step).
-        idx = torch.from_numpy(np.asarray(indices, dtype=np.int64))
-        return Rows(self.x[idx], self.y[idx])
+    def __getitems__(self, indices: Sequence[int] | torch.Tensor) -> Rows:
+        if not isinstance(indices, torch.Tensor):
+            # Through numpy: a third of torch.as_tensor's cost on a list of ints.
+            indices = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+        return Rows(self.x[indices], self.y[indices])
 
 
 def collate_with(to_batch):
