@@ -13,6 +13,12 @@ FAULT_KILL_AT_STEP_ENV = "BATCHSCALE_FAULT_KILL_AT_STEP"
 FAULT_KILL_RANK_ENV = "BATCHSCALE_FAULT_KILL_RANK"
 
 
+def drill_step() -> int | None:
+    """The step after which the drill kills a rank; None when no drill is set."""
+    at = os.environ.get(FAULT_KILL_AT_STEP_ENV)
+    return None if at is None else int(at)
+
+
 def maybe_inject_fault(step: int, rank: int) -> None:
     """The fault-injection drill (see FAULT_KILL_AT_STEP_ENV): SIGKILL, no cleanup, like an OOM
     kill or a lost node."""

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from batchscale.contract import to_device
 from batchscale.convergence import checkpoint, halving, trialenv
 from batchscale.convergence.distributed import Dist, all_reduce, barrier, init_distributed
-from batchscale.convergence.faults import maybe_inject_fault
+from batchscale.convergence.faults import drill_step, maybe_inject_fault
 from batchscale.convergence.noise import NoiseScale, grad_list, sq_norm
 from batchscale.convergence.outcome import Target, note_targets, trial_rows
 from batchscale.convergence.schedule import DataOrder, LrSchedule, build_optimizer
@@ -173,6 +173,8 @@ class Trial:
 
     def local_indices(self, step: int) -> torch.Tensor:
         idx = self.order.batch(step, self.t.batch_size)
+        if self.d.world_size == 1:  # the whole batch: no slice (a sub-ms step notices)
+            return idx
         return idx[self.d.rank * self.local_batch:(self.d.rank + 1) * self.local_batch]
 
     def _sync_context(self, last_micro: bool, manual_reduce: bool):
@@ -230,7 +232,7 @@ class Trial:
         ddp_noise = self.measures_noise(step) and self.d.world_size > 1
         local_noise = self.measures_noise(step) and len(parts) > self.accumulation or (
             self.measures_noise(step) and self.d.world_size == 1 and len(parts) > 1)
-        rows = sum(len(part) for part in parts)
+        rows = self.local_batch
         small_sq, small_batch, loss_value = 0.0, 0, 0.0
         for i, (part, batch) in enumerate(zip(parts, batches, strict=True)):
             weight = len(part) / rows
@@ -350,6 +352,7 @@ class Trial:
         `pause_at_step` (with a checkpoint)."""
         s = self.state
         sync = torch.cuda.synchronize if self.d.device.startswith("cuda") else (lambda: None)
+        fault_step = drill_step()  # read once: the environment does not change mid-trial
         status = None
         if s.step == 0:
             status = self.record_eval()  # the untrained model, step 0
@@ -360,7 +363,8 @@ class Trial:
             sync()
             s.train_time_s += time.perf_counter() - start
             s.step += 1
-            maybe_inject_fault(s.step, self.d.rank)
+            if s.step == fault_step:
+                maybe_inject_fault(s.step, self.d.rank)
             if s.first_loss is None:
                 s.first_loss = loss
             s.loss_sum += loss
