@@ -114,7 +114,8 @@ def test_the_same_inputs_land_in_the_same_default_directory(tmp_path, capsys, mo
     (made,) = (tmp_path / ".batchscale" / "analyze").iterdir()
     assert made.name.startswith(RUN_ID_PREFIX) and f"analysis: {made}" in stdout
     assert sorted(p.name for p in made.iterdir()) == [
-        "analysis.parquet", "report.html", "summary.json", "validation.html", "validation.json"]
+        "analysis.parquet", "plan.parquet", "report.html", "summary.json", "validation.html",
+        "validation.json"]
     summary = json.loads((made / "summary.json").read_text())
     assert summary["analysis_settings"]["bootstrap_samples"] == 7
 
