@@ -182,13 +182,13 @@ class ConvergenceConfig(_Strict):
     checkpoint_every_steps: PositiveInt = 200
     """Write an atomic checkpoint every this many steps (resume after a restart)."""
     loader_workers: NonNegativeInt = 0
-    """Background processes that read and collate a workload's own dataset (a
-    `batchscale.Workload`'s train_data) a few steps ahead of training, so a slow __getitem__
-    (decoding, augmentation) overlaps the step instead of adding to it. Each item's random
-    draws are then seeded from (seed, step, its place in the global batch): the batches are the
+    """Background processes that read and collate the workload's training data (its
+    `batchscale.Workload`'s train_data; a built-in's prepared rows) a few steps ahead of
+    training, so a slow __getitem__ (decoding, augmentation) overlaps the step instead of adding
+    to it. Each item's random draws are then seeded from (seed, step, its place in the global
+    batch; once per micro-batch for a dataset read through __getitems__): the batches are the
     same for any worker count and after a resume. 0: items are read in the training process,
-    with its random state. Prepared datasets (the built-in workloads) are held as tensors and
-    ignore it."""
+    with its random state."""
     checkpoint_uri: str | None = None
     """Where trial checkpoints go: s3://bucket/prefix (keys from the environment, never in the
     URI), or a relative directory inside the trial's work directory (absolute paths and '..'

@@ -155,7 +155,7 @@ class ConvergenceSpec(_StrictModel):
     checkpoint_every_steps: PositiveInt
     """Optimizer steps between checkpoints (at an evaluation step)."""
     loader_workers: NonNegativeInt = 0
-    """Background processes reading a workload's own training data ahead of the step: how the
+    """Background processes reading the workload's training data ahead of the step: how the
     batches are read, not what they are, so outside `TrainingSettings` and the checkpoint
     identity."""
     training: TrainingSettings
