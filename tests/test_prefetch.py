@@ -29,16 +29,17 @@ def test_an_item_draws_the_same_noise_whichever_rank_reads_it():
     assert not torch.equal(whole[0], other_step[0])  # fresh noise each step
 
 
-def curve(tmp: Path, workload_name: str, loader_workers: int, pause_at: int | None = None):
+def curve(tmp: Path, workload_name: str, loader_workers: int, pause_at: int | None = None,
+          data_dir: str = "unused"):
     """One in-process trial of `workload_name` (optionally paused at a step and resumed by a
     new Trial from its checkpoint, as successive halving does): its curve."""
     cfg = parse_config({"workload": workload_name, "convergence": {
         "batch_sizes": [16], "lr_rules": ["sqrt"], "seeds": [0], "max_steps": 40,
         "targets": [{"metric": "val_accuracy", "value": 1.0}], "eval_every_steps": 10,
         "checkpoint_every_steps": 10, "loader_workers": loader_workers}})
-    spec = runner.build_spec(cfg, [16], data_dir="unused", out_dir=str(tmp), run_id="pf")
+    spec = runner.build_spec(cfg, [16], data_dir=data_dir, out_dir=str(tmp), run_id="pf")
     workload = get_workload(workload_name)
-    data = train.load_data("unused", workload)
+    data = train.load_data(data_dir, workload)
     checkpoints = LocalLocation(tmp / "ckpt")
 
     def trial() -> train.Trial:
@@ -67,3 +68,15 @@ def test_augmented_batches_repeat_after_a_resume(tmp_path, monkeypatch):
     resumed = curve(tmp_path / "b", "contract_workloads:augmented", 2, pause_at=20)
     assert [row[0] for row in plain] == [0, 10, 20, 30, 40]
     assert resumed == plain
+
+
+def test_a_builtin_workloads_prepared_rows_read_in_the_background_give_the_same_curve(tmp_path):
+    """The built-ins are contract workloads: their prepared rows, read by loader workers through
+    the batched __getitems__, train exactly as when read in the step."""
+    from batchscale.config import DataPrepConfig
+    from batchscale.data.prep import prepare
+
+    prepare(DataPrepConfig(), tmp_path / "digits")
+    data = str(tmp_path / "digits")
+    assert (curve(tmp_path / "a", "digits-mlp", 2, data_dir=data)
+            == curve(tmp_path / "b", "digits-mlp", 0, data_dir=data))
