@@ -341,3 +341,17 @@ def test_installed_command_exit_codes(tmp_path):
     assert good.returncode == 0, good.stderr
     assert (tmp_path / "out" / "analysis.parquet").is_file()
     assert "validate analysis: passed" in good.stdout
+
+
+def test_a_table_without_lr_rule_is_answered_with_the_rule_not_given(tmp_path, capsys):
+    """Rows without lr_rule are labelled grid for the tables, but the answer does not present
+    that label as a rule: "LR rule: not given", and the fit's heading says what S(B) is."""
+    (tmp_path / "pub.csv").write_text(
+        "batch_size,steps_to_target,time_to_target_s\n8,1000,10\n16,520,5.6\n32,280,3.2\n"
+        "64,160,2.1\n128,100,1.6\n256,80,1.7\n")
+    code, out, err = run_analyze([str(tmp_path / "pub.csv"), "--out", str(tmp_path / "a")],
+                                 capsys)
+    assert code == 0, err
+    assert "**LR rule: not given** — the runs table gives no lr_rule" in out
+    assert "(no LR rule given: the fewest steps over the runs' learning rates)" in out
+    assert "grid LR rule" not in out and "LR rule: grid" not in out

@@ -96,6 +96,7 @@ def analyze(
     primary_target: tuple[str, float] | None = None,
     gap_epochs: float | None = None,
     learning_rates_given: bool = True,
+    lr_rule_given: bool = True,
 ) -> AnalysisResult:
     """Fits, regimes and recommendation on one run's tables (`settings`: the experiment's
     `analysis` config, its defaults when None).
@@ -105,7 +106,8 @@ def analyze(
     have it, else the hardest reached at enough batch sizes (`targets.choose_target`); B_crit
     of every target is in `summary.targets`. `gap_epochs` (the config's
     `convergence.gap_epochs`) only labels the generalization gap. `learning_rates_given`
-    false: the runs' `lr` is a stand-in (a table brought without one), never recommended."""
+    false: the runs' `lr` is a stand-in (a table brought without one), never recommended;
+    `lr_rule_given` false: their rule "grid" is only a label, said as "not given"."""
     settings = settings or AnalysisConfig()
     sweep = ensure_columns(sweep, schemas.SWEEP)
     every_trial = ensure_columns(runs, schemas.RUNS)
@@ -136,7 +138,7 @@ def analyze(
         recommendation=recommend(table, runs, b_star, settings.max_cpu_wait_share,
                                  learning_rates_given,
                                  (settings.current_batch_size, settings.current_lr),
-                                 memory.largest_fitting_batch),
+                                 memory.largest_fitting_batch, lr_rule_given),
         min_time_to_target_s=float(np.nanmin(times)) if np.isfinite(times).any() else math.nan,
         step_time_sources=_sources(table),
         quality=measurement_quality(sweep, table),
@@ -147,6 +149,7 @@ def analyze(
         targets=_target_fits(groups, tables, settings, step_fit, cap, choice.target, critical),
         gap=gap_summary(curves, gap_epochs, choice.target[0] if choice.target else None),
         pruning=pruning_text(every_trial),
+        lr_rule_given=lr_rule_given,
     )
     rows = _rows(table, summary, labels, b_simple)
     return AnalysisResult(rows, summary, render_markdown(summary))

@@ -28,6 +28,7 @@ import batchscale
 from batchscale import schemacheck, schemas
 from batchscale.analysis.usertables import (
     NO_LR_NOTE,
+    NO_RULE_NOTE,
     RUNS_INPUT,
     SWEEP_INPUT,
     UserTable,
@@ -221,7 +222,8 @@ def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
     sweep = (schemas.make_table("sweep", inputs.sweep.rows, env).to_pandas()
              if inputs.sweep else None)
     result = analyze(sweep, runs, None, config.analysis,
-                     learning_rates_given=NO_LR_NOTE not in inputs.runs.notes)
+                     learning_rates_given=NO_LR_NOTE not in inputs.runs.notes,
+                     lr_rule_given=NO_RULE_NOTE not in inputs.runs.notes)
     table = schemas.make_table("analysis", result.rows, env)
     plan, plan_missing = what_if_plan(sweep, runs, result.rows)
     title = f"batchscale analyze: {inputs.runs.path.name} ({run_id})"

@@ -26,6 +26,7 @@ from batchscale.analysis.summary import (
 )
 from batchscale.analysis.targets import trend, trend_pairs
 from batchscale.analysis.timetotarget import StepTimeSource, optimal_batch_text
+from batchscale.analysis.usertables import DEFAULT_LR_RULE
 from batchscale.fits import mfu_text
 
 INPUT_BOTTLENECK_SHARE = 0.2
@@ -71,7 +72,9 @@ def narrative_markdown(summary: AnalysisSummary, *, with_quality: bool = True) -
                      f" {summary.target} ({summary.target_reason}).")
     for rule, fit in summary.critical_batch.items():
         text = _critical_text(fit, summary.optimal_batch_cap)
-        lines.append(f"- **Steps to target ({rule} LR rule).** {text}")
+        label = (f"{rule} LR rule" if summary.lr_rule_given or rule != DEFAULT_LR_RULE
+                 else "no LR rule given: the fewest steps over the runs' learning rates")
+        lines.append(f"- **Steps to target ({label}).** {text}")
     if not summary.critical_batch:
         lines.append("- **Steps to target.** Not measured: no convergence trials.")
     lines += [f"- **B_crit vs target ({metric}).** {text}"
@@ -141,7 +144,8 @@ def recommendation_list(
     head = f"- **For {label}** — {target_reason}.\n" if target else ""
     items = (
         ("Batch size", recommendation.batch_size, recommendation.batch_reason),
-        ("LR rule", recommendation.lr_rule, recommendation.lr_rule_reason),
+        ("LR rule", recommendation.lr_rule_shown or recommendation.lr_rule,
+         recommendation.lr_rule_reason),
         ("Learning rate", _lr(recommendation.learning_rate),
          recommendation.learning_rate_reason),
         ("Workers", recommendation.workers, recommendation.workers_reason),

@@ -17,6 +17,7 @@ from batchscale.analysis.expected import (
 from batchscale.analysis.parallel import worker_choice
 from batchscale.analysis.summary import Recommendation
 from batchscale.analysis.timetotarget import StepTimeSource, optimal_batch_text
+from batchscale.analysis.usertables import DEFAULT_LR_RULE
 from batchscale.fits import ensure_columns, matches, numeric_column
 from batchscale.schemas import RUNS, RunStatus
 
@@ -35,6 +36,7 @@ def recommend(
     learning_rates_given: bool = True,
     current: tuple[int | None, float | None] = (None, None),
     largest_fitting: float = math.inf,
+    lr_rule_given: bool = True,
 ) -> Recommendation:
     """Batch size, LR rule and worker count, each with a one-line reason.
 
@@ -78,6 +80,12 @@ def recommend(
         for r, s in zip(at_batch["lr_rule"], at_batch["steps_to_target"], strict=True)
     )
     rule_reason = f"fewest steps to target at batch {batch} ({listing})"
+    shown = None
+    if not lr_rule_given and rule == DEFAULT_LR_RULE:
+        shown = "not given"
+        rule_reason = ("the runs table gives no lr_rule: the steps are the fewest per batch "
+                       "size over the learning rates its runs used, and no rule says how to "
+                       "scale the learning rate with the batch")
     if isinstance(best.get("timing_flag"), str):
         batch_reason += f" — NOT TRUSTED: {best['timing_flag']}"
     workers, workers_reason = worker_choice(runs, (rule, batch))
@@ -89,7 +97,7 @@ def recommend(
                           workers_reason + _starved_note(runs, max_cpu_wait_share), lr,
                           lr_reason + lr_versus_current(lr, current_lr),
                           expected_text(runs, table, rule, batch),
-                          versus_current(runs, table, rule, batch, current_batch))
+                          versus_current(runs, table, rule, batch, current_batch), shown)
 
 
 def learning_rate(runs: pd.DataFrame, rule: str, batch: int) -> tuple[float | None, str]:

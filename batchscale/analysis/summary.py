@@ -126,6 +126,9 @@ class Recommendation:
     (analysis/expected.py); "" when there is no recommended batch."""
     versus_current: str = ""
     """The saving against the batch size trained with today, or what to give to see it."""
+    lr_rule_shown: str | None = None
+    """What the answer says for the rule when `lr_rule` is only a label (a table brought
+    without an lr_rule column: "not given"); None: `lr_rule` itself."""
 
 
 @dataclass(frozen=True)
@@ -270,6 +273,9 @@ class AnalysisSummary:
     gap: GapSummary | None = None
     pruning: str = ""
     """The pruned trials and what pruning saved, in words (analysis/pruning.py); "" if none."""
+    lr_rule_given: bool = True
+    """False for a table brought without an lr_rule column: its rows' rule "grid" is a label
+    (the fewest steps per batch over the learning rates the runs used), not a rule to apply."""
 
     def metrics(self) -> dict[str, float]:
         """Finite headline numbers, flat, for KFP Metrics (which cannot store NaN or inf)."""

@@ -36,6 +36,9 @@ PLACEHOLDER_LR = 1.0
 """A table without lr: every run at a batch size counts as one learning rate (the analysis
 groups by it and never reports it: NO_LR_NOTE tells it so)."""
 NO_LR_NOTE = "runs: no lr column: the runs at a batch size count as one learning rate"
+NO_RULE_NOTE = (f"runs: rows without lr_rule are labelled {DEFAULT_LR_RULE!r}: S(B) is the "
+                "fewest steps over the learning rates given per batch size (median over seeds)")
+"""Said when some rows give no lr_rule: the analysis then says the rule is not given."""
 ROUNDED_UP = ("steps_to_target", "examples_to_target", "steps_run")
 """Counts that may come as fractions (averaged, or epochs × dataset size) and are rounded up:
 a partial step is a step taken."""
@@ -293,9 +296,7 @@ def _fill_run_settings(user: UserTable, col: dict, typed: dict, notes: list[str]
              f"allowed: {', '.join(KNOWN_LR_RULES)}, or an empty cell ({DEFAULT_LR_RULE}: the "
              "fewest steps over the learning rates given)")
     if any(v is None for v in col["lr_rule"]):
-        notes.append(f"runs: rows without lr_rule are labelled {DEFAULT_LR_RULE!r}: S(B) is the "
-                     "fewest steps over the learning rates given per batch size (median over "
-                     "seeds)")
+        notes.append(NO_RULE_NOTE)
     col["lr_rule"] = [DEFAULT_LR_RULE if v is None else v for v in col["lr_rule"]]
     if "lr" in typed:
         _require(user, "lr", col["lr"], _positive, "is not positive",
