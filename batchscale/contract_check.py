@@ -109,6 +109,7 @@ def check_workload(workload, *, batch_sizes: Iterable[int] | str = (), targets: 
     if isinstance(batch_sizes, str):  # "auto": the search finds what fits
         batch_sizes = ()
     _check_declared_metrics(contract)
+    _check_eval_batch_size(contract)
     _check_targets(contract, workload.metrics, targets)
     if contract.train_data is None and not convergence:
         return  # a sweep of synthetic batches only
@@ -154,6 +155,13 @@ def _check_declared_metrics(contract) -> None:
             allowed = ", ".join(m for m in METRICS if m.startswith("val_"))
             raise BadInput(f"workload {contract.name!r}: Workload.metrics names {name!r}; "
                            f"allowed: {allowed} (train_loss is always measured)")
+
+
+def _check_eval_batch_size(contract) -> None:
+    size = contract.eval_batch_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise BadInput(f"workload {contract.name!r}: Workload.eval_batch_size is {size!r}; "
+                       "expected a whole number of examples, at least 1")
 
 
 def _check_targets(contract, measured: tuple[str, ...], targets: Iterable) -> None:

@@ -86,6 +86,7 @@ unreported_target = dataclasses.replace(good, name="unreported-target", metrics=
                                         evaluate=None)
 tiny_data = dataclasses.replace(good, name="tiny-data", train_data=lambda: Points(5, 0))
 no_val = dataclasses.replace(good, name="no-val", val_data=None)
+zero_eval_batch = dataclasses.replace(good, name="zero-eval-batch", eval_batch_size=0)
 failing_data = dataclasses.replace(good, name="failing-data",
                                    train_data=lambda: open("/nonexistent/points.bin"))
 

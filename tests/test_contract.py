@@ -157,6 +157,7 @@ def _leaves(batch) -> list:
                               "report; its metrics .*: val_loss, train_loss"),
     ("tiny_data", (4, 16), "has 5 examples, fewer than the largest global batch 16"),
     ("no_val", (), "Workload.val_data is not given"),
+    ("zero_eval_batch", (), "Workload.eval_batch_size is 0; expected a whole number"),
     ("failing_data", (), "Workload.train_data failed: FileNotFoundError"),
 ])
 def test_a_member_that_cannot_work_is_refused_naming_it(name, sizes, message):
