@@ -11,11 +11,13 @@ by SIGKILL, which no handler can see (docs/architecture.md, "Stopping").
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -101,3 +103,22 @@ def stop_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S,
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def exit_process(code: int) -> None:
+    """End the process with `code` once its work is done, as the interpreter would (its
+    non-daemon threads joined, Python's exit handlers run, stdout and stderr flushed) but
+    without the teardown of native libraries: their thread pools (pyarrow's, gloo's) have
+    aborted in their static destructors at exit (std::terminate, SIGABRT, exit -6: seen in
+    `batchscale` after a refusal had been printed; a trainer rank ends the same way, more
+    bluntly: convergence/train.py exit_now)."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can be said
+            pass
+    os._exit(code)

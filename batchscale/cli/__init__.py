@@ -47,7 +47,13 @@ from batchscale.errors import BatchscaleError
 from batchscale.metrics import METRICS
 from batchscale.names import redact_url
 from batchscale.schemas import TABLES
-from batchscale.stopping import EXIT_SIGINT, EXIT_SIGTERM, Terminated, sigterm_raises
+from batchscale.stopping import (
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    Terminated,
+    exit_process,
+    sigterm_raises,
+)
 
 __all__ = [
     "CONFIG_FLAGS_NOTE", "CONFIG_HELP", "STATE_DIR", "build_parser", "cmd_analyze",
@@ -304,6 +310,18 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         print(redact_url(traceback.format_exc()), file=sys.stderr, end="")
         return 1
+
+
+def entry() -> None:
+    """The `batchscale` command (and `python -m batchscale.cli`): `main`, then the process ends
+    with its status without the native libraries' teardown (stopping.exit_process)."""
+    try:
+        code = main()
+    except SystemExit as stop:  # argparse's usage errors and --help; a refusal raised as exit
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    exit_process(code)
 
 
 def _silence_stdout() -> None:
