@@ -32,6 +32,8 @@ from batchscale.fits import mfu_text
 INPUT_BOTTLENECK_SHARE = 0.2
 """Real input losing more than this share of synthetic throughput: the input pipeline limits."""
 NOT_AVAILABLE = "n/a"
+NO_ANSWER = "not answered"
+"""What the answer card says for a part it cannot answer (its reason follows on the line)."""
 NARRATIVE_TITLE = "Why doesn't training get faster with a bigger batch?"
 RECOMMENDATION_TITLE = "Recommendation"
 BOUND_WORDS = {
@@ -154,7 +156,7 @@ def recommendation_list(
         return f" ([evidence](#{EVIDENCE[label]}))" if evidence_links else ""
 
     listed = head + "\n".join(
-        f"- **{label}: {NOT_AVAILABLE if value is None else value}** — {reason}.{link(label)}"
+        f"- **{label}: {NO_ANSWER if value is None else value}** — {reason}.{link(label)}"
         for label, value, reason in items
     )
     outcomes = (("Expected to target", recommendation.expected),
