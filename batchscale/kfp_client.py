@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 from batchscale.config import ExperimentConfig, parse_config
 from batchscale.cron import check_cron
+from batchscale.deadline import DeadlinePassed, call_within
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.names import check_endpoint, quote, redact_url
 
@@ -48,7 +49,8 @@ ERROR_BODY_CHARS = 500
 PREFLIGHT_TIMEOUT_S = (5, 10)
 """(connect, read) seconds of the connection check, KFP's healthz, made once with at most one
 retry of the connection and none of the read: a silent host fails it within 10 s, one that does
-not accept the connection within 2 × 5 s. Stated in docs/kubeflow.md ("Submit a run")."""
+not accept the connection within 2 × 5 s, one that trickles its answer within 2 × 5 + 10 s
+(`request_deadline_s`). Stated in docs/kubeflow.md ("Submit a run")."""
 CONNECT_ATTEMPTS = 2
 REQUEST_TIMEOUT_S = (10, 120)
 """(connect, read) seconds of every other request: creating a run uploads the whole pipeline
@@ -112,12 +114,34 @@ def _bounded_rest_class():
     class BoundedRest(kfp_server_api.rest.RESTClientObject):
         def request(self, method, url, *args, _request_timeout=None, **kwargs):
             timeout = _request_timeout or REQUEST_TIMEOUT_S
+            deadline_s = request_deadline_s(timeout)
+
+            def send():
+                return super(BoundedRest, self).request(method, url, *args,
+                                                        _request_timeout=timeout, **kwargs)
+
             try:
-                return super().request(method, url, *args, _request_timeout=timeout, **kwargs)
+                return call_within(send, deadline_s, "kfp-request")
             except urllib3.exceptions.HTTPError as err:
                 raise _timeout_error(err, url, timeout) or err from None
+            except DeadlinePassed:
+                raise KfpError(f"KFP API at {_host_of(url)} did not complete a request within "
+                               f"{deadline_s:g} s (it answers, but too slowly); check the host "
+                               "and the network to it") from None
 
     return BoundedRest
+
+
+def request_deadline_s(timeout: tuple[int, int]) -> float:
+    """The whole of one request, attempts and bytes together: every connection attempt's
+    timeout and one read's (a server that trickles its answer is cut off here)."""
+    connect_s, read_s = timeout
+    return CONNECT_ATTEMPTS * connect_s + read_s
+
+
+def _host_of(url: str) -> str:
+    parts = urlsplit(url)
+    return redact_url(f"{parts.scheme}://{parts.netloc}")
 
 
 def _timeout_error(err: Exception, url: str, timeout: tuple[int, int]) -> KfpError | None:
@@ -125,8 +149,7 @@ def _timeout_error(err: Exception, url: str, timeout: tuple[int, int]) -> KfpErr
     import urllib3
 
     cause = getattr(err, "reason", None) or err
-    parts = urlsplit(url)
-    host = redact_url(f"{parts.scheme}://{parts.netloc}")
+    host = _host_of(url)
     if isinstance(cause, urllib3.exceptions.NewConnectionError):  # refused: not a wait
         return None
     if isinstance(cause, urllib3.exceptions.ConnectTimeoutError):

@@ -27,6 +27,7 @@ from batchscale.kfp_client import (
     KfpError,
     connect,
     kfp_errors,
+    request_deadline_s,
 )
 from batchscale.lake.lake import read_lake_table
 from batchscale.storage import PREFLIGHT_WAITS, ObjectStore, S3Settings
@@ -266,6 +267,19 @@ def test_submit_to_a_silent_kfp_host_fails_within_the_stated_bound(silent_endpoi
             f"{PREFLIGHT_TIMEOUT_S[1]} s" in result.stderr)
     assert set(tmp_path.rglob("*")) == before
     assert elapsed < margin(KFP_SILENT_BOUND_S) + 10  # + the kfp import, a few seconds
+
+
+def test_a_trickling_kfp_host_is_cut_off_at_the_requests_deadline(trickling_endpoint):
+    """Bytes arrive inside every read timeout, the answer never completes: the connection
+    check still ends at its whole-request deadline, naming the host."""
+    bound = request_deadline_s(PREFLIGHT_TIMEOUT_S)
+    started = time.monotonic()
+    with pytest.raises(KfpError) as err, kfp_errors(trickling_endpoint):
+        connect(trickling_endpoint, Auth())
+    elapsed = time.monotonic() - started
+    assert (f"KFP API at {trickling_endpoint} did not complete a request within {bound:g} s"
+            in str(err.value))
+    assert elapsed < margin(bound)
 
 
 def test_a_kfp_host_that_never_accepts_fails_within_the_stated_bound(unaccepting_endpoint):

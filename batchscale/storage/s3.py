@@ -16,8 +16,6 @@ import base64
 import contextlib
 import hashlib
 import os
-import queue
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,6 +23,7 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 
+from batchscale.deadline import DeadlinePassed, call_within
 from batchscale.errors import BadInput, ObjectExists, StoreError
 from batchscale.names import check_bucket, check_endpoint, check_prefix, redact_url
 from batchscale.storage.files import parse_parquet
@@ -289,24 +288,12 @@ class ObjectStore:
         library has a total timeout, and a call past its deadline is left to its own read
         timeouts (or the process's end), never waited for."""
         waits = waits or self._waits
-        done: queue.SimpleQueue = queue.SimpleQueue()
-
-        def run() -> None:
-            try:
-                done.put((True, call()))
-            except BaseException as exc:  # re-raised in the caller's thread
-                done.put((False, exc))
-
-        threading.Thread(target=run, daemon=True, name="s3-call").start()
         try:
-            ok, value = done.get(timeout=waits.deadline_s)
-        except queue.Empty:
+            return call_within(call, waits.deadline_s, "s3-call")
+        except DeadlinePassed:
             raise self._error(f"S3 endpoint {self.endpoint} did not complete a request within "
                               f"{waits.deadline_s:g} s (it answers, but too slowly); check the "
                               "endpoint and the network to it") from None
-        if ok:
-            return value
-        raise value
 
     @contextlib.contextmanager
     def _translate(self, key: str | None = None, waits: Waits | None = None) -> Iterator[None]:
