@@ -107,15 +107,21 @@ def stop_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S,
 
 def exit_process(code: int) -> None:
     """End the process with `code` once its work is done, as the interpreter would (its
-    non-daemon threads joined, Python's exit handlers run, stdout and stderr flushed) but
-    without the teardown of native libraries: their thread pools (pyarrow's, gloo's) have
-    aborted in their static destructors at exit (std::terminate, SIGABRT, exit -6: seen in
-    `batchscale` after a refusal had been printed; a trainer rank ends the same way, more
-    bluntly: convergence/train.py exit_now)."""
+    non-daemon threads joined, Python's exit handlers run) but without the native libraries'
+    teardown (`exit_at_once`)."""
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
+    exit_at_once(code)
+
+
+def exit_at_once(code: int) -> None:
+    """stdout and stderr flushed, then `_exit(code)`: no interpreter or native teardown. The
+    native libraries' thread pools (pyarrow's, gloo's) have aborted in their static destructors
+    at exit (std::terminate, SIGABRT, exit -6: seen in a trainer rank after it had written
+    everything, which torchrun reports as a failed group, and in `batchscale` after a refusal
+    had been printed). A trainer rank ends this way directly, once its results are durable."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

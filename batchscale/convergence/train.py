@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -49,7 +48,7 @@ from batchscale.location import Location, open_location
 from batchscale.metrics import METRICS
 from batchscale.precision import autocast
 from batchscale.schemas import RunStatus, make_table
-from batchscale.stopping import die_with_parent
+from batchscale.stopping import die_with_parent, exit_at_once
 from batchscale.workloads import Workload
 
 
@@ -488,15 +487,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def exit_now(code: int) -> None:
-    """End a rank without interpreter teardown, once its results are durable: native threads
-    (gloo's, pyarrow's pools) have aborted in their static destructors at exit (std::terminate,
-    SIGABRT; seen once in CI after a resumed trial had written everything), which torchrun
-    reports as a failed group."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    exit_now(main())
+    exit_at_once(main())  # a rank's results are durable by now (stopping.exit_at_once)
