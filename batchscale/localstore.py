@@ -3,11 +3,15 @@
 State lives in `<workdir>/.batchscale/store/` (mode 0700): `data/` (objects), `credentials.json`
 (the S3 keys, generated once, mode 0600), `weed-config/` (weed's signing keys and gRPC
 certificate, new at every start, mode 0600), `weed.pid`, `ports.json` (so the endpoint stays the
-same across restarts) and `weed.log`. Only the process recorded in `weed.pid` is ever signalled.
+same across restarts), `weed.log` and `ready` (the gate's sign that every stored volume is
+registered). Only the process recorded in `weed.pid` is ever signalled.
 
-Only the S3 port serves objects, and only to requests signed with the S3 keys. weed's other
-ports are all on 127.0.0.1 too and can be reached by any local user, so none of them may serve
-an object without a secret only we hold: see `_weed_args` and batchscale/weedconfig.py.
+Only the S3 port serves objects, and only to requests signed with the S3 keys. Where the
+machine allows it (`private_network`), weed runs in a network namespace of its own behind a gate
+(batchscale/storegate.py) and the S3 port is the only one any other process can reach; the pid
+recorded is then the gate's. Else weed's other ports are on 127.0.0.1 too, where any local user
+reaches their status pages, so none of them may serve an object without a secret only we hold:
+see `_weed_args` and batchscale/weedconfig.py (weed's own guards hold in both cases).
 
 One concern, the local store's process and its state files; its ports are chosen in
 batchscale/storeports.py.
@@ -16,6 +20,7 @@ batchscale/storeports.py.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -23,9 +28,10 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
+import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +39,12 @@ from pathlib import Path
 from batchscale.errors import BadInput, StoreError
 from batchscale.names import check_bucket
 from batchscale.storage import ObjectStore, S3Settings, write_bytes_atomic
+from batchscale.storegate import unregistered_volumes
 from batchscale.storeports import (
     DEFAULT_PORTS,
     GRPC_OFFSET,
     choose_ports,
+    claim_ports,
     locked_file,
     ports_lock,
 )
@@ -45,7 +53,12 @@ from batchscale.weedconfig import HOST, write_weed_config
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 REAP_WAIT_S = 2.0
-STATE_FILES = ("credentials.json", "ports.json", "weed.pid", "weed.log", "lock")
+UNSHARE_FLAGS = ("--net", "--map-root-user", "--")
+"""A network namespace of its own (in a user namespace: no privilege is needed)."""
+GATE_MODULE = "batchscale.storegate"
+READY_FILE = "ready"
+"""Left by the gate once weed has registered every stored volume."""
+STATE_FILES = ("credentials.json", "ports.json", "weed.pid", "weed.log", "lock", READY_FILE)
 STATE_DIRS = ("data", "weed-config")
 MAX_STATE_FILE_BYTES = 64 * 1024
 AFTER_REMOVAL = {
@@ -107,6 +120,8 @@ def up(workdir: str | Path | None = None, bucket: str = "batchscale") -> StoreIn
             ports = choose_ports(ports)
             _record(state, bucket, ports)
             pid = _spawn(state, bucket, ports, access_key, secret_key)
+            if private_network()[0]:
+                claim_ports(pid, ports)
             _write_text_atomic(state / "weed.pid", f"{pid}\n")
             info = _info(state, bucket, pid, ports["s3"], access_key, secret_key)
             _wait_ready(info, ports["master"], state / "weed.log")
@@ -156,6 +171,19 @@ def env_lines(workdir: str | Path | None = None) -> list[str]:
         "AWS_SECRET_ACCESS_KEY": info.secret_key,
     }
     return [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
+
+
+def reach(info: StoreInfo) -> str:
+    """Who reaches which port of a running store, in one line for `batchscale store`."""
+    try:
+        gated = os.fsencode(GATE_MODULE) in Path(f"/proc/{info.pid}/cmdline").read_bytes()
+    except OSError:
+        gated = False
+    if gated:
+        return "only the S3 port is reachable (weed runs in a private network namespace)"
+    why = private_network()[1] if not private_network()[0] else "started before the gate existed"
+    return (f"weed's master, volume and admin status pages answer any local process on {HOST} "
+            f"({why}); objects still need the keys")
 
 
 def weed_binary() -> str:
@@ -280,9 +308,8 @@ def _our_pid(state: Path) -> int | None:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return None
-    ours = (
-        "weed" in Path(os.fsdecode(argv[0])).name and os.fsencode(f"-dir={state / 'data'}") in argv
-    )
+    started_by_us = "weed" in Path(os.fsdecode(argv[0])).name or os.fsencode(GATE_MODULE) in argv
+    ours = started_by_us and os.fsencode(f"-dir={state / 'data'}") in argv
     return pid if ours and _alive(pid) else None
 
 
@@ -294,7 +321,9 @@ def _runs_our_flags(pid: int, state: Path, ports: dict[str, int]) -> bool:
     except OSError:
         return False
     wanted = _weed_args(state / "data", state / "weed-config", "", ports)[1:]
-    return all(os.fsencode(arg) in argv for arg in wanted if not arg.startswith("-bucket="))
+    gated = os.fsencode(GATE_MODULE) in argv
+    return gated == private_network()[0] and all(
+        os.fsencode(arg) in argv for arg in wanted if not arg.startswith("-bucket="))
 
 
 def _alive(pid: int) -> bool:
@@ -371,7 +400,8 @@ def _weed_args(data_dir: Path, config_dir: Path, bucket: str, ports: dict[str, i
 def _spawn(
     state: Path, bucket: str, ports: dict[str, int], access_key: str, secret_key: str
 ) -> int:
-    """Start weed in its own session (a terminal's Ctrl+C does not reach it); return its pid.
+    """Start weed in its own session (a terminal's Ctrl+C does not reach it); return the pid to
+    signal: the gate's where a private network is available (`private_network`), else weed's.
 
     The keys in its environment make weed require requests signed with exactly these keys; no
     WEED_* variable of ours may override the security.toml. It runs in its config directory
@@ -384,19 +414,68 @@ def _spawn(
     env = {key: value for key, value in os.environ.items() if not key.startswith("WEED_")}
     env.update({"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key})
     args = _weed_args(data_dir, config, bucket, ports)
-    shell = ["/bin/sh", "-c", 'umask 077 && cd -- "$0" && exec "$@"', str(config), *args]
-    log_flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-    return os.posix_spawn(
-        shell[0],
-        shell,
-        env,
-        file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, str(state / "weed.log"), log_flags, 0o600),
-            (os.POSIX_SPAWN_DUP2, 1, 2),
-        ],
-        setsid=True,
-    )
+    (state / READY_FILE).unlink(missing_ok=True)
+    with contextlib.ExitStack() as stack:
+        if private_network()[0]:
+            listener = stack.enter_context(_s3_listener(ports["s3"]))
+            args = _gate_args(listener.fileno(), ports, data_dir, state / READY_FILE) + args
+        shell = ["/bin/sh", "-c", 'umask 077 && cd -- "$0" && exec "$@"', str(config), *args]
+        log_flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        return os.posix_spawn(
+            shell[0],
+            shell,
+            env,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, str(state / "weed.log"), log_flags, 0o600),
+                (os.POSIX_SPAWN_DUP2, 1, 2),
+            ],
+            setsid=True,
+        )
+
+
+@functools.cache
+def private_network() -> tuple[bool, str]:
+    """Whether weed can run in a network namespace of its own (unprivileged user namespaces,
+    or root, and util-linux's `unshare`), and if not, why not."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False, "util-linux's `unshare` is not installed"
+    try:
+        tried = subprocess.run([unshare, *UNSHARE_FLAGS, "true"], capture_output=True,
+                               timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"`unshare` could not run ({exc})"
+    if tried.returncode != 0:
+        why = tried.stderr.decode(errors="replace").strip() or f"exit {tried.returncode}"
+        return False, f"this machine allows no private network namespace ({why})"
+    return True, "weed runs in a private network namespace; only its S3 port is reachable"
+
+
+@contextlib.contextmanager
+def _s3_listener(port: int) -> Iterator[socket.socket]:
+    """The store's S3 port on this machine's 127.0.0.1, for the gate to inherit and serve."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((HOST, port))
+        listener.listen(128)
+        listener.set_inheritable(True)
+    except OSError as exc:
+        listener.close()
+        raise StoreError(f"cannot listen on {HOST}:{port} for the local store: {exc}") from None
+    with listener:
+        yield listener
+
+
+def _gate_args(fd: int, ports: dict[str, int], data_dir: Path, ready: Path) -> list[str]:
+    """The command that makes the private network and runs the gate (batchscale/storegate.py)
+    in it; weed's own command follows."""
+    return [
+        shutil.which("unshare") or "unshare", *UNSHARE_FLAGS,
+        sys.executable, "-m", GATE_MODULE, f"--listen-fd={fd}", f"--s3-port={ports['s3']}",
+        f"--master-port={ports['master']}", f"--data-dir={data_dir}", f"--ready={ready}", "--",
+    ]
 
 
 def _info(
@@ -426,29 +505,12 @@ def _answers(store: ObjectStore) -> StoreError | None:
     return None
 
 
-def _unregistered_volumes(data_dir: Path, master_port: int) -> int:
-    """How many volumes on disk the master does not know yet (all if it does not answer).
-
-    After a restart S3 answers before the volume server has reported its volumes, and for a
-    few seconds reads of existing objects fail with "volume id N not found". The master's JSON
-    API is off (-disableHttp), so the count is read from its status page's topology table.
-    """
-    on_disk = len(list(data_dir.glob("*.dat")))  # "<id>.dat" or "<collection>_<id>.dat"
-    try:
-        with urllib.request.urlopen(f"http://{HOST}:{master_port}/", timeout=5) as response:
-            page = response.read(1 << 20).decode(errors="replace")
-    except OSError:
-        return on_disk
-    table = page.partition("<h2>Topology</h2>")[2].partition("</table>")[0]
-    header = [cell.strip() for cell in re.findall(r"<th>(.*?)</th>", table, re.S)]
-    if "#Volumes" not in header:
-        return on_disk
-    column = header.index("#Volumes")
-    known = 0
-    for row in re.findall(r"<tr>(.*?)</tr>", table.partition("<tbody>")[2], re.S):
-        cells = [cell.strip() for cell in re.findall(r"<td>(.*?)</td>", row, re.S)]
-        known += int(cells[column]) if len(cells) > column and cells[column].isdigit() else 0
-    return max(0, on_disk - known)
+def _volumes_pending(state: Path, master_port: int) -> int:
+    """How many stored volumes weed has not registered yet. Behind the gate the master's page
+    is out of reach, so the gate counts them and leaves a file once there are none."""
+    if private_network()[0]:
+        return 0 if (state / READY_FILE).exists() else 1
+    return unregistered_volumes(state / "data", master_port)
 
 
 def _wait_ready(info: StoreInfo, master_port: int, log: Path) -> None:
@@ -457,11 +519,11 @@ def _wait_ready(info: StoreInfo, master_port: int, log: Path) -> None:
     store = _probe_store(info)
     while True:
         problem = _answers(store)
-        missing = _unregistered_volumes(info.data_dir, master_port) if problem is None else None
+        missing = _volumes_pending(log.parent, master_port) if problem is None else None
         if problem is None and not missing:
             return
         if not _alive(info.pid):
-            reason = "weed exited"
+            reason = "weed exited" if not private_network()[0] else "weed or its gate exited"
             break
         if time.monotonic() > deadline:
             _stop(info.pid)

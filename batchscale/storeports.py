@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import random
 import socket
 import tempfile
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from batchscale.errors import StoreError
+from batchscale.storage import write_bytes_atomic
 from batchscale.weedconfig import HOST
 
 GRPC_OFFSET = 10000
@@ -22,6 +24,10 @@ DEFAULT_PORTS = {"s3": 8333, "master": 9333, "volume": 9340, "filer": 8888, "adm
 """First choice of http port per service (weed's own defaults); gRPC is the port + GRPC_OFFSET."""
 RANDOM_PORTS = (10000, 22767)
 """Fallback range: the port and its gRPC twin both stay below the kernel's ephemeral range."""
+CLAIMS_NAME = "batchscale-store-ports.json"
+"""In the system's temporary directory: {pid: [ports]} of stores whose ports are not bound on
+this machine's network (weed behind its gate, batchscale/storegate.py). weed names its unix
+sockets in /tmp after its ports, so two stores on the same numbers would share sockets."""
 PORTS_LOCK_NAME = "batchscale-store-ports.lock"
 """In the system's temporary directory: serializes choosing ports and starting weed."""
 
@@ -61,7 +67,7 @@ def choose_ports(recorded: dict[str, int]) -> dict[str, int]:
     Reusing the recorded ports keeps the endpoint (and weed's per-master-port metadata dir)
     stable across restarts.
     """
-    taken: set[int] = set()
+    taken: set[int] = claimed_ports()
     chosen: dict[str, int] = {}
     for service, default in DEFAULT_PORTS.items():
         candidates = [recorded.get(service), default]
@@ -75,3 +81,31 @@ def choose_ports(recorded: dict[str, int]) -> dict[str, int]:
         else:
             raise StoreError(f"no free loopback port pair found for the weed {service} server")
     return chosen
+
+
+def _claims_path() -> Path:
+    return Path(tempfile.gettempdir()) / CLAIMS_NAME
+
+
+def _live_claims() -> dict[int, list[int]]:
+    """The recorded claims whose process still runs (an unreadable file counts as none)."""
+    try:
+        raw = json.loads(_claims_path().read_text())
+        claims = {int(pid): [int(port) for port in ports] for pid, ports in raw.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+    return {pid: ports for pid, ports in claims.items() if Path(f"/proc/{pid}").exists()}
+
+
+def claimed_ports() -> set[int]:
+    """http and gRPC ports of every running store behind a gate. Call under `ports_lock`."""
+    return {port for ports in _live_claims().values() for port in ports}
+
+
+def claim_ports(pid: int, ports: dict[str, int]) -> None:
+    """Record `ports` (and their gRPC twins) as used by `pid` until it exits. Call under
+    `ports_lock`."""
+    claims = _live_claims()
+    claims[pid] = sorted({n for port in ports.values() for n in (port, port + GRPC_OFFSET)})
+    text = json.dumps({str(k): v for k, v in claims.items()})
+    write_bytes_atomic(_claims_path(), text.encode(), mode=0o600)

@@ -10,10 +10,12 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchscale import cli, localstore, weedconfig
+from batchscale import cli, localstore, storegate, weedconfig
 from batchscale.errors import ObjectExists, StoreError
 from batchscale.storage import ObjectStore, S3Settings, sha256_b64
 from helpers import run_cli
@@ -36,8 +38,31 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     localstore.down(path)
 
 
-def _listening_addresses(pid: int) -> set[tuple[str, int]]:
-    """(address, port) of every TCP socket `pid` listens on, read from /proc."""
+@pytest.fixture(scope="module")
+def open_workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A store started without the gate, every weed port on this machine's 127.0.0.1: as on a
+    machine with no private network namespace. weed's own guards, tried on it below, are the
+    same behind the gate."""
+    path = tmp_path_factory.mktemp("openstore")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(localstore, "private_network", lambda: (False, "turned off for the test"))
+        localstore.up(path)
+        yield path
+        localstore.down(path)
+
+
+def _weed_pid(pid: int) -> int:
+    """weed's pid: `pid` itself, or the gate's one child."""
+    if b"batchscale.storegate" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        return pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert len(children) == 1, f"the gate should have weed as its one child, not {children}"
+    return int(children[0])
+
+
+def _listening_addresses(pid: int, netns_of: int | None = None) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket `pid` listens on in the network namespace of
+    `netns_of` (default: `pid`'s own), read from /proc."""
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         target = os.readlink(fd)
@@ -45,7 +70,8 @@ def _listening_addresses(pid: int) -> set[tuple[str, int]]:
             inodes.add(target[len("socket:[") : -1])
     found = set()
     for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
-        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+        net = Path(f"/proc/{pid if netns_of is None else netns_of}/net")
+        for line in (net / table).read_text().splitlines()[1:]:
             fields = line.split()
             local, state, inode = fields[1], fields[3], fields[9]
             if state == "0A" and inode in inodes:  # 0A: LISTEN
@@ -83,7 +109,7 @@ def test_state_is_private(workdir: Path) -> None:
 def test_every_port_is_bound_to_loopback_only(workdir: Path) -> None:
     info = localstore.status(workdir)
     assert info is not None
-    listening = _listening_addresses(info.pid)
+    listening = _listening_addresses(info.pid, netns_of=os.getpid())
     s3_port = int(info.endpoint_url.rsplit(":", 1)[1])
     assert ("127.0.0.1", s3_port) in listening
     assert {address for address, _ in listening} == {"127.0.0.1"}
@@ -91,6 +117,73 @@ def test_every_port_is_bound_to_loopback_only(workdir: Path) -> None:
     if outside is not None:
         with pytest.raises(ConnectionRefusedError), socket.socket() as sock:
             sock.connect((outside, s3_port))
+
+
+def _all_listening(pid: int, ports: set[int], wait_s: float = 30.0) -> bool:
+    """Whether `pid` listens on exactly `ports`, waiting for the last (the admin server comes
+    up seconds after S3 answers)."""
+    deadline = time.monotonic() + wait_s
+    while {port for _, port in _listening_addresses(pid)} != ports:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _refuses(port: int) -> bool:
+    try:
+        socket.create_connection((localstore.HOST, port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_behind_the_gate_only_the_s3_port_is_reachable(workdir: Path) -> None:
+    """weed listens on all its ports, but in its own network: from here every one but S3 is
+    refused, status pages included; the S3 port is the gate's, and it serves objects."""
+    if not localstore.private_network()[0]:
+        pytest.skip(f"no gate on this machine: {localstore.private_network()[1]}")
+    info = localstore.status(workdir)
+    assert info is not None
+    ports = _ports_by_role(workdir)
+    weed = _weed_pid(info.pid)
+    assert weed != info.pid
+    assert _all_listening(weed, set(ports.values())), "weed is not up: the refusals prove nothing"
+    assert _listening_addresses(info.pid, netns_of=os.getpid()) == {("127.0.0.1", ports["s3"])}
+    for role, port in ports.items():
+        if role != "s3":
+            assert _refuses(port), f"{role} port {port} answers outside weed's network"
+            assert _http(port, "GET", "/", None) == (None, b"")
+    store = ObjectStore(info.settings(prefix=f"gate-{secrets.token_hex(4)}"), max_attempts=1)
+    store.put_bytes(store.key("through"), b"the gate")
+    assert store.get_bytes(store.key("through")) == b"the gate"
+    assert "only the S3 port" in localstore.reach(info)
+
+
+def test_a_killed_gate_takes_weed_with_it(tmp_path: Path) -> None:
+    if not localstore.private_network()[0]:
+        pytest.skip(f"no gate on this machine: {localstore.private_network()[1]}")
+    info = localstore.up(tmp_path)
+    weed = _weed_pid(info.pid)
+    os.kill(info.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not (_stopped(info.pid) and _stopped(weed)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _stopped(weed), "weed outlived its gate"
+    assert localstore.status(tmp_path) is None
+    again = localstore.up(tmp_path)
+    try:
+        ObjectStore(again.settings(), max_attempts=1).check()
+    finally:
+        localstore.down(tmp_path)
+
+
+def test_without_unshare_the_store_says_why_it_has_no_gate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert localstore.private_network.__wrapped__() == (
+        False, "util-linux's `unshare` is not installed")
 
 
 def test_endpoint_requires_the_generated_keys(workdir: Path) -> None:
@@ -191,7 +284,7 @@ def test_failed_start_shows_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     fake.write_text("#!/bin/sh\necho 'listen tcp: bind: address already in use' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setattr(localstore, "weed_binary", lambda: str(fake))
-    with pytest.raises(StoreError, match="(?s)weed exited.*address already in use"):
+    with pytest.raises(StoreError, match="(?s)weed (or its gate )?exited.*address already in use"):
         localstore.up(tmp_path / "work")
     assert localstore.status(tmp_path / "work") is None
     assert not (localstore.state_dir(tmp_path / "work") / "weed.pid").exists()
@@ -210,7 +303,7 @@ def test_weed_secrets_are_private_and_weed_reads_only_our_config(workdir: Path) 
     cmdline = Path(f"/proc/{info.pid}/cmdline").read_bytes()  # readable by every local user
     for secret in (info.secret_key, *signing_keys):
         assert secret.encode() not in cmdline
-    sockets = _unix_sockets(info.pid)
+    sockets = _unix_sockets(_weed_pid(info.pid))
     assert sockets, "weed serves no unix socket: the check below would prove nothing"
     for path in sockets:  # connecting to a unix socket needs write permission on it
         assert os.stat(path).st_mode & 0o077 == 0, f"{path} is open to other users"
@@ -230,7 +323,7 @@ def _unix_sockets(pid: int) -> list[str]:
     """Paths of the unix sockets `pid` listens on."""
     inodes = {os.readlink(fd)[len("socket:[") : -1] for fd in Path(f"/proc/{pid}/fd").iterdir()
               if os.readlink(fd).startswith("socket:[")}
-    rows = (line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:])
+    rows = (line.split() for line in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:])
     return sorted({row[7] for row in rows if len(row) > 7 and row[6] in inodes and row[5] == "01"})
 
 
@@ -330,7 +423,8 @@ def _speaks_h2(port: int, tls: ssl.SSLContext | None) -> bool:
     return len(answer) >= 9 and answer[3] == 0x4  # the frame type of SETTINGS
 
 
-def test_no_port_serves_or_changes_an_object_without_credentials(workdir: Path) -> None:
+def test_no_port_serves_or_changes_an_object_without_credentials(open_workdir: Path) -> None:
+    workdir = open_workdir
     info = localstore.status(workdir)
     assert info is not None
     store = ObjectStore(info.settings(prefix=f"door-{secrets.token_hex(4)}"), max_attempts=1)
@@ -339,7 +433,7 @@ def test_no_port_serves_or_changes_an_object_without_credentials(workdir: Path) 
     fids = _fids_on_disk(info.data_dir)
     assert len(fids) >= 1
     ports = _ports_by_role(workdir)
-    assert {port for _, port in _listening_addresses(info.pid)} == set(ports.values())
+    assert _all_listening(info.pid, set(ports.values())), "a weed port is not up: none tried"
 
     tampered = b"tampered " + content
     for role, port in ports.items():
@@ -358,7 +452,8 @@ def test_no_port_serves_or_changes_an_object_without_credentials(workdir: Path) 
         store.put_bytes(key, tampered)  # create-only still holds
 
 
-def test_grpc_ports_answer_only_our_certificate(workdir: Path, tmp_path: Path) -> None:
+def test_grpc_ports_answer_only_our_certificate(open_workdir: Path, tmp_path: Path) -> None:
+    workdir = open_workdir
     ports = _ports_by_role(workdir)
     config = localstore.state_dir(workdir) / "weed-config"
     strangers = tmp_path / "stranger.crt", tmp_path / "stranger.key"
@@ -373,16 +468,19 @@ def test_grpc_ports_answer_only_our_certificate(workdir: Path, tmp_path: Path) -
         assert _speaks_h2(ports[f"{role}-grpc"], ours), f"{role}-grpc refuses our certificate"
 
 
-def test_master_page_gives_the_count_of_registered_volumes(workdir: Path, tmp_path: Path) -> None:
+def test_master_page_gives_the_count_of_registered_volumes(
+    open_workdir: Path, tmp_path: Path
+) -> None:
+    workdir = open_workdir
     info = localstore.status(workdir)
     assert info is not None
     master = _ports_by_role(workdir)["master"]
     on_disk = list(info.data_dir.glob("*.dat"))
     assert on_disk
-    assert localstore._unregistered_volumes(info.data_dir, master) == 0
+    assert storegate.unregistered_volumes(info.data_dir, master) == 0
     for number in range(len(on_disk) + 1):
         (tmp_path / f"c_{number}.dat").touch()
-    assert localstore._unregistered_volumes(tmp_path, master) == 1
+    assert storegate.unregistered_volumes(tmp_path, master) == 1
 
 
 # --- corrupt state files: a clear refusal that says how to recover, nothing written --------

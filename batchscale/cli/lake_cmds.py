@@ -73,11 +73,14 @@ def cmd_store(args) -> int:
         info = localstore.up()
         print(f"SeaweedFS S3 at {info.endpoint_url}, bucket {info.bucket}, pid {info.pid}, "
               f"data in {info.data_dir}")
+        print(localstore.reach(info))
     elif args.action == "down":
         print("stopped" if localstore.down() else "not running (nothing to stop)")
     elif args.action == "status":
         info = localstore.status()
         print(f"running: {info.endpoint_url} pid {info.pid}" if info else "not running")
+        if info:
+            print(localstore.reach(info))
         return 0 if info else 1
     else:
         print("\n".join(localstore.env_lines()))
