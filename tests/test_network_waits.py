@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import socket
 import threading
 import time
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from batchscale.errors import StoreError
+from batchscale.convergence.trainjob_wait import job_events, read_job
+from batchscale.errors import BatchscaleError, StoreError
 from batchscale.kfp_client import (
     CONNECT_ATTEMPTS,
     PREFLIGHT_TIMEOUT_S,
@@ -290,3 +292,62 @@ def test_a_kfp_host_that_never_accepts_fails_within_the_stated_bound(unaccepting
     assert (f"KFP API at {unaccepting_endpoint} did not accept a connection within "
             f"{PREFLIGHT_TIMEOUT_S[0]} s ({CONNECT_ATTEMPTS} attempts)" in str(err.value))
     assert elapsed < margin(CONNECT_ATTEMPTS * PREFLIGHT_TIMEOUT_S[0])
+
+
+def _kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "ns"}}],
+    }))
+    return path
+
+
+def test_a_trickling_kubernetes_api_is_cut_off_at_each_calls_deadline(
+    trickling_endpoint, tmp_path, monkeypatch
+):
+    """The TrainJob launcher's requests (the real kubeflow SDK and kubernetes client) against
+    an API server that trickles its answers: each ends at its own deadline, naming the server;
+    starting the client or creating the job fails the step, deleting it only warns."""
+    import kubernetes.client
+    from kubeflow_trainer_api import models
+
+    from batchscale.convergence import trainjob
+
+    bound = 2.0
+    late = f"the Kubernetes API at {trickling_endpoint} did not"
+    monkeypatch.setenv("KUBECONFIG", str(_kubeconfig(tmp_path / "trickle", trickling_endpoint)))
+    started = time.monotonic()
+    with pytest.raises(BatchscaleError, match=f"{late} answer the Trainer client's first"):
+        trainjob.trainer_client(None, bound)
+    assert time.monotonic() - started < margin(bound)
+
+    # A client started against a closed port (its first read fails at once, with a warning),
+    # then pointed at the trickling server: every later request goes there.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    monkeypatch.setenv("KUBECONFIG", str(_kubeconfig(tmp_path / "closed", nobody)))
+    client = trainjob.trainer_client(None, bound)
+    settings = kubernetes.client.Configuration.get_default_copy()
+    settings.host = trickling_endpoint
+    settings.refresh_api_key_hook = None  # it reloads the kubeconfig, host included
+    api = kubernetes.client.ApiClient(settings)
+    client.backend.core_api = kubernetes.client.CoreV1Api(api)
+    client.backend.custom_api = kubernetes.client.CustomObjectsApi(api)
+    job = models.TrainerV1alpha1TrainJob(
+        api_version="trainer.kubeflow.org/v1alpha1", kind="TrainJob",
+        metadata=models.IoK8sApimachineryPkgApisMetaV1ObjectMeta(name="bs-trickle"))
+    started = time.monotonic()
+    with pytest.raises(BatchscaleError) as err:
+        trainjob.create_job(client, job, bound)
+    assert (f"could not create TrainJob bs-trickle: {late} complete creating TrainJob "
+            f"bs-trickle within {bound:g} s") in str(err.value)
+    with pytest.raises(BatchscaleError, match="could not read the training runtime"):
+        trainjob.torch_runtime(client, "torch-distributed", bound)
+    assert trainjob.delete_job(client, "bs-trickle", bound) is False
+    with pytest.raises(TimeoutError, match=late):
+        read_job(client, "bs-trickle", bound)
+    assert late in job_events(client, "bs-trickle", bound)
+    assert time.monotonic() - started < margin(bound * 6)

@@ -263,8 +263,8 @@ def test_a_stalled_status_read_is_given_up_at_the_api_timeout(capsys):
         answer.set()
     assert seen is None
     assert time.monotonic() - started < 1 + limits.api_timeout_s + 1.5  # not the 60 s stall
-    assert "could not read TrainJob job-1 (no answer within 0.5 s); retrying" in \
-        capsys.readouterr().err
+    assert ("could not read TrainJob job-1 (the Kubernetes API at (unknown host) did not "
+            "complete reading TrainJob job-1 within 0.5 s); retrying") in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------- what a cluster refuses

@@ -47,7 +47,8 @@ from batchscale.convergence.trainjob_body import (
     trainer_env,
     trainjob_image,
 )
-from batchscale.convergence.trainjob_wait import WaitLimits, await_job, warn
+from batchscale.convergence.trainjob_wait import WaitLimits, api_call, await_job, warn
+from batchscale.deadline import DeadlinePassed, call_within
 from batchscale.envinfo import git_commit
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import LocalLocation, S3Location, copy_files, is_s3_uri
@@ -97,17 +98,25 @@ def trainjob_command(spec_uri: str, max_restarts: int) -> list[str]:
 
 
 # ------------------------------------------------------------------------- the API, bounded
-def trainer_client(namespace: str | None):
+def trainer_client(namespace: str | None, timeout_s: float):
     """In a pod: the in-cluster service account and namespace. Elsewhere: the kubeconfig named
     by $KUBECONFIG now (the kubernetes client reads that variable once, at import) and its
-    current context's namespace."""
+    current context's namespace. The SDK reads a ConfigMap as it starts, without any timeout,
+    so the start has a deadline of its own."""
     from kubeflow.common.types import KubernetesBackendConfig
     from kubeflow.trainer import TrainerClient
+    from kubernetes.client import Configuration
 
     kubeconfig = os.environ.get("KUBECONFIG")
     if kubeconfig and namespace is None:
         namespace = kubeconfig_namespace(kubeconfig)
-    return TrainerClient(KubernetesBackendConfig(namespace=namespace, config_file=kubeconfig))
+    config = KubernetesBackendConfig(namespace=namespace, config_file=kubeconfig)
+    try:
+        return call_within(lambda: TrainerClient(config), timeout_s, name="k8s-client")
+    except DeadlinePassed:
+        raise BatchscaleError(f"the Kubernetes API at {Configuration.get_default_copy().host} "
+                              f"did not answer the Trainer client's first request within "
+                              f"{timeout_s:g} s") from None
 
 
 def kubeconfig_namespace(path: str) -> str | None:
@@ -117,11 +126,12 @@ def kubeconfig_namespace(path: str) -> str | None:
     return current.get("context", {}).get("namespace")
 
 
-def torch_runtime(client, name: str):
+def torch_runtime(client, name: str, timeout_s: float):
     """The runtime (namespaced first, as the SDK looks), which must be a torch one: the job's
     command is torchrun, fed by the Torch plugin's PET_* variables."""
     try:
-        runtime = client.get_runtime(name)
+        runtime = api_call(client, f"reading the runtime {name!r}",
+                           lambda: client.get_runtime(name), 2 * timeout_s)
     except (RuntimeError, TimeoutError) as err:
         cause = f": {err.__cause__}" if err.__cause__ else ""
         raise BatchscaleError(f"convergence.trainjob_runtime: could not read the training "
@@ -142,8 +152,9 @@ def pod_seconds_left(client, pod: LaunchingPod | None, timeout_s: float) -> floa
     if pod is None or pod.deadline_s is None:
         return None
     try:
-        started = client.backend.core_api.read_namespaced_pod(
-            pod.name, pod.namespace, _request_timeout=timeout_s).status.start_time
+        started = api_call(client, f"reading pod {pod.name}", lambda: (
+            client.backend.core_api.read_namespaced_pod(
+                pod.name, pod.namespace, _request_timeout=timeout_s)), timeout_s).status.start_time
     except Exception as err:  # noqa: BLE001 - any failure only loosens the bound, with a warning
         started, why = None, str(err)
     else:
@@ -187,9 +198,10 @@ def create_job(client, job, timeout_s: float) -> None:
 
     backend, name = client.backend, job.metadata.name
     try:
-        backend.custom_api.create_namespaced_custom_object(
-            constants.GROUP, constants.VERSION, backend.namespace, constants.TRAINJOB_PLURAL,
-            job.to_dict(), field_validation="Strict", _request_timeout=timeout_s)
+        api_call(client, f"creating TrainJob {name}", lambda: (
+            backend.custom_api.create_namespaced_custom_object(
+                constants.GROUP, constants.VERSION, backend.namespace, constants.TRAINJOB_PLURAL,
+                job.to_dict(), field_validation="Strict", _request_timeout=timeout_s)), timeout_s)
     except ApiException as err:
         raise BatchscaleError(refusal(name, err)) from None
     except Exception as err:  # noqa: BLE001 - network errors of urllib3, named in the message
@@ -204,9 +216,10 @@ def delete_job(client, name: str, timeout_s: float) -> bool:
 
     backend = client.backend
     try:
-        backend.custom_api.delete_namespaced_custom_object(
-            constants.GROUP, constants.VERSION, backend.namespace, constants.TRAINJOB_PLURAL,
-            name, _request_timeout=timeout_s)
+        api_call(client, f"deleting TrainJob {name}", lambda: (
+            backend.custom_api.delete_namespaced_custom_object(
+                constants.GROUP, constants.VERSION, backend.namespace, constants.TRAINJOB_PLURAL,
+                name, _request_timeout=timeout_s)), timeout_s)
     except ApiException as err:
         if err.status == 404:
             return True
@@ -242,11 +255,11 @@ def run_on_kubeflow(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
                        "TrainJob's pods cannot share; use s3://bucket/prefix or leave it unset")
     pod = LaunchingPod.from_env()
     image = trainjob_image(cfg.kubernetes.gpus_per_worker)
-    client = trainer_client(cfg.convergence.trainjob_namespace)
+    client = trainer_client(cfg.convergence.trainjob_namespace, limits.api_timeout_s)
     pod_left = pod_seconds_left(client, pod, limits.api_timeout_s)
     limits.room_s(pod_left)  # no room: say so before copying anything
     pod_end = None if pod_left is None else time.monotonic() + pod_left
-    runtime = torch_runtime(client, cfg.convergence.trainjob_runtime)
+    runtime = torch_runtime(client, cfg.convergence.trainjob_runtime, limits.api_timeout_s)
     settings = S3Settings.from_env()
     staged = stage_inputs(cfg, batch_sizes, data_dir=data_dir, run_id=run_id, workers=workers,
                           store=ObjectStore(settings), prune_at_step=prune_at_step)

@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from batchscale.deadline import DeadlinePassed, call_within
 from batchscale.errors import BatchscaleError
 
 COMPLETE, FAILED, RUNNING = "Complete", "Failed", "Running"
@@ -96,28 +97,31 @@ def poll_status(client, name: str, wanted: set[str], until: float, limits: WaitL
         time.sleep(min(limits.poll_interval_s, left))
 
 
+def api_call(client, what: str, call, timeout_s: float):
+    """`call()` (a request of the SDK or the kubernetes client), given at most `timeout_s` in
+    all: their timeouts bound each read, not the request, so an API server that trickles its
+    answer would hold the step until the pod's deadline. A call still going then is left to its
+    daemon thread; TimeoutError names the API server and the bound."""
+    try:
+        return call_within(call, timeout_s, name=f"k8s-{what}")
+    except DeadlinePassed:
+        raise TimeoutError(f"the Kubernetes API at {api_host(client)} did not complete {what} "
+                           f"within {timeout_s:g} s") from None
+
+
+def api_host(client) -> str:
+    try:
+        return client.backend.core_api.api_client.configuration.host
+    except AttributeError:
+        return "(unknown host)"
+
+
 def read_job(client, name: str, timeout_s: float):
     """client.get_job(name), waited for at most `timeout_s` (TimeoutError). The SDK waits up to
     120 s for each of its requests, and one read is up to four of them: the job, its runtime
     (namespaced, then cluster-wide) and its pods (kubeflow 0.5, KubernetesBackend.get_job), so
-    8 minutes on a stalled API server, more than the pod's deadline keeps for it. A read still
-    going then is left to its daemon thread, as the log copy is."""
-    answer: dict = {}
-
-    def read() -> None:
-        try:
-            answer["job"] = client.get_job(name)
-        except Exception as err:  # noqa: BLE001 - raised again in the caller's thread
-            answer["error"] = err
-
-    reader = threading.Thread(target=read, daemon=True, name=f"status-{name}")
-    reader.start()
-    reader.join(timeout_s)
-    if reader.is_alive():
-        raise TimeoutError(f"no answer within {timeout_s:g} s")
-    if "error" in answer:
-        raise answer["error"]
-    return answer["job"]
+    8 minutes on a stalled API server, more than the pod's deadline keeps for it."""
+    return api_call(client, f"reading TrainJob {name}", lambda: client.get_job(name), timeout_s)
 
 
 class LogCopy:
@@ -157,8 +161,8 @@ def job_events(client, name: str, timeout_s: float) -> str:
     FailedScheduling events are what explains the failure."""
     backend = client.backend
     try:
-        events = backend.core_api.list_namespaced_event(backend.namespace,
-                                                        _request_timeout=timeout_s).items
+        events = api_call(client, "listing events", lambda: backend.core_api.list_namespaced_event(
+            backend.namespace, _request_timeout=timeout_s), timeout_s).items
     except Exception as err:  # noqa: BLE001 - events only enrich the message
         return f" (events unavailable: {err})"
     ours = [e for e in events if e.type == "Warning" and e.involved_object and
@@ -176,9 +180,10 @@ def failed_conditions(client, name: str, timeout_s: float) -> str:
 
     backend = client.backend
     try:
-        job = backend.custom_api.get_namespaced_custom_object(
-            constants.GROUP, constants.VERSION, backend.namespace, constants.TRAINJOB_PLURAL,
-            name, _request_timeout=timeout_s)
+        job = api_call(client, f"reading TrainJob {name}", lambda: (
+            backend.custom_api.get_namespaced_custom_object(
+                constants.GROUP, constants.VERSION, backend.namespace, constants.TRAINJOB_PLURAL,
+                name, _request_timeout=timeout_s)), timeout_s)
     except Exception as err:  # noqa: BLE001 - the job failed either way
         return f"its Failed condition could not be read: {err}"
     conditions = [c for c in job.get("status", {}).get("conditions", [])
