@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,9 @@ sweep itself has not started its trials yet, so that load is someone else's."""
 WHAT_TO_DO = ("rerun on a quiet node, pin the sweep to CPUs nothing else uses (taskset or a "
               "cpuset), or on Kubernetes request Guaranteed QoS (integer CPU requests equal to "
               "limits)")
+IDLE_BUSY_SHARE = 0.25
+"""The sweep's CPUs count as idle, for re-measuring a disturbed row, when other processes keep
+them busy less than this share of the time."""
 OTHERS_LOAD_SHARE = 1.0
 """A trial ran on an overloaded machine when the load average before it, less the CPUs the
 trial itself kept busy (its process_cpu_per_wall), is at least this share of the usable CPUs:
@@ -179,6 +183,57 @@ def run_queue_wait_s(task_dir: Path = Path("/proc/self/task")) -> float | None:
         except (OSError, IndexError, ValueError):
             continue  # the thread ended since the listing, or the field is missing
     return total / 1e9 if found else None
+
+
+def cpu_times(stat: Path = Path("/proc/stat")) -> dict[int, tuple[int, int]] | None:
+    """(busy, total) jiffies per CPU since boot, from /proc/stat; None where it is missing.
+    Busy is everything but idle and iowait."""
+    try:
+        lines = stat.read_text().splitlines()
+    except OSError:
+        return None
+    times = {}
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and len(fields) >= 5:
+            values = [int(v) for v in fields[:8]]
+            idle = values[3] + values[4]
+            times[int(name[3:])] = (sum(values) - idle, sum(values))
+    return times
+
+
+def busy_share(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]],
+               cpus: Collection[int]) -> float | None:
+    """The share of `cpus`' time spent busy between two `cpu_times` readings (None: no time
+    passed on them, or they are not in the readings)."""
+    busy = total = 0
+    for cpu in cpus:
+        if cpu in before and cpu in after:
+            busy += after[cpu][0] - before[cpu][0]
+            total += after[cpu][1] - before[cpu][1]
+    return busy / total if total > 0 else None
+
+
+def wait_for_idle_cpus(max_wait_s: float, cpus: Collection[int] | None = None,
+                       window_s: float = 1.0) -> tuple[bool, float, float | None]:
+    """Wait, up to `max_wait_s`, until others use under IDLE_BUSY_SHARE of `cpus` (default:
+    this process's) over a `window_s` window, while this process waits. (idle?, seconds
+    waited, the last busy share); (True, 0, None) where /proc/stat cannot tell."""
+    cpus = os.sched_getaffinity(0) if cpus is None else cpus
+    started = time.monotonic()
+    share = None
+    while True:
+        before = cpu_times()
+        time.sleep(window_s)
+        after = cpu_times()
+        if before is None or after is None:
+            return True, 0.0, None
+        share = busy_share(before, after, cpus)
+        waited = time.monotonic() - started
+        if share is None or share < IDLE_BUSY_SHARE:
+            return True, waited, share
+        if waited + window_s > max_wait_s:
+            return False, waited, share
 
 
 def starved(cpu_wait_share: float | None, share: float | None = None) -> bool:

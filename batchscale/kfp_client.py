@@ -241,13 +241,20 @@ def connect(host: str, auth: Auth, namespace: str | None = None):
     return client
 
 
+SCHEDULED_IDLE_WAIT_S = 120.0
+"""A recurring run's sweep.idle_wait_s at least."""
+
+
 def scheduled_config(cfg: ExperimentConfig) -> ExperimentConfig:
     """The config of a recurring run: a confirmed regression fails the run, so the KFP UI and
     its alerts show it, instead of a green run with a warning nobody reads; a sweep disturbed
-    by a busy node does not (it publishes, unjudged, with a warning): it is not a regression."""
+    by a busy node does not (it publishes, unjudged, with a warning): it is not a regression.
+    No one waits for a recurring run, so before re-measuring a disturbed row it waits longer for
+    the neighbour to go (SCHEDULED_IDLE_WAIT_S)."""
     data = cfg.model_dump(mode="json")
     data["publish"]["fail_on_regression"] = True
     data["sweep"]["unstable_fails"] = False
+    data["sweep"]["idle_wait_s"] = max(data["sweep"]["idle_wait_s"], SCHEDULED_IDLE_WAIT_S)
     return parse_config(data, "scheduled config")
 
 

@@ -5,6 +5,9 @@ is tested only where a GPU is present)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -223,3 +226,36 @@ def test_run_queue_wait_sums_the_threads_and_skips_what_it_cannot_read(tmp_path)
                     reason="the kernel reports no per-thread run-queue delay here")
 def test_this_kernel_reports_run_queue_wait():
     assert conditions.run_queue_wait_s() >= 0
+
+
+STAT_BEFORE = "cpu  10 0 10 100 0 0 0 0 0 0\ncpu0 5 0 5 50 0 0 0 0 0 0\ncpu1 5 0 5 50 0 0 0 0\n"
+STAT_AFTER = "cpu  100 0 10 110 0 0 0 0 0 0\ncpu0 95 0 5 50 0 0 0 0 0 0\ncpu1 5 0 5 60 0 0 0 0\n"
+
+
+def test_busy_share_is_read_per_cpu_from_proc_stat(tmp_path):
+    before, after = tmp_path / "before", tmp_path / "after"
+    before.write_text(STAT_BEFORE)
+    after.write_text(STAT_AFTER)
+    first, then = conditions.cpu_times(before), conditions.cpu_times(after)
+    assert first == {0: (10, 60), 1: (10, 60)}
+    assert conditions.busy_share(first, then, {0}) == 1.0  # 90 busy jiffies of 90
+    assert conditions.busy_share(first, then, {1}) == 0.0  # 10 idle of 10
+    assert conditions.busy_share(first, then, {0, 1}) == 0.9
+    assert conditions.busy_share(first, then, {7}) is None
+    assert conditions.cpu_times(tmp_path / "missing") is None
+
+
+def test_waiting_for_idle_cpus_sees_a_spinning_neighbour_and_stops_at_its_bound():
+    """A real process spinning on one CPU: that CPU is busy, and the wait ends at its bound
+    without calling it idle."""
+    cpu = min(os.sched_getaffinity(0))
+    spin = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})"
+                             "\nwhile True: pass"])
+    try:
+        time.sleep(0.3)
+        idle, waited_s, share = conditions.wait_for_idle_cpus(2.5, cpus={cpu}, window_s=0.5)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert not idle and share is not None and share > 0.6
+    assert 2.0 <= waited_s <= 2.5 + 1.0  # its bound, give or take one late window

@@ -33,6 +33,7 @@ import pandas as pd
 import pytest
 from test_publish import config_json, write_run_files
 
+from batchscale.kfp_client import SCHEDULED_IDLE_WAIT_S
 from batchscale.lake.publish import gate_stage, run_stage
 from batchscale.lake.regression import RegressionFound
 from helpers import store_env
@@ -86,14 +87,16 @@ def write_model(folder: Path, width: int, depth: int) -> None:
         cached.unlink()
 
 
-def run_sweep(folder: Path, run_id: str, commit: str) -> Path:
-    """One real `batchscale sweep` of the user model, pinned to at most two CPUs."""
+def run_sweep(folder: Path, run_id: str, commit: str, idle_wait_s: float) -> Path:
+    """One real `batchscale sweep` of the user model, pinned to at most two CPUs; before
+    re-measuring a disturbed row it waits up to `idle_wait_s` for them to be idle."""
     out = folder / f"{run_id}.parquet"
     env = {**os.environ, "PYTHONPATH": str(folder), "BATCHSCALE_GIT_COMMIT": commit}
     cpus = ",".join(map(str, sweep_cpus()))
     command = ["taskset", "-c", cpus, str(Path(sys.executable).with_name("batchscale")), "sweep",
                "--workload", WORKLOAD, "--batch-sizes", *BATCH_SIZES, "--image-size-px",
-               IMAGE_SIZE_PX, "--time-budget-s", "1.0", "--run-id", run_id, "--out", str(out)]
+               IMAGE_SIZE_PX, "--time-budget-s", "1.0", "--idle-wait-s", str(idle_wait_s),
+               "--run-id", run_id, "--out", str(out)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
@@ -150,7 +153,10 @@ class Scenario:
         try:
             if spinner:
                 time.sleep(0.3)  # let it start spinning
-            sweep = run_sweep(self.folder, run_id, commit)
+            # A scheduled run waits for a neighbour to go before re-measuring; this test's
+            # neighbour stays, so its run does not wait for it.
+            sweep = run_sweep(self.folder, run_id, commit,
+                              0 if neighbour else SCHEDULED_IDLE_WAIT_S)
         finally:
             if spinner:
                 spinner.kill()

@@ -21,6 +21,9 @@ def disturbed_sweep():
 def test_a_scheduled_run_fails_only_on_a_confirmed_regression():
     cfg = scheduled_config(parse_config({}))
     assert cfg.publish.fail_on_regression and not cfg.sweep.unstable_fails
+    assert cfg.sweep.idle_wait_s == 120 > parse_config({}).sweep.idle_wait_s == 0
+    longer = scheduled_config(parse_config({"sweep": {"idle_wait_s": 600}}))
+    assert longer.sweep.idle_wait_s == 600  # a longer wait of the user's is kept
     assert not parse_config({}).sweep.unstable_fails  # an ad-hoc run gets its answer too
     assert parse_config({"sweep": {"unstable_fails": True}}).sweep.unstable_fails
 

@@ -232,6 +232,12 @@ class SweepConfig(_Strict):
     unstable."""
     max_retries: Annotated[NonNegativeInt, Field(le=10)] = 2
     """Re-measurements of a disagreeing or scattered row before it is kept as unstable."""
+    idle_wait_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 0.0
+    """Before each pass of re-measurements, wait up to this long for the sweep's CPUs to be
+    idle (other processes busy under 25 % of their time over a second): a neighbour that has
+    gone by then leaves the re-measurement undisturbed. Re-measures anyway when the wait ends.
+    0 (an ad-hoc run: the answer now) turns the wait off; a recurring run (`batchscale
+    schedule`) waits at least 120 s, since no one waits for it."""
     overload_cpu_share: float | None = Field(1.0, gt=0.0)
     """A row is also unstable when most of its trials ran while other processes' load (the
     load average less the trial's own CPUs) reached this share of the usable CPUs: steady but

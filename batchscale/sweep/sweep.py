@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batchscale.conditions import busy_warning, host_conditions
+from batchscale.conditions import busy_warning, host_conditions, wait_for_idle_cpus
 from batchscale.config import SweepConfig
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.schemas import Quality, TrialStatus, make_table
@@ -220,9 +220,23 @@ class _Sweep:
             unstable = [c for c in self.ordered_cells()
                         if c.timed and c.quality(cfg.max_round_spread, cfg.max_cv)[0]
                         == Quality.UNSTABLE]
+            if unstable and cfg.idle_wait_s > 0:
+                self.wait_for_idle(len(unstable))
             for cell in visit_order(unstable, cfg.rounds + attempt - 1):
                 self.trial(cell.input_mode, cell.batch_size, cell.phase,
                            f"retry {attempt}/{cfg.max_retries}", retry=True)
+
+    def wait_for_idle(self, unstable: int) -> None:
+        """Give a neighbour that disturbed the rows time to go before they are re-measured."""
+        self.log(f"sweep: {unstable} unstable row(s) to re-measure; waiting up to "
+                 f"{self.cfg.idle_wait_s:g} s for the CPUs to be idle (sweep.idle_wait_s)")
+        idle, waited_s, share = wait_for_idle_cpus(self.cfg.idle_wait_s)
+        busy = "" if share is None else f" (others kept them {share:.0%} busy)"
+        if idle:
+            self.log(f"sweep: the CPUs are idle after {waited_s:.0f} s")
+        else:
+            self.log(f"sweep: the CPUs are still busy after {waited_s:.0f} s{busy}; "
+                     f"re-measuring {unstable} unstable row(s) anyway")
 
     def row(self, cell: Cell) -> dict:
         cfg = self.cfg
