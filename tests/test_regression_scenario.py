@@ -91,11 +91,13 @@ def run_sweep(folder: Path, run_id: str, commit: str, idle_wait_s: float) -> Pat
     """One real `batchscale sweep` of the user model, pinned to at most two CPUs; before
     re-measuring a disturbed row it waits up to `idle_wait_s` for them to be idle."""
     out = folder / f"{run_id}.parquet"
+    config = folder / f"{run_id}.yaml"
+    config.write_text(f"sweep:\n  idle_wait_s: {idle_wait_s}\n")
     env = {**os.environ, "PYTHONPATH": str(folder), "BATCHSCALE_GIT_COMMIT": commit}
     cpus = ",".join(map(str, sweep_cpus()))
     command = ["taskset", "-c", cpus, str(Path(sys.executable).with_name("batchscale")), "sweep",
                "--workload", WORKLOAD, "--batch-sizes", *BATCH_SIZES, "--image-size-px",
-               IMAGE_SIZE_PX, "--time-budget-s", "1.0", "--idle-wait-s", str(idle_wait_s),
+               IMAGE_SIZE_PX, "--time-budget-s", "1.0", "--config", str(config),
                "--run-id", run_id, "--out", str(out)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
