@@ -80,7 +80,8 @@ def test_every_claim_agrees_with_the_tables(shape, sweep_kind, seeds):
     parallel = {"sweep": "plausible", "sweep_without_memory": "impossible"}.get(sweep_kind)
     runs = fixture_runs(shape, seeds, with_b_simple, data_parallel=parallel)
     sweep = fixture_sweep(sweep_kind)
-    text = analyze(sweep, runs, None, AnalysisConfig(bootstrap_samples=50)).markdown
+    result = analyze(sweep, runs, None, AnalysisConfig(bootstrap_samples=50))
+    text = result.markdown
 
     assert not UNFILLED.search(text), UNFILLED.search(text).group(0) + "\n" + text
     steps = median_steps(runs)
@@ -101,6 +102,28 @@ def test_every_claim_agrees_with_the_tables(shape, sweep_kind, seeds):
     chosen = re.search(r"\*\*Batch size: (\d+)\*\*", text)
     if chosen:
         assert int(chosen.group(1)) in set(runs["batch_size"]), text
+    card_row_agrees(result.rows, text, chosen)
+
+
+def card_row_agrees(rows: list[dict], text: str, chosen: re.Match | None) -> None:
+    """The analysis table's answer row says what the card says: its batch size, learning rate
+    and worker count, or (no recommended batch) no row at all."""
+    answers = [row for row in rows if row["answer"]]
+    if chosen is None:
+        assert answers == [], text
+        return
+    assert len(answers) == 1, text
+    row = answers[0]
+    assert row["batch_size"] == int(chosen.group(1)), text
+    workers = re.search(r"\*\*Workers: (\d+)\*\*", text)
+    assert row["answer_workers"] == (int(workers.group(1)) if workers else None), text
+    lr = re.search(r"\*\*Learning rate: ([\d.e+-]+)\*\*", text)
+    if lr:
+        assert f"{row['answer_learning_rate']:.4g}" == lr.group(1), text
+    else:
+        assert row["answer_learning_rate"] is None and "learning rate:" in row["answer_unanswered"]
+    if row["answer_expected"]:
+        assert row["answer_expected"] in text, text
 
 
 def test_the_corpus_is_at_least_thirty_runs():

@@ -11,7 +11,7 @@ import statistics
 import pytest
 
 from batchscale.sweep.cells import rerun_columns
-from batchscale.sweep.rounds import RERUN_LEVEL, combine, rerun_interval
+from batchscale.sweep.rounds import MAX_RERUN_FACTOR, RERUN_LEVEL, combine, rerun_interval
 from batchscale.sweep.summary import summary_lines
 from batchscale.sweep.sweep import progress_line
 from batchscale.timing import StepTimes
@@ -103,3 +103,14 @@ def test_the_sweep_summary_quotes_the_best_rows_interval():
     summary |= {"best_samples_per_s_low": math.nan}
     assert "(no rerun interval: too few steps)" in summary_lines(summary)[0]
 
+
+
+def test_trials_far_apart_give_no_interval_rather_than_an_absurd_one():
+    """Two trials 40x apart (a neighbour came and went, seen in a pipeline run beside one):
+    the t interval would be [x/10^12, 10^12 x]; past MAX_RERUN_FACTOR either side there is none,
+    so the row's samples/s carries no bound a table check would refuse as impossible."""
+    assert rerun_interval([trial(0.001), trial(0.040)], 0.0205) is None
+    columns = rerun_columns(32, combine([trial(0.001), trial(0.040)]))
+    assert columns == {"samples_per_s_low": None, "samples_per_s_high": None}
+    low, high = rerun_interval([trial(0.010), trial(0.012)], 0.011)  # close trials still get one
+    assert high / 0.011 <= MAX_RERUN_FACTOR

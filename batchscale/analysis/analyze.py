@@ -30,6 +30,7 @@ from batchscale.analysis.recommend import recommend
 from batchscale.analysis.summary import (
     AnalysisSummary,
     MemorySummary,
+    Recommendation,
     StepTimeSummary,
     ThroughputSummary,
 )
@@ -293,5 +294,24 @@ def _rows(
             "target_value": (summary.target_value
                              if math.isfinite(summary.target_value) else None),
         }
+        row.update(answer_columns(summary.recommendation, row["lr_rule"], row["batch_size"]))
         rows.append({name: row[name] for name in ANALYSIS_COLUMNS})
     return rows
+
+
+def answer_columns(recommendation: Recommendation, lr_rule: str, batch_size: int) -> dict:
+    """The answer card's columns of one analysis row: set where the row is the recommended
+    cell, null elsewhere (`answer` false)."""
+    chosen = (recommendation.batch_size == batch_size and recommendation.lr_rule == lr_rule)
+    if not chosen:
+        return {"answer": False, "answer_learning_rate": None, "answer_workers": None,
+                "answer_expected": None, "answer_versus_current": None,
+                "answer_unanswered": None}
+    missing = [f"{part}: {reason}" for part, value, reason in (
+        ("learning rate", recommendation.learning_rate, recommendation.learning_rate_reason),
+        ("workers", recommendation.workers, recommendation.workers_reason)) if value is None]
+    return {"answer": True, "answer_learning_rate": recommendation.learning_rate,
+            "answer_workers": recommendation.workers,
+            "answer_expected": recommendation.expected or None,
+            "answer_versus_current": recommendation.versus_current or None,
+            "answer_unanswered": "; ".join(missing) or None}

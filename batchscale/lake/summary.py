@@ -95,7 +95,8 @@ def throughput_lines(sweep: pa.Table) -> list[str]:
 
 
 def _rerun_range(row: dict) -> str:
-    """"[9,826, 16,568]", or "not recorded" (too few steps; a table from before the column)."""
+    """"[9,826, 16,568]", or "not recorded" (too few steps, trials over 10x apart, or a table
+    from before the column)."""
     low, high = row.get("samples_per_s_low"), row.get("samples_per_s_high")
     if low is None or high is None:
         return "not recorded"

@@ -186,6 +186,17 @@ ANALYSIS = pa.schema(
         # hardest reached at enough batch sizes); null in version 1 rows (val_accuracy).
         pa.field("target_metric", pa.string()),
         pa.field("target_value", pa.float64()),
+        # The answer card (analysis/summary.py Recommendation) as a row: `answer` is true on
+        # the recommended (lr_rule, batch_size) and false elsewhere (all false when no batch
+        # size is recommended); the other answer_ columns are set on that row only. A part of
+        # the card with no answer is null, and `answer_unanswered` says why. Null in rows
+        # written before version 5.
+        pa.field("answer", pa.bool_()),
+        pa.field("answer_learning_rate", pa.float64()),
+        pa.field("answer_workers", pa.int64()),
+        pa.field("answer_expected", pa.string()),
+        pa.field("answer_versus_current", pa.string()),
+        pa.field("answer_unanswered", pa.string()),
     ]
 )
 

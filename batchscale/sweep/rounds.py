@@ -54,6 +54,10 @@ T = TypeVar("T")
 
 RERUN_LEVEL = 0.9
 """Coverage the rerun interval of a row's step time (and so of its samples/s) aims at."""
+MAX_RERUN_FACTOR = 10.0
+"""No rerun interval is given when it would reach beyond this factor either side of the
+median: trials that far apart (a neighbour came and went) say only that a rerun could land
+anywhere, and [x/500, 500x] printed as an interval would read as a measurement."""
 
 
 def visit_order(cells: Sequence[T], round_index: int) -> list[T]:
@@ -147,13 +151,16 @@ def rerun_interval(trials: Sequence[StepTimes], median_s: float,
     k units, t Student's quantile with k - 1 degrees of freedom. The units are the trials; a
     lone trial is split into its earlier and later half (two units adjacent in time: they
     share more than two trials do, so that interval is the narrower guess). sqrt(2/k): the row's
-    figure and the rerun's each average k units. None with fewer than two units of two steps."""
+    figure and the rerun's each average k units. None with fewer than two units of two steps, or when the interval would be wider than
+MAX_RERUN_FACTOR either side."""
     units = [t.median_s for t in trials] if len(trials) >= 2 else _half_medians(trials[0])
     if len(units) < 2 or min(units) <= 0 or median_s <= 0:
         return None
     logs = [math.log(u) for u in units]
     half = t_quantile(0.5 + level / 2, len(units) - 1) * statistics.stdev(logs) * math.sqrt(
         2 / len(units))
+    if half > math.log(MAX_RERUN_FACTOR):
+        return None
     return median_s * math.exp(-half), median_s * math.exp(half)
 
 

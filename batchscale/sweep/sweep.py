@@ -286,7 +286,7 @@ def rerun_text(row: dict) -> str:
     """The row's rerun interval, "[low, high]", or why it has none."""
     low, high = row.get("samples_per_s_low"), row.get("samples_per_s_high")
     if low is None or high is None:
-        return "[no rerun interval: too few steps]"
+        return "[no rerun interval: too few steps, or trials over 10x apart]"
     return f"[{low:.1f}, {high:.1f}]"
 
 
