@@ -23,8 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchscale import cli, localstore, storegate, weedconfig
+from batchscale import cli, localstore
 from batchscale.errors import ObjectExists, StoreError
+from batchscale.localstore import gate, server, weedconfig
+from batchscale.localstore import state as state_files
 from batchscale.storage import ObjectStore, S3Settings, sha256_b64
 from helpers import run_cli
 
@@ -45,7 +47,7 @@ def open_workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     same behind the gate."""
     path = tmp_path_factory.mktemp("openstore")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(localstore, "private_network", lambda: (False, "turned off for the test"))
+        patch.setattr(server, "private_network", lambda: (False, "turned off for the test"))
         localstore.up(path)
         yield path
         localstore.down(path)
@@ -53,7 +55,7 @@ def open_workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def _weed_pid(pid: int) -> int:
     """weed's pid: `pid` itself, or the gate's one child."""
-    if b"batchscale.storegate" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+    if b"batchscale.localstore.gate" not in Path(f"/proc/{pid}/cmdline").read_bytes():
         return pid
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     assert len(children) == 1, f"the gate should have weed as its one child, not {children}"
@@ -182,7 +184,7 @@ def test_without_unshare_the_store_says_why_it_has_no_gate(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert localstore.private_network.__wrapped__() == (
+    assert server.private_network.__wrapped__() == (
         False, "util-linux's `unshare` is not installed")
 
 
@@ -262,15 +264,15 @@ def test_down_stops_only_our_process_and_data_persists(workdir: Path) -> None:
 def test_a_store_started_with_other_flags_is_restarted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_args = localstore._weed_args
+    real_args = server._weed_args
 
     def earlier_args(*args: object) -> list[str]:  # as before the filer and master APIs closed
         return [arg for arg in real_args(*args) if arg != "-disableHttp"]  # type: ignore[arg-type]
 
-    monkeypatch.setattr(localstore, "_weed_args", earlier_args)
+    monkeypatch.setattr(server, "_weed_args", earlier_args)
     first = localstore.up(tmp_path)
     try:
-        monkeypatch.setattr(localstore, "_weed_args", real_args)
+        monkeypatch.setattr(server, "_weed_args", real_args)
         second = localstore.up(tmp_path)
         assert second.pid != first.pid
         assert b"-disableHttp" in Path(f"/proc/{second.pid}/cmdline").read_bytes().split(b"\0")
@@ -283,7 +285,7 @@ def test_failed_start_shows_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     fake = tmp_path / "weed"
     fake.write_text("#!/bin/sh\necho 'listen tcp: bind: address already in use' >&2\nexit 1\n")
     fake.chmod(0o755)
-    monkeypatch.setattr(localstore, "weed_binary", lambda: str(fake))
+    monkeypatch.setattr(server, "weed_binary", lambda: str(fake))
     with pytest.raises(StoreError, match="(?s)weed (or its gate )?exited.*address already in use"):
         localstore.up(tmp_path / "work")
     assert localstore.status(tmp_path / "work") is None
@@ -477,10 +479,10 @@ def test_master_page_gives_the_count_of_registered_volumes(
     master = _ports_by_role(workdir)["master"]
     on_disk = list(info.data_dir.glob("*.dat"))
     assert on_disk
-    assert storegate.unregistered_volumes(info.data_dir, master) == 0
+    assert gate.unregistered_volumes(info.data_dir, master) == 0
     for number in range(len(on_disk) + 1):
         (tmp_path / f"c_{number}.dat").touch()
-    assert storegate.unregistered_volumes(tmp_path, master) == 1
+    assert gate.unregistered_volumes(tmp_path, master) == 1
 
 
 # --- corrupt state files: a clear refusal that says how to recover, nothing written --------
@@ -491,8 +493,8 @@ def _state_template(root: Path) -> Path:
     work = root / "work"
     state = localstore.state_dir(work)
     state.mkdir(parents=True, mode=0o700)
-    localstore._credentials(state)
-    localstore._record(state, "batchscale", dict(localstore.DEFAULT_PORTS))
+    state_files.credentials(state)
+    state_files.record(state, "batchscale", dict(localstore.DEFAULT_PORTS))
     (state / "lock").touch()
     return work
 

@@ -151,8 +151,8 @@ def rerun_interval(trials: Sequence[StepTimes], median_s: float,
     k units, t Student's quantile with k - 1 degrees of freedom. The units are the trials; a
     lone trial is split into its earlier and later half (two units adjacent in time: they
     share more than two trials do, so that interval is the narrower guess). sqrt(2/k): the row's
-    figure and the rerun's each average k units. None with fewer than two units of two steps, or when the interval would be wider than
-MAX_RERUN_FACTOR either side."""
+    figure and the rerun's each average k units. None with fewer than two units of two steps,
+    or when the interval would be wider than MAX_RERUN_FACTOR either side."""
     units = [t.median_s for t in trials] if len(trials) >= 2 else _half_medians(trials[0])
     if len(units) < 2 or min(units) <= 0 or median_s <= 0:
         return None

@@ -9,7 +9,7 @@ namespace was made and inherited here; each connection to it is copied to weed's
 inside. SIGTERM stops weed (it flushes), then this process; weed gets SIGKILL if this process
 is killed (parent-death signal), so the store never outlives its gate. weed still names its
 unix sockets in /tmp after its ports, so those ports are claimed machine-wide while it runs
-(batchscale/storeports.py) and two stores never share a socket (docs/lake.md, "Object storage").
+(ports.py) and two stores never share a socket (docs/lake.md, "Object storage").
 
 Only the standard library and batchscale.stopping: it starts in a fraction of a second.
 """
@@ -138,7 +138,7 @@ def run(listener: socket.socket, s3_port: int, master_port: int, data_dir: Path,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m batchscale.storegate")
+    parser = argparse.ArgumentParser(prog="python -m batchscale.localstore.gate")
     parser.add_argument("--listen-fd", type=int, required=True)
     parser.add_argument("--s3-port", type=int, required=True)
     parser.add_argument("--master-port", type=int, required=True)

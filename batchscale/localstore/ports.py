@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from batchscale.errors import StoreError
+from batchscale.localstore.weedconfig import HOST
 from batchscale.storage import write_bytes_atomic
-from batchscale.weedconfig import HOST
 
 GRPC_OFFSET = 10000
 """weed serves gRPC on http port + 10000; parts of `weed mini` assume it whatever the flags say
@@ -26,7 +26,7 @@ RANDOM_PORTS = (10000, 22767)
 """Fallback range: the port and its gRPC twin both stay below the kernel's ephemeral range."""
 CLAIMS_NAME = "batchscale-store-ports.json"
 """In the system's temporary directory: {pid: [ports]} of stores whose ports are not bound on
-this machine's network (weed behind its gate, batchscale/storegate.py). weed names its unix
+this machine's network (weed behind its gate, gate.py). weed names its unix
 sockets in /tmp after its ports, so two stores on the same numbers would share sockets."""
 PORTS_LOCK_NAME = "batchscale-store-ports.lock"
 """In the system's temporary directory: serializes choosing ports and starting weed."""
