@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from batchscale import cli, localstore
 from batchscale.errors import ObjectExists, StoreError
 from batchscale.localstore import gate, server, weedconfig
+from batchscale.localstore import ports as store_ports
 from batchscale.localstore import state as state_files
 from batchscale.storage import ObjectStore, S3Settings, sha256_b64
 from helpers import run_cli
@@ -663,3 +664,18 @@ def test_the_recovery_the_message_gives_works_and_keeps_the_data(tmp_path: Path)
             assert ObjectStore(info.settings(prefix="")).get_bytes(key) == content
     finally:
         localstore.down(work)
+
+
+def test_a_gated_stores_ports_are_claimed_so_another_store_does_not_choose_them(
+    workdir: Path,
+) -> None:
+    """Behind the gate weed's ports are free on the machine's network, yet weed names its unix
+    sockets in /tmp after them: another store must not pick them."""
+    if not localstore.private_network()[0]:
+        pytest.skip(f"no gate on this machine: {localstore.private_network()[1]}")
+    ports = _ports_by_role(workdir)
+    assert set(ports.values()) <= store_ports.claimed_ports()
+    other = store_ports.choose_ports(json.loads(
+        (localstore.state_dir(workdir) / "ports.json").read_text())["ports"])
+    chosen = {n for port in other.values() for n in (port, port + localstore.GRPC_OFFSET)}
+    assert not chosen & set(ports.values())
