@@ -133,6 +133,8 @@ def run(listener: socket.socket, s3_port: int, master_port: int, data_dir: Path,
         if not ready.exists() and unregistered_volumes(data_dir, master_port) == 0:
             ready.touch(mode=0o600)
         stopping.wait(0.25)
+    with contextlib.suppress(OSError):
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the accept: no new connection from here
     listener.close()
     return _stop_weed(weed) if weed.poll() is None else weed.returncode
 
