@@ -56,3 +56,25 @@ def test_without_data_parallel_runs_the_plan_is_empty_and_the_report_says_why(tm
     assert plan.num_rows == 0
     assert [t["table"] for t in json.loads(validation)] == ["analysis"]
     assert "No plan for this run: the run has no data-parallel runs" in page
+
+
+def _plan_text(runs) -> str:
+    from batchscale.analysis.plan_table import default_plan, plan_lines
+
+    frames = pt.frames()
+    plan, missing = default_plan(frames["sweep"], runs, frames["analysis"], workload=None,
+                                 configured_workers=[1, 2])
+    assert plan is not None, missing
+    return "\n".join(plan_lines(plan))
+
+
+def test_a_plan_from_disturbed_data_parallel_trials_is_not_trusted():
+    """The communication model comes from the two-worker trials: when their threads waited for
+    a CPU beyond the limit, the recommendation says NOT TRUSTED."""
+    quiet = pt.frames()["runs"].assign(gradient_bytes=pt.GRADIENT_BYTES, cpu_wait_share=0.02)
+    calm = _plan_text(quiet)
+    assert "NOT TRUSTED" not in calm
+    busy = quiet.assign(cpu_wait_share=quiet["workers"].map({1: 0.02, 2: 0.35}))
+    text = _plan_text(busy)
+    recommendation = next(line for line in text.splitlines() if line.startswith("recommendation"))
+    assert "NOT TRUSTED" in recommendation and "up to 35%" in recommendation, text

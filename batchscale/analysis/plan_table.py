@@ -67,7 +67,22 @@ def make_plan(inputs: PlanInputs, comm: CommModel, workers: Sequence[int],
         chosen, sentence = recommend(rows, objective)
     measured = sorted({1, *(int(n) for n in inputs.data_parallel["workers"])}) \
         if not inputs.data_parallel.empty else [1]
-    return Plan(rows, front, chosen, sentence, inputs, comm, measured)
+    return Plan(rows, front, chosen, sentence + disturbed_note(inputs), inputs, comm, measured)
+
+
+def disturbed_note(inputs: PlanInputs) -> str:
+    """" — NOT TRUSTED: …" when a data-parallel cell the communication model comes from ran
+    with its threads waiting for a CPU STARVED_SHARE of the time or more, else ""."""
+    cells = inputs.data_parallel
+    if cells.empty or "cpu_wait" not in cells:
+        return ""
+    waits = numeric_column(cells, "cpu_wait")
+    worst = float(np.nanmax(waits)) if np.isfinite(waits).any() else math.nan
+    if not worst >= STARVED_SHARE:
+        return ""
+    return (f" — NOT TRUSTED: the data-parallel trials behind the communication figures waited "
+            f"for a CPU up to {worst:.0%} of their runnable time (over {STARVED_SHARE:.0%}: a "
+            "busy machine slowed them)")
 
 
 def _without_objective(front: list[PlanRow]) -> str:
@@ -171,8 +186,9 @@ def plan_lines(plan: Plan) -> list[str]:
             f"{'yes' if id(r) in on_front else '':5s}  {r.limit or '-'}{_accumulated(r)}")
     lines.append(f"recommendation: {plan.recommendation}")
     assumed = comm.source.assumed_names()
+    disturbed = " (on a busy machine: NOT TRUSTED, above)" if disturbed_note(inputs) else ""
     lines.append(f"assumed, not measured: {assumed}" if assumed else
-                 "every communication parameter was measured")
+                 f"every communication parameter was measured{disturbed}")
     return lines
 
 
