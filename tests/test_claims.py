@@ -5,7 +5,9 @@ three seeds, with a sweep, without one, or with a sweep that recorded no memory,
 without B_simple, one worker or a data-parallel cell. The checks are claims, not wording: no
 unfilled value reaches the text, "no batch size saved steps" only when the steps are flat, a
 number's interval holds it, "not recorded" only when the column is empty, the card never says
-"n/a" and never recommends a worker count from an efficiency above 100 %.
+"n/a" and never recommends a worker count from an efficiency above 100 %; the answer row of
+the analysis table says what the card says. The planner's printed plan gets the same over 12
+plans (cheap to dominant communication, calm or disturbed data-parallel cells).
 """
 
 from __future__ import annotations
@@ -128,3 +130,45 @@ def card_row_agrees(rows: list[dict], text: str, chosen: re.Match | None) -> Non
 
 def test_the_corpus_is_at_least_thirty_runs():
     assert len(CASES) >= 30
+
+
+# ------------------------------------------------------------------ the planner's sentences
+PLAN_CASES = list(itertools.product([(128,), (64, 128, 256)], [5e-4, 2e-3, 2e-2], [False, True]))
+
+
+@pytest.mark.parametrize(("parallel", "comm_s", "disturbed"), PLAN_CASES,
+                         ids=[f"{len(p)}cells-comm{c:g}-{'busy' if d else 'calm'}"
+                              for p, c, d in PLAN_CASES])
+def test_every_plan_claim_agrees_with_the_plan(parallel, comm_s, disturbed):
+    """The what-if plan as printed (`plan_lines`), for data-parallel cells of cheap, moderate
+    and dominant communication, calm or waiting for a CPU: each sentence against the plan's
+    own rows."""
+    import plan_tables as pt
+
+    from batchscale.analysis.plan_table import default_plan, plan_lines
+
+    frames = pt.frames(parallel_batches=parallel, comm_s=comm_s)
+    runs = frames["runs"].assign(
+        gradient_bytes=pt.GRADIENT_BYTES,
+        cpu_wait_share=frames["runs"]["workers"].map({1: 0.02, 2: 0.4 if disturbed else 0.02}))
+    plan, missing = default_plan(frames["sweep"], runs, frames["analysis"], workload=None,
+                                 configured_workers=[1, 2])
+    assert plan is not None, missing
+    text = "\n".join(plan_lines(plan))
+
+    assert not UNFILLED.search(text), UNFILLED.search(text).group(0) + "\n" + text
+    assert ("NOT TRUSTED" in plan.recommendation) == disturbed, text
+    assert all(0 <= row.comm_share <= 1 for row in plan.rows), text
+    named = re.search(r"N = (\d+), b = (\d+) per worker", plan.recommendation)
+    assert named, text
+    front = {(row.workers, row.per_worker_batch) for row in plan.front}
+    assert (int(named.group(1)), int(named.group(2))) in front, text
+    for row in plan.front:  # nothing on the front is beaten on both time and device-hours
+        assert not any(other.time_to_target_s.value < row.time_to_target_s.value and
+                       other.device_hours.value < row.device_hours.value
+                       for other in plan.rows if other.feasible), text
+    link = next(line for line in text.splitlines() if "all-reduce of" in line)
+    if "every communication parameter was measured" in text:
+        assert "(assumed" not in link, text
+    else:
+        assert "(assumed" in link and "assumed, not measured:" in text, text
