@@ -63,6 +63,18 @@ def test_recommend_picks_the_obvious_answer():
     assert choice.learning_rate_reason == "what the linear rule gave at batch 64 in 1 reached run"
 
 
+def test_the_learning_rate_comes_with_the_runs_warm_up():
+    """The card's learning rate says how the runs reached it (convergence.warmup_steps); a
+    table from elsewhere (no warm-up given) says nothing of one."""
+    runs = pd.DataFrame([run_row(64, "linear", 0.1, 0, 120), run_row(64, "linear", 0.1, 1, 124)])
+    warmed = recommend(obvious_table(), runs, warmup_steps=20).learning_rate_reason
+    assert warmed.endswith("reached by a linear warm-up over the first 20 steps, as the runs "
+                           "had (convergence.warmup_steps)")
+    none = recommend(obvious_table(), runs, warmup_steps=0).learning_rate_reason
+    assert "with no warm-up" in none
+    assert "warm-up" not in recommend(obvious_table(), runs).learning_rate_reason
+
+
 def test_the_learning_rate_is_the_one_the_chosen_cell_ran_with():
     """A rule's LR at the chosen batch, not its base LR; the grid's best LR there; none where
     the runs record none (a table a user brought without an lr column)."""

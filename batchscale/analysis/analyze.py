@@ -98,6 +98,7 @@ def analyze(
     gap_epochs: float | None = None,
     learning_rates_given: bool = True,
     lr_rule_given: bool = True,
+    warmup_steps: int | None = None,
 ) -> AnalysisResult:
     """Fits, regimes and recommendation on one run's tables (`settings`: the experiment's
     `analysis` config, its defaults when None).
@@ -108,7 +109,9 @@ def analyze(
     of every target is in `summary.targets`. `gap_epochs` (the config's
     `convergence.gap_epochs`) only labels the generalization gap. `learning_rates_given`
     false: the runs' `lr` is a stand-in (a table brought without one), never recommended;
-    `lr_rule_given` false: their rule "grid" is only a label, said as "not given"."""
+    `lr_rule_given` false: their rule "grid" is only a label, said as "not given".
+    `warmup_steps` (the config's `convergence.warmup_steps`) goes with the learning rate on
+    the card; None for tables from elsewhere."""
     settings = settings or AnalysisConfig()
     sweep = ensure_columns(sweep, schemas.SWEEP)
     every_trial = ensure_columns(runs, schemas.RUNS)
@@ -139,7 +142,7 @@ def analyze(
         recommendation=recommend(table, runs, b_star, settings.max_cpu_wait_share,
                                  learning_rates_given,
                                  (settings.current_batch_size, settings.current_lr),
-                                 memory.largest_fitting_batch, lr_rule_given),
+                                 memory.largest_fitting_batch, lr_rule_given, warmup_steps),
         min_time_to_target_s=float(np.nanmin(times)) if np.isfinite(times).any() else math.nan,
         step_time_sources=_sources(table),
         quality=measurement_quality(sweep, table),

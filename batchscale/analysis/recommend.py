@@ -37,6 +37,7 @@ def recommend(
     current: tuple[int | None, float | None] = (None, None),
     largest_fitting: float = math.inf,
     lr_rule_given: bool = True,
+    warmup_steps: int | None = None,
 ) -> Recommendation:
     """Batch size, LR rule and worker count, each with a one-line reason.
 
@@ -50,7 +51,9 @@ def recommend(
     runnable time behind the workers. `current` (batch size, learning rate trained with today,
     each None when not given): what the expected figures are compared with (expected.py).
     `largest_fitting`: the largest batch one device was measured to hold (the sweep's memory
-    wall); a recommended batch above it comes with accumulation steps.
+    wall); a recommended batch above it comes with accumulation steps. `warmup_steps`: the
+    runs' learning-rate warm-up (convergence.warmup_steps), said with the learning rate; None
+    (tables from elsewhere) says nothing of it.
     """
     timed = (
         table[np.isfinite(numeric_column(table, "time_to_target_s"))] if not table.empty else table
@@ -95,9 +98,20 @@ def recommend(
     current_batch, current_lr = current
     return Recommendation(batch, rule, workers, batch_reason, rule_reason,
                           workers_reason + _starved_note(runs, max_cpu_wait_share), lr,
-                          lr_reason + lr_versus_current(lr, current_lr),
+                          lr_reason + warmup_text(lr, warmup_steps)
+                          + lr_versus_current(lr, current_lr),
                           expected_text(runs, table, rule, batch),
                           versus_current(runs, table, rule, batch, current_batch), shown)
+
+
+def warmup_text(lr: float | None, warmup_steps: int | None) -> str:
+    """The warm-up that goes with the learning rate, as the runs had it."""
+    if lr is None or warmup_steps is None:
+        return ""
+    if warmup_steps == 0:
+        return ", with no warm-up, as the runs had (convergence.warmup_steps)"
+    return (f", reached by a linear warm-up over the first {warmup_steps} steps, as the runs had "
+            "(convergence.warmup_steps)")
 
 
 def learning_rate(runs: pd.DataFrame, rule: str, batch: int) -> tuple[float | None, str]:

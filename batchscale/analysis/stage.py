@@ -41,7 +41,8 @@ def run_stage(
     curves = read_table_file(curves_path).to_pandas()
     runs = read_table_file(runs_path).to_pandas()
     result = analyze(sweep, runs, curves, cfg.analysis, primary_target=primary_target(cfg),
-                     gap_epochs=cfg.convergence.gap_epochs)
+                     gap_epochs=cfg.convergence.gap_epochs,
+                     warmup_steps=cfg.convergence.warmup_steps)
     env = environment(
         run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name, workload=cfg.workload,
         variant=cfg.variant)

@@ -193,6 +193,7 @@ def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str
     extra = {"workload": cfg.workload, "experiment": cfg.name, "config_hash": cfg.config_hash,
              "analysis_config": cfg.analysis.model_dump(mode="json"),
              "gap_epochs": cfg.convergence.gap_epochs,
+             "warmup_steps": cfg.convergence.warmup_steps,
              # what an adaptive study's report compares its cost with (batchscale report)
              "convergence_grid": {"batch_sizes": list(cfg.convergence.batch_sizes),
                                   "seeds": len(cfg.convergence.seeds)},

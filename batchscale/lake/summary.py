@@ -265,7 +265,8 @@ def analyzed(manifest: dict, tables: dict[str, pa.Table]):
     return frames, analyze(frames["sweep"], frames["runs"], frames["curves"],
                            analysis_config(manifest),
                            primary_target=published_target(tables.get("analysis")),
-                           gap_epochs=manifest.get("gap_epochs"))
+                           gap_epochs=manifest.get("gap_epochs"),
+                           warmup_steps=manifest.get("warmup_steps"))
 
 
 def print_run_summary(store: ObjectStore, run_id: str, local_dir: Path) -> None:

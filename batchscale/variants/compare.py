@@ -41,7 +41,8 @@ def variant_rows(variant: Variant, run_id: str, frames: dict[str, pd.DataFrame])
     cfg = variant.config
     result = analyze(frames.get("sweep"), frames.get("runs"), frames.get("curves"),
                      cfg.analysis, primary_target=primary_target(cfg),
-                     gap_epochs=cfg.convergence.gap_epochs)
+                     gap_epochs=cfg.convergence.gap_epochs,
+                     warmup_steps=cfg.convergence.warmup_steps)
     summary = result.summary
     line = (summary.step_time.alpha_s, summary.step_time.beta_s)
     cap = summary.optimal_batch_cap
