@@ -93,7 +93,8 @@ def _study(cfg, decisions_path: str | None, runs: pd.DataFrame):
         return None
     decisions = read_table_file(decisions_path).to_pandas()
     c = cfg.convergence
-    return study_section(decisions, runs, list(c.batch_sizes), len(c.seeds))
+    return study_section(decisions, runs, list(c.batch_sizes), len(c.seeds),
+                         cfg.analysis.b_crit_range_factor)
 
 
 def primary_target(cfg) -> tuple[str, float] | None:

@@ -15,6 +15,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from batchscale.analysis.critical import (
+    DEFAULT_RANGE_FACTOR,
+    fit_critical_batch,
+    interval_note,
+    steps_to_result,
+)
 from batchscale.analysis.figures import Plot, make_plot, new_axes
 
 if TYPE_CHECKING:
@@ -74,28 +80,26 @@ def grid_device_s_estimate(decisions: pd.DataFrame, runs: pd.DataFrame | None,
 
 def _final_fit(decisions: pd.DataFrame, runs: pd.DataFrame | None):
     """S(B) fitted to the study rule's trials of its target; None without a B_crit number."""
-    if runs is None or runs.empty:
+    rows = _target_runs(decisions, runs)
+    if rows is None:
         return None
-    from batchscale.analysis.critical import fit_critical_batch, steps_to_result
-
-    last = decisions.iloc[-1]
-    rows = runs[(runs["lr_rule"] == last["lr_rule"])
-                & (runs["target_metric"] == last["target_metric"])
-                & (runs["target_value"] == last["target_value"])]
     table = steps_to_result(rows, by=(), reduce="median")
     fit = fit_critical_batch(table["batch_size"], table["steps_to_target"])
     return fit if math.isfinite(fit.b_crit) else None
 
 
 def study_section(decisions: pd.DataFrame | None, runs: pd.DataFrame | None,
-                  batch_sizes: list[int], seeds: int) -> StudySection | None:
-    """The section, or None when the run was not an adaptive study."""
+                  batch_sizes: list[int], seeds: int,
+                  range_factor: float = DEFAULT_RANGE_FACTOR) -> StudySection | None:
+    """The section, or None when the run was not an adaptive study; `range_factor` is
+    analysis.b_crit_range_factor, where an interval is cut to a bound."""
     if decisions is None or decisions.empty:
         return None
     decisions = decisions.sort_values("decision")
     last = decisions.iloc[-1]
     sentences = [_prediction_sentence(decisions), _placement_sentence(decisions),
-                 _final_sentence(last), _cost_sentence(decisions, runs, batch_sizes, seeds)]
+                 _final_sentence(last, _target_runs(decisions, runs), range_factor),
+                 _cost_sentence(decisions, runs, batch_sizes, seeds)]
     rows = tuple(_row(r) for r in decisions.to_dict("records"))
     plot = make_plot(lambda: draw_study(decisions),
                      "B_crit after each cell the study ran (bars: its 90 % interval), against "
@@ -126,25 +130,39 @@ def _placement_sentence(decisions: pd.DataFrame) -> str:
     return f"Probed and placed batch sizes: {sizes}."
 
 
-def _final_sentence(last: pd.Series) -> str:
+def _target_runs(decisions: pd.DataFrame, runs: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The trials of the study's rule and target (a trial has a row per target)."""
+    if runs is None or runs.empty:
+        return None
+    last = decisions.iloc[-1]
+    return runs[(runs["lr_rule"] == last["lr_rule"])
+                & (runs["target_metric"] == last["target_metric"])
+                & (runs["target_value"] == last["target_value"])]
+
+
+def _final_sentence(last: pd.Series, runs: pd.DataFrame | None, range_factor: float) -> str:
     b_crit, low, high = (_number(last[k]) for k in ("b_crit", "b_crit_low", "b_crit_high"))
     cells = int(last["decision"])
     if math.isfinite(low) and math.isfinite(high):
+        note = "" if runs is None else interval_note(runs, last["lr_rule"], (low, high),
+                                                     range_factor=range_factor)
         return (f"The study stopped ({last['reason']}) with B_crit {b_crit:.3g}, 90 % interval "
-                f"{low:.3g}–{high:.3g} (high/low {high / low:.2f}), after {cells} decisions. "
-                f"{STOPPED_COVERAGE_CAVEAT}" + _b_star_sentence(last))
+                f"{low:.3g}–{high:.3g} (high/low {high / low:.2f}), after {cells} decisions"
+                + (f"; {note}" if note else "") + f". {STOPPED_COVERAGE_CAVEAT}"
+                + _b_star_sentence(last, cut="is cut at" in note))
     return f"The study stopped ({last['reason']}) without a B_crit interval."
 
 
-def _b_star_sentence(last: pd.Series) -> str:
+def _b_star_sentence(last: pd.Series, cut: bool) -> str:
     """B* = sqrt(B_crit·α/β) with its interval (B_crit's and the step-time line's), where the
-    decisions have it."""
+    decisions have it; `cut`: B_crit's interval is a bound on one side, and so is B*'s."""
     b_star, low, high = (_number(last.get(k)) for k in ("b_star", "b_star_low", "b_star_high"))
     if not (math.isfinite(b_star) and math.isfinite(low) and math.isfinite(high) and low > 0):
         return ""
     return (f" B*, the batch fastest to the target (sqrt(B_crit·α/β) with the trials' own "
             f"step-time line), is {b_star:.3g}, interval {low:.3g}–{high:.3g} (high/low "
-            f"{high / low:.2f}).")
+            f"{high / low:.2f})" + (", a bound on the same side as B_crit's" if cut else "")
+            + ".")
 
 
 def _cost_sentence(decisions: pd.DataFrame, runs: pd.DataFrame | None, batch_sizes: list[int],

@@ -298,7 +298,8 @@ def _study(manifest: dict, tables: dict, runs):
     ran = runs if runs is not None else pd.DataFrame({"batch_size": [], "seed": []})
     batch_sizes = grid.get("batch_sizes") or sorted(set(ran["batch_size"]))
     seeds = grid.get("seeds") or max(1, ran["seed"].nunique())
-    return study_section(tables["decisions"].to_pandas(), runs, list(batch_sizes), int(seeds))
+    return study_section(tables["decisions"].to_pandas(), runs, list(batch_sizes), int(seeds),
+                         analysis_config(manifest).b_crit_range_factor)
 
 
 def _what_if(manifest: dict, frames: dict, analysis_rows: list[dict]):

@@ -169,6 +169,34 @@ class IntervalState:
         return math.inf
 
 
+def cut_ends(state: IntervalState, runs: pd.DataFrame, rule: str,
+             range_factor: float) -> tuple[bool, bool]:
+    """(bottom cut, top cut): whether the interval reaches the limit the fit allows below the
+    smallest or above the largest batch that reached the target (`range_factor` each way,
+    analysis.b_crit_range_factor). A cut interval is a bound on that side, however narrow its
+    high/low ratio reads."""
+    if not math.isfinite(state.ratio):
+        return False, False
+    table = steps_to_result(runs[runs["lr_rule"] == rule], by=(), reduce="median")
+    batch, _ = positive_pairs(table["batch_size"], table["steps_to_target"])
+    if len(batch) == 0:
+        return False, False
+    return (state.low <= float(batch.min()) / range_factor,
+            state.high >= float(batch.max()) * range_factor)
+
+
+def edge_stop(cut: tuple[bool, bool], measured: Sequence[int], allowed: Sequence[int]) -> str:
+    """Why the study stops at the edge of the allowed batch sizes: its interval is cut on a side
+    where every allowed batch beyond has run (no cell can measure further); "" otherwise."""
+    if cut[1] and max(measured) >= max(allowed):
+        return (f"B_crit lies at or above the largest allowed batch ({max(allowed):,}): the "
+                "trials bound it from below, they cannot measure it")
+    if cut[0] and min(measured) <= min(allowed):
+        return (f"B_crit lies at or below the smallest allowed batch ({min(allowed):,}): the "
+                "trials bound it from above, they cannot measure it")
+    return ""
+
+
 def interval_state(runs: pd.DataFrame, rule: str, bootstrap_samples: int) -> IntervalState:
     """The study rule's B_crit and interval from its trials (rows of one target)."""
     table = steps_to_result(runs[runs["lr_rule"] == rule], by=(), reduce="median")

@@ -31,6 +31,8 @@ from batchscale.study.adaptive import (
     NoisePrediction,
     candidate_cells,
     choose_next,
+    cut_ends,
+    edge_stop,
     interval_state,
     optimum,
     place_batch_sizes,
@@ -169,7 +171,7 @@ def _interval_words(state: IntervalState) -> str:
 
 def _prediction_words(p: NoisePrediction) -> str:
     if not math.isfinite(p.b_crit):
-        return f"no prediction ({p.reason})"
+        return p.reason
     words = (f"B_simple {p.method} predicts B_crit ≈ {p.b_crit:.3g} "
              f"[{p.low:.3g}, {p.high:.3g}] from {p.evaluations} evaluations")
     return words + (f" ({p.reason})" if p.reason else "")
@@ -224,19 +226,31 @@ def _environment(study: Study, runs: pa.Table) -> dict:
     return {**env, "device_name": runs.column("device_name")[0].as_py()}
 
 
+def _stop_reason(study: Study, state: IntervalState, runs: pd.DataFrame,
+                 allowed: list[int]) -> str:
+    """Why the study stops before choosing another cell; "" to go on. An interval cut at the
+    fit's range limit is never narrow enough: on that side it is a bound."""
+    c = study.cfg.convergence
+    cut = cut_ends(state, runs, study.rule, study.cfg.analysis.b_crit_range_factor)
+    if study.objective_ratio(state) <= c.target_interval_ratio and not any(cut):
+        return STOP_NARROW if c.adaptive_objective == "b_crit" else STOP_B_STAR
+    at_edge = edge_stop(cut, [cell.batch_size for cell in study.cells], allowed)
+    if at_edge:
+        return at_edge
+    if c.adaptive_budget_examples and study.spent()[0] >= c.adaptive_budget_examples:
+        return STOP_BUDGET
+    return "cell limit reached" if len(study.cells) >= c.adaptive_max_cells else ""
+
+
 def _refine(study: Study, allowed: list[int], prediction: NoisePrediction) -> None:
-    """Add the cell that most narrows the interval until it is narrow enough, the budget is
-    spent, the cell limit is reached or nothing is left to run."""
+    """Add the cell that most narrows the interval until it is narrow enough, it is cut at an
+    end no allowed batch can pass, the budget is spent, the cell limit is reached or nothing is
+    left to run."""
     c = study.cfg.convergence
     while True:
         runs = study.target_runs()
         state = interval_state(runs, study.rule, STUDY_BOOTSTRAP_SAMPLES)
-        examples, _ = study.spent()
-        narrow = study.objective_ratio(state) <= c.target_interval_ratio
-        stop = ((STOP_NARROW if c.adaptive_objective == "b_crit" else STOP_B_STAR) if narrow else
-                STOP_BUDGET if c.adaptive_budget_examples and
-                examples >= c.adaptive_budget_examples else
-                "cell limit reached" if len(study.cells) >= c.adaptive_max_cells else "")
+        stop = _stop_reason(study, state, runs, allowed)
         if not stop:
             candidates = candidate_cells(list(study.cells), allowed, list(c.seeds))
             cell, why, expected = choose_next(runs, study.rule, list(study.cells), candidates,
