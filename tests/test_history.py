@@ -354,3 +354,18 @@ def test_history_plot_draws_the_band_the_marked_runs_and_the_change_point(tmp_pa
     assert [list(line.get_xdata()) for line in squares] == [[3], [4]]  # suspected, confirmed
     assert [line.get_markerfacecolor() for line in squares][0] == "none"
     assert plot_history(history, tmp_path / "h.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_a_rebuilt_card_names_the_target_as_the_config_did():
+    """The manifest keeps the config's primary target, or that it marked none (the analysis then
+    chooses again from the same tables); a run published before it kept one is rebuilt for the
+    target its analysis was made for."""
+    import pyarrow as pa
+
+    from batchscale.lake.summary import rebuilt_primary_target
+
+    analysis = {"analysis": pa.table({"target_metric": ["val_loss"], "target_value": [0.5]})}
+    assert rebuilt_primary_target({"primary_target": None}, analysis) is None
+    assert rebuilt_primary_target({"primary_target": ["val_accuracy", 0.9]}, analysis) == (
+        "val_accuracy", 0.9)
+    assert rebuilt_primary_target({}, analysis) == ("val_loss", 0.5)

@@ -9,8 +9,10 @@ The tiny config keeps each variant around a minute on 2 cores; the assertions re
 published tables back from the store and check their contents, not only that they exist.
 """
 
+import html
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -174,6 +176,11 @@ def test_summary_printed_and_report_saved(published):
     assert "B_crit" in result.stdout and "samples/s" in result.stdout
     report = workdir / ".batchscale" / "runs" / run_id / "report.html"
     assert "<img" in report.read_text()
+    # the summary's card (rebuilt from the lake) names the target as the report's card does
+    target = re.search(r"For the target (.+) — (.+)\.\n", result.stdout)
+    assert target, result.stdout[-3000:]
+    page = html.unescape(re.sub(r"<[^>]+>", "", report.read_text()))
+    assert f"For the target {target.group(1)} — {target.group(2)}." in page
 
 
 def test_the_batch_schedule_stage_publishes_its_tables_and_a_report_section(published):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from batchscale.analysis.stage import primary_target
 from batchscale.config import config_from_json
 from batchscale.errors import BadInput, ObjectExists
 from batchscale.lake.history import history_plot
@@ -194,6 +195,8 @@ def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str
              "analysis_config": cfg.analysis.model_dump(mode="json"),
              "gap_epochs": cfg.convergence.gap_epochs,
              "warmup_steps": cfg.convergence.warmup_steps,
+             # a rebuilt card names the target as the pipeline's did ("marked primary" or why not)
+             "primary_target": primary_target(cfg),
              # what an adaptive study's report compares its cost with (batchscale report)
              "convergence_grid": {"batch_sizes": list(cfg.convergence.batch_sizes),
                                   "seeds": len(cfg.convergence.seeds)},

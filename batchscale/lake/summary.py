@@ -67,6 +67,16 @@ def analysis_config(manifest: dict) -> AnalysisConfig:
                        f"settings this version cannot use: {str(err).splitlines()[0]}") from None
 
 
+def rebuilt_primary_target(manifest: dict, tables: dict[str, pa.Table]):
+    """The config's primary target as the manifest keeps it (None: the config marked none, and
+    the analysis chooses again from the same tables, as it did); runs published before the
+    manifest kept it are rebuilt for the target their analysis was made for."""
+    if "primary_target" in manifest:
+        recorded = manifest["primary_target"]
+        return tuple(recorded) if recorded else None
+    return published_target(tables.get("analysis"))
+
+
 def published_target(analysis: pa.Table | None) -> tuple[str, float] | None:
     """The target the run's published analysis was made for, so a rebuilt report is made for
     the same one; None for runs from before targets (their one target is val_accuracy)."""
@@ -264,7 +274,7 @@ def analyzed(manifest: dict, tables: dict[str, pa.Table]):
               for name in ("sweep", "runs", "curves")}
     return frames, analyze(frames["sweep"], frames["runs"], frames["curves"],
                            analysis_config(manifest),
-                           primary_target=published_target(tables.get("analysis")),
+                           primary_target=rebuilt_primary_target(manifest, tables),
                            gap_epochs=manifest.get("gap_epochs"),
                            warmup_steps=manifest.get("warmup_steps"))
 
