@@ -24,7 +24,7 @@ model, a dataset and a loss (a `batchscale.Workload`).
                         targets=(("val_accuracy", 0.9),))
 
 and `batchscale converge --workload my_module:loop`. batchscale runs the function once per trial
-of the grid or the adaptive study (batch size x LR rule x LR x seed), under torchrun for
+of the grid or the adaptive search (batch size x LR rule x LR x seed), under torchrun for
 data-parallel runs, records the curve of what it reports, stops it at the targets, fits S(B) and
 B_crit and recommends, as for a Workload (docs/your-model.md, "Your own training loop").
 

@@ -1,5 +1,5 @@
-"""Does the adaptive study give the grid's answer for a fraction of its cost? Per case,
-the full grid (every batch size × seed of the config, one torchrun) and the adaptive study
+"""Does the adaptive search give the grid's answer for a fraction of its cost? Per case,
+the full grid (every batch size × seed of the config, one torchrun) and the adaptive search
 (`convergence.strategy: adaptive`), with the same seeds, the same batch sizes to choose from and
 separate work directories: every trial of both is trained here.
 
@@ -26,11 +26,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from batchscale.adaptive.choice import interval_state
+from batchscale.adaptive.driver import run_adaptive
 from batchscale.config import parse_config
 from batchscale.convergence.runner import run_convergence
 from batchscale.data.prep import prepare
-from batchscale.study.adaptive import interval_state
-from batchscale.study.driver import run_adaptive
 from benchmarks import scaled
 from benchmarks.stats import Goal
 
@@ -100,34 +100,34 @@ def run_case(name: str, workload: str, dataset: dict, target: dict, root: Path) 
     _log(f"   {name}: grid of {len(BATCH_SIZES)} batch sizes × {len(SEEDS)} seeds")
     _, grid_runs = run_convergence(grid_cfg, BATCH_SIZES, data_dir=str(data_dir),
                                    out_dir=str(root / "grid"), run_id="bench-grid")
-    _log(f"   {name}: adaptive study")
+    _log(f"   {name}: adaptive search")
     _, study_runs, decisions = run_adaptive(_config(workload, dataset, target, "adaptive"),
                                             data_dir=str(data_dir), run_id="bench-adaptive",
                                             work_root=root / "adaptive", echo=_log)
     grid = interval_state(_target_rows(grid_runs, target), "sqrt", BOOTSTRAP_SAMPLES)
-    study = interval_state(_target_rows(study_runs, target), "sqrt", BOOTSTRAP_SAMPLES)
+    search = interval_state(_target_rows(study_runs, target), "sqrt", BOOTSTRAP_SAMPLES)
     (grid_examples, grid_s), (study_examples, study_s) = _spent(grid_runs), _spent(study_runs)
     predicted = decisions.to_pandas()["predicted_b_crit"].dropna()
     figures = {
         "grid_b_crit": [grid.b_crit, grid.low, grid.high],
-        "adaptive_b_crit": [study.b_crit, study.low, study.high],
+        "adaptive_b_crit": [search.b_crit, search.low, search.high],
         "adaptive_cells": int(decisions.to_pandas()["batch_size"].notna().sum()),
         "grid_cells": len(BATCH_SIZES) * len(SEEDS),
         "examples_adaptive_over_grid": study_examples / grid_examples,
         "device_s_adaptive_over_grid": study_s / grid_s,
         "cost_goal": f"{'met' if COST_GOAL.is_good(study_examples / grid_examples) else 'missed'}"
                      f" ({COST_GOAL})",
-        "uncertainty": "one study and one grid per case: single draws, no interval over repeats",
+        "uncertainty": "one search and one grid per case: single draws, no interval over repeats",
         "stop_reason": decisions.to_pandas()["reason"].iloc[-1],
     }
-    if math.isfinite(grid.b_crit) and math.isfinite(study.b_crit):
-        ratio = study.b_crit / grid.b_crit
+    if math.isfinite(grid.b_crit) and math.isfinite(search.b_crit):
+        ratio = search.b_crit / grid.b_crit
         figures["b_crit_adaptive_over_grid"] = ratio
         figures["b_crit_goal"] = "met" if abs(ratio - 1) <= AGREEMENT else "missed"
-        figures["grid_inside_adaptive_interval"] = bool(study.low <= grid.b_crit <= study.high)
+        figures["grid_inside_adaptive_interval"] = bool(search.low <= grid.b_crit <= search.high)
     else:
         figures["b_crit_goal"] = (f"not comparable: grid {grid.reason or 'no interval'}; "
-                                  f"adaptive {study.reason or 'no interval'}")
+                                  f"adaptive {search.reason or 'no interval'}")
     if len(predicted) and math.isfinite(grid.b_crit):
         figures["predicted_over_grid_b_crit"] = float(predicted.iloc[-1]) / grid.b_crit
     _log(f"   {name}: {figures}")

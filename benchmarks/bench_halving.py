@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from batchscale.adaptive.choice import interval_state
 from batchscale.analysis.critical import steps_to_result
 from batchscale.config import parse_config
 from batchscale.convergence.runner import run_convergence
 from batchscale.data.prep import prepare
-from batchscale.study.adaptive import interval_state
 from benchmarks import scaled
 
 BATCH_SIZES = [8, 32, 128, 512]

@@ -108,7 +108,7 @@ def cluster_cells(cfg: ExperimentConfig) -> list[dict]:
 
 def deadline_s(stage: str, cfg: ExperimentConfig) -> int:
     """Pod deadline of a stage: convergence gets its own trial timeout plus a margin, so the
-    component reports the overrun itself before Kubernetes kills the pod; the adaptive study's
+    component reports the overrun itself before Kubernetes kills the pod; the adaptive search's
     step runs up to `adaptive_max_cells` cells one after another, each with that timeout."""
     k8s = cfg.kubernetes
     if stage == "convergence":

@@ -155,7 +155,7 @@ def plan_rows() -> list[dict]:
 
 
 def decision_rows() -> list[dict]:
-    """A short adaptive study: a probe, the prediction, a refined cell, the stop."""
+    """A short adaptive search: a probe, the prediction, a refined cell, the stop."""
     common = {"lr_rule": "sqrt", "target_metric": "val_accuracy", "target_value": 0.9,
               "prediction_method": "near target", "predicted_b_crit": 12.5,
               "predicted_low": 10.4, "predicted_high": 17.4, "device_s_spent": 1.5, "workers": 1}

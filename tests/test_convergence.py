@@ -93,7 +93,7 @@ def test_batch_must_split_into_workers_and_micro_batches():
 
 
 def test_a_cell_whose_trials_all_finished_is_read_back_without_a_torchrun(tmp_path, digits_dir):
-    """A resumed run (or an adaptive study replaying its cells) reads finished trials back: no
+    """A resumed run (or an adaptive search replaying its cells) reads finished trials back: no
     process group starts, so the launch's spec file is not written again."""
     cfg = config(batch_sizes=[32, 64], max_steps=40)
     first = runner.run_convergence(cfg, [32, 64], data_dir=str(digits_dir),

@@ -125,5 +125,5 @@ def test_the_report_says_what_pruning_saved_with_known_steps():
     assert text.startswith("4 of 6 trials stopped as pruned after 340 steps in all")
     assert "3 by successive halving over the learning rates, which saved at least ~140 steps" \
         in text
-    assert "1 by the adaptive study's bound" in text
+    assert "1 by the adaptive search's bound" in text
     assert pruning_text(runs[runs["status"] != "pruned"]) == ""

@@ -18,7 +18,7 @@ ADAPTIVE = TINY_CONFIG.replace("  lr_rules: [sqrt]\n", "  lr_rules: [sqrt]\n  st
 
 
 def test_two_runs_at_once_on_one_store(tmp_path, seaweed):
-    """Run "b" is an adaptive study: one convergence step that runs the study's cells, and its
+    """Run "b" is an adaptive search: one convergence step that runs the search's cells, and its
     decisions published beside the other tables (run "a", a grid, publishes none)."""
     store = ObjectStore(seaweed.settings(prefix=f"twice-{uuid.uuid4().hex[:8]}"))
     procs = []
@@ -44,4 +44,4 @@ def test_two_runs_at_once_on_one_store(tmp_path, seaweed):
     study = store.get_table(decisions[1][0]).to_pylist()
     assert study[0]["action"] == "probe" and study[-1]["action"] == "stop"
     report = (tmp_path / "b" / ".batchscale" / "runs" / run_ids[1] / "report.html").read_text()
-    assert "Adaptive study" in report
+    assert "Adaptive search" in report

@@ -82,7 +82,7 @@ class AnalysisResult:
 
 
 def without_pruned(runs: pd.DataFrame) -> pd.DataFrame:
-    """The trials the fits use: all but those the adaptive study pruned (stopped hopelessly
+    """The trials the fits use: all but those the adaptive search pruned (stopped hopelessly
     behind its own fit; convergence.adaptive_prune_factor) and a user's training loop that
     failed (it says nothing about how many steps the batch needs)."""
     left_out = (schemas.RunStatus.PRUNED, schemas.RunStatus.FAILED)

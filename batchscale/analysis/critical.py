@@ -262,7 +262,7 @@ def bootstrap_critical_batch(
     per batch) there are no seeds to resample, and the interval is Fieller's alone: the fit's
     residuals across the batch sizes carry the scatter (coverage measured on simulated one-run
     tables by tests/test_calibration.py; `interval_note` says which kind it is), unless
-    `seeds_needed` (the adaptive study: NaN, NaN until some batch size has two seeds).
+    `seeds_needed` (the adaptive search: NaN, NaN until some batch size has two seeds).
 
     NaN, NaN when `fit_critical_batch` gives no number for these trials (a bound or too few
     batch sizes: the bound is then the whole statement, with no interval), or when fewer than

@@ -161,7 +161,7 @@ class StepsFit:
 
     def steps(self, batch: float) -> Band:
         """S(batch) and its band. The band keeps S_min fixed and takes E_min = S_min·B_crit at
-        the interval's ends: the interval on B_crit is what the study reports, and S_min (the
+        the interval's ends: the interval on B_crit is what the analysis reports, and S_min (the
         large-batch steps) is the better-determined parameter."""
         value = self.s_min + self.e_min / batch
         low, high = (self.s_min * (1 + edge / batch)

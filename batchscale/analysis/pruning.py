@@ -1,5 +1,5 @@
 """What pruning saved: trials stopped as `pruned` by successive halving over the grid
-rule's learning rates or by the adaptive study's bound, in one sentence for the report."""
+rule's learning rates or by the adaptive search's bound, in one sentence for the report."""
 
 from __future__ import annotations
 
@@ -38,6 +38,6 @@ def pruning_text(runs: pd.DataFrame) -> str:
                  f"least ~{int(saved):,} steps (each pruned rate charged only the steps its "
                  "cell's longest surviving rate ran: an estimate)")
     if halved < pruned.sum():
-        text += (f"; {int(pruned.sum()) - halved} by the adaptive study's bound "
+        text += (f"; {int(pruned.sum()) - halved} by the adaptive search's bound "
                  "(hopelessly behind its fit)")
     return text + "."

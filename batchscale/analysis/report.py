@@ -14,6 +14,7 @@ import pandas as pd
 from markupsafe import Markup
 
 from batchscale import schemas
+from batchscale.analysis.adaptive_report import ADAPTIVE_HEADINGS, AdaptiveSection
 from batchscale.analysis.analyze import AnalysisResult
 from batchscale.analysis.gap import NOT_MEASURED, TABLE_METRICS, gap_table
 from batchscale.analysis.narrative import (
@@ -28,7 +29,6 @@ from batchscale.analysis.plots_plan import plan_plot, what_if_markdown
 from batchscale.analysis.plots_targets import gap_plots, target_plot
 from batchscale.analysis.quality import headline, quality_box_markdown
 from batchscale.analysis.schedule_report import ScheduleSection
-from batchscale.analysis.study_report import STUDY_HEADINGS, StudySection
 from batchscale.analysis.summary import AnalysisSummary, TargetCriticalBatch
 from batchscale.analysis.targets import same_target, split_by_target
 from batchscale.fits import ensure_columns
@@ -72,7 +72,7 @@ def render_html(
     title: str = "batchscale report",
     plan: Plan | None = None,
     plan_missing: str = "",
-    study: StudySection | None = None,
+    adaptive: AdaptiveSection | None = None,
     schedule: ScheduleSection | None = None,
 ) -> str:
     """The whole report as one HTML string, with every plot embedded and nothing fetched.
@@ -116,10 +116,10 @@ def render_html(
         what_if=markdown_html(what_if_markdown(plan, plan_missing))
         if plan is not None or plan_missing else None,
         what_if_plot=plan_plot(plan),
-        study=study,
-        study_headings=STUDY_HEADINGS,
-        study_rows=[[(str(v), isinstance(v, str)) for v in row.values()]
-                    for row in (study.rows if study else ())],
+        adaptive=adaptive,
+        adaptive_headings=ADAPTIVE_HEADINGS,
+        adaptive_rows=[[(str(v), isinstance(v, str)) for v in row.values()]
+                       for row in (adaptive.rows if adaptive else ())],
         schedule=schedule,
         schedule_rows=[[(cell, i == 4) for i, cell in enumerate(row)]
                        for row in (schedule.rows if schedule else ())],

@@ -58,7 +58,7 @@ def run_stage(
     Path(report_path).write_text(
         render_html(result, sweep, runs, curves, title=f"batchscale: {cfg.name} ({run_id})",
                     plan=plan, plan_missing=plan_missing,
-                    study=_study(cfg, decisions_path, runs), schedule=schedule)
+                    adaptive=_adaptive(cfg, decisions_path, runs), schedule=schedule)
     )
     text = result.markdown + (f"\n{schedule.answer}\n" if schedule and schedule.answer else "")
     Path(markdown_path).write_text(text)
@@ -84,16 +84,16 @@ def run_task(metrics, config_json: str, run_id: str, sweep_path: str, curves_pat
             metrics.log_metric(name, float(value))
 
 
-def _study(cfg, decisions_path: str | None, runs: pd.DataFrame):
-    """The adaptive study's report section, when the run was one (its decisions table has
+def _adaptive(cfg, decisions_path: str | None, runs: pd.DataFrame):
+    """The adaptive search's report section, when the run was one (its decisions table has
     rows); the grid it is compared with: the config's batch sizes and seeds."""
-    from batchscale.analysis.study_report import study_section
+    from batchscale.analysis.adaptive_report import adaptive_section
 
     if decisions_path is None:
         return None
     decisions = read_table_file(decisions_path).to_pandas()
     c = cfg.convergence
-    return study_section(decisions, runs, list(c.batch_sizes), len(c.seeds),
+    return adaptive_section(decisions, runs, list(c.batch_sizes), len(c.seeds),
                          cfg.analysis.b_crit_range_factor)
 
 

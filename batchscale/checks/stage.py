@@ -81,7 +81,7 @@ def validate_runs(config_json: str, curves_paths: list[str], runs_paths: list[st
                   merged_curves: str, merged_runs: str, json_path: str, html_path: str,
                   decisions_paths: list[str] = (), merged_decisions: str | None = None) -> None:
     """Merge the fanned-out convergence tables, check them, and pass the merged tables on;
-    the adaptive study's decisions too (grid cells leave an empty decisions table)."""
+    the adaptive search's decisions too (grid cells leave an empty decisions table)."""
     cfg = config_from_json(config_json)
     curves = pa.concat_tables([read_table_file(p) for p in curves_paths])
     runs = pa.concat_tables([read_table_file(p) for p in runs_paths])

@@ -94,7 +94,7 @@ def cmd_converge(args) -> int:
           file=sys.stderr)
     written = [out / "curves.parquet", out / "runs.parquet"]
     if cfg.convergence.strategy == "adaptive":
-        from batchscale.study.driver import run_adaptive
+        from batchscale.adaptive.driver import run_adaptive
 
         curves, runs, decisions = run_adaptive(cfg, data_dir=str(data_dir), run_id=run_id,
                                                work_root=out / "work",
@@ -118,7 +118,7 @@ def cmd_converge(args) -> int:
 
 
 def _largest_batches(cfg) -> list[int]:
-    """The convergence batch sizes a dataset must hold (none known before an adaptive study
+    """The convergence batch sizes a dataset must hold (none known before an adaptive search
     picks them: its probes are checked when they start)."""
     sizes = cfg.convergence.batch_sizes
     return [] if isinstance(sizes, str) else list(sizes)

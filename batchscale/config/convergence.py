@@ -25,7 +25,7 @@ from batchscale.config.fields import (
 from batchscale.metrics import METRICS, target_label
 
 ADAPTIVE_CELL = "adaptive"
-"""The batch_sizes of the convergence cell that runs the adaptive study."""
+"""The batch_sizes of the convergence cell that runs the adaptive search."""
 DEFAULT_TARGET_VAL_ACCURACY = 0.95
 """The target when neither `targets` nor `target_val_accuracy` is given."""
 
@@ -214,29 +214,29 @@ class ConvergenceConfig(_Strict):
     `batch_sizes`) are placed around the prediction, then the (batch size, seed) that most
     narrows the B_crit interval of the first LR rule and target is added until the interval's
     high/low is at most `target_interval_ratio` or `adaptive_budget_examples` is spent
-    (docs/architecture.md, "Adaptive study"). Scaling runs are not part of the study."""
+    (docs/architecture.md, "Adaptive search"). Scaling runs are not part of the search."""
     adaptive_probe_batch_sizes: list[BatchSize] = []
-    """Batch sizes of the adaptive study's probe trials (trained to the target like any other,
+    """Batch sizes of the adaptive search's probe trials (trained to the target like any other,
     with the noise scale measured); empty: the two smallest of `batch_sizes`."""
     adaptive_first_points: int = Field(4, ge=2, le=16)
-    """Batch sizes the adaptive study places around the predicted B_crit before refining."""
+    """Batch sizes the adaptive search places around the predicted B_crit before refining."""
     target_interval_ratio: float = Field(2.0, gt=1.0, allow_inf_nan=False)
-    """The adaptive study stops when its objective's interval (`adaptive_objective`) has
+    """The adaptive search stops when its objective's interval (`adaptive_objective`) has
     high/low at most this."""
     adaptive_objective: Literal["b_crit", "b_star"] = "b_crit"
-    """What the adaptive study narrows: b_crit (the critical batch), or b_star (the batch
+    """What the adaptive search narrows: b_crit (the critical batch), or b_star (the batch
     fastest to the target, B* = sqrt(B_crit x alpha/beta) from S(B) and the step-time line
     t = alpha + beta B of its own trials; the answer when a recommendation, not B_crit, is
     wanted). B*'s interval combines B_crit's (through that square root) with how well the step
     times pin alpha/beta; it stays open until three batch sizes are timed."""
     adaptive_budget_examples: PositiveInt | None = None
     """Training examples (steps x batch size, summed over trials) after which the adaptive
-    study stops even if its interval is wider: examples, not seconds, because they cost the
+    search stops even if its interval is wider: examples, not seconds, because they cost the
     same on any machine and compare directly with a grid's. None: no budget."""
     adaptive_max_cells: PositiveInt = 24
-    """Most (batch size, seed) cells the adaptive study runs, probes included."""
+    """Most (batch size, seed) cells the adaptive search runs, probes included."""
     adaptive_prune_factor: float | None = Field(3.0, gt=1.0, allow_inf_nan=False)
-    """The adaptive study stops a new cell's trials as `pruned` (kept in the tables, left out
+    """The adaptive search stops a new cell's trials as `pruned` (kept in the tables, left out
     of the fit) when they have not reached the target after this many times the steps its
     current fit allows at their batch size at the B_crit interval's far end,
     S_min x (1 + B_crit_high / B): hopelessly behind. Only with an interval (no bound before
@@ -321,14 +321,14 @@ class ConvergenceConfig(_Strict):
         its own task (a pod on a cluster); otherwise a worker count's batch sizes share one
         task and one torchrun process group, which saves a process start-up per batch size
         locally (docs/architecture.md). With the adaptive strategy, one cell ("adaptive") runs
-        the study, which launches its own trials (TrainJobs on a cluster with the kubeflow
+        the search, which launches its own trials (TrainJobs on a cluster with the kubeflow
         launcher). Strings: KFP types every field of a loop item by its first field, and its
         driver reads resource fields as strings."""
         pairs = [(b, w) for w in self.scaling_workers for b in self.scaling_batch_sizes
                  if w != self.workers]
-        if self.strategy == "adaptive":  # one cell runs the study: it chooses the batch sizes
-            study = [{"batch_sizes": ADAPTIVE_CELL, "workers": str(self.workers)}]
-            return study + ConvergenceConfig.fan_out(
+        if self.strategy == "adaptive":  # one cell runs the search: it chooses the batch sizes
+            search = [{"batch_sizes": ADAPTIVE_CELL, "workers": str(self.workers)}]
+            return search + ConvergenceConfig.fan_out(
                 self.model_copy(update={"strategy": "grid", "batch_sizes": []}),
                 one_batch_size_per_cell)
         pairs = [(b, self.workers) for b in self.batch_sizes] + pairs

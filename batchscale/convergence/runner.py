@@ -201,7 +201,7 @@ def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
     or a TrainJob on the cluster with `launcher: kubeflow` (`out_dir` is then unused: the
     TrainJob's pods write to the object store). The run id (a directory and a key part) and
     a user model (built once) are checked before any process starts. `prune_at_step`: the
-    adaptive study's bound (TrialSpec.prune_at_step)."""
+    adaptive search's bound (TrialSpec.prune_at_step)."""
     check_run_id(run_id)
     if workers is not None and workers < 1:
         raise BadInput(f"workers: must be at least 1, got {workers}")

@@ -41,7 +41,7 @@ class TrialSpec(_StrictModel):
     """Seed of the model initialization and of the data order."""
     prune_at_step: PositiveInt | None = None
     """Stop as pruned at the first evaluation from this step on while a target is still
-    unreached (the adaptive study's bound from its fit); None: never. Not part of the
+    unreached (the adaptive search's bound from its fit); None: never. Not part of the
     checkpoint identity: it changes where a trial stops, not its trajectory."""
 
 

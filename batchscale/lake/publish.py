@@ -52,7 +52,7 @@ from batchscale.storage import (
 LAKE_TABLES = ("dataset_manifest", "sweep", "curves", "runs", "analysis", "regressions")
 OPTIONAL_LAKE_TABLES = ("decisions", "plan", "study", "study_axes", "critical_over_training",
                         "schedule_check")
-"""Published only by the runs that have them (decisions: an adaptive study's; plan: the what-if
+"""Published only by the runs that have them (decisions: an adaptive search's; plan: the what-if
 plan, absent when the run lacked a measurement it needs; study, study_axes: a study's
 comparison, published as a run of its own under the study id; critical_over_training,
 schedule_check: the batch-schedule stage's, when the config enables it)."""
@@ -169,7 +169,7 @@ def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str
               decisions_path: str | None = None, plan_path: str | None = None,
               schedule_paths: tuple[str, str] | None = None) -> dict:
     """Pipeline entry: check for regressions, then publish a validated run (tables, the report
-    with its "Regressions" section, the verdicts; the adaptive study's decisions where there
+    with its "Regressions" section, the verdicts; the adaptive search's decisions where there
     are any) to the store named by the environment."""
     cfg = config_from_json(config_json)
     store = ObjectStore(S3Settings.from_env())
@@ -197,7 +197,7 @@ def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str
              "warmup_steps": cfg.convergence.warmup_steps,
              # a rebuilt card names the target as the pipeline's did ("marked primary" or why not)
              "primary_target": primary_target(cfg),
-             # what an adaptive study's report compares its cost with (batchscale report)
+             # what an adaptive search's report compares its cost with (batchscale report)
              "convergence_grid": {"batch_sizes": list(cfg.convergence.batch_sizes),
                                   "seeds": len(cfg.convergence.seeds)},
              "regressions": regressed_cells(verdicts)}

@@ -294,13 +294,13 @@ def print_run_summary(store: ObjectStore, run_id: str, local_dir: Path) -> None:
     print("\n".join(lines))
 
 
-def _study(manifest: dict, tables: dict, runs):
-    """The adaptive study's section of a rebuilt report, when the run published decisions;
+def _adaptive(manifest: dict, tables: dict, runs):
+    """The adaptive search's section of a rebuilt report, when the run published decisions;
     its cost is compared with the grid the run's config described (older manifests: the batch
     sizes and seeds its trials ran)."""
     import pandas as pd
 
-    from batchscale.analysis.study_report import study_section
+    from batchscale.analysis.adaptive_report import adaptive_section
 
     if "decisions" not in tables:
         return None
@@ -308,7 +308,7 @@ def _study(manifest: dict, tables: dict, runs):
     ran = runs if runs is not None else pd.DataFrame({"batch_size": [], "seed": []})
     batch_sizes = grid.get("batch_sizes") or sorted(set(ran["batch_size"]))
     seeds = grid.get("seeds") or max(1, ran["seed"].nunique())
-    return study_section(tables["decisions"].to_pandas(), runs, list(batch_sizes), int(seeds),
+    return adaptive_section(tables["decisions"].to_pandas(), runs, list(batch_sizes), int(seeds),
                          analysis_config(manifest).b_crit_range_factor)
 
 
@@ -355,7 +355,7 @@ def rebuild_report(store: ObjectStore, run_id: str, out: Path) -> list[str]:
                              analysis_config(manifest).max_cpu_wait_share)
     page = render_html(result, frames["sweep"], frames["runs"], frames["curves"], title=title,
                        plan=plan, plan_missing=plan_missing,
-                       study=_study(manifest, tables, frames["runs"]), schedule=schedule)
+                       adaptive=_adaptive(manifest, tables, frames["runs"]), schedule=schedule)
     if "regressions" in tables:
         page = add_regressions(page, regressions_markdown(tables["regressions"].to_pandas()))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """One pyarrow schema per table, kept by capability in this package's modules (`measurement`,
-`study`, `batch_schedule`) and registered here. Every result row also carries the run's
+`adaptive`, `study`, `batch_schedule`) and registered here. Every result row also carries the run's
 environment columns.
 
 Units are in the column names. `make_table` is the only way tables are built, so a missing or
@@ -13,6 +13,7 @@ from enum import StrEnum
 import pyarrow as pa
 
 from batchscale.errors import BadInput
+from batchscale.schemas.adaptive import DECISIONS
 from batchscale.schemas.batch_schedule import CRITICAL_OVER_TRAINING, SCHEDULE_CHECK
 from batchscale.schemas.measurement import (
     ANALYSIS,
@@ -24,7 +25,7 @@ from batchscale.schemas.measurement import (
     RUNS,
     SWEEP,
 )
-from batchscale.schemas.study import DECISIONS, STUDY, STUDY_AXES
+from batchscale.schemas.study import STUDY, STUDY_AXES
 
 
 class TrialStatus(StrEnum):
@@ -49,7 +50,7 @@ class RunStatus(StrEnum):
     NOT_REACHED = "not_reached"
     DIVERGED = "diverged"
     PRUNED = "pruned"
-    """Stopped by the adaptive study: hopelessly behind what its fit implies (excluded from
+    """Stopped by the adaptive search: hopelessly behind what its fit implies (excluded from
     the fit; convergence.adaptive_prune_factor)."""
     FAILED = "failed"
     """A user's training loop raised, never reported, or reported what is not a metric

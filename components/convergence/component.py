@@ -1,5 +1,5 @@
 """KFP wrapper of convergence: one cell's trials (its batch sizes x LR rules x seeds); a cell is
-one batch size on a cluster, one worker count's batch sizes locally, or the adaptive study."""
+one batch size on a cluster, one worker count's batch sizes locally, or the adaptive search."""
 
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Output
@@ -11,8 +11,8 @@ from batchscale.images import GPU_IMAGE
 def convergence(config_json: str, run_id: str, batch_sizes: str, workers: str,
                 dataset: Input[Dataset], sweep: Input[Dataset], curves: Output[Dataset],
                 runs: Output[Dataset], decisions: Output[Dataset]):
+    from batchscale.adaptive.stage import run_stage
     from batchscale.errors import task_refusals
-    from batchscale.study.stage import run_stage
 
     with task_refusals():
         run_stage(config_json, run_id, batch_sizes, int(workers), dataset.path, curves.path,

@@ -1,10 +1,10 @@
-"""The report's "Adaptive study" section, from the `decisions` table (batchscale/study/ writes
-it; this module only reads it, so the analysis stays below the study): what the noise scale
+"""The report's "Adaptive search" section, from the `decisions` table (batchscale/adaptive/ writes
+it; this module only reads it, so the analysis stays below the search): what the noise scale
 predicted, where the first batch sizes went, how the B_crit interval narrowed cell by cell, and
-what the study spent against what a grid of the same batch sizes and seeds would have spent.
+what the search spent against what a grid of the same batch sizes and seeds would have spent.
 
 The grid's cost is an estimate (its trials were not run): per batch size, the examples to the
-target by the study's final fit, S(B)·B, times the seeds; it says so wherever it is shown."""
+target by the search's final fit, S(B)·B, times the seeds; it says so wherever it is shown."""
 
 from __future__ import annotations
 
@@ -27,15 +27,15 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 CELL_ACTIONS = ("probe", "place", "refine")
-STOPPED_COVERAGE_CAVEAT = ("Read it as narrower than it says: on simulated studies "
-                           "(bench_study_calibration) a stopped study's 90 % interval held the "
+STOPPED_COVERAGE_CAVEAT = ("Read it as narrower than it says: on simulated searches "
+                           "(bench_adaptive_calibration) a stopped search's 90 % interval held the "
                            "true B_crit 79–90 % of the time.")
-STUDY_HEADINGS = ("#", "action", "cell", "why", "B_crit after [90 % interval]", "examples spent")
+ADAPTIVE_HEADINGS = ("#", "action", "cell", "why", "B_crit after [90 % interval]", "examples spent")
 
 
 @dataclass(frozen=True)
-class StudySection:
-    """What the report shows of an adaptive study."""
+class AdaptiveSection:
+    """What the report shows of an adaptive search."""
 
     sentences: tuple[str, ...]
     rows: tuple[dict, ...]
@@ -53,7 +53,7 @@ def _number(value: object) -> float:
 
 def grid_examples_estimate(decisions: pd.DataFrame, runs: pd.DataFrame | None,
                            batch_sizes: list[int], seeds: int) -> float:
-    """Examples a grid of `batch_sizes` × `seeds` would have spent, by the study's final fit
+    """Examples a grid of `batch_sizes` × `seeds` would have spent, by the search's final fit
     S(B) = S_min + E_min/B from its own trials (NaN without a B_crit number)."""
     fit = _final_fit(decisions, runs)
     if fit is None:
@@ -64,7 +64,7 @@ def grid_examples_estimate(decisions: pd.DataFrame, runs: pd.DataFrame | None,
 def grid_device_s_estimate(decisions: pd.DataFrame, runs: pd.DataFrame | None,
                            batch_sizes: list[int], seeds: int) -> float:
     """Device-seconds of training the grid would have spent: seeds × S(B) × t(B) summed over
-    `batch_sizes`, S from the final fit and t = α + βB from the study's own one-worker trials
+    `batch_sizes`, S from the final fit and t = α + βB from the search's own one-worker trials
     (training time per step, as `device_s_spent` counts it); NaN without either."""
     from batchscale.analysis.timetotarget import convergence_step_times
     from batchscale.fits import fit_step_time
@@ -79,7 +79,7 @@ def grid_device_s_estimate(decisions: pd.DataFrame, runs: pd.DataFrame | None,
 
 
 def _final_fit(decisions: pd.DataFrame, runs: pd.DataFrame | None):
-    """S(B) fitted to the study rule's trials of its target; None without a B_crit number."""
+    """S(B) fitted to the search rule's trials of its target; None without a B_crit number."""
     rows = _target_runs(decisions, runs)
     if rows is None:
         return None
@@ -88,10 +88,10 @@ def _final_fit(decisions: pd.DataFrame, runs: pd.DataFrame | None):
     return fit if math.isfinite(fit.b_crit) else None
 
 
-def study_section(decisions: pd.DataFrame | None, runs: pd.DataFrame | None,
+def adaptive_section(decisions: pd.DataFrame | None, runs: pd.DataFrame | None,
                   batch_sizes: list[int], seeds: int,
-                  range_factor: float = DEFAULT_RANGE_FACTOR) -> StudySection | None:
-    """The section, or None when the run was not an adaptive study; `range_factor` is
+                  range_factor: float = DEFAULT_RANGE_FACTOR) -> AdaptiveSection | None:
+    """The section, or None when the run was not an adaptive search; `range_factor` is
     analysis.b_crit_range_factor, where an interval is cut to a bound."""
     if decisions is None or decisions.empty:
         return None
@@ -101,12 +101,12 @@ def study_section(decisions: pd.DataFrame | None, runs: pd.DataFrame | None,
                  _final_sentence(last, _target_runs(decisions, runs), range_factor),
                  _cost_sentence(decisions, runs, batch_sizes, seeds)]
     rows = tuple(_row(r) for r in decisions.to_dict("records"))
-    plot = make_plot(lambda: draw_study(decisions),
-                     "B_crit after each cell the study ran (bars: its 90 % interval), against "
+    plot = make_plot(lambda: draw_search(decisions),
+                     "B_crit after each cell the search ran (bars: its 90 % interval), against "
                      "the examples spent so far; the band: B_crit predicted from the gradient "
                      "noise scale",
                      "no cell gave a B_crit interval")
-    return StudySection(tuple(s for s in sentences if s), rows, plot)
+    return AdaptiveSection(tuple(s for s in sentences if s), rows, plot)
 
 
 def _prediction_sentence(decisions: pd.DataFrame) -> str:
@@ -131,7 +131,7 @@ def _placement_sentence(decisions: pd.DataFrame) -> str:
 
 
 def _target_runs(decisions: pd.DataFrame, runs: pd.DataFrame | None) -> pd.DataFrame | None:
-    """The trials of the study's rule and target (a trial has a row per target)."""
+    """The trials of the search's rule and target (a trial has a row per target)."""
     if runs is None or runs.empty:
         return None
     last = decisions.iloc[-1]
@@ -146,11 +146,11 @@ def _final_sentence(last: pd.Series, runs: pd.DataFrame | None, range_factor: fl
     if math.isfinite(low) and math.isfinite(high):
         note = "" if runs is None else interval_note(runs, last["lr_rule"], (low, high),
                                                      range_factor=range_factor)
-        return (f"The study stopped ({last['reason']}) with B_crit {b_crit:.3g}, 90 % interval "
+        return (f"The search stopped ({last['reason']}) with B_crit {b_crit:.3g}, 90 % interval "
                 f"{low:.3g}–{high:.3g} (high/low {high / low:.2f}), after {cells} decisions"
                 + (f"; {note}" if note else "") + f". {STOPPED_COVERAGE_CAVEAT}"
                 + _b_star_sentence(last, cut="is cut at" in note))
-    return f"The study stopped ({last['reason']}) without a B_crit interval."
+    return f"The search stopped ({last['reason']}) without a B_crit interval."
 
 
 def _b_star_sentence(last: pd.Series, cut: bool) -> str:
@@ -178,13 +178,13 @@ def _cost_sentence(decisions: pd.DataFrame, runs: pd.DataFrame | None, batch_siz
                 "without a B_crit fit.")
     rounded = round(grid, 2 - math.floor(math.log10(grid)))  # 3 significant digits
     text = (f"It trained on {spent:,} examples{device}; a grid of {len(batch_sizes)} batch sizes "
-            f"× {seeds} seeds would have needed about {rounded:,.0f} examples by the study's "
-            f"final fit (an estimate: the grid was not run), so the study spent {spent / grid:.0%}"
+            f"× {seeds} seeds would have needed about {rounded:,.0f} examples by the search's "
+            f"final fit (an estimate: the grid was not run), so the search spent {spent / grid:.0%}"
             " of its examples")
     grid_s = grid_device_s_estimate(decisions, runs, batch_sizes, seeds)
     if math.isfinite(spent_s) and math.isfinite(grid_s) and grid_s > 0:
         text += (f" and {spent_s / grid_s:.0%} of its device time (about {grid_s:,.1f} "
-                 "device-seconds, with the study's own step-time line)")
+                 "device-seconds, with the search's own step-time line)")
     return text + "."
 
 
@@ -200,7 +200,7 @@ def _row(r: dict) -> dict:
             "examples": f"{int(r['examples_spent']):,}"}
 
 
-def draw_study(decisions: pd.DataFrame) -> Figure | None:
+def draw_search(decisions: pd.DataFrame) -> Figure | None:
     cells = decisions[decisions["action"].isin(CELL_ACTIONS)]
     numbers = cells[pd.to_numeric(cells["b_crit_low"], errors="coerce").notna()]
     if numbers.empty:

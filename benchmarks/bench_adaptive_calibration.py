@@ -1,16 +1,16 @@
-"""Coverage of the adaptive study's interval where it stops: the study's own decision loop
-(`study.driver.run_adaptive`: probe, predict, place, refine, stop) on simulated cells.
+"""Coverage of the adaptive search's interval where it stops: the search's own decision loop
+(`adaptive.driver.run_adaptive`: probe, predict, place, refine, stop) on simulated cells.
 
 Only the training is simulated: `run_convergence`, which trains one (batch size, seed) cell,
 is replaced by a draw from a known truth. Steps to target S(B) = S_min·(1 + B_crit/B) with
 log-normal seed noise σ, rounded up to the evaluation interval; the probe's gradient noise scale
 B_simple near the target scattered log-normally about the true B_crit (McCandlish et al.: it
 predicts B_crit). Everything else — the prediction, the placement, the choice of the next cell,
-the bootstrap ∪ Fieller interval, the stop rule — is the study's real code. A setting's figure
-is how often the stopped study's 90 % interval holds the true B_crit, with its exact binomial
+the bootstrap ∪ Fieller interval, the stop rule — is the search's real code. A setting's figure
+is how often the stopped search's 90 % interval holds the true B_crit, with its exact binomial
 interval, and the cells and examples it spent.
 
-Run: `python -m benchmarks.run bench_study_calibration` (BENCH_QUICK=1 for a short look).
+Run: `python -m benchmarks.run bench_adaptive_calibration` (BENCH_QUICK=1 for a short look).
 """
 
 from __future__ import annotations
@@ -24,19 +24,19 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from batchscale.adaptive import driver
 from batchscale.analysis.critical import bootstrap_critical_batch
 from batchscale.config import parse_config
-from batchscale.study import driver
 from benchmarks import scaled
 from benchmarks.stats import Goal, share_figure
 
-STUDIES = scaled(100, 12)
+SEARCHES = scaled(100, 12)
 COVERAGE_GOAL = Goal(0.85)
 S_MIN = 100.0
 EVAL_EVERY = 10
 SEEDS = [0, 1, 2]
 WIDER_LEVELS = (0.95, 0.98)
-"""Nominal levels at which the stopped study's final trials are also read, to see what level
+"""Nominal levels at which the stopped search's final trials are also read, to see what level
 would deliver 90 % coverage after the stop."""
 B_SIMPLE_SCATTER = 0.3
 """Log-normal scatter of B_simple about B_crit at the probe's evaluations near the target."""
@@ -85,7 +85,7 @@ def one_study(setting: Setting, rng: np.random.Generator) -> dict:
         "target_val_accuracy": 0.9, "eval_every_steps": EVAL_EVERY}})
     trials: list[dict] = []
     with mock.patch.object(driver, "run_convergence", simulated_cell(setting, rng, trials)), \
-            mock.patch.object(driver, "_environment", lambda study, runs: {}), \
+            mock.patch.object(driver, "_environment", lambda search, runs: {}), \
             mock.patch.object(driver, "make_table", lambda kind, rows, env: rows):
         _, _, decisions = driver.run_adaptive(cfg, data_dir="simulated", run_id="sim",
                                               echo=lambda line: None)
@@ -93,7 +93,7 @@ def one_study(setting: Setting, rng: np.random.Generator) -> dict:
     low, high = last.get("b_crit_low"), last.get("b_crit_high")
     bounded = low is not None and high is not None and math.isfinite(low) and math.isfinite(high)
     wider = {level: bootstrap_critical_batch(pd.DataFrame(trials), "sqrt",
-                                             driver.STUDY_BOOTSTRAP_SAMPLES,
+                                             driver.SEARCH_BOOTSTRAP_SAMPLES,
                                              confidence=level, seeds_needed=True)
              for level in WIDER_LEVELS}
     return {"covered": bounded and low <= setting.b_crit <= high, "bounded": bounded,
@@ -108,7 +108,7 @@ def run() -> dict:
     results = {}
     for setting in SETTINGS:
         started = time.perf_counter()
-        outcomes = [one_study(setting, rng) for _ in range(STUDIES)]
+        outcomes = [one_study(setting, rng) for _ in range(SEARCHES)]
         covered = sum(o["covered"] for o in outcomes)
         figure = share_figure(covered, len(outcomes), COVERAGE_GOAL)
         cells = [o["cells"] for o in outcomes]

@@ -1,7 +1,7 @@
-"""The adaptive study's decisions on known answers: the noise-scale prediction, the placement of
-the first batch sizes, the candidates and the choice of the next cell (batchscale.study.adaptive).
+"""The adaptive search's decisions on known answers: the noise-scale prediction, the placement of
+the first batch sizes, the candidates and the choice of the next cell (batchscale.adaptive.choice).
 Synthetic tables with a known S(B) = S_min + E_min/B; the trials themselves run for real in
-tests/test_study_driver.py."""
+tests/test_adaptive_driver.py."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchscale.errors import BadInput
-from batchscale.fits import StepTimeFit, fit_step_time
-from batchscale.study.adaptive import (
+from batchscale.adaptive.choice import (
     STOP_EXHAUSTED,
     STOP_NO_GAIN,
     Cell,
@@ -26,6 +24,8 @@ from batchscale.study.adaptive import (
     predict_b_crit,
     prune_step,
 )
+from batchscale.errors import BadInput
+from batchscale.fits import StepTimeFit, fit_step_time
 from batchscale.tdist import t_quantile
 
 ALLOWED = powers_of_two_between(4, 1024)
@@ -134,7 +134,7 @@ def test_candidates_are_new_batch_sizes_and_the_next_seed_where_run():
 
 
 def test_one_seed_everywhere_asks_for_a_second_seed_near_b_crit():
-    """The interval resamples seeds: with one seed per batch there is none, so the study adds
+    """The interval resamples seeds: with one seed per batch there is none, so the search adds
     a seed at the batch size nearest the fitted B_crit (32)."""
     table = runs(on_curve([4, 16, 64, 256], wobble=0.03))
     done = [Cell(b, 0) for b in (4, 16, 64, 256)]
@@ -166,7 +166,7 @@ def test_with_an_interval_the_choice_is_expected_to_narrow_it():
 
 def test_when_no_cell_is_expected_to_narrow_the_interval_the_study_stops():
     """Steps that scatter ±40 % around their fit (interval ×15 wide): a third seed at the
-    smallest batch is not expected to narrow it, so the study stops spending, says why and
+    smallest batch is not expected to narrow it, so the search stops spending, says why and
     keeps the interval as it is; a point at the knee (64) is expected to help and is run."""
     rng = np.random.default_rng(0)
     data = {(b, s): round((S_MIN + E_MIN / b) * math.exp(rng.normal(0, 0.4)))
@@ -245,7 +245,7 @@ def test_pruned_trials_are_left_out_of_the_fit():
 
 # --------------------------------------------------------------------- the B* objective
 def test_b_star_with_an_exact_line_is_b_crits_interval_through_the_square_root():
-    from batchscale.study.adaptive import optimum
+    from batchscale.adaptive.choice import optimum
 
     state = IntervalState(b_crit=32.0, low=16.0, high=64.0, bound="", reason="")
     exact = StepTimeFit(1e-3, 1e-5, 1.0, log_ratio_se=0.0, dof=3)  # α/β = 100 samples
@@ -258,7 +258,7 @@ def test_b_star_with_an_exact_line_is_b_crits_interval_through_the_square_root()
 
 
 def test_the_step_time_lines_uncertainty_widens_b_star_and_two_points_leave_it_open():
-    from batchscale.study.adaptive import optimum
+    from batchscale.adaptive.choice import optimum
 
     state = IntervalState(b_crit=32.0, low=16.0, high=64.0, bound="", reason="")
     scattered = StepTimeFit(1e-3, 1e-5, 0.99, log_ratio_se=0.3, dof=3)
@@ -272,34 +272,34 @@ def test_the_step_time_lines_uncertainty_widens_b_star_and_two_points_leave_it_o
 
 
 def test_b_stars_interval_covers_the_truth_on_simulated_studies():
-    """The interval the study stops on, from its own code (interval_state, fit_step_time,
+    """The interval the search stops on, from its own code (interval_state, fit_step_time,
     optimum) on simulated data: steps to target S(B) = S_min·(1 + B_crit/B) with 10 %
     log-normal seed noise (2 seeds), step times t(B) = α + βB with 5 % noise. Coverage of the
-    true B* must hold at the 90 % it claims (≥ 0.85 over 200 studies); B_crit's interval alone
+    true B* must hold at the 90 % it claims (≥ 0.85 over 200 searches); B_crit's interval alone
     through the square root is the narrower, overconfident one this replaced."""
-    from batchscale.study.adaptive import interval_state, optimum
+    from batchscale.adaptive.choice import interval_state, optimum
 
     rng = np.random.default_rng(11)
     alpha, beta, b_crit, s_min = 2e-3, 1e-5, 64.0, 200.0
     truth = math.sqrt(alpha * b_crit / beta)
     batches = [8, 16, 32, 64, 128, 256, 512]
     covered = 0
-    studies = 200
-    for _ in range(studies):
+    searches = 200
+    for _ in range(searches):
         cells = {(b, seed): round(s_min * (1 + b_crit / b) * math.exp(rng.normal(0, 0.1)))
                  for b in batches for seed in (0, 1)}
         state = interval_state(runs(cells, "linear"), "linear", 200)
         times = [(alpha + beta * b) * math.exp(rng.normal(0, 0.05)) for b in batches]
         best = optimum(state, fit_step_time(batches, times))
         covered += best.low <= truth <= best.high
-    assert covered / studies >= 0.85
+    assert covered / searches >= 0.85
 
 
 def test_the_study_narrows_b_star_when_asked_and_reads_the_line_from_its_trials():
     import pyarrow as pa
 
+    from batchscale.adaptive.driver import Search
     from batchscale.config import parse_config
-    from batchscale.study.driver import Study
 
     def cell(batch: int) -> tuple[pa.Table, pa.Table]:
         steps = 100
@@ -312,21 +312,21 @@ def test_the_study_narrows_b_star_when_asked_and_reads_the_line_from_its_trials(
     for objective in ("b_crit", "b_star"):
         cfg = parse_config({"convergence": {"strategy": "adaptive",
                                             "adaptive_objective": objective}})
-        study = Study(cfg, "t", "data", 1, echo=lambda line: None)
+        search = Search(cfg, "t", "data", 1, echo=lambda line: None)
         # Three batch sizes on an exact line: α/β pinned, B*'s interval is B_crit's through
         # the square root (two would leave α/β, and so B*, open).
-        study.cells = {Cell(b, 0): cell(b) for b in (16, 64, 256)}
-        line = study.step_line()
+        search.cells = {Cell(b, 0): cell(b) for b in (16, 64, 256)}
+        line = search.step_line()
         assert (line.alpha_s, line.beta_s, line.dof) == pytest.approx((1e-3, 1e-5, 1))
-        ratios[objective] = study.objective_ratio(state)
+        ratios[objective] = search.objective_ratio(state)
     assert ratios == pytest.approx({"b_crit": 4.0, "b_star": 2.0})
 
 
 def test_the_pipelines_study_is_clipped_at_the_sweeps_memory_boundary(tmp_path):
-    """The study stage reads the largest batch that fitted from the validated sweep table."""
+    """The search stage reads the largest batch that fitted from the validated sweep table."""
+    from batchscale.adaptive.stage import largest_batch
     from batchscale.schemas import make_table
     from batchscale.storage import write_table_atomic
-    from batchscale.study.stage import largest_batch
 
     rows = [{"input_mode": "synthetic", "batch_size": b, "status": s, "precision": "fp32",
              "timed_steps": 20 if s == "ok" else 0}

@@ -1,11 +1,11 @@
-"""The adaptive study, run: probe → predict → place → refine, each cell of trials
+"""The adaptive search, run: probe → predict → place → refine, each cell of trials
 launched the way every convergence cell is (`convergence.runner.run_convergence`: torchrun
 locally, a TrainJob with `launcher: kubeflow`), each decision a row of the `decisions` table.
 
 Resuming: a cell whose trials all finished is read back instead of launched, and every decision
-is a function of the finished trials alone (seeded bootstrap), so running a study again with
+is a function of the finished trials alone (seeded bootstrap), so running a search again with
 the same run id replays its decisions over the finished cells and carries on where it stopped.
-docs/architecture.md, "Adaptive study".
+docs/architecture.md, "Adaptive search".
 """
 
 from __future__ import annotations
@@ -18,11 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from batchscale.config import ExperimentConfig
-from batchscale.convergence.runner import run_convergence, work_dir
-from batchscale.fits import StepTimeFit, fit_step_time
-from batchscale.schemas import RunStatus, make_table
-from batchscale.study.adaptive import (
+from batchscale.adaptive.choice import (
     STOP_B_STAR,
     STOP_BUDGET,
     STOP_NARROW,
@@ -39,14 +35,18 @@ from batchscale.study.adaptive import (
     predict_b_crit,
     prune_step,
 )
+from batchscale.config import ExperimentConfig
+from batchscale.convergence.runner import run_convergence, work_dir
+from batchscale.fits import StepTimeFit, fit_step_time
+from batchscale.schemas import RunStatus, make_table
 
 NO_LINE = StepTimeFit(math.nan, math.nan, math.nan, "no trial has run yet")
-STUDY_BOOTSTRAP_SAMPLES = 200
+SEARCH_BOOTSTRAP_SAMPLES = 200
 
 
 @dataclass
-class Study:
-    """What the study has run so far: trial tables per cell, decisions, and its cost."""
+class Search:
+    """What the search has run so far: trial tables per cell, decisions, and its cost."""
 
     cfg: ExperimentConfig
     run_id: str
@@ -95,7 +95,7 @@ class Study:
         return curves, runs
 
     def target_runs(self) -> pd.DataFrame:
-        """The trials' rows for the study's target (a trial has a row per target)."""
+        """The trials' rows for the search's target (a trial has a row per target)."""
         _, runs = self.tables()
         t = self.target
         keep = ((runs["target_metric"] == t.metric) & (runs["target_value"] == t.value)
@@ -104,7 +104,7 @@ class Study:
 
     def step_line(self) -> StepTimeFit:
         """One device's step-time line (α, β, with how well its points pin α/β) from the
-        study's own one-worker trials (train time per step, the analysis's first source); NaN
+        search's own one-worker trials (train time per step, the analysis's first source); NaN
         before two batch sizes ran."""
         from batchscale.analysis.timetotarget import convergence_step_times
 
@@ -113,7 +113,7 @@ class Study:
         return fit_step_time(list(times), list(times.values()))
 
     def objective_ratio(self, state: IntervalState) -> float:
-        """high/low of what the study narrows: B_crit's interval, or B*'s."""
+        """high/low of what the search narrows: B_crit's interval, or B*'s."""
         if self.cfg.convergence.adaptive_objective == "b_star":
             return optimum(state, self.step_line()).ratio
         return state.ratio
@@ -178,7 +178,7 @@ def _prediction_words(p: NoisePrediction) -> str:
 
 
 def allowed_batch_sizes(cfg: ExperimentConfig, largest_batch: int | None) -> list[int]:
-    """The study chooses among the config's batch sizes, up to the largest that fits in memory
+    """The search chooses among the config's batch sizes, up to the largest that fits in memory
     (from the sweep, where known)."""
     sizes = list(cfg.convergence.batch_sizes)
     return [b for b in sizes if largest_batch is None or b <= largest_batch] or sizes[:1]
@@ -188,78 +188,78 @@ def run_adaptive(cfg: ExperimentConfig, *, data_dir: str, run_id: str,
                  workers: int | None = None, largest_batch: int | None = None,
                  work_root: Path | None = None,
                  echo: Callable[[str], None] = print) -> tuple[pa.Table, pa.Table, pa.Table]:
-    """(curves, runs, decisions) of an adaptive study (`convergence.strategy: adaptive`);
+    """(curves, runs, decisions) of an adaptive search (`convergence.strategy: adaptive`);
     cells train under `work_root` (runner.work_dir)."""
     c = cfg.convergence
-    study = Study(cfg, run_id, str(data_dir), workers or c.workers, echo, work_root)
+    search = Search(cfg, run_id, str(data_dir), workers or c.workers, echo, work_root)
     allowed = allowed_batch_sizes(cfg, largest_batch)
     none = IntervalState(math.nan, math.nan, math.nan, "", "")
     for b in c.adaptive_probe_batch_sizes or allowed[:2]:
-        study.run_cell(Cell(b, c.seeds[0]))
-        study.record("probe", Cell(b, c.seeds[0]), "measures the gradient noise scale", none,
+        search.run_cell(Cell(b, c.seeds[0]))
+        search.record("probe", Cell(b, c.seeds[0]), "measures the gradient noise scale", none,
                      NoisePrediction(math.nan, math.nan, math.nan, "none", 0))
-    curves, _ = study.tables()
-    prediction = predict_b_crit(curves, study.target.metric, study.target.value)
+    curves, _ = search.tables()
+    prediction = predict_b_crit(curves, search.target.metric, search.target.value)
     placed = place_batch_sizes(prediction.b_crit, allowed, c.adaptive_first_points)
-    study.record("predict", None, _prediction_words(prediction) +
+    search.record("predict", None, _prediction_words(prediction) +
                  f"; placing {', '.join(map(str, placed))}", none, prediction)
     for b in placed:
         cell = Cell(b, c.seeds[0])
-        if cell not in study.cells:
-            before = interval_state(study.target_runs(), study.rule, STUDY_BOOTSTRAP_SAMPLES)
-            pruning = study.run_cell(cell, study.prune_bound(cell, before))
-            state = interval_state(study.target_runs(), study.rule, STUDY_BOOTSTRAP_SAMPLES)
-            study.record("place", cell, "around the prediction" + pruning, state, prediction)
-    _refine(study, allowed, prediction)
-    curves_t, runs_t = (pa.concat_tables([t[i] for t in study.cells.values()]) for i in (0, 1))
-    return curves_t, runs_t, make_table("decisions", study.decisions, _environment(study, runs_t))
+        if cell not in search.cells:
+            before = interval_state(search.target_runs(), search.rule, SEARCH_BOOTSTRAP_SAMPLES)
+            pruning = search.run_cell(cell, search.prune_bound(cell, before))
+            state = interval_state(search.target_runs(), search.rule, SEARCH_BOOTSTRAP_SAMPLES)
+            search.record("place", cell, "around the prediction" + pruning, state, prediction)
+    _refine(search, allowed, prediction)
+    curves_t, runs_t = (pa.concat_tables([t[i] for t in search.cells.values()]) for i in (0, 1))
+    return curves_t, runs_t, make_table("decisions", search.decisions, _environment(search, runs_t))
 
 
-def _environment(study: Study, runs: pa.Table) -> dict:
+def _environment(search: Search, runs: pa.Table) -> dict:
     """The decisions' environment columns: the driver's, with the device and world size the
     trials ran on (what the decisions are about)."""
     from batchscale.envinfo import environment
 
-    cfg = study.cfg
-    env = environment(run_id=study.run_id, config_hash=cfg.config_hash, experiment=cfg.name,
-                      workload=cfg.workload, world_size=study.workers, variant=cfg.variant)
+    cfg = search.cfg
+    env = environment(run_id=search.run_id, config_hash=cfg.config_hash, experiment=cfg.name,
+                      workload=cfg.workload, world_size=search.workers, variant=cfg.variant)
     return {**env, "device_name": runs.column("device_name")[0].as_py()}
 
 
-def _stop_reason(study: Study, state: IntervalState, runs: pd.DataFrame,
+def _stop_reason(search: Search, state: IntervalState, runs: pd.DataFrame,
                  allowed: list[int]) -> str:
-    """Why the study stops before choosing another cell; "" to go on. An interval cut at the
+    """Why the search stops before choosing another cell; "" to go on. An interval cut at the
     fit's range limit is never narrow enough: on that side it is a bound."""
-    c = study.cfg.convergence
-    cut = cut_ends(state, runs, study.rule, study.cfg.analysis.b_crit_range_factor)
-    if study.objective_ratio(state) <= c.target_interval_ratio and not any(cut):
+    c = search.cfg.convergence
+    cut = cut_ends(state, runs, search.rule, search.cfg.analysis.b_crit_range_factor)
+    if search.objective_ratio(state) <= c.target_interval_ratio and not any(cut):
         return STOP_NARROW if c.adaptive_objective == "b_crit" else STOP_B_STAR
-    at_edge = edge_stop(cut, [cell.batch_size for cell in study.cells], allowed)
+    at_edge = edge_stop(cut, [cell.batch_size for cell in search.cells], allowed)
     if at_edge:
         return at_edge
-    if c.adaptive_budget_examples and study.spent()[0] >= c.adaptive_budget_examples:
+    if c.adaptive_budget_examples and search.spent()[0] >= c.adaptive_budget_examples:
         return STOP_BUDGET
-    return "cell limit reached" if len(study.cells) >= c.adaptive_max_cells else ""
+    return "cell limit reached" if len(search.cells) >= c.adaptive_max_cells else ""
 
 
-def _refine(study: Study, allowed: list[int], prediction: NoisePrediction) -> None:
+def _refine(search: Search, allowed: list[int], prediction: NoisePrediction) -> None:
     """Add the cell that most narrows the interval until it is narrow enough, it is cut at an
     end no allowed batch can pass, the budget is spent, the cell limit is reached or nothing is
     left to run."""
-    c = study.cfg.convergence
+    c = search.cfg.convergence
     while True:
-        runs = study.target_runs()
-        state = interval_state(runs, study.rule, STUDY_BOOTSTRAP_SAMPLES)
-        stop = _stop_reason(study, state, runs, allowed)
+        runs = search.target_runs()
+        state = interval_state(runs, search.rule, SEARCH_BOOTSTRAP_SAMPLES)
+        stop = _stop_reason(search, state, runs, allowed)
         if not stop:
-            candidates = candidate_cells(list(study.cells), allowed, list(c.seeds))
-            cell, why, expected = choose_next(runs, study.rule, list(study.cells), candidates,
-                                              prediction.b_crit, STUDY_BOOTSTRAP_SAMPLES)
+            candidates = candidate_cells(list(search.cells), allowed, list(c.seeds))
+            cell, why, expected = choose_next(runs, search.rule, list(search.cells), candidates,
+                                              prediction.b_crit, SEARCH_BOOTSTRAP_SAMPLES)
             if cell is None:
                 stop = why
         if stop:
-            study.record("stop", None, stop, state, prediction)
+            search.record("stop", None, stop, state, prediction)
             return
-        pruning = study.run_cell(cell, study.prune_bound(cell, state))
-        after = interval_state(study.target_runs(), study.rule, STUDY_BOOTSTRAP_SAMPLES)
-        study.record("refine", cell, why + pruning, after, prediction, expected)
+        pruning = search.run_cell(cell, search.prune_bound(cell, state))
+        after = interval_state(search.target_runs(), search.rule, SEARCH_BOOTSTRAP_SAMPLES)
+        search.record("refine", cell, why + pruning, after, prediction, expected)

@@ -1,5 +1,5 @@
 """Pipeline entry of a convergence cell: the grid's batch sizes (convergence.runner) or the
-adaptive study (driver.py), writing curves, runs and the study's decisions (empty for a grid
+adaptive search (driver.py), writing curves, runs and the search's decisions (empty for a grid
 cell, so every cell has the same outputs)."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from batchscale.storage import write_table_atomic
 def run_stage(config_json: str, run_id: str, batch_sizes: str, workers: int, dataset_dir: str,
               curves_path: str, runs_path: str, decisions_path: str,
               sweep_path: str | None = None) -> None:
-    """One convergence cell; the adaptive study places its batch sizes within the largest that
+    """One convergence cell; the adaptive search places its batch sizes within the largest that
     fitted in the sweep (`sweep_path`, the validated sweep table), where it found one."""
     if batch_sizes != ADAPTIVE_CELL:
         runner.run_stage(config_json, run_id, batch_sizes, workers, dataset_dir, curves_path,
                          runs_path)
         write_table_atomic(decisions_path, make_table("decisions", [], {}))
         return
-    from batchscale.study.driver import run_adaptive
+    from batchscale.adaptive.driver import run_adaptive
 
     cfg = config_from_json(config_json)
     curves, runs, decisions = run_adaptive(cfg, data_dir=dataset_dir, run_id=run_id,

@@ -1,6 +1,6 @@
-"""The adaptive study's table and its place in the pipeline: the decisions suite refuses what a
-study cannot have written, the convergence fan-out gives the study one cell, and publish stores
-the decisions of a study (and nothing for a grid)."""
+"""The adaptive search's table and its place in the pipeline: the decisions suite refuses what a
+search cannot have written, the convergence fan-out gives the search one cell, and publish stores
+the decisions of a search (and nothing for a grid)."""
 
 from __future__ import annotations
 
@@ -76,23 +76,23 @@ def test_an_adaptive_study_needs_batch_sizes_to_choose_from():
 def test_decisions_are_published_with_the_run(tmp_path, object_store):
     path = tmp_path / "decisions.parquet"
     write_table_atomic(path, make_table("decisions", [decision(0), decision(1)], ENV))
-    manifest = publish_run(object_store, "20261201T101010Z-study", {"decisions": path})
-    key = table_key(object_store, "decisions", manifest["date"], "20261201T101010Z-study")
+    manifest = publish_run(object_store, "20261201T101010Z-search", {"decisions": path})
+    key = table_key(object_store, "decisions", manifest["date"], "20261201T101010Z-search")
     assert object_store.get_table(key).num_rows == 2
     assert [o["key"] for o in manifest["objects"]] == [key]
 
 
 def test_the_studys_pod_may_run_every_cell_it_is_allowed():
-    """On a cluster the study's step runs its cells one after another: its pod deadline covers
+    """On a cluster the search's step runs its cells one after another: its pod deadline covers
     `adaptive_max_cells` trial timeouts (a grid cell's covers one)."""
     from batchscale.pipelines.cluster import deadline_s
 
     grid = parse_config({"convergence": {"timeout_s": 600}})
-    study = parse_config({"convergence": {"timeout_s": 600, "strategy": "adaptive",
+    search = parse_config({"convergence": {"timeout_s": 600, "strategy": "adaptive",
                                           "adaptive_max_cells": 10}})
     margin = grid.kubernetes.convergence_timeout_margin_s
     assert deadline_s("convergence", grid) == 600 + margin
-    assert deadline_s("convergence", study) == 6000 + margin
+    assert deadline_s("convergence", search) == 6000 + margin
 
 
 def test_batchscale_validate_knows_every_table_kind():
@@ -110,13 +110,13 @@ def test_batchscale_validate_knows_every_table_kind():
 
 
 def test_a_report_rebuilt_from_the_lake_keeps_the_study_section(tmp_path, object_store):
-    """`batchscale report --run-id` re-renders a published study: its decisions come back from
+    """`batchscale report --run-id` re-renders a published search: its decisions come back from
     the lake and the grid it is compared with from the run's manifest."""
-    from test_study_report import study_decisions, study_runs
+    from test_adaptive_report import study_decisions, study_runs
 
     from batchscale.lake.summary import rebuild_report
 
-    run_id = "20261201T111111Z-study"
+    run_id = "20261201T111111Z-search"
     files = {}
     for name, frame in (("runs", study_runs().assign(train_time_s=1.0)),
                         ("decisions", study_decisions())):
@@ -127,5 +127,5 @@ def test_a_report_rebuilt_from_the_lake_keeps_the_study_section(tmp_path, object
                 extra={"convergence_grid": {"batch_sizes": [4, 16, 64, 256], "seeds": 2}})
     rebuild_report(object_store, run_id, tmp_path / "rebuilt.html")
     page = (tmp_path / "rebuilt.html").read_text()
-    assert "<h2>Adaptive study</h2>" in page
+    assert "<h2>Adaptive search</h2>" in page
     assert "a grid of 4 batch sizes × 2 seeds would have needed about" in page

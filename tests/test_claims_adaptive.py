@@ -1,7 +1,7 @@
-"""The adaptive study's report section checked against the study it describes, over a corpus of
-studies run by the study's own decision loop (`study.driver.run_adaptive`) on simulated cells:
+"""The adaptive search's report section checked against the search it describes, over a corpus of
+searches run by the search's own decision loop (`adaptive.driver.run_adaptive`) on simulated cells:
 true B_crit at both edges of the allowed batch sizes and between, seed noise from 5 % to 50 %,
-probes with and without a gradient noise scale, and a study whose every trial misses the target.
+probes with and without a gradient noise scale, and a search whose every trial misses the target.
 Only the training is simulated (`run_convergence` is replaced by a draw from a known curve); the
 decisions, the runs and the sentences are the real code's. The checks are claims: the B_crit,
 interval and high/low ratio quoted are the last decision's, the interval holds its centre, the
@@ -21,9 +21,9 @@ import pyarrow as pa
 import pytest
 from test_claims import UNFILLED
 
-from batchscale.analysis.study_report import grid_examples_estimate, study_section
+from batchscale.adaptive import driver
+from batchscale.analysis.adaptive_report import adaptive_section, grid_examples_estimate
 from batchscale.config import parse_config
-from batchscale.study import driver
 
 S_MIN = 100.0
 EVAL_EVERY = 10
@@ -73,8 +73,8 @@ def simulated_cell(b_crit: float, sigma: float, noise_scale: bool, reaches: bool
     return run
 
 
-def simulated_study(name: str) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """(decisions, runs, the terminal's lines) of one study on the case's simulated cells."""
+def simulated_search(name: str) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """(decisions, runs, the terminal's lines) of one search on the case's simulated cells."""
     cfg = parse_config({"convergence": {
         "strategy": "adaptive", "lr_rules": ["sqrt"], "seeds": SEEDS, "batch_sizes": BATCHES,
         "target_interval_ratio": 2.0, "target_val_accuracy": 0.9, "max_steps": 2000,
@@ -82,7 +82,7 @@ def simulated_study(name: str) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     rng = np.random.default_rng(sum(map(ord, name)))
     lines: list[str] = []
     with mock.patch.object(driver, "run_convergence", simulated_cell(*CASES[name], rng)), \
-            mock.patch.object(driver, "_environment", lambda study, runs: {}), \
+            mock.patch.object(driver, "_environment", lambda search, runs: {}), \
             mock.patch.object(driver, "make_table", lambda kind, rows, env: rows):
         _, runs, decisions = driver.run_adaptive(cfg, data_dir="simulated", run_id="sim",
                                                  echo=lines.append)
@@ -94,9 +94,9 @@ def three_digits(value: float) -> str:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_every_study_claim_agrees_with_its_decisions(name):
-    decisions, runs, lines = simulated_study(name)
-    section = study_section(decisions, runs, BATCHES, len(SEEDS))
+def test_every_search_claim_agrees_with_its_decisions(name):
+    decisions, runs, lines = simulated_search(name)
+    section = adaptive_section(decisions, runs, BATCHES, len(SEEDS))
     text = " ".join(section.sentences)
     last = decisions.iloc[-1]
 
@@ -140,7 +140,7 @@ def test_every_study_claim_agrees_with_its_decisions(name):
     device_s = float((trials["train_time_s"] * trials["workers"]).sum())
     assert f"and {device_s:,.1f} device-seconds" in text, text
 
-    share = re.search(r"so the study spent (\d+)% of its examples", text)
+    share = re.search(r"so the search spent (\d+)% of its examples", text)
     grid = grid_examples_estimate(decisions, runs, BATCHES, len(SEEDS))
     if share:
         assert int(share.group(1)) == round(100 * examples / grid), text
@@ -157,7 +157,7 @@ def test_every_study_claim_agrees_with_its_decisions(name):
 
 
 def test_the_corpus_reaches_both_kinds_of_ending():
-    """The corpus holds studies that stop with an interval and studies that stop without."""
-    endings = {name: simulated_study(name)[0].iloc[-1]["b_crit_low"] is not None
+    """The corpus holds searches that stop with an interval and searches that stop without."""
+    endings = {name: simulated_search(name)[0].iloc[-1]["b_crit_low"] is not None
                for name in ("b_crit_32", "never_reached")}
     assert endings == {"b_crit_32": True, "never_reached": False}

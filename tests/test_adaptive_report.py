@@ -1,19 +1,19 @@
-"""The report's "Adaptive study" section from a decisions table (batchscale.analysis
-.study_report): the sentences, the table rows and the plot, and the grid's cost stated as an
-estimate from the study's own fit."""
+"""The report's "Adaptive search" section from a decisions table (batchscale.analysis
+.adaptive_report): the sentences, the table rows and the plot, and the grid's cost stated as an
+estimate from the search's own fit."""
 
 from __future__ import annotations
 
 import math
 
 import pandas as pd
-from test_study_adaptive import on_curve, runs
-from test_study_tables import decision
+from test_adaptive_choice import on_curve, runs
+from test_adaptive_tables import decision
 
-from batchscale.analysis.study_report import (
+from batchscale.analysis.adaptive_report import (
+    adaptive_section,
     grid_device_s_estimate,
     grid_examples_estimate,
-    study_section,
 )
 
 BATCHES = [4, 16, 64, 256]
@@ -38,12 +38,12 @@ def study_decisions() -> pd.DataFrame:
 
 
 def test_the_section_tells_the_prediction_the_points_the_interval_and_the_cost():
-    section = study_section(study_decisions(), study_runs(), BATCHES, 2)
+    section = adaptive_section(study_decisions(), study_runs(), BATCHES, 2)
     text = " ".join(section.sentences)
     assert "predicted B_crit ≈ 12.5 (interquartile range 10.4–17.4)" in text
     assert "Probed and placed batch sizes: 4, 64." in text
     assert "stopped (interval narrow enough) with B_crit 29.2, 90 % interval 21.2–40.7" in text
-    assert "Read it as narrower than it says" in text  # the measured shortfall of a stopped study
+    assert "Read it as narrower than it says" in text  # the measured shortfall of a stopped search
     assert "an estimate: the grid was not run" in text and "4,000 examples" in text
     assert [r["action"] for r in section.rows] == ["probe", "predict", "place", "stop"]
     assert section.rows[2]["cell"] == "b=64, seed 0"
@@ -69,7 +69,7 @@ def test_the_grid_is_also_costed_in_device_seconds_with_the_studys_own_step_time
     expected = sum((100 + 3200 / b) * (1e-3 + 1e-5 * b) for b in BATCHES) * 2
     estimate = grid_device_s_estimate(study_decisions(), exact, BATCHES, 2)
     assert abs(estimate - expected) / expected < 0.01
-    text = " ".join(study_section(study_decisions(), exact, BATCHES, 2).sentences)
+    text = " ".join(adaptive_section(study_decisions(), exact, BATCHES, 2).sentences)
     assert "and 1.5 device-seconds of training (training time × workers" in text
     assert f"and {1.5 / estimate:.0%} of its device time" in text
     # Trials without training times (a table brought from elsewhere): no device-time estimate.
@@ -77,9 +77,9 @@ def test_the_grid_is_also_costed_in_device_seconds_with_the_studys_own_step_time
 
 
 def test_no_section_for_a_grid_and_no_plot_without_an_interval():
-    assert study_section(pd.DataFrame(), study_runs(), BATCHES, 2) is None
+    assert adaptive_section(pd.DataFrame(), study_runs(), BATCHES, 2) is None
     no_interval = study_decisions().assign(b_crit_low=None, b_crit_high=None)
-    section = study_section(no_interval, None, BATCHES, 2)
+    section = adaptive_section(no_interval, None, BATCHES, 2)
     assert section.plot.image_uri is None
     assert any("without a B_crit interval" in s for s in section.sentences)
     assert any("cannot be estimated" in s for s in section.sentences)

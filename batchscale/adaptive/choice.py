@@ -1,13 +1,13 @@
-"""The adaptive study's decisions, pure: predict B_crit from the gradient noise scale
+"""The adaptive search's decisions, pure: predict B_crit from the gradient noise scale
 measured in short probe trials, place the first batch sizes around the prediction, then add the
 (batch size, seed) that most narrows the B_crit interval until it is narrow enough or the
 budget is spent. No I/O and no training here: `driver.py` runs the trials these functions ask
-for. docs/architecture.md, "Adaptive study", states the rules and why.
+for. docs/architecture.md, "Adaptive search", states the rules and why.
 
-The interval the study narrows is the report's own (`critical.bootstrap_critical_batch`: seed
+The interval the search narrows is the report's own (`critical.bootstrap_critical_batch`: seed
 bootstrap united with Fieller's interval), so "stopped at ratio ≤ 2" means the report prints an
 interval at most 2× wide. One difference: with one seed per batch size the report reads an
-interval from the fit's residuals alone, while the study does not stop on one: it first asks for
+interval from the fit's residuals alone, while the search does not stop on one: it first asks for
 a second seed, because seed scatter is what a search that stops early most needs to see.
 """
 
@@ -118,7 +118,7 @@ def _extrapolate(progress: np.ndarray, gns: np.ndarray) -> NoisePrediction:
 
 
 def powers_of_two_between(smallest: int, largest: int) -> list[int]:
-    """The powers of two in [smallest, largest] (the batch sizes a study may place)."""
+    """The powers of two in [smallest, largest] (the batch sizes a search may place)."""
     if smallest < 1 or largest < smallest:
         return []
     low = math.ceil(math.log2(smallest))
@@ -152,7 +152,7 @@ class Cell:
 
 @dataclass(frozen=True)
 class IntervalState:
-    """B_crit of the study rule's trials so far, its interval, and the fit's bound if any."""
+    """B_crit of the search rule's trials so far, its interval, and the fit's bound if any."""
 
     b_crit: float
     low: float
@@ -186,7 +186,7 @@ def cut_ends(state: IntervalState, runs: pd.DataFrame, rule: str,
 
 
 def edge_stop(cut: tuple[bool, bool], measured: Sequence[int], allowed: Sequence[int]) -> str:
-    """Why the study stops at the edge of the allowed batch sizes: its interval is cut on a side
+    """Why the search stops at the edge of the allowed batch sizes: its interval is cut on a side
     where every allowed batch beyond has run (no cell can measure further); "" otherwise."""
     if cut[1] and max(measured) >= max(allowed):
         return (f"B_crit lies at or above the largest allowed batch ({max(allowed):,}): the "
@@ -198,7 +198,7 @@ def edge_stop(cut: tuple[bool, bool], measured: Sequence[int], allowed: Sequence
 
 
 def interval_state(runs: pd.DataFrame, rule: str, bootstrap_samples: int) -> IntervalState:
-    """The study rule's B_crit and interval from its trials (rows of one target)."""
+    """The search rule's B_crit and interval from its trials (rows of one target)."""
     table = steps_to_result(runs[runs["lr_rule"] == rule], by=(), reduce="median")
     fit = fit_critical_batch(table["batch_size"], table["steps_to_target"])
     low, high = bootstrap_critical_batch(runs, rule, bootstrap_samples, seeds_needed=True)
@@ -315,7 +315,7 @@ def choose_next(runs: pd.DataFrame, rule: str, done: Sequence[Cell], candidates:
     """(cell, why, expected ratio after it): the candidate that narrows the interval most per
     example it costs (log of the ratio gained ÷ predicted examples to target), or the rule of
     `unsupported_next` while there is no interval yet. Per example, because a large batch
-    often narrows most but costs most: the study's point is the answer at a fraction of the
+    often narrows most but costs most: the search's point is the answer at a fraction of the
     grid's cost."""
     state = interval_state(runs, rule, bootstrap_samples)
     if not math.isfinite(state.ratio):

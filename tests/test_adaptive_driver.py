@@ -1,4 +1,4 @@
-"""The adaptive study for real: `batchscale converge --strategy adaptive` trains its cells with
+"""The adaptive search for real: `batchscale converge --strategy adaptive` trains its cells with
 torchrun on digits, writes its decisions, and resumes after being killed without re-training a
 finished cell."""
 
@@ -18,7 +18,7 @@ from helpers import BATCHSCALE, cli_env, run_cli
 
 pytestmark = pytest.mark.slow
 
-RUN_ID = "20261201T120000Z-study"
+RUN_ID = "20261201T120000Z-search"
 ARGS = ["converge", "--workload", "digits-mlp", "--strategy", "adaptive",
         "--batch-sizes", "8", "16", "32", "64", "--seeds", "0", "1",
         "--lr-rules", "sqrt", "--target", "val_accuracy=0.8", "--max-steps", "200",
