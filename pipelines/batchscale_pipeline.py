@@ -123,7 +123,6 @@ def _stages(cells: list[dict], config_json: str, run_id: str,
                                         curves=runs_ok.outputs["merged_curves"],
                                         runs=runs_ok.outputs["merged_runs"],
                                         analysis_table=analysed.outputs["analysis_table"],
-                                        report=analysed.outputs["report"],
                                         decisions=runs_ok.outputs["merged_decisions"],
                                         plan=analysed.outputs["plan"], **schedule_tables
                                         ).after(analysis_ok))

@@ -29,7 +29,6 @@ WORKLOAD = "digits-mlp"
 DEVICE = "cpu: Test CPU"
 S_MIN, E_MIN = 100.0, 6400.0
 """B_crit = 64 in the synthetic convergence runs."""
-MINIMAL_REPORT = "<!DOCTYPE html>\n<html><body><h1>report</h1>\n</body></html>\n"
 
 
 def env_columns(run_id: str, workload: str = WORKLOAD, device: str = DEVICE) -> dict:
@@ -90,7 +89,7 @@ def config_json(history_runs: int = 5, fail_on_regression: bool = False,
 def write_run_files(folder: Path, run_id: str, rates: dict[int, float], *,
                     device: str = DEVICE, workload: str = WORKLOAD, b_crit: float = 64.0,
                     sweep: list[dict] | None = None) -> dict[str, str]:
-    """Local Parquet files (and a report) of one run, keyed by run_stage's argument names."""
+    """Local Parquet files of one run, keyed by run_stage's argument names."""
     folder.mkdir(parents=True, exist_ok=True)
     env = env_columns(run_id, workload, device)
     rows = sweep if sweep is not None else [sweep_row(b, r) for b, r in rates.items()]
@@ -103,8 +102,6 @@ def write_run_files(folder: Path, run_id: str, rates: dict[int, float], *,
     for name, table in tables.items():
         paths[name] = str(folder / f"{name}.parquet")
         write_table_atomic(paths[name], table)
-    paths["report_path"] = str(folder / "report.html")
-    Path(paths["report_path"]).write_text(MINIMAL_REPORT)
     return paths
 
 

@@ -28,13 +28,19 @@ def stored_report(store, run_id: str) -> str:
     return store.get_bytes(report_key(store, publish_date(store, run_id), run_id)).decode()
 
 
+def regressions_section(page: str) -> str:
+    """The "Regressions" section of a report page, up to its end."""
+    start = page.index("<h2>Regressions</h2>")
+    return page[start:page.index("</section>", start)]
+
+
 def test_first_run_report_says_why_there_is_no_history_plot(object_store, monkeypatch,
                                                             tmp_path):
     run_id = "20260501T000000Z-first0"
     publish_synthetic_run(object_store, monkeypatch, tmp_path, run_id, {64: NORMAL})
-    page = stored_report(object_store, run_id)
-    assert "no earlier run of this workload is in the lake" in page
-    assert PNG_DATA_URI_PREFIX not in page
+    section = regressions_section(stored_report(object_store, run_id))
+    assert "no earlier run of this workload is in the lake" in section
+    assert PNG_DATA_URI_PREFIX not in section
 
 
 def test_report_of_a_confirmed_regression_embeds_the_history_plot(object_store, monkeypatch,
@@ -50,7 +56,7 @@ def test_report_of_a_confirmed_regression_embeds_the_history_plot(object_store, 
     manifest = publish_synthetic_run(object_store, monkeypatch, tmp_path, last, {64: SLOW})
     assert len(manifest["regressions"]) == 1
     page = stored_report(object_store, last)
-    regressions = page[page.index("<h2>Regressions</h2>"):]
+    regressions = regressions_section(page)
     assert "regressed" in regressions and "20260503T000000Z-slow01" in regressions
     assert HISTORY_CAPTION.replace("'", "&#39;") in regressions
     assert f'<img src="{PNG_DATA_URI_PREFIX}' in regressions

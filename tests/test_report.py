@@ -16,7 +16,7 @@ from test_analyze import make_curves, make_runs, make_sweep, run_row
 
 from batchscale.analysis.analyze import analyze
 from batchscale.analysis.plots import NOT_MEASURED, PNG_DATA_URI_PREFIX
-from batchscale.analysis.report import REGRESSIONS_SLOT, add_regressions, render_html
+from batchscale.analysis.report import RegressionsSection, render_html
 from batchscale.analysis.stage import run_stage
 from batchscale.config import AnalysisConfig, ExperimentConfig, parse_config
 from batchscale.errors import BadInput
@@ -27,9 +27,9 @@ PLOTS_WITHOUT_DP = 7  # throughput, step time, memory, steps, time, trade-off, B
 HOSTILE = '<script>alert("x")</script>'
 
 
-def report(sweep, runs, curves, title="digits-mlp") -> str:
+def report(sweep, runs, curves, title="digits-mlp", regressions=None) -> str:
     result = analyze(sweep, runs, curves, AnalysisConfig(bootstrap_samples=20))
-    return render_html(result, sweep, runs, curves, title=title)
+    return render_html(result, sweep, runs, curves, title=title, regressions=regressions)
 
 
 def images(page: str) -> list[bytes]:
@@ -70,6 +70,8 @@ def test_report_has_one_png_per_plot_and_the_narrative():
     assert "<strong>Batch size:" in page
     assert "B_crit" in page
     assert f"{NOT_MEASURED} (one worker count)" in page
+    # without convergence.gap_epochs the section's heading names no number, not the field
+    assert "<h2>At equal data seen</h2>" in page and "gap_epochs epochs" not in page
     assert_self_contained(page)
 
 
@@ -170,24 +172,26 @@ def test_each_recommendation_item_links_to_a_section_of_the_page():
         assert f'<section id="{target}">' in page, target
 
 
-def test_recommendation_appears_once_and_regressions_fill_their_slot():
+def test_recommendation_appears_once_and_regressions_have_their_section():
+    """The analysis step's page has no "Regressions" section (the check needs the lake); a
+    page rendered with the verdicts has it after the narrative, titled once."""
     runs = make_runs()
     page = report(make_sweep(), runs, make_curves(runs))
     assert page.count("<strong>Batch size:") == 1
     assert page.count("<h2>Recommendation</h2>") == 1
+    assert "Regressions" not in page
     markdown = "## Regressions\n\n**1 of 2 judged cells regressed**:\n\n- batch 64: −20 %\n"
-    with_section = add_regressions(page, markdown)
-    assert REGRESSIONS_SLOT not in with_section
+    with_section = report(make_sweep(), runs, make_curves(runs),
+                          regressions=RegressionsSection(markdown))
     assert with_section.index("<h2>Regressions</h2>") < with_section.index("Throughput and")
     assert "<li>batch 64: −20 %</li>" in with_section
     assert "<h3>Regressions</h3>" not in with_section  # the title line is the section's h2
-    older = page.replace(REGRESSIONS_SLOT, "")
-    assert add_regressions(older, markdown).endswith("</section>\n</body>\n</html>\n")
     assert_self_contained(with_section)
 
 
 def test_regressions_text_is_escaped():
-    page = add_regressions(report(None, None, None), f"## Regressions\n\n- {HOSTILE} on cpu\n")
+    page = report(None, None, None,
+                  regressions=RegressionsSection(f"## Regressions\n\n- {HOSTILE} on cpu\n"))
     assert "<script>" not in page and "&lt;script&gt;" in page
 
 

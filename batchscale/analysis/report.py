@@ -9,6 +9,7 @@ analysis's own Markdown (`narrative`), turned into HTML by `batchscale.html.mark
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pandas as pd
 from markupsafe import Markup
@@ -36,10 +37,6 @@ from batchscale.html import environment, markdown_html, render_page
 
 TEMPLATE = "report.html.j2"
 MACROS = "report_macros.j2"
-REGRESSIONS_SLOT = Markup("<!-- regressions -->")
-"""Where publish puts the "Regressions" section: the check needs the lake's history, which
-the analysis step does not read, so the section is added to the rendered page afterwards."""
-REGRESSIONS_TITLE = "Regressions"
 TABLE_COLUMNS = (
     ("lr_rule", "LR rule"),
     ("batch_size", "batch"),
@@ -63,6 +60,16 @@ ratio of the two step times (its sentence is in the quality box); names without 
 so they wrap."""
 
 
+@dataclass(frozen=True)
+class RegressionsSection:
+    """The "Regressions" section: the verdicts' Markdown (regression.regressions_markdown) and,
+    where the lake's history was read, the cells' history plot. Only a report rendered from the
+    published tables has one: the check needs the lake, which the analysis step does not read."""
+
+    markdown: str
+    history: Plot | None = None
+
+
 def render_html(
     result: AnalysisResult,
     sweep: pd.DataFrame | None,
@@ -74,6 +81,7 @@ def render_html(
     plan_missing: str = "",
     adaptive: AdaptiveSection | None = None,
     schedule: ScheduleSection | None = None,
+    regressions: RegressionsSection | None = None,
 ) -> str:
     """The whole report as one HTML string, with every plot embedded and nothing fetched.
     The "What if" section is there when a `plan` is given, or why there is none
@@ -95,7 +103,7 @@ def render_html(
             evidence_links=True) + (f"\n- {schedule.answer}" if schedule and schedule.answer
                                     else "")),
         narrative=markdown_html(narrative_markdown(summary, with_quality=False)),
-        regressions_slot=REGRESSIONS_SLOT,
+        regressions=_regressions_html(regressions),
         throughput_plots=throughput_plots(sweep, summary, table),
         convergence_plots=convergence_plots(table, curves, summary,
                                             _chosen_runs(runs, summary)),
@@ -149,7 +157,7 @@ def _target_cells(fit: TargetCriticalBatch) -> list[tuple[str, bool]]:
 def _gap_title(summary: AnalysisSummary) -> str:
     epochs = summary.gap.gap_epochs if summary.gap is not None else None
     return (f"At equal data seen ({epochs:g} epochs)" if epochs is not None
-            else "At equal data seen (gap_epochs epochs)")
+            else "At equal data seen")
 
 
 def _chosen_runs(runs: pd.DataFrame, summary: AnalysisSummary) -> pd.DataFrame:
@@ -165,19 +173,18 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
 
-def add_regressions(page: str, markdown: str, history: Plot | None = None) -> str:
-    """`page` with a "Regressions" section rendered from `markdown` (its `## ` title line
-    dropped) and, when given, the cells' history plot, in the slot `render_html` leaves, or at
-    the end of a page without one."""
-    body = "\n".join(line for line in markdown.splitlines() if not line.startswith("## "))
-    macros = environment().get_template(MACROS).module
+def _regressions_html(regressions: RegressionsSection | None) -> Markup | None:
+    """The section's body: the verdicts (their `## ` title line dropped: the section has its
+    own) and the history plot when there is one."""
+    if regressions is None:
+        return None
+    body = "\n".join(line for line in regressions.markdown.splitlines()
+                     if not line.startswith("## "))
     content = markdown_html(body)
-    if history is not None:
-        content = Markup(f"{content}\n{macros.figure(history)}")
-    section = macros.section(REGRESSIONS_TITLE, content)
-    if REGRESSIONS_SLOT in page:
-        return page.replace(REGRESSIONS_SLOT, section, 1)
-    return page.replace("</body>", f"{section}\n</body>", 1)
+    if regressions.history is not None:
+        figure = environment().get_template(MACROS).module.figure(regressions.history)
+        content = Markup(f"{content}\n{figure}")
+    return content
 
 
 def _table_cells(row: dict) -> list[tuple[str, bool]]:

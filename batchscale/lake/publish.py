@@ -164,7 +164,7 @@ def write_regressions(store: ObjectStore, run_id: str, sweep: pd.DataFrame,
 
 
 def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str,
-              curves_path: str, runs_path: str, analysis_path: str, report_path: str,
+              curves_path: str, runs_path: str, analysis_path: str,
               regressions_path: str, markdown_path: str,
               decisions_path: str | None = None, plan_path: str | None = None,
               schedule_paths: tuple[str, str] | None = None) -> dict:
@@ -203,14 +203,13 @@ def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str
              "regressions": regressed_cells(verdicts)}
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.html"
-        report.write_bytes(_report_with_regressions(store, cfg, run_id, report_path, markdown,
-                                                    sweep, verdicts, analysis_path))
+        report.write_bytes(_published_report(store, cfg, run_id, files, extra, sweep, verdicts))
         return publish_run(store, run_id, files, report, extra)
 
 
 def run_task(manifest_out: str, config_json: str, run_id: str, dataset_dir: str,
              sweep_path: str, curves_path: str, runs_path: str, analysis_path: str,
-             report_path: str, regressions_path: str, markdown_path: str, decisions_path: str,
+             regressions_path: str, markdown_path: str, decisions_path: str,
              plan_path: str, schedule_paths: tuple[str, str] | None = None) -> None:
     """The publish components' body: `run_stage` (a refusal is one line and its exit status,
     errors.task_refusals), then the lake manifest written to `manifest_out`."""
@@ -218,28 +217,29 @@ def run_task(manifest_out: str, config_json: str, run_id: str, dataset_dir: str,
 
     with task_refusals():
         manifest = run_stage(config_json, run_id, str(Path(dataset_dir) / "manifest.parquet"),
-                             sweep_path, curves_path, runs_path, analysis_path, report_path,
+                             sweep_path, curves_path, runs_path, analysis_path,
                              regressions_path, markdown_path, decisions_path,
                              plan_path=plan_path, schedule_paths=schedule_paths)
     Path(manifest_out).write_text(json.dumps(manifest, indent=1))
 
 
-def _report_with_regressions(store: ObjectStore, cfg, run_id: str, report_path: str,
-                             markdown: str, sweep: pd.DataFrame, verdicts: pd.DataFrame,
-                             analysis_path: str) -> bytes:
-    """The analysis report with its "Regressions" section and the cells' history plot; on a
-    retried publish the stored report's bytes (the plot depends on the lake's state and the
-    time, and publish re-sends identical bytes or nothing)."""
-    from batchscale.analysis.report import add_regressions
+def _published_report(store: ObjectStore, cfg, run_id: str, files: dict[str, str],
+                      extra: dict, sweep: pd.DataFrame, verdicts: pd.DataFrame) -> bytes:
+    """The report rendered from the tables being published (summary.assemble_report, as
+    `batchscale report` renders it) with the cells' history plot; on a retried publish the
+    stored report's bytes (the plot depends on the lake's state and the time, and publish
+    re-sends identical bytes or nothing)."""
+    from batchscale.lake.summary import assemble_report
 
     date = publish_date(store, run_id)  # reads the run's manifest, if published: once
     key = report_key(store, date, run_id)
     if store.exists(key):
         return store.get_bytes(key)
-    analysis = read_table_file(analysis_path).to_pandas()
-    plot = history_plot(store, cfg.workload, run_id, date, sweep,
-                        verdicts, analysis, last_runs=2 * cfg.publish.history_runs)
-    return add_regressions(Path(report_path).read_text(), markdown, plot).encode()
+    tables = {name: read_table_file(path) for name, path in files.items()}
+    plot = history_plot(store, cfg.workload, run_id, date, sweep, verdicts,
+                        tables["analysis"].to_pandas(), last_runs=2 * cfg.publish.history_runs)
+    page, _ = assemble_report({"run_id": run_id, **extra}, tables, history=plot)
+    return page.encode()
 
 
 def gate_stage(config_json: str, regressions_path: str) -> None:

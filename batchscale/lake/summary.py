@@ -338,26 +338,38 @@ def _what_if(manifest: dict, frames: dict, analysis_rows: list[dict]):
                         configured_workers=workers, image_size=image_size)
 
 
-def rebuild_report(store: ObjectStore, run_id: str, out: Path) -> list[str]:
-    """Re-run the analysis on the run's published tables and write the HTML report to `out`
-    (with the published regression verdicts and the what-if plan, rebuilt from the same
-    tables by the pipeline's own code path); returns the summary lines."""
-    from batchscale.analysis.report import add_regressions, render_html
+def assemble_report(manifest: dict, tables: dict[str, pa.Table], history=None):
+    """The run's whole report from its tables and manifest: the analysis re-run as the pipeline
+    ran it, the what-if plan, the adaptive search, the batch schedule and the regression
+    verdicts with `history` (the cells' history plot, where the lake was read). The one place a
+    published report is put together: publish renders it from the tables it publishes and
+    `batchscale report` from the tables it reads back. (page, the analysis result)."""
+    from batchscale.analysis.report import RegressionsSection, render_html
     from batchscale.analysis.schedule_report import table_section
     from batchscale.lake.regression import regressions_markdown
 
-    manifest, tables = load_run(store, run_id)
     frames, result = analyzed(manifest, tables)
-    title = f"batchscale: {manifest.get('experiment', manifest.get('workload', 'run'))} ({run_id})"
+    experiment = manifest.get("experiment", manifest.get("workload", "run"))
     plan, plan_missing = _what_if(manifest, frames, result.rows)
     schedule = table_section(*(tables[name].to_pandas() if name in tables else None
                                for name in ("critical_over_training", "schedule_check")),
                              analysis_config(manifest).max_cpu_wait_share)
-    page = render_html(result, frames["sweep"], frames["runs"], frames["curves"], title=title,
-                       plan=plan, plan_missing=plan_missing,
-                       adaptive=_adaptive(manifest, tables, frames["runs"]), schedule=schedule)
-    if "regressions" in tables:
-        page = add_regressions(page, regressions_markdown(tables["regressions"].to_pandas()))
+    regressions = (RegressionsSection(regressions_markdown(tables["regressions"].to_pandas()),
+                                      history) if "regressions" in tables else None)
+    page = render_html(result, frames["sweep"], frames["runs"], frames["curves"],
+                       title=f"batchscale: {experiment} ({manifest['run_id']})", plan=plan,
+                       plan_missing=plan_missing,
+                       adaptive=_adaptive(manifest, tables, frames["runs"]), schedule=schedule,
+                       regressions=regressions)
+    return page, result
+
+
+def rebuild_report(store: ObjectStore, run_id: str, out: Path) -> list[str]:
+    """Re-run the analysis on the run's published tables and write the HTML report to `out`
+    (assemble_report, without the history plot: the lake has moved on since); returns the
+    summary lines."""
+    manifest, tables = load_run(store, run_id)
+    page, result = assemble_report({"run_id": run_id, **manifest}, tables)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)
     return [*summary_lines(store, run_id, manifest, tables, result.summary),

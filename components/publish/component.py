@@ -3,7 +3,7 @@ from the environment (a Kubernetes Secret on a cluster), never from parameters, 
 out of the compiled YAML."""
 
 from kfp import dsl
-from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Output
+from kfp.dsl import Artifact, Dataset, Input, Markdown, Output
 
 from batchscale.images import CPU_IMAGE
 
@@ -11,21 +11,21 @@ from batchscale.images import CPU_IMAGE
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def publish(config_json: str, run_id: str, dataset: Input[Dataset], sweep: Input[Dataset],
             curves: Input[Dataset], runs: Input[Dataset], analysis_table: Input[Dataset],
-            report: Input[HTML], decisions: Input[Dataset], plan: Input[Dataset],
+            decisions: Input[Dataset], plan: Input[Dataset],
             lake_manifest: Output[Artifact],
             regressions: Output[Dataset], regressions_summary: Output[Markdown]):
     from batchscale.lake.publish import run_task
 
     run_task(lake_manifest.path, config_json, run_id, dataset.path, sweep.path, curves.path,
-             runs.path, analysis_table.path, report.path, regressions.path,
+             runs.path, analysis_table.path, regressions.path,
              regressions_summary.path, decisions.path, plan.path)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def publish_with_schedule(config_json: str, run_id: str, dataset: Input[Dataset],
                           sweep: Input[Dataset], curves: Input[Dataset], runs: Input[Dataset],
-                          analysis_table: Input[Dataset], report: Input[HTML],
-                          decisions: Input[Dataset], plan: Input[Dataset],
+                          analysis_table: Input[Dataset], decisions: Input[Dataset],
+                          plan: Input[Dataset],
                           critical_over_training: Input[Dataset],
                           schedule_check: Input[Dataset], lake_manifest: Output[Artifact],
                           regressions: Output[Dataset], regressions_summary: Output[Markdown]):
@@ -33,7 +33,7 @@ def publish_with_schedule(config_json: str, run_id: str, dataset: Input[Dataset]
     from batchscale.lake.publish import run_task
 
     run_task(lake_manifest.path, config_json, run_id, dataset.path, sweep.path, curves.path,
-             runs.path, analysis_table.path, report.path, regressions.path,
+             runs.path, analysis_table.path, regressions.path,
              regressions_summary.path, decisions.path, plan.path,
              schedule_paths=(critical_over_training.path, schedule_check.path))
 
