@@ -16,9 +16,9 @@ from batchscale.config.variants import expand, study_id_of, variant_run_id
 from batchscale.data.prep import noisy_labels, split_indices, train_rows
 from batchscale.envinfo import environment
 from batchscale.errors import BadInput
-from batchscale.variants.answer import answer_markdown, golmant_answer, kind_of
-from batchscale.variants.compare import axis_rows
-from batchscale.variants.slopes import AxisPoint, fit_slopes
+from batchscale.study.answer import answer_markdown, golmant_answer, kind_of
+from batchscale.study.compare import axis_rows
+from batchscale.study.slopes import AxisPoint, fit_slopes
 from batchscale.workloads import get_workload
 from helpers import run_cli
 

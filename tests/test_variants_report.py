@@ -1,4 +1,4 @@
-"""The study report page (batchscale.variants.report): the answer, the variants per target
+"""The study report page (batchscale.study.report): the answer, the variants per target
 with every B_crit as an interval, a bound or "not estimated", one embedded plot per axis with
 its slope in words, the environment; values escaped."""
 
@@ -14,7 +14,7 @@ from markupsafe import escape
 
 from batchscale.analysis.targets import label_of
 from batchscale.schemas import make_table
-from batchscale.variants.report import render_study_report
+from batchscale.study.report import render_study_report
 
 ENV = {"run_id": "study-7", "config_hash": "c0ffee", "experiment": "golmant",
        "workload": "digits-mlp", "git_commit": "deadbeef", "batchscale_version": "0.1.0",

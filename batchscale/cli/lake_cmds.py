@@ -40,7 +40,7 @@ def cmd_history(args) -> int:
 
 
 def _study_history(args) -> int:
-    from batchscale.lake.study_history import study_history, study_history_lines
+    from batchscale.study.history import study_history, study_history_lines
 
     for flag, value in (("--workload", args.workload), ("--device", args.device),
                         ("--precision", args.precision), ("--plot", args.plot)):
@@ -53,7 +53,7 @@ def _study_history(args) -> int:
 
 def cmd_report(args) -> int:
     from batchscale.lake.summary import rebuild_report
-    from batchscale.variants.stage import is_study, rebuild_study_report
+    from batchscale.study.stage import is_study, rebuild_study_report
 
     run_id = check_run_id(args.run_id)
     check_output_file(args.out, "--out")

@@ -27,7 +27,7 @@ def cmd_study(args) -> int:
 def run_study(cfg, study_id: str) -> int:
     from batchscale.config.variants import expand, variant_run_id
     from batchscale.lake.publish import run_manifest_key
-    from batchscale.variants.stage import (
+    from batchscale.study.stage import (
         check_published_configs,
         check_study_id,
         published_variants,
@@ -58,7 +58,7 @@ def run_study(cfg, study_id: str) -> int:
 def _already_compared(store, study_id: str) -> int:
     """A study whose comparison is in the lake: rebuild its report from there, publish
     nothing."""
-    from batchscale.variants.stage import rebuild_study_report
+    from batchscale.study.stage import rebuild_study_report
 
     out = STATE_DIR / "studies" / study_id / "report.html"
     print(rebuild_study_report(store, study_id, out))
@@ -83,7 +83,7 @@ def _run_variant(store, variant_cfg, run_id: str, study_id: str) -> None:
 
 
 def _compare(cfg, study_id: str, started: float) -> int:
-    from batchscale.variants.stage import run_compare_stage
+    from batchscale.study.stage import run_compare_stage
 
     out = STATE_DIR / "studies" / study_id
     out.mkdir(parents=True, exist_ok=True)

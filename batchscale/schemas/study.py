@@ -9,7 +9,7 @@ from batchscale.schemas.fields import CRITICAL_BATCH_FIELDS
 
 STUDY = pa.schema(
     [
-        # A study's comparison (batchscale/variants/): one row per (variant, target, LR rule),
+        # A study's comparison (batchscale/study/): one row per (variant, target, LR rule),
         # the figures the variant's own analysis gives, recomputed from its published tables.
         # `run_id` is the study id; the variant's own run is `variant_run_id`.
         pa.field("variant_run_id", pa.string(), nullable=False),

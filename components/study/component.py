@@ -22,7 +22,7 @@ def variant_run_id(study_id: str, variant: str) -> str:
 def compare_study(config_json: str, study_id: str, study: Output[Dataset],
                   study_axes: Output[Dataset], report: Output[HTML], answer: Output[Markdown]):
     from batchscale.errors import task_refusals
-    from batchscale.variants.stage import run_compare_stage
+    from batchscale.study.stage import run_compare_stage
 
     with task_refusals():
         markdown = run_compare_stage(config_json, study_id, study.path, study_axes.path,

@@ -18,7 +18,7 @@ from batchscale.analysis.targets import same_target, split_by_target
 from batchscale.analysis.timetotarget import optimal_batch
 from batchscale.config.study import axis_key
 from batchscale.config.variants import Variant
-from batchscale.variants.slopes import AxisPoint, AxisSlope, fit_slopes
+from batchscale.study.slopes import AxisPoint, AxisSlope, fit_slopes
 
 MODEL_AXIS_KEY = "workload"
 """A model axis names workloads; its x is the model's parameter count."""

@@ -10,7 +10,7 @@ import math
 import pandas as pd
 
 from batchscale.config.study import axis_key
-from batchscale.variants.slopes import AxisPoint, usable
+from batchscale.study.slopes import AxisPoint, usable
 
 DATASET_SIZE_KEYS = ("dataset.train_fraction", "dataset.synthetic_train_rows", "dataset.max_rows")
 MODEL_KEYS = ("workload", "sweep.image_size_px")

@@ -67,8 +67,8 @@ def _variant_frames(store: ObjectStore, run_id: str) -> dict[str, pd.DataFrame]:
 def compare(store: ObjectStore, cfg, study_id: str) -> tuple[pa.Table, pa.Table, str]:
     """The study and study_axes tables (with their environment columns) and the answer;
     BadInput naming the variants whose runs are not in the lake."""
-    from batchscale.variants.answer import answer_markdown
-    from batchscale.variants.compare import axis_rows, variant_rows
+    from batchscale.study.answer import answer_markdown
+    from batchscale.study.compare import axis_rows, variant_rows
 
     variants = expand(cfg)
     done = published_variants(store, study_id, variants)
@@ -94,7 +94,7 @@ def run_compare_stage(config_json: str, study_id: str, study_path: str, axes_pat
     """Pipeline entry (and the CLI's last step): compare, validate, write the tables and the
     report, publish the study; returns the answer (Markdown)."""
     from batchscale.checks.stage import check_tables
-    from batchscale.variants.report import render_study_report
+    from batchscale.study.report import render_study_report
 
     cfg = config_from_json(config_json)
     if not cfg.study.is_study:
@@ -138,8 +138,8 @@ def is_study(store: ObjectStore, run_id: str) -> bool:
 def rebuild_study_report(store: ObjectStore, study_id: str, out: Path) -> str:
     """The study report rebuilt from the study's published tables; returns the answer."""
     from batchscale.lake.summary import load_run
-    from batchscale.variants.answer import answer_markdown
-    from batchscale.variants.report import render_study_report
+    from batchscale.study.answer import answer_markdown
+    from batchscale.study.report import render_study_report
 
     manifest, tables = load_run(store, study_id)
     missing = [name for name in ("study", "study_axes") if name not in tables]
