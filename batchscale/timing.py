@@ -152,7 +152,7 @@ def time_steps(
     step: Callable[[], object],
     *,
     device: str = "cpu",
-    warmup_steps: int = SWEEP_DEFAULTS.warmup_steps,
+    untimed_steps: int = SWEEP_DEFAULTS.untimed_steps,
     min_steps: int = SWEEP_DEFAULTS.min_timed_steps,
     max_steps: int = SWEEP_DEFAULTS.max_timed_steps,
     target_cv: float = SWEEP_DEFAULTS.target_cv,
@@ -160,13 +160,13 @@ def time_steps(
     min_time_s: float = MIN_TIMED_S,
     on_window: Callable[[int], None] | None = None,
 ) -> StepTimes:
-    """Run `step` warmup_steps times untimed, then time it in synchronized windows until at
+    """Run `step` untimed_steps times untimed, then time it in synchronized windows until at
     least `min_steps` were timed and either the CV of the latest CV_WINDOW_STEPS (or
     `min_steps`, if more) is at most `target_cv` after at least `min_time_s` (capped by the
     budget), or `max_steps` or `time_budget_s` is reached. `on_window(steps_timed)` is called
     between windows (outside the timed region)."""
     clock = clock_for(device)
-    for _ in range(warmup_steps):
+    for _ in range(untimed_steps):
         step()
     clock.sync()
     seconds: list[float] = []

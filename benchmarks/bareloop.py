@@ -26,7 +26,7 @@ class BareSpec:
     batch_size: int
     image_px: int
     threads: int
-    warmup_steps: int
+    untimed_steps: int
     timed_steps: int
     channels_last: bool = False
     trial_malloc: bool = True
@@ -59,7 +59,7 @@ def bare_step_seconds(spec: BareSpec) -> list[float]:
     # The trial counts FLOPs with one forward and backward before its warm-up: the same here.
     F.cross_entropy(model(x), y).backward()
     model.zero_grad(set_to_none=True)
-    for _ in range(spec.warmup_steps):
+    for _ in range(spec.untimed_steps):
         step()
     edges = [time.perf_counter()]
     for _ in range(spec.timed_steps):

@@ -58,7 +58,7 @@ def _timed_median_s(step) -> float:
     every DDP step is a collective)."""
     from batchscale.timing import time_steps
 
-    return time_steps(step, warmup_steps=DDP_WARMUP_STEPS, min_steps=DDP_TIMED_STEPS,
+    return time_steps(step, untimed_steps=DDP_WARMUP_STEPS, min_steps=DDP_TIMED_STEPS,
                       max_steps=DDP_TIMED_STEPS, time_budget_s=float("inf")).median_s
 
 

@@ -70,7 +70,7 @@ OVERHEAD_TIMED_S = 0.5
 OVERHEAD_MIN_STEPS = 10
 OVERHEAD_MAX_STEPS = 2000
 OVERHEAD_WARMUP_STEPS = 5
-CALIBRATION_TIMING = {"warmup_steps": OVERHEAD_WARMUP_STEPS, "min_timed_steps": 10,
+CALIBRATION_TIMING = {"untimed_steps": OVERHEAD_WARMUP_STEPS, "min_timed_steps": 10,
                       "time_budget_s": 1.0}
 # A fixed step count: min = max, and a budget that never cuts it short.
 FIXED_STEPS_BUDGET_S = 3600.0
@@ -86,13 +86,13 @@ REPEAT_RESNET_BATCHES = [16, 64]
 # Largest-batch search: digits-mlp under caps this far above a trial process's own baseline.
 SEARCH_HEADROOM_MIB = (64, 512)
 SEARCH_MAX_BATCH = 2**17
-SEARCH_TIMING = {"warmup_steps": 1, "min_timed_steps": 3, "max_timed_steps": 10,
+SEARCH_TIMING = {"untimed_steps": 1, "min_timed_steps": 3, "max_timed_steps": 10,
                  "time_budget_s": 0.1}
 DETECTOR = "fasterrcnn_mobilenet_v3_large_320_fpn"
 DETECTION_BATCHES = [1, 2, 4, 8]
 DETECTION_IMAGE_PX = 320
 # One round: a shape check of multi-second steps (two rounds would double its 1-2 minutes).
-DETECTION_TIMING = {"warmup_steps": 1, "min_timed_steps": 3, "max_timed_steps": 5,
+DETECTION_TIMING = {"untimed_steps": 1, "min_timed_steps": 3, "max_timed_steps": 5,
                     "time_budget_s": 1.0, "rounds": 1}
 MIB = 2**20
 
@@ -125,7 +125,7 @@ def harness_step_seconds(workload: str, batch_size: int, image_px: int,
 
 def _fixed_steps_cfg(batch_size: int, image_px: int, steps: int) -> SweepConfig:
     return SweepConfig(batch_sizes=[batch_size], input_modes=["synthetic"],
-                       image_size_px=image_px, warmup_steps=OVERHEAD_WARMUP_STEPS,
+                       image_size_px=image_px, untimed_steps=OVERHEAD_WARMUP_STEPS,
                        min_timed_steps=steps, max_timed_steps=steps,
                        time_budget_s=FIXED_STEPS_BUDGET_S)
 

@@ -66,7 +66,7 @@ N = 8192
 a = torch.randn(N, N, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(N, N, device="cuda", dtype=torch.bfloat16)
 step = lambda: a @ b  # noqa: E731
-times = time_steps(step, device="cuda", warmup_steps=5, min_steps=50, max_steps=50)
+times = time_steps(step, device="cuda", untimed_steps=5, min_steps=50, max_steps=50)
 torch.cuda.synchronize()
 start = time.perf_counter()
 for _ in range(50):

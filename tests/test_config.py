@@ -470,3 +470,13 @@ def test_every_example_config_is_valid(path):
     """The configs the docs point to (`make local-run CONFIG=…`) load as they are."""
     cfg = load_config(path)
     assert cfg.name and cfg.convergence.fan_out(one_batch_size_per_cell=False)
+
+
+def test_the_sweeps_old_warmup_key_is_read_as_untimed_steps_with_a_note(capsys):
+    """sweep.warmup_steps (untimed steps) shared its name with convergence.warmup_steps (the LR
+    warm-up); the old key is still read, says so, and is refused beside the new one."""
+    cfg = parse_config({"sweep": {"warmup_steps": 3}}, "old.yaml")
+    assert cfg.sweep.untimed_steps == 3 and cfg.convergence.warmup_steps == 20
+    assert "sweep.warmup_steps is now sweep.untimed_steps" in capsys.readouterr().err
+    with pytest.raises(BadInput, match="both set; warmup_steps is the old name of untimed_steps"):
+        parse_config({"sweep": {"warmup_steps": 3, "untimed_steps": 2}}, "both.yaml")

@@ -21,7 +21,7 @@ from batchscale.sweep import sweep
 
 pytestmark = pytest.mark.slow
 
-QUIET_SWEEP = {"time_budget_s": 0.2, "min_timed_steps": 3, "warmup_steps": 1, "rounds": 1,
+QUIET_SWEEP = {"time_budget_s": 0.2, "min_timed_steps": 3, "untimed_steps": 1, "rounds": 1,
                "max_retries": 0, "max_unstable_share": 1.0, "overload_cpu_share": None,
                "max_cpu_wait_share": None}
 DOMAINS = {

@@ -44,7 +44,7 @@ TESTS_DIR = Path(__file__).parent
 # timing can exceed and no check of other processes' load, so these tiny noisy timings are never
 # flagged or retried, however busy the machine running the tests (what is tested here does not
 # depend on it; tests/test_sweep_quality.py tests the flags).
-FAST = {"warmup_steps": 1, "min_timed_steps": 3, "max_timed_steps": 20, "time_budget_s": 0.05,
+FAST = {"untimed_steps": 1, "min_timed_steps": 3, "max_timed_steps": 20, "time_budget_s": 0.05,
         "max_round_spread": 1e6, "max_cv": 1e6, "overload_cpu_share": None,
         "max_cpu_wait_share": None}
 ENV = {"run_id": "t", "config_hash": "h", "experiment": "test", "workload": "w",

@@ -39,7 +39,7 @@ from batchscale.timing import StepTimes
 # Measures time: run alone, not beside other tests (the Makefile's serial phase).
 pytestmark = pytest.mark.serial
 
-FAST = {"warmup_steps": 1, "min_timed_steps": 3, "max_timed_steps": 20, "time_budget_s": 0.05}
+FAST = {"untimed_steps": 1, "min_timed_steps": 3, "max_timed_steps": 20, "time_budget_s": 0.05}
 NO_NEIGHBOUR_CHECKS = {"overload_cpu_share": None, "max_cpu_wait_share": None}
 """Whether other processes load this machine is not up to the test: those signals are tested on
 known conditions (test_*overloaded*, test_*starved*), the real sweeps here without them, so their

@@ -36,15 +36,15 @@ class CountingStep:
             time.sleep(self.sleep_s)
 
 
-def test_warmup_steps_run_but_are_not_timed():
+def test_untimed_steps_run_but_are_not_timed():
     step = CountingStep()
-    times = time_steps(step, warmup_steps=3, min_steps=7, max_steps=7)
+    times = time_steps(step, untimed_steps=3, min_steps=7, max_steps=7)
     assert step.calls == 10
     assert len(times.seconds) == 7
 
 
 def test_each_step_time_covers_the_step():
-    times = time_steps(CountingStep(STEP_SLEEP_S), warmup_steps=1, min_steps=5, max_steps=5)
+    times = time_steps(CountingStep(STEP_SLEEP_S), untimed_steps=1, min_steps=5, max_steps=5)
     assert all(s >= STEP_SLEEP_S for s in times.seconds)
     assert times.median_s >= STEP_SLEEP_S
 
@@ -52,7 +52,7 @@ def test_each_step_time_covers_the_step():
 def test_stops_at_min_steps_once_the_cv_target_is_met():
     """A target no spread can miss: the first check, exactly at min_steps, stops the loop."""
     step = CountingStep()
-    times = time_steps(step, warmup_steps=0, min_steps=12, max_steps=1000, target_cv=1e9,
+    times = time_steps(step, untimed_steps=0, min_steps=12, max_steps=1000, target_cv=1e9,
                        min_time_s=0.0)
     assert len(times.seconds) == 12
 
@@ -60,7 +60,7 @@ def test_stops_at_min_steps_once_the_cv_target_is_met():
 def test_a_met_cv_target_still_needs_the_minimum_time():
     """Sub-millisecond steps that meet the CV target keep being timed for min_time_s."""
     started = time.perf_counter()
-    times = time_steps(CountingStep(), warmup_steps=0, min_steps=5, max_steps=10**7,
+    times = time_steps(CountingStep(), untimed_steps=0, min_steps=5, max_steps=10**7,
                        target_cv=1e9, min_time_s=0.05)
     assert len(times.seconds) > 5
     assert time.perf_counter() - started >= 0.05
@@ -68,21 +68,21 @@ def test_a_met_cv_target_still_needs_the_minimum_time():
 
 def test_time_budget_ends_an_unreachable_cv_target():
     step = CountingStep(STEP_SLEEP_S)
-    times = time_steps(step, warmup_steps=0, min_steps=5, max_steps=100_000, target_cv=1e-12,
+    times = time_steps(step, untimed_steps=0, min_steps=5, max_steps=100_000, target_cv=1e-12,
                        time_budget_s=0.05)
     assert 5 <= len(times.seconds) < 100_000
     assert sum(times.seconds) >= 0.05
 
 
 def test_max_steps_caps_the_timed_steps():
-    times = time_steps(CountingStep(), warmup_steps=0, min_steps=3, max_steps=40, target_cv=1e-12,
+    times = time_steps(CountingStep(), untimed_steps=0, min_steps=3, max_steps=40, target_cv=1e-12,
                        time_budget_s=1e6)
     assert len(times.seconds) == 40
 
 
 def test_on_window_reports_progress_between_windows():
     seen: list[int] = []
-    times = time_steps(CountingStep(), warmup_steps=0, min_steps=30, max_steps=30,
+    times = time_steps(CountingStep(), untimed_steps=0, min_steps=30, max_steps=30,
                        on_window=seen.append)
     assert seen == sorted(seen) and seen[-1] == len(times.seconds) == 30
 
@@ -91,7 +91,7 @@ def test_defaults_are_the_sweep_configs():
     """Each stop rule's default is defined once, in SweepConfig; time_steps reads it there."""
     params = inspect.signature(time_steps).parameters
     defaults = SweepConfig()
-    assert params["warmup_steps"].default == defaults.warmup_steps
+    assert params["untimed_steps"].default == defaults.untimed_steps
     assert params["min_steps"].default == defaults.min_timed_steps
     assert params["max_steps"].default == defaults.max_timed_steps
     assert params["target_cv"].default == defaults.target_cv
@@ -126,7 +126,7 @@ def test_cuda_events_time_device_work():
     def step():
         torch.cuda._sleep(cycles)
 
-    times = time_steps(step, device="cuda", warmup_steps=2, min_steps=5, max_steps=5)
+    times = time_steps(step, device="cuda", untimed_steps=2, min_steps=5, max_steps=5)
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(5):
@@ -139,7 +139,7 @@ def test_cuda_events_time_device_work():
 def test_process_cpu_time_over_the_timed_steps_is_recorded():
     """A step that sleeps uses almost no CPU; one that computes uses some. The ratio is what
     the sweep records as process_cpu_per_wall (no speed is asserted, only where CPU went)."""
-    sleeping = time_steps(CountingStep(STEP_SLEEP_S), warmup_steps=1, min_steps=10,
+    sleeping = time_steps(CountingStep(STEP_SLEEP_S), untimed_steps=1, min_steps=10,
                           max_steps=10)
     assert sleeping.wall_s >= sum(sleeping.seconds) > 0
     assert 0 <= sleeping.cpu_per_wall < 0.5
@@ -147,7 +147,7 @@ def test_process_cpu_time_over_the_timed_steps_is_recorded():
     def compute() -> None:
         sum(i * i for i in range(20_000))
 
-    computing = time_steps(compute, warmup_steps=1, min_steps=10, max_steps=10)
+    computing = time_steps(compute, untimed_steps=1, min_steps=10, max_steps=10)
     assert computing.process_cpu_s > 0 and computing.cpu_per_wall > sleeping.cpu_per_wall
     assert StepTimes((1.0,)).cpu_per_wall is None
 
@@ -176,7 +176,7 @@ def test_a_step_sharing_its_cpu_with_a_busy_process_reports_the_wait():
     try:
         time.sleep(0.3)  # let the neighbour start spinning
         os.sched_setaffinity(0, {cpu})  # this thread only
-        shared = time_steps(compute, warmup_steps=2, min_steps=40, max_steps=40)
+        shared = time_steps(compute, untimed_steps=2, min_steps=40, max_steps=40)
     finally:
         os.sched_setaffinity(0, previous)
         neighbour.kill()

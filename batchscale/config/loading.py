@@ -78,11 +78,33 @@ def _describe(err: ValidationError, source: str) -> str:
     return "\n".join([f"invalid config {source}:", *lines])
 
 
+RENAMED_KEYS = {("sweep", "warmup_steps"): "untimed_steps"}
+"""(section, old key) -> new key: names that meant two things, still read, with a note on
+stderr, until the next release."""
+
+
+def _renamed(data: dict, source: str) -> dict:
+    """`data` with each old key of RENAMED_KEYS under its new name (refused when both are set)."""
+    for (section, old), new in RENAMED_KEYS.items():
+        values = data.get(section)
+        if not isinstance(values, dict) or old not in values:
+            continue
+        if new in values:
+            raise BadInput(f"invalid config {source}: {section}.{old} and {section}.{new} are "
+                           f"both set; {old} is the old name of {new}: keep only {new}")
+        print(f"batchscale: note: config {source}: {section}.{old} is now {section}.{new}; "
+              f"the old name is read until the next release", file=sys.stderr)
+        kept = {key: value for key, value in values.items() if key != old}
+        data = {**data, section: {**kept, new: values[old]}}
+    return data
+
+
 def parse_config(data: object, source: str = "<dict>") -> ExperimentConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise BadInput(f"invalid config {source}: expected a mapping at top level")
+    data = _renamed(data, source)
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:

@@ -201,7 +201,7 @@ class SweepConfig(_Strict):
     channels_last: bool = False
     """Convert the model and image inputs to the channels_last memory format."""
     torch_compile: bool = False
-    """Wrap the model in torch.compile (compilation happens in the warm-up steps, untimed)."""
+    """Wrap the model in torch.compile (compilation happens in the untimed steps)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device to measure on; auto picks CUDA when present."""
     precision: Literal["fp32", "bf16"] = "fp32"
@@ -209,8 +209,10 @@ class SweepConfig(_Strict):
     input_modes: list[Literal["synthetic", "real"]] = ["synthetic", "real"]
     """synthetic: tensors already on the device (pure compute); real: batches from the Parquet
     dataset through the project's loader."""
-    warmup_steps: PositiveInt = 5
-    """Steps run before timing starts (allocator, caches, autotuning)."""
+    untimed_steps: PositiveInt = 5
+    """Steps run before timing starts (allocator, caches, autotuning); not the learning-rate
+    warm-up, which is convergence.warmup_steps. Called `warmup_steps` before: that key is still
+    read, with a note, until the next release."""
     min_timed_steps: PositiveInt = 20
     """Timed steps taken at least."""
     max_timed_steps: PositiveInt = 2000

@@ -104,7 +104,7 @@ def peak_flops_per_s(device: str, precision: str) -> tuple[float, str]:
                 return peak, f"declared {fragment} {prec}"
     a = torch.randn(PEAK_MATMUL_SIZE, PEAK_MATMUL_SIZE, device=device)
     b = torch.randn(PEAK_MATMUL_SIZE, PEAK_MATMUL_SIZE, device=device)
-    times = time_steps(lambda: a @ b, device=device, warmup_steps=PEAK_MATMUL_WARMUP,
+    times = time_steps(lambda: a @ b, device=device, untimed_steps=PEAK_MATMUL_WARMUP,
                        min_steps=PEAK_MATMUL_REPEATS, max_steps=PEAK_MATMUL_REPEATS)
     return 2 * PEAK_MATMUL_SIZE**3 / min(times.seconds), "measured fp32 matmul"
 

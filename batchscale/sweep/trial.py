@@ -233,7 +233,7 @@ def _measure(spec: TrialSpec, memory: PeakMemory) -> TrialResult:
     with autocast:
         flops = train_flops_per_sample(loss_of, model, next(batches), spec.batch_size)
     with _progress(spec) as bar:
-        times = time_steps(step, device=spec.device, warmup_steps=cfg.warmup_steps,
+        times = time_steps(step, device=spec.device, untimed_steps=cfg.untimed_steps,
                            min_steps=cfg.min_timed_steps, max_steps=cfg.max_timed_steps,
                            target_cv=cfg.target_cv, time_budget_s=cfg.time_budget_s,
                            min_time_s=spec.min_time_s, on_window=lambda n: bar.update(n - bar.n))
