@@ -2,7 +2,7 @@
 loop doing the same work, repeatability of whole sweeps, the largest-batch search's trial count,
 and the detection workload's shape.
 
-Overhead: the harness is the sweep's own trial (`run_isolated` on the TrialSpec the sweep
+Overhead: the harness is the sweep's own trial (`run_isolated` on the SweepTrial the sweep
 builds); the bare loop (bareloop.py) runs in a fresh process from the same forkserver with the
 trial's threads, malloc settings, seed, model, optimizer, fixed input, warm-up and the same
 number of timed steps, and both figures are batch / median step time (what the sweep reports).
@@ -38,7 +38,7 @@ from batchscale.schemas import Quality, TrialStatus
 from batchscale.sweep.isolation import run_isolated
 from batchscale.sweep.search import PHASE_BISECTION, PHASE_DOUBLING, trial_budget
 from batchscale.sweep.sweep import memory_cap_bytes, summarize, summary_lines, sweep
-from batchscale.sweep.trial import TrialSpec
+from batchscale.sweep.trial import SweepTrial
 from batchscale.workloads import get_workload
 from benchmarks import scaled
 from benchmarks.bareloop import BareSpec, run_bare
@@ -114,7 +114,7 @@ def _env(workload: str) -> dict:
 def harness_step_seconds(workload: str, batch_size: int, image_px: int,
                          cfg: SweepConfig) -> tuple[float, ...]:
     """Step times of one sweep trial, built and run exactly as the sweep does it."""
-    spec = TrialSpec(workload, "synthetic", batch_size, "cpu", cfg, torch.get_num_threads(),
+    spec = SweepTrial(workload, "synthetic", batch_size, "cpu", cfg, torch.get_num_threads(),
                      memory_cap_bytes("cpu", cfg), None, False)
     preload = ("torchvision",) if get_workload(workload).uses_torchvision else ()
     result = run_isolated(spec, preload)
@@ -244,7 +244,7 @@ def repeatability(out_dir: Path) -> dict:
 def search_trials(out_dir: Path) -> list[dict]:
     """The auto search on digits-mlp under several memory caps: search trials vs the bound
     (an exact count, judged as such)."""
-    probe = run_isolated(TrialSpec("digits-mlp", "synthetic", 1, "cpu",
+    probe = run_isolated(SweepTrial("digits-mlp", "synthetic", 1, "cpu",
                                    SweepConfig(**SEARCH_TIMING), torch.get_num_threads()))
     results = []
     for headroom in SEARCH_HEADROOM_MIB:

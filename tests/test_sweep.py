@@ -32,7 +32,7 @@ from batchscale.sweep.sweep import (
     summary_lines,
     sweep,
 )
-from batchscale.sweep.trial import TrialSpec, is_oom
+from batchscale.sweep.trial import SweepTrial, is_oom
 from batchscale.workloads import get_workload
 from helpers import BATCHSCALE
 
@@ -153,7 +153,7 @@ def test_trial_process_memory_is_its_own(tmp_path):
     """The same trial measured twice in fresh processes reports the same peak: nothing from
     the first (or from the sweep process) leaks into the second's high-water mark."""
     cfg = SweepConfig(**FAST)
-    spec = TrialSpec("digits-mlp", "synthetic", 256, "cpu", cfg, 1)
+    spec = SweepTrial("digits-mlp", "synthetic", 256, "cpu", cfg, 1)
     first, second = run_isolated(spec), run_isolated(spec)
     assert first.status == second.status == "ok"
     assert second.peak_memory_bytes == pytest.approx(first.peak_memory_bytes, rel=0.05)
@@ -164,7 +164,7 @@ def test_auto_search_finds_the_wall_records_oom_and_recovers(tmp_path):
     run normally (each trial process starts clean); the memory model agrees with the wall."""
     factory = "test_sweep:wide_conv"
     probe_cfg = SweepConfig(image_size_px=WIDE_CONV_IMAGE_PX, **FAST)
-    baseline = run_isolated(TrialSpec(factory, "synthetic", 1, "cpu", probe_cfg, 1))
+    baseline = run_isolated(SweepTrial(factory, "synthetic", 1, "cpu", probe_cfg, 1))
     assert baseline.status == "ok", baseline.error
     # 160 MiB above one sample's peak puts the wall near 190. With 40 MiB it sat near 15, where
     # the peak's own noise (±5 MiB between trials) moved it between 8 and 21 and the model's
@@ -182,7 +182,7 @@ def test_auto_search_finds_the_wall_records_oom_and_recovers(tmp_path):
     # Not poisoned: after the oom trials, batch 1 runs again with the same peak as before them.
     # (Whether the bisection's later trials fit depends on where the wall falls; the largest
     # fitting batch sits within RSS noise of the cap, so it is no stable probe either.)
-    again = run_isolated(TrialSpec(factory, "synthetic", 1, "cpu", probe_cfg, 1))
+    again = run_isolated(SweepTrial(factory, "synthetic", 1, "cpu", probe_cfg, 1))
     assert again.status == "ok", again.error
     assert again.peak_memory_bytes == pytest.approx(baseline.peak_memory_bytes, rel=0.05)
     cap = rows[0]["memory_cap_bytes"]

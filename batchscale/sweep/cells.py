@@ -26,7 +26,7 @@ WORST_OF = {"load_avg_1m": max, "usable_cpus": min, "threads_oversubscribed": an
 
 
 @dataclass
-class Cell:
+class SweepCell:
     """The trials of one (input mode, batch size)."""
 
     input_mode: str
@@ -104,7 +104,7 @@ def worst_conditions(conditions: list[dict]) -> dict:
     return out
 
 
-def _failure_text(cell: Cell) -> str:
+def _failure_text(cell: SweepCell) -> str:
     error = cell.failure.error or cell.failure.status
     if not cell.trials:
         return error
@@ -123,7 +123,7 @@ def rerun_columns(batch_size: int, timing: Combined) -> dict:
             "samples_per_s_high": batch_size / timing.rerun_low_s}
 
 
-def measured_columns(cell: Cell, max_round_spread: float, max_cv: float,
+def measured_columns(cell: SweepCell, max_round_spread: float, max_cv: float,
                      peak_flops: float) -> dict:
     """The columns of `cell`'s row that come from its trials: status, timing, memory, FLOPs,
     rounds, quality and the conditions."""

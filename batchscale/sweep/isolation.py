@@ -24,8 +24,8 @@ from multiprocessing.connection import Connection
 from batchscale.schemas import TrialStatus
 from batchscale.stopping import signals_held
 from batchscale.sweep.trial import (
+    SweepTrial,
     TrialResult,
-    TrialSpec,
     process_memory_bytes,
     trial_process_main,
 )
@@ -54,7 +54,7 @@ def _context(preload: tuple[str, ...]):
     return ctx
 
 
-def run_isolated(spec: TrialSpec, preload: tuple[str, ...] = ()) -> TrialResult:
+def run_isolated(spec: SweepTrial, preload: tuple[str, ...] = ()) -> TrialResult:
     """Run `spec` in its own process and return what it measured. Ctrl-C (KeyboardInterrupt)
     stops the trial process and propagates."""
     ctx = _context(preload)
@@ -75,7 +75,7 @@ def run_isolated(spec: TrialSpec, preload: tuple[str, ...] = ()) -> TrialResult:
         receiver.close()
 
 
-def _await(proc, receiver: Connection, spec: TrialSpec) -> TrialResult:
+def _await(proc, receiver: Connection, spec: SweepTrial) -> TrialResult:
     watch = spec.memory_cap_bytes if spec.device == "cpu" else None
     while not receiver.poll(WATCH_INTERVAL_S):
         if watch is not None:

@@ -23,7 +23,7 @@ from batchscale.config import SweepConfig
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.schemas import Quality, TrialStatus, make_table
 from batchscale.storage import write_table_atomic
-from batchscale.sweep.cells import Cell, measured_columns
+from batchscale.sweep.cells import SweepCell, measured_columns
 from batchscale.sweep.isolation import run_isolated
 from batchscale.sweep.rounds import trial_min_time_s, trial_share, visit_order
 from batchscale.sweep.search import (
@@ -34,7 +34,7 @@ from batchscale.sweep.search import (
     search_largest_batch,
 )
 from batchscale.sweep.summary import summarize, summary_lines
-from batchscale.sweep.trial import TrialSpec
+from batchscale.sweep.trial import SweepTrial
 from batchscale.workloads import Workload, get_workload
 
 # Square fp32 matmul used to measure a CPU's attainable peak FLOP/s on the spot.
@@ -155,7 +155,7 @@ class _Sweep:
     peak_flops: float
     planned_trials: int | None
     modes: list[str]
-    cells: dict[tuple[str, int], Cell] = field(default_factory=dict)
+    cells: dict[tuple[str, int], SweepCell] = field(default_factory=dict)
     trials_run: int = 0
     gpu_warned: bool = False
 
@@ -164,11 +164,11 @@ class _Sweep:
         return [self.row(cell) for cell in self.cells.values()]
 
     def trial(self, input_mode: str, batch_size: int, phase: str, label: str, *,
-              retry: bool = False) -> Cell:
+              retry: bool = False) -> SweepCell:
         """Measure one trial in its own process, add it to its cell, rewrite the table. Each
         trial gets its row's budget split over the rounds (warm-up is per trial)."""
         cfg = self.cfg
-        spec = TrialSpec(self.workload.name, input_mode, batch_size, self.device,
+        spec = SweepTrial(self.workload.name, input_mode, batch_size, self.device,
                          trial_share(cfg), self.threads, self.cap_bytes, self.dataset_dir,
                          sys.stderr.isatty(), min_time_s=trial_min_time_s(cfg),
                          own_pids=(os.getpid(),))
@@ -178,7 +178,7 @@ class _Sweep:
         if result.refused:  # before its row is written: a refusal leaves no table behind
             raise BadInput(result.error)
         cell = self.cells.setdefault((input_mode, batch_size),
-                                     Cell(input_mode, batch_size, phase,
+                                     SweepCell(input_mode, batch_size, phase,
                                           overload_share=_off_as_inf(cfg.overload_cpu_share),
                                           wait_share=_off_as_inf(cfg.max_cpu_wait_share)))
         cell.add(result, before, label, retry=retry)
@@ -199,7 +199,7 @@ class _Sweep:
     def round_label(self, round_index: int) -> str:
         return f"round {round_index + 1}/{self.cfg.rounds}"
 
-    def ordered_cells(self) -> list[Cell]:
+    def ordered_cells(self) -> list[SweepCell]:
         """Every cell, ascending: input mode as configured, then batch size."""
         return sorted(self.cells.values(),
                       key=lambda c: (self.modes.index(c.input_mode), c.batch_size))
@@ -238,7 +238,7 @@ class _Sweep:
             self.log(f"sweep: the CPUs are still busy after {waited_s:.0f} s{busy}; "
                      f"re-measuring {unstable} unstable row(s) anyway")
 
-    def row(self, cell: Cell) -> dict:
+    def row(self, cell: SweepCell) -> dict:
         cfg = self.cfg
         measured = measured_columns(cell, cfg.max_round_spread, cfg.max_cv, self.peak_flops)
         tokens = self.workload.tokens_per_sample

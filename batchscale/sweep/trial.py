@@ -48,7 +48,7 @@ STEADY_TRIM_THRESHOLD_BYTES = 2 * STEADY_MMAP_THRESHOLD_BYTES
 
 
 @dataclass(frozen=True)
-class TrialSpec:
+class SweepTrial:
     """Everything a trial process needs; plain data, so it pickles to the child."""
 
     workload: str
@@ -174,7 +174,7 @@ def _to_format(batch, channels_last: bool):
     return x, y
 
 
-def _batches(spec: TrialSpec, workload: Workload, contract) -> Iterator:
+def _batches(spec: SweepTrial, workload: Workload, contract) -> Iterator:
     """A step's input: one fixed on-device batch (synthetic: pure compute), or the next slice of
     the real dataset copied to the device every step (the input pipeline is part of the step)."""
     from batchscale.contract_check import load_split, synthetic_batch
@@ -195,7 +195,7 @@ def _batches(spec: TrialSpec, workload: Workload, contract) -> Iterator:
                 yield _to_format(split.batch(idx, spec.device), channels_last)
 
 
-def _progress(spec: TrialSpec):
+def _progress(spec: SweepTrial):
     """A per-trial progress bar (steps timed) on a terminal; silent in logs. A thread lock:
     tqdm's default multiprocessing lock would leak a semaphore per trial process."""
     from tqdm import tqdm
@@ -205,7 +205,7 @@ def _progress(spec: TrialSpec):
                 file=sys.stderr, disable=not spec.show_progress)
 
 
-def _measure(spec: TrialSpec, memory: PeakMemory) -> TrialResult:
+def _measure(spec: SweepTrial, memory: PeakMemory) -> TrialResult:
     torch.manual_seed(0)
     cfg = spec.cfg
     workload = get_workload(spec.workload, image_size=cfg.image_size_px,
@@ -258,7 +258,7 @@ def steady_state_malloc() -> None:
         pass
 
 
-def run_trial(spec: TrialSpec) -> TrialResult:
+def run_trial(spec: SweepTrial) -> TrialResult:
     """Measure one trial in this process; an OOM or a model failure becomes a result."""
     steady_state_malloc()
     torch.set_num_threads(spec.threads)
@@ -277,7 +277,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
                            error=f"{type(err).__name__}: {str(err)[:ERROR_MESSAGE_CHARS]}")
 
 
-def trial_process_main(spec: TrialSpec, conn) -> None:
+def trial_process_main(spec: SweepTrial, conn) -> None:
     """Entry point of a trial process: measure, send the result, exit (freeing everything).
     It stops when its parent (the forkserver, which ends with the sweep) dies."""
     die_with_parent()
