@@ -30,7 +30,7 @@ KFP = ("import kfp\nfrom kfp import dsl\nfrom kfp.dsl import *\n"
 GX_DEFERRED = "from batchscale.checks import gx\ngx.gx_context()\n"
 GX_EAGER = "from batchscale.checks import gx\ngx.DEFERRED_MODULES = ()\ngx.gx_context()\n"
 VALIDATE = KFP + "from batchscale.checks.stage import validate_dataset\n"
-ANALYSIS = KFP + "from batchscale.analysis.stage import run_stage\n"
+ANALYSIS = KFP + "from batchscale.report.stage import run_stage\n"
 DATA_PREP = KFP + "from batchscale.data.prep import run_stage\n"
 STARTUPS = {
     "interpreter": "pass\n",

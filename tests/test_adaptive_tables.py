@@ -112,7 +112,7 @@ def test_batchscale_validate_knows_every_table_kind():
 def test_a_report_rebuilt_from_the_lake_keeps_the_study_section(tmp_path, object_store):
     """`batchscale report --run-id` re-renders a published search: its decisions come back from
     the lake and the grid it is compared with from the run's manifest."""
-    from test_adaptive_report import study_decisions, study_runs
+    from test_adaptive_section import study_decisions, study_runs
 
     from batchscale.lake.summary import rebuild_report
 

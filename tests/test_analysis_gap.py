@@ -11,8 +11,8 @@ from test_analyze import make_sweep
 
 from batchscale.analysis.analyze import analyze
 from batchscale.analysis.gap import gap_summary, gap_table, slope_trend
-from batchscale.analysis.report import render_html
 from batchscale.config import AnalysisConfig
+from batchscale.report.render import render_html
 
 SETTINGS = AnalysisConfig(bootstrap_samples=50)
 

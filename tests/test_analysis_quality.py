@@ -14,10 +14,10 @@ from test_analyze import make_runs, make_sweep, run_row, sweep_line
 
 from batchscale.analysis.analyze import analyze
 from batchscale.analysis.quality import headline
-from batchscale.analysis.report import render_html
 from batchscale.analysis.summary import ExcludedRow
 from batchscale.analysis.timetotarget import cell_step_times, convergence_step_times
 from batchscale.config import AnalysisConfig
+from batchscale.report.render import render_html
 
 SETTINGS = AnalysisConfig(bootstrap_samples=20)
 DISTURBED_BATCH = 4

@@ -12,8 +12,8 @@ from target_tables import multi_target_runs
 from test_analyze import make_runs, make_sweep
 
 from batchscale.analysis.analyze import analyze
-from batchscale.analysis.report import render_html
 from batchscale.config import AnalysisConfig
+from batchscale.report.render import render_html
 
 SETTINGS = AnalysisConfig(bootstrap_samples=200)
 
@@ -184,7 +184,7 @@ def test_an_interval_end_at_the_fit_range_cut_reads_as_open():
     from dataclasses import replace
 
     from batchscale.analysis.narrative import interval_words, target_interval_text
-    from batchscale.analysis.report import _target_cells
+    from batchscale.report.render import _target_cells
 
     assert interval_words(4.0, 17.8, 8, 128) == "below 8, the smallest batch measured, to 17.8"
     assert interval_words(24.0, 300.0, 8, 128) == "24 to above 128, the largest batch measured"

@@ -19,13 +19,13 @@ from test_analyze import make_runs, make_sweep
 
 from batchscale import cli, schemas
 from batchscale.analysis.analyze import analyze
-from batchscale.analysis.external import RUN_ID_PREFIX, read_user_table
 from batchscale.analysis.usertables import (
     KNOWN_LR_RULES,
     complete_runs,
 )
 from batchscale.checks.suites import load_suite
 from batchscale.config import AnalysisConfig
+from batchscale.external.stage import RUN_ID_PREFIX, read_user_table
 from batchscale.storage import read_table_file, write_table_atomic
 
 BOOTSTRAP = 20  # resamples: enough to exercise the interval, few enough to stay fast

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from batchscale.analysis import schedule_report
 from batchscale.batch_schedule import fit, measure
+from batchscale.batch_schedule import section as schedule_section
 from batchscale.batch_schedule.measure import Stage
 from batchscale.config import ExperimentConfig
 from batchscale.errors import BadInput
@@ -110,7 +110,7 @@ def test_the_check_pairs_seeds_and_gives_ratios_with_intervals():
             rows.append({"schedule": name, "seed": seed, "reached": True, "diverged": False,
                          "steps_to_target": steps, "examples_to_target": steps * 8,
                          "train_time_s_to_target": steps * 0.01, "final_val_loss": 2.0})
-    summary = schedule_report.check_summary(pd.DataFrame(rows))
+    summary = schedule_section.check_summary(pd.DataFrame(rows))
     value, low, high = summary["steps_to_target"]
     assert summary["paired"] == 3 and low < value < high < 1
     assert value == pytest.approx(np.exp(np.mean(np.log([0.6, 0.6, 52 / 95]))))
@@ -216,7 +216,7 @@ def test_a_rank_correlation_of_few_checkpoints_gets_its_chance_not_a_false_inter
     """Three checkpoints in the same order: rho 1, but a random order does that 1 time in 6;
     no bootstrap interval (its resamples would only repeat 1.0)."""
     crit = pd.DataFrame({"b_crit": [10.0, 20.0, 40.0], "b_simple": [10 / 3, 20 / 3, 40 / 3]})
-    found = schedule_report.tracking(crit)
+    found = schedule_section.tracking(crit)
     rho, low, high, p_value = found["rank"]
     assert rho == 1.0 and math.isnan(low) and math.isnan(high)
     assert p_value == pytest.approx(1 / 6)
@@ -261,7 +261,7 @@ def test_the_section_and_the_answer_card_come_from_the_tables_and_agree():
     from clean_tables import critical_over_training_rows, schedule_check_rows
 
     crit, check = pd.DataFrame(critical_over_training_rows()), pd.DataFrame(schedule_check_rows())
-    found = schedule_report.section(schedule_report.Findings.from_tables(crit, check))
+    found = schedule_section.section(schedule_section.Findings.from_tables(crit, check))
     assert [row[0] for row in found.rows] == ["100", "300"]
     assert found.rows[0][4] == "13 [5.3, 25.5]" and found.rows[1][4] == "above 64"
     text = " ".join(found.paragraphs)
@@ -270,7 +270,7 @@ def test_the_section_and_the_answer_card_come_from_the_tables_and_agree():
     assert found.answer.startswith("**Batch-size schedule: 8, 64 from val_loss 2.400**")
     assert "(#critical-over-training)" in found.answer
     worse = check.assign(steps_to_target=[900.0, 810.0, 901.0, 809.0])
-    lost = schedule_report.section(schedule_report.Findings.from_tables(crit, worse))
+    lost = schedule_section.section(schedule_section.Findings.from_tables(crit, worse))
     assert lost.answer is None and "does not establish" in " ".join(lost.paragraphs)
 
 
@@ -293,12 +293,12 @@ def test_the_terminal_summary_line_says_what_the_check_found():
     from clean_tables import critical_over_training_rows, schedule_check_rows
 
     crit, check = pd.DataFrame(critical_over_training_rows()), pd.DataFrame(schedule_check_rows())
-    found = schedule_report.Findings.from_tables(crit, check)
-    assert schedule_report.summary_line(found).startswith(
+    found = schedule_section.Findings.from_tables(crit, check)
+    assert schedule_section.summary_line(found).startswith(
         "batch-size schedule: 8, 64 from val_loss 2.400 — 0.46 [")
-    worse = schedule_report.Findings.from_tables(
+    worse = schedule_section.Findings.from_tables(
         crit, check.assign(steps_to_target=[900.0, 810.0, 901.0, 809.0]))
-    assert "does not establish the 25% goal" in schedule_report.summary_line(worse)
+    assert "does not establish the 25% goal" in schedule_section.summary_line(worse)
 
 
 def test_sigterm_stops_the_measurement_keeping_what_it_finished(prepared, tmp_path):
@@ -340,9 +340,9 @@ def test_seconds_measured_on_a_busy_machine_are_flagged_not_trusted():
     from clean_tables import critical_over_training_rows, schedule_check_rows
 
     crit, check = pd.DataFrame(critical_over_training_rows()), pd.DataFrame(schedule_check_rows())
-    quiet = " ".join(schedule_report.sentences(schedule_report.Findings.from_tables(crit, check)))
+    quiet = " ".join(schedule_section.sentences(schedule_section.Findings.from_tables(crit, check)))
     assert "NOT TRUSTED" not in quiet
-    busy = schedule_report.Findings.from_tables(crit, check.assign(cpu_wait_share=0.35))
-    text = " ".join(schedule_report.sentences(busy))
+    busy = schedule_section.Findings.from_tables(crit, check.assign(cpu_wait_share=0.35))
+    text = " ".join(schedule_section.sentences(busy))
     assert text.count("seconds NOT TRUSTED: a run waited for a CPU 35%") == 2
-    assert "NOT TRUSTED" not in schedule_report.summary_line(busy)
+    assert "NOT TRUSTED" not in schedule_section.summary_line(busy)

@@ -145,7 +145,7 @@ def test_every_plan_claim_agrees_with_the_plan(parallel, comm_s, disturbed):
     own rows."""
     import plan_tables as pt
 
-    from batchscale.analysis.plan_table import default_plan, plan_lines
+    from batchscale.planner.table import default_plan, plan_lines
 
     frames = pt.frames(parallel_batches=parallel, comm_s=comm_s)
     runs = frames["runs"].assign(

@@ -22,7 +22,7 @@ import pytest
 from test_claims import UNFILLED
 
 from batchscale.adaptive import driver
-from batchscale.analysis.adaptive_report import adaptive_section, grid_examples_estimate
+from batchscale.adaptive.section import adaptive_section, grid_examples_estimate
 from batchscale.config import parse_config
 
 S_MIN = 100.0

@@ -12,11 +12,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from batchscale.analysis import stage as analysis_stage
 from batchscale.checks import stage as checks
 from batchscale.config import parse_config
 from batchscale.convergence import runner
 from batchscale.data import prep
+from batchscale.report import stage as analysis_stage
 from batchscale.sweep import sweep
 
 pytestmark = pytest.mark.slow

@@ -11,11 +11,11 @@ from __future__ import annotations
 import plan_tables as pt
 import pytest
 
-from batchscale.analysis.plan_inputs import read_plan_inputs
-from batchscale.analysis.plan_table import make_plan, plan_lines, table_rows
-from batchscale.analysis.planner import CommModel
-from batchscale.analysis.plots_plan import _draw, what_if_markdown
 from batchscale.checks import validate_table
+from batchscale.planner.inputs import read_plan_inputs
+from batchscale.planner.model import CommModel
+from batchscale.planner.section import _draw, what_if_markdown
+from batchscale.planner.table import make_plan, plan_lines, table_rows
 from batchscale.schemas import make_table
 
 LINK = CommModel.from_link(gbps=8, latency_us=0)

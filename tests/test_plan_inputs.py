@@ -1,4 +1,4 @@
-"""The planner's wiring to a run's tables (batchscale/analysis/plan_inputs.py, plan_table.py):
+"""The planner's wiring to a run's tables (batchscale/planner/inputs.py, table.py):
 the inputs read back with known answers (tests/plan_tables.py), the plan table through its
 suite, the prediction check, and a clear BadInput for each missing measurement."""
 
@@ -9,23 +9,23 @@ import math
 import plan_tables as pt
 import pytest
 
-from batchscale.analysis.plan_comm import comm_model
-from batchscale.analysis.plan_inputs import gradient_bytes, read_plan_inputs
-from batchscale.analysis.plan_table import (
+from batchscale.checks import validate_table
+from batchscale.errors import BadInput
+from batchscale.planner.comm import comm_model
+from batchscale.planner.inputs import gradient_bytes, read_plan_inputs
+from batchscale.planner.model import (
+    ASSUMED,
+    CHEAPEST_WITHIN_DEADLINE,
+    MEASURED,
+    Objective,
+)
+from batchscale.planner.table import (
     check_lines,
     check_rows,
     make_plan,
     parse_duration,
     table_rows,
 )
-from batchscale.analysis.planner import (
-    ASSUMED,
-    CHEAPEST_WITHIN_DEADLINE,
-    MEASURED,
-    Objective,
-)
-from batchscale.checks import validate_table
-from batchscale.errors import BadInput
 from batchscale.schemas import make_table
 
 
@@ -218,7 +218,7 @@ def test_analyze_plans_from_a_users_own_runs_with_their_recorded_gradient_bytes(
     """`batchscale analyze` on tables of a user's workload plans from what the trials recorded
     (gradient bytes, data-parallel cells), with no workload name to build a model from; a table
     that did not record them gets the reason instead of a plan."""
-    from batchscale.analysis.external import what_if_plan
+    from batchscale.external.stage import what_if_plan
 
     frames = pt.frames()
     runs = frames["runs"].assign(gradient_bytes=pt.GRADIENT_BYTES)

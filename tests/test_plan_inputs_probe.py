@@ -1,4 +1,4 @@
-"""The planner's link from the trials' all-reduce probes (plan_inputs.probed_model), with known
+"""The planner's link from the trials' all-reduce probes (planner.inputs.probed_model), with known
 answers: a ring over 2 workers with latency 50 µs per hop and 1e9 bytes/s takes
 2·50 µs + 1024 B / 1e9 B/s for the small message and 2·50 µs + 1e6 B / 1e9 B/s = 1.1 ms for the
 1 MB gradient (2(N−1)/N = 1 at N = 2)."""
@@ -8,12 +8,12 @@ from __future__ import annotations
 import plan_tables as pt
 import pytest
 
-from batchscale.analysis.plan_comm import comm_model
-from batchscale.analysis.plan_inputs import read_plan_inputs
-from batchscale.analysis.plan_table import check_rows, make_plan
-from batchscale.analysis.planner import BACKWARD_SHARE, MEASURED
 from batchscale.checks import validate_table
 from batchscale.errors import BadInput
+from batchscale.planner.comm import comm_model
+from batchscale.planner.inputs import read_plan_inputs
+from batchscale.planner.model import BACKWARD_SHARE, MEASURED
+from batchscale.planner.table import check_rows, make_plan
 from batchscale.schemas import make_table
 
 LATENCY_S, BANDWIDTH_BPS, SMALL_BYTES = 50e-6, 1e9, 1024

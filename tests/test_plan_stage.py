@@ -11,9 +11,9 @@ from pathlib import Path
 import plan_tables as pt
 import pyarrow as pa
 
-from batchscale.analysis.stage import run_stage
 from batchscale.checks.stage import validate_analysis
 from batchscale.config import AnalysisConfig, ConvergenceConfig, ExperimentConfig
+from batchscale.report.stage import run_stage
 from batchscale.schemas import make_table
 from batchscale.storage import read_table_file, write_table_atomic
 
@@ -59,7 +59,7 @@ def test_without_data_parallel_runs_the_plan_is_empty_and_the_report_says_why(tm
 
 
 def _plan_text(runs) -> str:
-    from batchscale.analysis.plan_table import default_plan, plan_lines
+    from batchscale.planner.table import default_plan, plan_lines
 
     frames = pt.frames()
     plan, missing = default_plan(frames["sweep"], runs, frames["analysis"], workload=None,

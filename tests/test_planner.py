@@ -1,4 +1,4 @@
-"""Known-answer tests of the what-if planner's pure core (batchscale.analysis.planner):
+"""Known-answer tests of the what-if planner's pure core (batchscale.planner.model):
 ring all-reduce times, the communication fit, plan rows and their limits, the Pareto front and
 the recommendation. Every expected number is computed by hand in the comment beside it."""
 
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from batchscale.analysis.planner import (
+from batchscale.planner.model import (
     ASSUMED,
     BACKWARD_SHARE,
     CHEAPEST_WITHIN_DEADLINE,
@@ -344,7 +344,7 @@ def test_the_steps_band_contains_the_fits_own_figure_even_outside_the_interval()
     """A fit whose B_crit (E_min/S_min = 50) lies above the reported interval [20, 40] (cut at
     the measured range): the band still brackets the steps the plan prints, so no plot draws a
     negative error bar (a run's report failed on that)."""
-    from batchscale.analysis.planner import StepsFit
+    from batchscale.planner.model import StepsFit
 
     fit = StepsFit(s_min=100.0, e_min=5000.0, b_crit_low=20.0, b_crit_high=40.0)
     band = fit.steps(64)

@@ -16,10 +16,10 @@ from test_analyze import make_curves, make_runs, make_sweep, run_row
 
 from batchscale.analysis.analyze import analyze
 from batchscale.analysis.plots import NOT_MEASURED, PNG_DATA_URI_PREFIX
-from batchscale.analysis.report import RegressionsSection, render_html
-from batchscale.analysis.stage import run_stage
 from batchscale.config import AnalysisConfig, ExperimentConfig, parse_config
 from batchscale.errors import BadInput
+from batchscale.report.render import RegressionsSection, render_html
+from batchscale.report.stage import run_stage
 
 IMAGE = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -232,7 +232,7 @@ def test_the_steps_plot_shows_each_trial_and_b_crits_interval_as_a_labelled_band
 
 
 def test_a_timing_flag_without_both_step_times_is_not_a_nan_ratio():
-    from batchscale.analysis.report import _timing_cell
+    from batchscale.report.render import _timing_cell
 
     flagged = {"timing_flag": "step times disagree", "sweep_step_time_s": 0.002}
     assert _timing_cell({**flagged, "step_time_s": 0.02}) == "10× the sweep"

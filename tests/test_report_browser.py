@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from batchscale.analysis.stage import run_stage
+from batchscale.report.stage import run_stage
 from batchscale.schemas import RunStatus, TrialStatus, make_table
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,6 @@
-"""Analysis: from the sweep, runs and curves tables to the analysis table, the KFP metrics, the
-Markdown summary and the HTML report. One concern per module:
+"""The critical-batch fits: from the sweep, runs and curves tables to the analysis table, the
+KFP metrics and the Markdown summary, and the figures the report shows of them. One concern per
+module:
 
 - `analyze`: `analyze(sweep, runs, curves, settings)` → rows, typed summary, metrics, Markdown
 - `critical`: steps to result, S = S_min + E_min/B, B_crit (or a bound) and its interval,
@@ -12,9 +13,10 @@ Markdown summary and the HTML report. One concern per module:
 - `summary`: the typed summary (dataclasses) and its flat KFP metrics
 - `narrative`: the Markdown prose, the one renderer of the narrative and the recommendation
 - `plots`: matplotlib figures as base64 PNG `data:` URIs
-- `report`: the self-contained HTML page (templates/report.html.j2)
-- `stage`: the entry point the KFP component runs
+- `usertables`: tables a user brings, checked and named (batchscale/external/ reads them)
+- `stage`: the fits' entry (the analysis table); the analysis step's whole entry, with the plan
+  and the report, is batchscale/report/stage.py
 
 The sweep-table fits (throughput curve, saturation batch, t(B), memory) are in
-`batchscale.fits`, shared with the sweep stage.
+`batchscale.fits`, shared with the sweep stage; the what-if planner is batchscale/planner/.
 """

@@ -1,100 +1,25 @@
-"""analysis entry point: tables in; analysis table, HTML report, metrics and Markdown out."""
+"""The critical-batch fits' entry: the run's tables in, the analysis table out (its rows, the
+summary and the metrics come back for the plan and the report: batchscale/report/stage.py)."""
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
-
 import pandas as pd
 
-from batchscale.config import config_from_json
-from batchscale.envinfo import environment
+from batchscale.config import ExperimentConfig
 from batchscale.schemas import make_table
-from batchscale.storage import read_table_file, write_table_atomic
+from batchscale.storage import write_table_atomic
 
 
-def run_stage(
-    config_json: str,
-    run_id: str,
-    sweep_path: str,
-    curves_path: str,
-    runs_path: str,
-    analysis_path: str,
-    report_path: str,
-    markdown_path: str,
-    plan_path: str | None = None,
-    decisions_path: str | None = None,
-    schedule_paths: tuple[str, str] | None = None,
-) -> dict[str, float]:
-    """Fit, recommend, render; returns the flat metrics for KFP's Metrics artifact. The
-    what-if plan goes into the report and, with `plan_path`, the plan table (no rows
-    when the run lacks a measurement it needs; the report says which). `schedule_paths`: the
-    batch-schedule stage's two tables (critical_over_training, schedule_check), for the
-    report's section on them and the answer card."""
+def analyse(cfg: ExperimentConfig, sweep: pd.DataFrame, runs: pd.DataFrame,
+            curves: pd.DataFrame, env: dict, analysis_path: str):
+    """Fit and recommend on the run's tables and write the analysis table; the AnalysisResult."""
     from batchscale.analysis.analyze import analyze
-    from batchscale.analysis.plan_table import default_plan, table_rows
-    from batchscale.analysis.report import render_html
-    from batchscale.analysis.schedule_report import read_section
 
-    cfg = config_from_json(config_json)
-    sweep = read_table_file(sweep_path).to_pandas()
-    curves = read_table_file(curves_path).to_pandas()
-    runs = read_table_file(runs_path).to_pandas()
     result = analyze(sweep, runs, curves, cfg.analysis, primary_target=primary_target(cfg),
                      gap_epochs=cfg.convergence.gap_epochs,
                      warmup_steps=cfg.convergence.warmup_steps)
-    env = environment(
-        run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name, workload=cfg.workload,
-        variant=cfg.variant)
     write_table_atomic(analysis_path, make_table("analysis", result.rows, env))
-    plan, plan_missing = default_plan(
-        sweep, runs, pd.DataFrame(result.rows), workload=cfg.workload,
-        configured_workers=[cfg.convergence.workers, *cfg.convergence.scaling_workers],
-        image_size=cfg.sweep.image_size_px)
-    if plan_path is not None:
-        write_table_atomic(plan_path, make_table("plan", table_rows(plan) if plan else [], env))
-    schedule = (read_section(*schedule_paths, cfg.analysis.max_cpu_wait_share)
-                if schedule_paths else None)
-    Path(report_path).write_text(
-        render_html(result, sweep, runs, curves, title=f"batchscale: {cfg.name} ({run_id})",
-                    plan=plan, plan_missing=plan_missing,
-                    adaptive=_adaptive(cfg, decisions_path, runs), schedule=schedule)
-    )
-    text = result.markdown + (f"\n{schedule.answer}\n" if schedule and schedule.answer else "")
-    Path(markdown_path).write_text(text)
-    print(text)
-    return result.metrics
-
-
-def run_task(metrics, config_json: str, run_id: str, sweep_path: str, curves_path: str,
-             runs_path: str, decisions_path: str, analysis_path: str, plan_path: str,
-             report_path: str, markdown_path: str,
-             schedule_paths: tuple[str, str] | None = None) -> None:
-    """The analysis components' body: `run_stage` (a refusal is one line and its exit status,
-    errors.task_refusals), then its finite figures into KFP's Metrics artifact `metrics`."""
-    from batchscale.errors import task_refusals
-
-    with task_refusals():
-        values = run_stage(config_json, run_id, sweep_path, curves_path, runs_path,
-                           analysis_path, report_path, markdown_path,
-                           decisions_path=decisions_path, plan_path=plan_path,
-                           schedule_paths=schedule_paths)
-    for name, value in values.items():
-        if value is not None and math.isfinite(value):
-            metrics.log_metric(name, float(value))
-
-
-def _adaptive(cfg, decisions_path: str | None, runs: pd.DataFrame):
-    """The adaptive search's report section, when the run was one (its decisions table has
-    rows); the grid it is compared with: the config's batch sizes and seeds."""
-    from batchscale.analysis.adaptive_report import adaptive_section
-
-    if decisions_path is None:
-        return None
-    decisions = read_table_file(decisions_path).to_pandas()
-    c = cfg.convergence
-    return adaptive_section(decisions, runs, list(c.batch_sizes), len(c.seeds),
-                         cfg.analysis.b_crit_range_factor)
+    return result
 
 
 def primary_target(cfg) -> tuple[str, float] | None:

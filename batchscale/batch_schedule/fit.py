@@ -1,6 +1,6 @@
 """From the branches to a schedule: B_crit(t) per checkpoint (the S(B) fit and interval of
 `analysis.critical`), the step warm-up of the batch it suggests, and its predicted saving. What
-the tables then say (B_simple against B_crit, the check) is `analysis/schedule_report.py`."""
+the tables then say (B_simple against B_crit, the check) is `batch_schedule/section.py`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A batch-schedule measurement as its two tables (schemas.CRITICAL_OVER_TRAINING,
 schemas.SCHEDULE_CHECK): what the command writes, the pipeline validates and publishes, and
-`analysis/schedule_report.py` turns into the summary, the report's section and the plot."""
+`batch_schedule/section.py` turns into the summary, the report's section and the plot."""
 
 from __future__ import annotations
 

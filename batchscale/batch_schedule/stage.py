@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from batchscale.analysis.schedule_report import crit_text
 from batchscale.batch_schedule import fit, measure
 from batchscale.batch_schedule.measure import Target
 from batchscale.batch_schedule.report import Outcome
+from batchscale.batch_schedule.section import crit_text
 from batchscale.batch_schedule.training import Setup
 from batchscale.config.batch_schedule import schedule_refusal
 from batchscale.errors import BadInput
@@ -103,8 +103,8 @@ def run_stage(config_json: str, run_id: str, dataset_path: str, crit_path: str,
     """The measurement as a pipeline stage (and the command's core): measure (or resume) under
     `work_dir`, write the two tables and the summary, validate both tables (their pages in
     `validation_dir`; ValidationFailed, exit 3, when one fails). Returns (findings, outcome)."""
-    from batchscale.analysis.schedule_report import Findings, markdown
     from batchscale.batch_schedule.report import tables
+    from batchscale.batch_schedule.section import Findings, markdown
     from batchscale.checks.stage import check_tables
     from batchscale.config import config_from_json
     from batchscale.envinfo import environment

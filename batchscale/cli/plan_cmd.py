@@ -74,8 +74,8 @@ def _checks(inputs, tables: dict, args) -> list[dict]:
     """Predicted vs measured for each LR rule the analysis fitted (a rule's S(B) is its own)."""
     import dataclasses
 
-    from batchscale.analysis.plan_inputs import fitted_rules, steps_fit
-    from batchscale.analysis.plan_table import check_rows
+    from batchscale.planner.inputs import fitted_rules, steps_fit
+    from batchscale.planner.table import check_rows
 
     checks = []
     for rule in fitted_rules(tables["analysis"]):
@@ -86,20 +86,20 @@ def _checks(inputs, tables: dict, args) -> list[dict]:
 
 
 def cmd_plan(args) -> int:
-    from batchscale.analysis.plan_comm import comm_model
-    from batchscale.analysis.plan_table import (
+    from batchscale.lake.plan_run import plan_inputs_of_run, run_env
+    from batchscale.planner.comm import comm_model
+    from batchscale.planner.model import (
+        CHEAPEST_WITHIN_DEADLINE,
+        FASTEST_WITHIN_BUDGET,
+        Objective,
+    )
+    from batchscale.planner.table import (
         DEFAULT_EXTRA_WORKERS,
         check_lines,
         make_plan,
         plan_lines,
         table_rows,
     )
-    from batchscale.analysis.planner import (
-        CHEAPEST_WITHIN_DEADLINE,
-        FASTEST_WITHIN_BUDGET,
-        Objective,
-    )
-    from batchscale.lake.plan_run import plan_inputs_of_run, run_env
     from batchscale.schemas import make_table
     from batchscale.storage import write_table_atomic
 
@@ -109,7 +109,7 @@ def cmd_plan(args) -> int:
         check_output_file(args.out, "--out")
     objective = None
     if args.deadline is not None:
-        from batchscale.analysis.plan_table import parse_duration
+        from batchscale.planner.table import parse_duration
 
         objective = Objective(CHEAPEST_WITHIN_DEADLINE, parse_duration(args.deadline))
     elif args.budget_device_hours is not None:

@@ -25,7 +25,7 @@ def cmd_batch_schedule(args) -> int:
     check_config(cfg)  # before any data is prepared
     out = check_output_dir(args.out, "--out")
     run_id = _run_id(args, out)
-    from batchscale.analysis.schedule_report import plot
+    from batchscale.batch_schedule.section import plot
     from batchscale.batch_schedule.stage import run_stage
     from batchscale.data.prep import prepare
 

@@ -146,13 +146,13 @@ def cmd_validate(args) -> int:
 def cmd_analyze(args) -> int:
     """The analysis stage on a runs (and sweep) table a user brings: the same analysis table,
     summary and report as the pipeline, checked by the same suite."""
-    from batchscale.analysis.external import (
+    from batchscale.checks.stage import check_tables
+    from batchscale.external.stage import (
         analyze_inputs,
         parse_column_mapping,
         read_inputs,
         write_outputs,
     )
-    from batchscale.checks.stage import check_tables
 
     cfg = config_from_args(args)
     mapping = parse_column_mapping(args.column)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from batchscale.analysis.plan_inputs import (
+from batchscale.errors import BadInput
+from batchscale.planner.inputs import (
     PlanInputs,
     gradient_bytes,
     read_plan_inputs,
     recorded_gradient_bytes,
 )
-from batchscale.errors import BadInput
 from batchscale.schemas import ENV_FIELDS
 from batchscale.storage import ObjectStore
 

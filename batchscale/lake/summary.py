@@ -247,7 +247,7 @@ def summary_lines(store: ObjectStore, run_id: str, manifest: dict,
 
 def schedule_lines(tables: dict[str, pa.Table], max_cpu_wait_share: float | None) -> list[str]:
     """The batch-size schedule's line, for a run that measured one."""
-    from batchscale.analysis.schedule_report import Findings, summary_line
+    from batchscale.batch_schedule.section import Findings, summary_line
 
     if not {"critical_over_training", "schedule_check"} <= set(tables):
         return []
@@ -300,7 +300,7 @@ def _adaptive(manifest: dict, tables: dict, runs):
     sizes and seeds its trials ran)."""
     import pandas as pd
 
-    from batchscale.analysis.adaptive_report import adaptive_section
+    from batchscale.adaptive.section import adaptive_section
 
     if "decisions" not in tables:
         return None
@@ -319,8 +319,8 @@ def _what_if(manifest: dict, frames: dict, analysis_rows: list[dict]):
     configured ones) and the sweep's image size. (plan, why there is none)."""
     import pandas as pd
 
-    from batchscale.analysis.plan_table import default_plan
     from batchscale.fits import ensure_columns, numeric_column
+    from batchscale.planner.table import default_plan
     from batchscale.schemas import schema_for
 
     runs, sweep = frames["runs"], frames["sweep"]
@@ -344,9 +344,9 @@ def assemble_report(manifest: dict, tables: dict[str, pa.Table], history=None):
     verdicts with `history` (the cells' history plot, where the lake was read). The one place a
     published report is put together: publish renders it from the tables it publishes and
     `batchscale report` from the tables it reads back. (page, the analysis result)."""
-    from batchscale.analysis.report import RegressionsSection, render_html
-    from batchscale.analysis.schedule_report import table_section
+    from batchscale.batch_schedule.section import table_section
     from batchscale.lake.regression import regressions_markdown
+    from batchscale.report.render import RegressionsSection, render_html
 
     frames, result = analyzed(manifest, tables)
     experiment = manifest.get("experiment", manifest.get("workload", "run"))

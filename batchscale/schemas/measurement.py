@@ -241,7 +241,7 @@ environment's baseline), `allowed_drop` the noise threshold in samples/s."""
 
 PLAN = pa.schema(
     [
-        # What-if plan (batchscale/analysis/plan_table.py): one row per (workers,
+        # What-if plan (batchscale/planner/table.py): one row per (workers,
         # per-worker batch). Open band ends (B_crit's interval unbounded above) are null.
         pa.field("target_metric", pa.string()),
         pa.field("target_value", pa.float64()),

@@ -12,12 +12,12 @@ import pandas as pd
 
 from batchscale.analysis.analyze import analyze, without_pruned
 from batchscale.analysis.critical import interval_note
-from batchscale.analysis.plan_inputs import BYTES_PER_GRADIENT_VALUE, gradient_bytes
 from batchscale.analysis.stage import primary_target
 from batchscale.analysis.targets import same_target, split_by_target
 from batchscale.analysis.timetotarget import optimal_batch
 from batchscale.config.study import axis_key
 from batchscale.config.variants import Variant
+from batchscale.planner.inputs import BYTES_PER_GRADIENT_VALUE, gradient_bytes
 from batchscale.study.slopes import AxisPoint, AxisSlope, fit_slopes
 
 MODEL_AXIS_KEY = "workload"

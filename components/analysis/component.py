@@ -22,7 +22,7 @@ def analysis(
     metrics: Output[Metrics],
     summary: Output[Markdown],
 ):
-    from batchscale.analysis.stage import run_task
+    from batchscale.report.stage import run_task
 
     run_task(metrics, config_json, run_id, sweep.path, curves.path, runs.path, decisions.path,
              analysis_table.path, plan.path, report.path, summary.path)
@@ -44,7 +44,7 @@ def analysis_with_schedule(
     metrics: Output[Metrics],
     summary: Output[Markdown],
 ):
-    from batchscale.analysis.stage import run_task
+    from batchscale.report.stage import run_task
 
     run_task(metrics, config_json, run_id, sweep.path, curves.path, runs.path, decisions.path,
              analysis_table.path, plan.path, report.path, summary.path,

@@ -15,7 +15,7 @@ import pandas as pd
 from markupsafe import Markup
 
 from batchscale import schemas
-from batchscale.analysis.adaptive_report import ADAPTIVE_HEADINGS, AdaptiveSection
+from batchscale.adaptive.section import ADAPTIVE_HEADINGS, AdaptiveSection
 from batchscale.analysis.analyze import AnalysisResult
 from batchscale.analysis.gap import NOT_MEASURED, TABLE_METRICS, gap_table
 from batchscale.analysis.narrative import (
@@ -24,16 +24,16 @@ from batchscale.analysis.narrative import (
     recommendation_list,
     target_interval_text,
 )
-from batchscale.analysis.plan_table import Plan
 from batchscale.analysis.plots import Plot, convergence_plots, parallel_plot, throughput_plots
-from batchscale.analysis.plots_plan import plan_plot, what_if_markdown
 from batchscale.analysis.plots_targets import gap_plots, target_plot
 from batchscale.analysis.quality import headline, quality_box_markdown
-from batchscale.analysis.schedule_report import ScheduleSection
 from batchscale.analysis.summary import AnalysisSummary, TargetCriticalBatch
 from batchscale.analysis.targets import same_target, split_by_target
+from batchscale.batch_schedule.section import ScheduleSection
 from batchscale.fits import ensure_columns
 from batchscale.html import environment, markdown_html, render_page
+from batchscale.planner.section import plan_plot, what_if_markdown
+from batchscale.planner.table import Plan
 
 TEMPLATE = "report.html.j2"
 MACROS = "report_macros.j2"

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from batchscale.analysis.figures import Plot, make_plot, new_axes
-from batchscale.analysis.plan_table import Plan, plan_lines
-from batchscale.analysis.planner import (
+from batchscale.planner.model import (
     LIMIT_COMMUNICATION,
     LIMIT_MEMORY,
     LIMIT_PAST_B_CRIT,
     PlanRow,
     describe,
 )
+from batchscale.planner.table import Plan, plan_lines
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

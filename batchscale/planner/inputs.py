@@ -1,7 +1,7 @@
 """The what-if planner's inputs read from one run's tables: the steps fit S(B) with
 its B_crit interval (analysis table), one device's step time (the convergence runs' own, else
 the sweep's line; batchscale.fits), the largest batch that fits (sweep), the gradient bytes,
-and the data-parallel cells and all-reduce probes (their model: plan_comm.py). What is missing
+and the data-parallel cells and all-reduce probes (their model: comm.py). What is missing
 for a plan is a BadInput naming it; what is only weak (no interval, no memory limit measured)
 is carried as a note.
 """
@@ -16,12 +16,12 @@ import numpy as np
 import pandas as pd
 
 from batchscale import schemas
-from batchscale.analysis.plan_comm import data_parallel_cells, probe_points, with_cells
-from batchscale.analysis.planner import StepsFit
 from batchscale.analysis.timetotarget import convergence_step_times, step_times
 from batchscale.config import AnalysisConfig
 from batchscale.errors import BadInput
 from batchscale.fits import ensure_columns, fit_step_time, largest_fitting_batch, numeric_column
+from batchscale.planner.comm import data_parallel_cells, probe_points, with_cells
+from batchscale.planner.model import StepsFit
 
 BYTES_PER_GRADIENT_VALUE = 4
 """The trainer all-reduces fp32 gradients (bf16 autocast keeps fp32 parameters)."""
@@ -54,7 +54,7 @@ class PlanInputs:
     bytes, seconds (a small message and the gradient per trial), cv; empty in older runs."""
     shared_compute_factor: float = 1.0
     """On a shared host: the data-parallel step's compute over one process's at the whole
-    batch (plan_comm.shared_compute_factor); 1 elsewhere."""
+    batch (comm.shared_compute_factor); 1 elsewhere."""
     shared_compute_note: str = ""
 
     def compute_s(self, batch: float) -> float:

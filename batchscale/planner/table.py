@@ -1,5 +1,5 @@
 """The what-if plan of one run: plan rows for worker counts × per-worker batches from
-the run's inputs (`plan_inputs`) and an all-reduce model, as `plan` table rows and as printed
+the run's inputs (`inputs`) and an all-reduce model, as `plan` table rows and as printed
 lines; and the check of the model against the data-parallel cells the run measured.
 
 Rows at a worker count the run did not measure are marked `extrapolated`: their communication
@@ -16,9 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from batchscale.analysis.plan_comm import comm_model, parallel_compute_s, with_cells
-from batchscale.analysis.plan_inputs import STARVED_SHARE, PlanInputs
-from batchscale.analysis.planner import (
+from batchscale.errors import BadInput
+from batchscale.fits import numeric_column
+from batchscale.planner.comm import comm_model, parallel_compute_s, with_cells
+from batchscale.planner.inputs import STARVED_SHARE, PlanInputs
+from batchscale.planner.model import (
     CommModel,
     Objective,
     PlanRow,
@@ -28,8 +30,6 @@ from batchscale.analysis.planner import (
     plan_rows,
     recommend,
 )
-from batchscale.errors import BadInput
-from batchscale.fits import numeric_column
 from batchscale.schemas import RunStatus
 
 DEFAULT_EXTRA_WORKERS = (4, 8)
@@ -328,7 +328,7 @@ def default_plan(sweep: pd.DataFrame | None, runs: pd.DataFrame | None,
     extrapolated), the measured communication, no objective. None and the reason when the run
     lacks a measurement the planner needs (the report says so; the run goes on). Without a
     `workload` (tables a user brings), the gradient bytes are those the trials recorded."""
-    from batchscale.analysis.plan_inputs import gradient_bytes, read_plan_inputs
+    from batchscale.planner.inputs import gradient_bytes, read_plan_inputs
 
     try:
         grad = gradient_bytes(workload, image_size=image_size) if workload else None

@@ -215,7 +215,7 @@ def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
                    run_id: str) -> ExternalAnalysis:
     """The pipeline's analysis (`analyze`, `render_html`) on the completed tables."""
     from batchscale.analysis.analyze import analyze
-    from batchscale.analysis.report import render_html
+    from batchscale.report.render import render_html
 
     env = external_env(run_id, config.config_hash)
     runs = schemas.make_table("runs", inputs.runs.rows, env).to_pandas()
@@ -241,7 +241,7 @@ def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
         "markdown": result.markdown,
         "plan": plan_missing or "in report.html and plan.parquet",
     }
-    from batchscale.analysis.plan_table import table_rows
+    from batchscale.planner.table import table_rows
 
     plan_table = schemas.make_table("plan", table_rows(plan) if plan else [], env)
     return ExternalAnalysis(run_id, table, summary, result.markdown, page, plan_table)
@@ -251,7 +251,7 @@ def what_if_plan(sweep: pd.DataFrame | None, runs: pd.DataFrame, rows: list[dict
     """The pipeline's what-if plan (worker counts the runs measured, and 4 and 8) when the
     tables carry what it needs: batchscale's own runs record their gradient bytes and
     all-reduce probe; a table from elsewhere gets the reason there is none."""
-    from batchscale.analysis.plan_table import default_plan
+    from batchscale.planner.table import default_plan
 
     workers = {int(w) for w in pd.to_numeric(runs.get("workers", pd.Series(dtype=float)),
                                              errors="coerce").dropna()}

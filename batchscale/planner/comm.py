@@ -18,18 +18,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from batchscale.analysis.planner import (
+from batchscale.errors import BadInput
+from batchscale.fits import numeric_column
+from batchscale.planner.model import (
     ASSUMED,
     MEASURED,
     CommModel,
     CommSource,
     fit_comm_model,
 )
-from batchscale.errors import BadInput
-from batchscale.fits import numeric_column
 
 if TYPE_CHECKING:
-    from batchscale.analysis.plan_inputs import PlanInputs
+    from batchscale.planner.inputs import PlanInputs
 
 SHARED_FACTOR_RANGE = (0.25, 2.0)
 """A fitted shared-host compute factor outside this range is noise, not a property of the host:

@@ -1,5 +1,5 @@
-"""The report's "Adaptive search" section from a decisions table (batchscale.analysis
-.adaptive_report): the sentences, the table rows and the plot, and the grid's cost stated as an
+"""The report's "Adaptive search" section from a decisions table (batchscale.adaptive
+.section): the sentences, the table rows and the plot, and the grid's cost stated as an
 estimate from the search's own fit."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pandas as pd
 from test_adaptive_choice import on_curve, runs
 from test_adaptive_tables import decision
 
-from batchscale.analysis.adaptive_report import (
+from batchscale.adaptive.section import (
     adaptive_section,
     grid_device_s_estimate,
     grid_examples_estimate,
