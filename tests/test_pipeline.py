@@ -177,7 +177,7 @@ def test_summary_printed_and_report_saved(published):
     report = workdir / ".batchscale" / "runs" / run_id / "report.html"
     assert "<img" in report.read_text()
     # the summary's card (rebuilt from the lake) names the target as the report's card does
-    target = re.search(r"For the target (.+) — (.+)\.\n", result.stdout)
+    target = re.search(r"^  For the target (.+) — (.+)\.$", result.stdout, re.MULTILINE)
     assert target, result.stdout[-3000:]
     page = html.unescape(re.sub(r"<[^>]+>", "", report.read_text()))
     assert f"For the target {target.group(1)} — {target.group(2)}." in page

@@ -68,7 +68,7 @@ def _timed_all_reduce(d: Dist, n_bytes: int) -> tuple[float, float]:
     buffer = torch.ones(max(1, n_bytes // FP32_BYTES), dtype=torch.float32, device=d.device)
     barrier(d)  # start together: a rank arriving late would show up as the others' latency
     times = time_steps(lambda: dist.all_reduce(buffer), device=d.device,
-                       warmup_steps=PROBE_WARMUP, min_steps=PROBE_REPEATS,
+                       untimed_steps=PROBE_WARMUP, min_steps=PROBE_REPEATS,
                        max_steps=PROBE_REPEATS, time_budget_s=float("inf"))
     seconds = times.seconds
     median = statistics.median(seconds)
