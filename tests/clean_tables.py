@@ -170,7 +170,7 @@ def decision_rows() -> list[dict]:
          "reason": "narrows the interval most per example", "b_crit": 29.2, "b_crit_low": 21.2,
          "b_crit_high": 40.7, "interval_ratio": 1.92, "expected_ratio": 1.89,
          "examples_spent": 21960},
-        {**common, "decision": 3, "action": "stop", "reason": "interval narrow enough",
+        {**common, "decision": 3, "action": "stop", "reason": "interval narrow enough at 90 %",
          "b_crit": 29.2, "b_crit_low": 21.2, "b_crit_high": 40.7, "interval_ratio": 1.92,
          "examples_spent": 21960},
     ]

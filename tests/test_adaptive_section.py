@@ -43,7 +43,9 @@ def test_the_section_tells_the_prediction_the_points_the_interval_and_the_cost()
     assert "predicted B_crit ≈ 12.5 (interquartile range 10.4–17.4)" in text
     assert "Probed and placed batch sizes: 4, 64." in text
     assert "stopped (interval narrow enough) with B_crit 29.2, 90 % interval 21.2–40.7" in text
-    assert "Read it as narrower than it says" in text  # the measured shortfall of a stopped search
+    # the level the final interval was read at, and why (a stopped search's measured shortfall)
+    assert "That interval is read at the 98% level: a search that stops once" in text
+    assert section.rows[-1]["b_crit"] == "29.2 [21.2, 40.7] (read at 98%)"
     assert "an estimate: the grid was not run" in text and "4,000 examples" in text
     assert [r["action"] for r in section.rows] == ["probe", "predict", "place", "stop"]
     assert section.rows[2]["cell"] == "b=64, seed 0"

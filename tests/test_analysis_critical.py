@@ -435,3 +435,26 @@ def test_a_bound_sentence_speaks_of_the_fit_not_of_the_table():
                                     "regimes": (), "batch_range": (16.0, 64.0)})
     text = _bound_text(below)
     assert "hardly change" not in text and "cannot tell E_min from zero" in text
+
+
+def test_an_adaptive_searchs_trials_are_read_at_the_level_its_stop_needs():
+    """Trials an adaptive search chose are read at critical.ADAPTIVE_READ_LEVEL (a search that
+    stops once its interval is narrow over-claims at 90 %): a wider interval holding the 90 %
+    one, and the narrative says at which level and why; a grid's stays at 90 %, and
+    analysis.b_crit_read_level sets the level for either."""
+    from batchscale.analysis.critical import ADAPTIVE_READ_LEVEL
+    from batchscale.analysis.stage import settings_for
+
+    runs = make_runs(noise=0.1)
+    grid = analyze(None, runs, None, settings_for(AnalysisConfig(), adaptive=False))
+    searched = analyze(None, runs, None, settings_for(AnalysisConfig(), adaptive=True))
+    for rule, fit in grid.summary.critical_batch.items():
+        wide = searched.summary.critical_batch[rule]
+        assert (fit.interval_level, wide.interval_level) == (0.90, ADAPTIVE_READ_LEVEL)
+        assert wide.b_crit == fit.b_crit
+        assert wide.b_crit_low <= fit.b_crit_low and wide.b_crit_high >= fit.b_crit_high
+        assert wide.b_crit_high / wide.b_crit_low > fit.b_crit_high / fit.b_crit_low
+    assert "read at the 98% level: an adaptive search chose these trials" in searched.markdown
+    assert "read at the" not in grid.markdown
+    chosen = settings_for(AnalysisConfig(b_crit_read_level=0.95), adaptive=True)
+    assert chosen.b_crit_read_level == 0.95

@@ -4,7 +4,9 @@ true B_crit at both edges of the allowed batch sizes and between, seed noise fro
 probes with and without a gradient noise scale, and a search whose every trial misses the target.
 Only the training is simulated (`run_convergence` is replaced by a draw from a known curve); the
 decisions, the runs and the sentences are the real code's. The checks are claims: the B_crit,
-interval and high/low ratio quoted are the last decision's, the interval holds its centre, the
+interval and high/low ratio quoted are the last decision's (read at the level a stopped search
+needs, and said so), "narrow enough" only when the interval it narrowed was, the interval holds
+its centre, the
 batch sizes named are the ones probed and placed, the examples and device-seconds are what the
 trials trained, the share of the grid is spent ÷ the grid's estimate, and no value is unfilled.
 """
@@ -121,6 +123,10 @@ def test_every_search_claim_agrees_with_its_decisions(name):
         assert ("is cut at" in text) == cut, text  # a cut interval is said to be a bound
         if cut:
             assert "interval narrow enough" not in text, text
+        assert "read at the 98% level" in text, text  # the level its claim of 90 % needs
+        if "narrow enough at 90 %" in text:  # the interval it narrowed, one decision earlier
+            before = decisions.iloc[-2]
+            assert before["interval_ratio"] <= 2.0 + 1e-9, (before.to_dict(), text)
     else:
         assert not stopped and "without a B_crit interval" in text, text
 

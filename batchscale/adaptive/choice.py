@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from batchscale.analysis.critical import (
+    BOOTSTRAP_CONFIDENCE,
     bootstrap_critical_batch,
     fit_critical_batch,
     steps_to_result,
@@ -44,7 +45,7 @@ SIMULATED_DRAWS = 4
 """Draws of a candidate's unknown steps when scoring it: few, because the score only ranks
 candidates, and each draw costs a bootstrap."""
 
-STOP_NARROW, STOP_BUDGET, STOP_EXHAUSTED = "interval narrow enough", "budget spent", \
+STOP_NARROW, STOP_BUDGET, STOP_EXHAUSTED = "interval narrow enough at 90 %", "budget spent", \
     "nothing left to measure"
 STOP_NO_GAIN = "no cell left is expected to narrow the interval"
 STOP_B_STAR = "B* interval narrow enough (adaptive_objective b_star)"
@@ -197,11 +198,15 @@ def edge_stop(cut: tuple[bool, bool], measured: Sequence[int], allowed: Sequence
     return ""
 
 
-def interval_state(runs: pd.DataFrame, rule: str, bootstrap_samples: int) -> IntervalState:
-    """The search rule's B_crit and interval from its trials (rows of one target)."""
+def interval_state(runs: pd.DataFrame, rule: str, bootstrap_samples: int,
+                   confidence: float = BOOTSTRAP_CONFIDENCE) -> IntervalState:
+    """The search rule's B_crit and interval from its trials (rows of one target), read at
+    `confidence` (the search narrows the 90 % one; it reports the one read where a stopped
+    search's interval holds the truth 90 % of the time: critical.ADAPTIVE_READ_LEVEL)."""
     table = steps_to_result(runs[runs["lr_rule"] == rule], by=(), reduce="median")
     fit = fit_critical_batch(table["batch_size"], table["steps_to_target"])
-    low, high = bootstrap_critical_batch(runs, rule, bootstrap_samples, seeds_needed=True)
+    low, high = bootstrap_critical_batch(runs, rule, bootstrap_samples, confidence=confidence,
+                                         seeds_needed=True)
     return IntervalState(fit.b_crit, low, high, fit.bound, fit.reason, fit.s_min)
 
 

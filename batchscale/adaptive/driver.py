@@ -35,6 +35,7 @@ from batchscale.adaptive.choice import (
     predict_b_crit,
     prune_step,
 )
+from batchscale.analysis.critical import read_level
 from batchscale.config import ExperimentConfig
 from batchscale.convergence.runner import run_convergence, work_dir
 from batchscale.fits import StepTimeFit, fit_step_time
@@ -258,7 +259,10 @@ def _refine(search: Search, allowed: list[int], prediction: NoisePrediction) -> 
             if cell is None:
                 stop = why
         if stop:
-            search.record("stop", None, stop, state, prediction)
+            level = read_level(search.cfg.analysis, adaptive=True)
+            search.record("stop", None, stop, interval_state(runs, search.rule,
+                                                             SEARCH_BOOTSTRAP_SAMPLES, level),
+                          prediction)
             return
         pruning = search.run_cell(cell, search.prune_bound(cell, state))
         after = interval_state(search.target_runs(), search.rule, SEARCH_BOOTSTRAP_SAMPLES)

@@ -48,6 +48,18 @@ being bounded."""
 DEFAULT_RANGE_FACTOR: float = AnalysisConfig.model_fields["b_crit_range_factor"].default
 """A B_crit further than this factor outside the measured batches is reported as a bound."""
 BOOTSTRAP_CONFIDENCE = 0.90
+"""The coverage every B_crit interval claims."""
+ADAPTIVE_READ_LEVEL = 0.98
+"""The nominal level at which the trials of an adaptive search are read so that the interval
+holds the truth BOOTSTRAP_CONFIDENCE of the time: a search that stops once its interval is
+narrow selects lucky draws (bench_adaptive_calibration measures the coverage it gives)."""
+
+
+def read_level(settings: AnalysisConfig, adaptive: bool) -> float:
+    """The nominal level the B_crit interval is read at (AnalysisConfig.b_crit_read_level)."""
+    if settings.b_crit_read_level is not None:
+        return settings.b_crit_read_level
+    return ADAPTIVE_READ_LEVEL if adaptive else BOOTSTRAP_CONFIDENCE
 MIN_BOOTSTRAP_SUCCESS = 0.5
 """Share of bootstrap refits that must give an estimate for the interval to be reported."""
 Reduction = Literal["median", "min"]

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from batchscale.analysis.critical import (
+    BOOTSTRAP_CONFIDENCE,
     MIN_CRITICAL_FIT_BATCHES,
     CriticalBatchFit,
     bootstrap_critical_batch,
@@ -92,11 +93,12 @@ def _summary(
 ) -> CriticalBatchSummary:
     supported = math.isfinite(fit.b_crit) and not fit.bound
     low, high = math.nan, math.nan
+    level = settings.b_crit_read_level or BOOTSTRAP_CONFIDENCE
     note = fit.reason
     if supported:
         factor = settings.b_crit_range_factor  # the fit's own: the three must agree
         low, high = bootstrap_critical_batch(rule_runs, rule, n=settings.bootstrap_samples,
-                                             range_factor=factor)
+                                             confidence=level, range_factor=factor)
         note = interval_note(rule_runs, rule, (low, high), range_factor=factor)
     batches = numeric_column(rule_runs, "batch_size")
     batch_range = (
@@ -117,6 +119,7 @@ def _summary(
         bound=fit.bound,
         bound_batch=float(fit.bound_batch) if fit.bound else math.nan,
         interval_note=note,
+        interval_level=level,
         batch_range=batch_range,
         optimal_batch=(
             optimal_batch(step_fit.alpha_s, step_fit.beta_s, fit.b_crit, b_cap)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE
+from batchscale.analysis.critical import ADAPTIVE_READ_LEVEL, BOOTSTRAP_CONFIDENCE
 from batchscale.analysis.gap import GAP_CONFIDENCE
 from batchscale.analysis.quality import (
     headline,
@@ -263,7 +263,7 @@ def _critical_text(fit: CriticalBatchSummary, cap: float) -> str:
     if math.isnan(fit.b_crit_low):
         text += f" (no interval: {fit.interval_note})."
     else:
-        text += f" ({BOOTSTRAP_CONFIDENCE:.0%} interval {_interval_text(fit)})."
+        text += f" ({BOOTSTRAP_CONFIDENCE:.0%} interval {_interval_text(fit)}{_level_text(fit)})."
     text += " Past B_crit each doubling of the batch saves less than a quarter of the steps."
     text += _regimes_text(fit)
     b_star = fit.optimal_batch
@@ -273,6 +273,17 @@ def _critical_text(fit: CriticalBatchSummary, cap: float) -> str:
         text += (f" With t(B), time to target is lowest near B* "
                  f"{optimal_batch_text(b_star, fit.optimal_batch_interval)}.")
     return text
+
+
+def _level_text(fit: CriticalBatchSummary) -> str:
+    """Why an interval was read above its nominal level: the trials an adaptive search chose."""
+    if fit.interval_level == BOOTSTRAP_CONFIDENCE:
+        return ""
+    if fit.interval_level == ADAPTIVE_READ_LEVEL:
+        return (f", read at the {fit.interval_level:.0%} level: an adaptive search chose these "
+                "trials and stopped once its interval was narrow, which a "
+                f"{BOOTSTRAP_CONFIDENCE:.0%} reading over-claims")
+    return f", read at the {fit.interval_level:.0%} level (analysis.b_crit_read_level)"
 
 
 def _bound_text(fit: CriticalBatchSummary) -> str:

@@ -96,6 +96,9 @@ class CriticalBatchSummary:
     regimes: tuple[RegimeRange, ...]
     optimal_batch_interval: tuple[float, float] = (math.nan, math.nan)
     """B*'s 90 % interval (timetotarget.optimal_batch_interval); NaN without B*."""
+    interval_level: float = 0.90
+    """The nominal level the B_crit interval was read at (above 0.90 for an adaptive search's
+    trials, so that it holds the truth 90 % of the time: critical.read_level)."""
 
 
 @dataclass(frozen=True)

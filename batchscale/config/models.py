@@ -282,6 +282,12 @@ class AnalysisConfig(_Strict):
     b_crit_range_factor: float = Field(2.0, ge=1.0)
     """B_crit is reported as a number only inside the measured batch range widened by this
     factor on each side; outside it, as a bound ("above 1,024")."""
+    b_crit_read_level: float | None = Field(None, gt=0.5, lt=1.0)
+    """Nominal level at which the B_crit interval is read, so that it holds the truth 90 % of
+    the time. null: 0.90 for a grid of trials, 0.98 for trials an adaptive search chose (it
+    stops once its interval is narrow: on simulated searches an interval read at 0.90 then held
+    the truth 79-88.5 % of the time, read at 0.98 95-98.5 %; docs/benchmarks.md,
+    bench_adaptive_calibration)."""
     step_time_disagreement_factor: float = Field(2.0, gt=1.0)
     """Flag a cell whose step time measured in the convergence runs differs from the sweep's by
     more than this factor (either way)."""

@@ -269,11 +269,12 @@ def recommendation_lines(summary) -> list[str]:
 def analyzed(manifest: dict, tables: dict[str, pa.Table]):
     """The analysis of a published run's tables, as the pipeline made it."""
     from batchscale.analysis.analyze import analyze
+    from batchscale.analysis.stage import settings_for
 
     frames = {name: tables[name].to_pandas() if name in tables else None
               for name in ("sweep", "runs", "curves")}
-    return frames, analyze(frames["sweep"], frames["runs"], frames["curves"],
-                           analysis_config(manifest),
+    settings = settings_for(analysis_config(manifest), "decisions" in tables)
+    return frames, analyze(frames["sweep"], frames["runs"], frames["curves"], settings,
                            primary_target=rebuilt_primary_target(manifest, tables),
                            gap_epochs=manifest.get("gap_epochs"),
                            warmup_steps=manifest.get("warmup_steps"))
@@ -301,6 +302,7 @@ def _adaptive(manifest: dict, tables: dict, runs):
     import pandas as pd
 
     from batchscale.adaptive.section import adaptive_section
+    from batchscale.analysis.critical import read_level
 
     if "decisions" not in tables:
         return None
@@ -308,8 +310,9 @@ def _adaptive(manifest: dict, tables: dict, runs):
     ran = runs if runs is not None else pd.DataFrame({"batch_size": [], "seed": []})
     batch_sizes = grid.get("batch_sizes") or sorted(set(ran["batch_size"]))
     seeds = grid.get("seeds") or max(1, ran["seed"].nunique())
+    settings = analysis_config(manifest)
     return adaptive_section(tables["decisions"].to_pandas(), runs, list(batch_sizes), int(seeds),
-                         analysis_config(manifest).b_crit_range_factor)
+                            settings.b_crit_range_factor, read_level(settings, adaptive=True))
 
 
 def _what_if(manifest: dict, frames: dict, analysis_rows: list[dict]):

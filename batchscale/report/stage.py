@@ -41,14 +41,17 @@ def run_stage(
     runs = read_table_file(runs_path).to_pandas()
     env = environment(run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name,
                       workload=cfg.workload, variant=cfg.variant)
-    result = analyse(cfg, sweep, runs, curves, env, analysis_path)
+    decisions = (read_table_file(decisions_path).to_pandas() if decisions_path is not None
+                 else None)
+    result = analyse(cfg, sweep, runs, curves, env, analysis_path,
+                     adaptive=decisions is not None and not decisions.empty)
     plan, plan_missing = plan_run(cfg, sweep, runs, result.rows, env, plan_path)
     schedule = (read_section(*schedule_paths, cfg.analysis.max_cpu_wait_share)
                 if schedule_paths else None)
     Path(report_path).write_text(
         render_html(result, sweep, runs, curves, title=f"batchscale: {cfg.name} ({run_id})",
                     plan=plan, plan_missing=plan_missing,
-                    adaptive=_adaptive(cfg, decisions_path, runs), schedule=schedule)
+                    adaptive=_adaptive(cfg, decisions, runs), schedule=schedule)
     )
     text = result.markdown + (f"\n{schedule.answer}\n" if schedule and schedule.answer else "")
     Path(markdown_path).write_text(text)
@@ -74,14 +77,15 @@ def run_task(metrics, config_json: str, run_id: str, sweep_path: str, curves_pat
             metrics.log_metric(name, float(value))
 
 
-def _adaptive(cfg, decisions_path: str | None, runs: pd.DataFrame):
+def _adaptive(cfg, decisions: pd.DataFrame | None, runs: pd.DataFrame):
     """The adaptive search's report section, when the run was one (its decisions table has
     rows); the grid it is compared with: the config's batch sizes and seeds."""
     from batchscale.adaptive.section import adaptive_section
+    from batchscale.analysis.critical import read_level
 
-    if decisions_path is None:
+    if decisions is None:
         return None
-    decisions = read_table_file(decisions_path).to_pandas()
     c = cfg.convergence
     return adaptive_section(decisions, runs, list(c.batch_sizes), len(c.seeds),
-                            cfg.analysis.b_crit_range_factor)
+                            cfg.analysis.b_crit_range_factor,
+                            read_level(cfg.analysis, adaptive=True))

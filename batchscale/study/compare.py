@@ -12,7 +12,7 @@ import pandas as pd
 
 from batchscale.analysis.analyze import analyze, without_pruned
 from batchscale.analysis.critical import interval_note
-from batchscale.analysis.stage import primary_target
+from batchscale.analysis.stage import primary_target, settings_for
 from batchscale.analysis.targets import same_target, split_by_target
 from batchscale.analysis.timetotarget import optimal_batch
 from batchscale.config.study import axis_key
@@ -39,8 +39,9 @@ def variant_rows(variant: Variant, run_id: str, frames: dict[str, pd.DataFrame])
     """The study table's rows of one variant: per target and LR rule, B_crit with its interval
     (or its bound), S_min, E_min, B_simple, the saturation batch and B*."""
     cfg = variant.config
+    adaptive = cfg.convergence.strategy == "adaptive"
     result = analyze(frames.get("sweep"), frames.get("runs"), frames.get("curves"),
-                     cfg.analysis, primary_target=primary_target(cfg),
+                     settings_for(cfg.analysis, adaptive), primary_target=primary_target(cfg),
                      gap_epochs=cfg.convergence.gap_epochs,
                      warmup_steps=cfg.convergence.warmup_steps)
     summary = result.summary
