@@ -369,3 +369,17 @@ def test_a_rebuilt_card_names_the_target_as_the_config_did():
     assert rebuilt_primary_target({"primary_target": ["val_accuracy", 0.9]}, analysis) == (
         "val_accuracy", 0.9)
     assert rebuilt_primary_target({}, analysis) == ("val_loss", 0.5)
+
+
+def test_the_summary_says_at_which_level_the_b_crit_intervals_are_read():
+    """After an adaptive search the terminal says the intervals are read at 98 %, as the report
+    does; a grid's say nothing more; a configured level is named as such."""
+    from batchscale.config import AnalysisConfig
+    from batchscale.lake.summary import level_lines
+
+    assert level_lines(AnalysisConfig(), adaptive=False) == []
+    assert level_lines(AnalysisConfig(), adaptive=True) == [
+        "  (B_crit intervals: 90%, read at the 98% level: an adaptive search chose the trials "
+        "and stopped once its interval was narrow)"]
+    assert "analysis.b_crit_read_level" in level_lines(AnalysisConfig(b_crit_read_level=0.95),
+                                                       adaptive=False)[0]

@@ -233,6 +233,7 @@ def summary_lines(store: ObjectStore, run_id: str, manifest: dict,
         lines += throughput_lines(tables["sweep"])
     if "analysis" in tables:
         lines += convergence_lines(tables["analysis"], tables.get("runs"))
+        lines += level_lines(analysis_config(manifest), "decisions" in tables)
     if "sweep" in tables:
         lines.append(saturation_line(tables["sweep"],
                                      analysis_config(manifest).saturation_tolerance))
@@ -243,6 +244,20 @@ def summary_lines(store: ObjectStore, run_id: str, manifest: dict,
     lines += [f"  s3://{store.settings.bucket}/{o['key']}" for o in manifest["objects"]
               if o["key"].endswith(PARQUET_SUFFIX)]
     return lines
+
+
+def level_lines(settings: AnalysisConfig, adaptive: bool) -> list[str]:
+    """Where the B_crit intervals above are read above their claimed 90 % (an adaptive search's
+    trials: critical.read_level), the line saying so, as the report does."""
+    from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE, read_level
+
+    level = read_level(settings, adaptive)
+    if level == BOOTSTRAP_CONFIDENCE:
+        return []
+    why = ("an adaptive search chose the trials and stopped once its interval was narrow"
+           if adaptive and settings.b_crit_read_level is None else "analysis.b_crit_read_level")
+    return [f"  (B_crit intervals: {BOOTSTRAP_CONFIDENCE:.0%}, read at the {level:.0%} level: "
+            f"{why})"]
 
 
 def schedule_lines(tables: dict[str, pa.Table], max_cpu_wait_share: float | None) -> list[str]:
