@@ -142,7 +142,7 @@ def test_grid_sweep_records_timing_memory_and_flops(tmp_path):
         assert r["samples_per_s"] == pytest.approx(r["batch_size"] / r["step_time_median_s"])
         assert r["memory_source"] == "cpu_trial_process_peak_rss" and r["peak_memory_bytes"] > 0
         assert r["train_flops_per_sample"] > 0 and r["mfu"] > 0
-        assert r["search_phase"] == "grid" and r["image_size_px"] is None
+        assert r["search_phase"] == "listed" and r["image_size_px"] is None
     # Linear layers 64-128-128-10: forward 2 FLOPs per multiply-add, backward the same for the
     # weight gradients plus the input gradients of every layer but the first.
     macs, first = 64 * 128 + 128 * 128 + 128 * 10, 64 * 128

@@ -150,7 +150,7 @@ def test_most_trials_on_an_overloaded_machine_flag_a_row_whose_rounds_agree():
 
 
 def test_a_cell_counts_its_trials_that_ran_overloaded():
-    cell = SweepCell("synthetic", 64, "grid")
+    cell = SweepCell("synthetic", 64, "listed")
     busy = {"load_avg_1m": 4.59, "usable_cpus": 2}
     quiet = {"load_avg_1m": 0.9, "usable_cpus": 2}
     slow = TrialResult(TrialStatus.OK, (0.19, 0.2, 0.19), 1e6, 1000, "cpu", process_cpu_s=0.39,
@@ -180,7 +180,7 @@ def test_most_trials_starved_of_cpu_flag_a_row_whose_rounds_agree():
 
 
 def test_a_cell_counts_its_starved_trials_and_keeps_the_longest_wait():
-    cell = SweepCell("synthetic", 64, "grid")
+    cell = SweepCell("synthetic", 64, "listed")
     quiet = {"load_avg_1m": 0.4, "usable_cpus": 2}
     starved = TrialResult(TrialStatus.OK, (0.4, 0.41), 1e6, 1000, "cpu", process_cpu_s=1.0,
                           wall_s=0.81, cpu_wait_s=0.6)
@@ -193,7 +193,7 @@ def test_a_cell_counts_its_starved_trials_and_keeps_the_longest_wait():
     assert cell.overload.cpu_wait_share == pytest.approx(0.6 / 1.6)
     assert cell.quality(0.15, 0.5)[0] == "unstable"
     assert cell.combined().cpu_wait_share == pytest.approx(0.6 / 1.6)
-    off = SweepCell("synthetic", 64, "grid", wait_share=math.inf)
+    off = SweepCell("synthetic", 64, "listed", wait_share=math.inf)
     for label in ("round 1/2", "round 2/2"):
         off.add(starved, quiet, label, retry=False)
     assert off.overload.starved_trials == 0 and off.quality(0.15, 0.5) == ("ok", None)
@@ -219,7 +219,7 @@ def ok_result(*seconds: float) -> TrialResult:
 
 
 def test_a_later_failure_ends_the_cell_and_says_what_was_timed_before():
-    cell = SweepCell("synthetic", 64, "grid")
+    cell = SweepCell("synthetic", 64, "listed")
     cell.add(ok_result(0.002, 0.002), {"load_avg_1m": 0.5, "usable_cpus": 2}, "round 1/2",
              retry=False)
     assert cell.timed and cell.rounds == 1

@@ -32,7 +32,7 @@ class SweepCell:
     input_mode: str
     batch_size: int
     phase: str
-    """The search phase of its first trial (grid, doubling, bisection)."""
+    """The search phase of its first trial (listed, doubling, bisection)."""
     trials: list[StepTimes] = field(default_factory=list)
     rounds: int = 0
     retries: int = 0

@@ -53,7 +53,9 @@ DECLARED_PEAK_FLOPS = {
     ("L4", "bf16"): 121e12, ("L4", "fp32"): 30.3e12,
     ("T4", "bf16"): 65e12, ("T4", "fp32"): 8.1e12,
 }
-PHASE_GRID = "grid"
+PHASE_LISTED = "listed"
+"""A batch size the config lists (sweep.batch_sizes), as opposed to one the largest-batch
+search (batch_sizes: auto) tried while doubling or bisecting; "grid" in rows written before."""
 MEMINFO = Path("/proc/meminfo")
 CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
 
@@ -342,7 +344,7 @@ def sweep(cfg: SweepConfig, workload_name: str, env: dict, out_path: str | Path,
         log(warning)
     if grid:
         for mode, batch_size in [(m, b) for m in modes for b in cfg.batch_sizes]:
-            run.trial(mode, batch_size, PHASE_GRID, run.round_label(0))
+            run.trial(mode, batch_size, PHASE_LISTED, run.round_label(0))
     else:
         _search_first_round(run)
     run.remeasure_rounds(1)
@@ -361,7 +363,7 @@ def _search_first_round(run: _Sweep) -> None:
     fitting = sorted(c.batch_size for c in run.cells.values() if c.timed)
     for mode in run.modes[1:]:
         for batch_size in fitting:
-            run.trial(mode, batch_size, PHASE_GRID, run.round_label(0))
+            run.trial(mode, batch_size, PHASE_LISTED, run.round_label(0))
 
 
 def search_line(result: SearchResult) -> str:
