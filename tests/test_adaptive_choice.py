@@ -164,7 +164,7 @@ def test_with_an_interval_the_choice_is_expected_to_narrow_it():
     assert expected < before.ratio and "per example" in why
 
 
-def test_when_no_cell_is_expected_to_narrow_the_interval_the_study_stops():
+def test_when_no_cell_is_expected_to_narrow_the_interval_the_search_stops():
     """Steps that scatter ±40 % around their fit (interval ×15 wide): a third seed at the
     smallest batch is not expected to narrow it, so the search stops spending, says why and
     keeps the interval as it is; a point at the knee (64) is expected to help and is run."""
@@ -181,7 +181,7 @@ def test_when_no_cell_is_expected_to_narrow_the_interval_the_study_stops():
     assert cell == Cell(64, 2) and expected < state.ratio / 2
 
 
-def test_nothing_left_to_run_stops_the_study():
+def test_nothing_left_to_run_stops_the_search():
     data = on_curve([4, 16, 64], seeds=(0, 1), wobble=0.05)
     table = runs(data)
     cell, why, _ = choose_next(table, "sqrt", [Cell(b, s) for b, s in data], [], 32, 50)
@@ -271,7 +271,7 @@ def test_the_step_time_lines_uncertainty_widens_b_star_and_two_points_leave_it_o
     assert math.isinf(optimum(state, two_points).ratio)
 
 
-def test_b_stars_interval_covers_the_truth_on_simulated_studies():
+def test_b_stars_interval_covers_the_truth_on_simulated_searches():
     """The interval the search stops on, from its own code (interval_state, fit_step_time,
     optimum) on simulated data: steps to target S(B) = S_min·(1 + B_crit/B) with 10 %
     log-normal seed noise (2 seeds), step times t(B) = α + βB with 5 % noise. Coverage of the
@@ -295,7 +295,7 @@ def test_b_stars_interval_covers_the_truth_on_simulated_studies():
     assert covered / searches >= 0.85
 
 
-def test_the_study_narrows_b_star_when_asked_and_reads_the_line_from_its_trials():
+def test_the_search_narrows_b_star_when_asked_and_reads_the_line_from_its_trials():
     import pyarrow as pa
 
     from batchscale.adaptive.driver import Search
@@ -322,7 +322,7 @@ def test_the_study_narrows_b_star_when_asked_and_reads_the_line_from_its_trials(
     assert ratios == pytest.approx({"b_crit": 4.0, "b_star": 2.0})
 
 
-def test_the_pipelines_study_is_clipped_at_the_sweeps_memory_boundary(tmp_path):
+def test_the_pipelines_search_is_clipped_at_the_sweeps_memory_boundary(tmp_path):
     """The search stage reads the largest batch that fitted from the validated sweep table."""
     from batchscale.adaptive.stage import largest_batch
     from batchscale.schemas import make_table

@@ -29,7 +29,7 @@ def _trial_files(out) -> dict:
     return {p: p.stat().st_mtime_ns for p in (out / "work").rglob("trials/*.run.parquet")}
 
 
-def test_an_adaptive_study_killed_midway_resumes_and_reuses_finished_cells(tmp_path):
+def test_an_adaptive_search_killed_midway_resumes_and_reuses_finished_cells(tmp_path):
     out = tmp_path / "out"
     cmd = BATCHSCALE + [*ARGS, "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(), text=True, stdout=subprocess.PIPE,

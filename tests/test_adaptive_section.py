@@ -62,7 +62,7 @@ def test_the_grid_estimate_is_the_final_fits_examples_times_the_seeds():
     assert abs(estimate - expected) / expected < 0.01
 
 
-def test_the_grid_is_also_costed_in_device_seconds_with_the_studys_own_step_times():
+def test_the_grid_is_also_costed_in_device_seconds_with_the_searchs_own_step_times():
     """Steps on S(B) = 100 + 3200/B, each taking 1 ms + 10 µs·B: the grid's device time is
     seeds × Σ S(B)·t(B), and the sentence quotes both currencies."""
     exact = runs(on_curve(BATCHES, seeds=(0, 1))).assign(target_metric="val_accuracy",

@@ -28,7 +28,7 @@ def decision(i: int, **changes) -> dict:
     return {**row, **changes}
 
 
-def test_a_studys_decisions_pass_their_suite():
+def test_a_searchs_decisions_pass_their_suite():
     rows = [decision(0, action="probe", b_crit=None, b_crit_low=None, b_crit_high=None,
                      interval_ratio=None, expected_ratio=None), decision(1),
             decision(2, action="stop", batch_size=None, seed=None)]
@@ -43,13 +43,13 @@ def test_a_studys_decisions_pass_their_suite():
     ({"prediction_method": "magic"}, "prediction_method"),
     ({"decision": 0}, "decision"),
 ])
-def test_the_suite_refuses_what_a_study_cannot_write(changes, needle):
+def test_the_suite_refuses_what_a_search_cannot_write(changes, needle):
     rows = [decision(0), decision(1, **changes)]
     report = validate_table("decisions", make_table("decisions", rows, ENV))
     assert not report.success and needle in report.failure_message()
 
 
-def test_the_adaptive_study_is_one_cell_and_scaling_cells_stay_their_own():
+def test_the_adaptive_search_is_one_cell_and_scaling_cells_stay_their_own():
     cfg = parse_config({"convergence": {"strategy": "adaptive", "scaling_workers": [2],
                                         "scaling_batch_sizes": [64]}})
     for one_per_cell in (True, False):
@@ -65,7 +65,7 @@ def test_locally_a_worker_counts_batch_sizes_share_one_cell():
     assert len(cfg.convergence.fan_out()) == 4
 
 
-def test_an_adaptive_study_needs_batch_sizes_to_choose_from():
+def test_an_adaptive_search_needs_batch_sizes_to_choose_from():
     with pytest.raises(Exception, match="adaptive needs at least 3 batch_sizes"):
         parse_config({"convergence": {"strategy": "adaptive", "batch_sizes": [16, 64]}})
     with pytest.raises(Exception, match="adaptive_probe_batch_sizes: 8 is not one of"):
@@ -82,7 +82,7 @@ def test_decisions_are_published_with_the_run(tmp_path, object_store):
     assert [o["key"] for o in manifest["objects"]] == [key]
 
 
-def test_the_studys_pod_may_run_every_cell_it_is_allowed():
+def test_the_searchs_pod_may_run_every_cell_it_is_allowed():
     """On a cluster the search's step runs its cells one after another: its pod deadline covers
     `adaptive_max_cells` trial timeouts (a grid cell's covers one)."""
     from batchscale.pipelines.cluster import deadline_s
@@ -109,7 +109,7 @@ def test_batchscale_validate_knows_every_table_kind():
     assert set(table.choices) == set(TABLES)
 
 
-def test_a_report_rebuilt_from_the_lake_keeps_the_study_section(tmp_path, object_store):
+def test_a_report_rebuilt_from_the_lake_keeps_the_search_section(tmp_path, object_store):
     """`batchscale report --run-id` re-renders a published search: its decisions come back from
     the lake and the grid it is compared with from the run's manifest."""
     from test_adaptive_section import study_decisions, study_runs
