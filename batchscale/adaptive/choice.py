@@ -170,22 +170,6 @@ class IntervalState:
         return math.inf
 
 
-def cut_ends(state: IntervalState, runs: pd.DataFrame, rule: str,
-             range_factor: float) -> tuple[bool, bool]:
-    """(bottom cut, top cut): whether the interval reaches the limit the fit allows below the
-    smallest or above the largest batch that reached the target (`range_factor` each way,
-    analysis.b_crit_range_factor). A cut interval is a bound on that side, however narrow its
-    high/low ratio reads."""
-    if not math.isfinite(state.ratio):
-        return False, False
-    table = steps_to_result(runs[runs["lr_rule"] == rule], by=(), reduce="median")
-    batch, _ = positive_pairs(table["batch_size"], table["steps_to_target"])
-    if len(batch) == 0:
-        return False, False
-    return (state.low <= float(batch.min()) / range_factor,
-            state.high >= float(batch.max()) * range_factor)
-
-
 def edge_stop(cut: tuple[bool, bool], measured: Sequence[int], allowed: Sequence[int]) -> str:
     """Why the search stops at the edge of the allowed batch sizes: its interval is cut on a side
     where every allowed batch beyond has run (no cell can measure further); "" otherwise."""

@@ -27,7 +27,6 @@ from batchscale.adaptive.choice import (
     NoisePrediction,
     candidate_cells,
     choose_next,
-    cut_ends,
     edge_stop,
     interval_state,
     optimum,
@@ -35,7 +34,7 @@ from batchscale.adaptive.choice import (
     predict_b_crit,
     prune_step,
 )
-from batchscale.analysis.critical import read_level
+from batchscale.analysis.critical import cut_sides, read_level
 from batchscale.config import ExperimentConfig
 from batchscale.convergence.runner import run_convergence, work_dir
 from batchscale.fits import StepTimeFit, fit_step_time
@@ -232,7 +231,8 @@ def _stop_reason(search: Search, state: IntervalState, runs: pd.DataFrame,
     """Why the search stops before choosing another cell; "" to go on. An interval cut at the
     fit's range limit is never narrow enough: on that side it is a bound."""
     c = search.cfg.convergence
-    cut = cut_ends(state, runs, search.rule, search.cfg.analysis.b_crit_range_factor)
+    cut = cut_sides(runs, search.rule, (state.low, state.high),
+                    range_factor=search.cfg.analysis.b_crit_range_factor)
     if search.objective_ratio(state) <= c.target_interval_ratio and not any(cut):
         return STOP_NARROW if c.adaptive_objective == "b_crit" else STOP_B_STAR
     at_edge = edge_stop(cut, [cell.batch_size for cell in search.cells], allowed)

@@ -18,6 +18,7 @@ import pandas as pd
 from batchscale.analysis.critical import (
     ADAPTIVE_READ_LEVEL,
     DEFAULT_RANGE_FACTOR,
+    cut_sides,
     fit_critical_batch,
     interval_note,
     steps_to_result,
@@ -155,7 +156,8 @@ def _final_sentence(last: pd.Series, runs: pd.DataFrame | None, range_factor: fl
                 f"{low:.3g}–{high:.3g} (high/low {high / low:.2f}), after {cells} decisions"
                 + (f"; {note}" if note else "") + f". That interval is read at the "
                 f"{read_level:.0%} level: {_reading(read_level)}."
-                + _b_star_sentence(last, cut="is cut at" in note))
+                + _b_star_sentence(last, cut=runs is not None and any(
+                    cut_sides(runs, last["lr_rule"], (low, high), range_factor=range_factor))))
     return f"The search stopped ({last['reason']}) without a B_crit interval."
 
 

@@ -55,6 +55,16 @@ holds the truth BOOTSTRAP_CONFIDENCE of the time: a search that stops once its i
 narrow selects lucky draws (bench_adaptive_calibration measures the coverage it gives)."""
 
 
+def read_level_reason(level: float) -> str:
+    """Why the interval is read at `level` rather than its claimed 90 %; "" at 90 %."""
+    if level == BOOTSTRAP_CONFIDENCE:
+        return ""
+    if level == ADAPTIVE_READ_LEVEL:
+        return ("an adaptive search chose these trials and stopped once its interval was "
+                f"narrow, which a {BOOTSTRAP_CONFIDENCE:.0%} reading over-claims")
+    return "analysis.b_crit_read_level"
+
+
 def read_level(settings: AnalysisConfig, adaptive: bool) -> float:
     """The nominal level the B_crit interval is read at (AnalysisConfig.b_crit_read_level)."""
     if settings.b_crit_read_level is not None:
@@ -307,6 +317,27 @@ def bootstrap_critical_batch(
     return float(np.clip(low, floor, ceiling)), float(np.clip(high, floor, ceiling))
 
 
+def _rule_batches(runs: pd.DataFrame, rule: str) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """(the rule's runs, the batch sizes that reached the target, their steps)."""
+    rule_runs = ensure_columns(runs, schemas.RUNS)
+    rule_runs = rule_runs[matches(rule_runs, "lr_rule", rule)]
+    table = steps_to_result(rule_runs, by=())
+    batch, steps = positive_pairs(table["batch_size"], table["steps_to_target"])
+    return rule_runs, batch, steps
+
+
+def cut_sides(runs: pd.DataFrame, rule: str, interval: tuple[float, float], *,
+              range_factor: float = DEFAULT_RANGE_FACTOR) -> tuple[bool, bool]:
+    """(bottom cut, top cut): whether the interval reaches the limit the fit allows below the
+    smallest or above the largest batch that reached the target (`range_factor` each way). On
+    a cut side the interval is a bound, however narrow its high/low reads."""
+    low, high = interval
+    _, batch, _ = _rule_batches(runs, rule)
+    if not (math.isfinite(low) and math.isfinite(high)) or len(batch) == 0:
+        return False, False
+    return low <= batch.min() / range_factor, high >= batch.max() * range_factor
+
+
 def interval_note(
     runs: pd.DataFrame,
     rule: str,
@@ -317,10 +348,7 @@ def interval_note(
     """Why the B_crit interval is missing, or where it leaves the measured batches ("" if it
     lies inside them)."""
     low, high = interval
-    rule_runs = ensure_columns(runs, schemas.RUNS)
-    rule_runs = rule_runs[matches(rule_runs, "lr_rule", rule)]
-    table = steps_to_result(rule_runs, by=())
-    batch, steps = positive_pairs(table["batch_size"], table["steps_to_target"])
+    rule_runs, batch, steps = _rule_batches(runs, rule)
     if math.isnan(low):
         fit = fit_critical_batch(batch, steps, range_factor=range_factor)
         if not math.isfinite(fit.b_crit):
@@ -328,12 +356,13 @@ def interval_note(
         return "most bootstrap refits had fewer than three batch sizes reaching the target"
     smallest, largest = float(batch.min()), float(batch.max())
     floor, ceiling = smallest / range_factor, largest * range_factor
+    bottom_cut, top_cut = cut_sides(runs, rule, interval, range_factor=range_factor)
     notes = []
     seeds = rule_runs.groupby("batch_size")["seed"].nunique()
     if seeds.empty or seeds.max() < 2:
         notes.append("one run per batch size: the interval is read from the fit's residuals "
                      "across batch sizes alone (no seeds to resample)")
-    if low <= floor:
+    if bottom_cut:
         notes.append(
             f"its bottom is cut at {floor:,.3g}, 1/{range_factor:g} of the smallest batch"
             " measured: B_crit may lie lower"
@@ -343,7 +372,7 @@ def interval_note(
             f"its bottom ({low:,.3g}) is below the smallest batch measured ({smallest:,.0f}):"
             " an extrapolation"
         )
-    if high >= ceiling:
+    if top_cut:
         notes.append(
             f"its top is cut at {ceiling:,.0f}, {range_factor:g}× the largest batch measured:"
             " B_crit may lie higher"

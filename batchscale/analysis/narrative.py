@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from batchscale.analysis.critical import ADAPTIVE_READ_LEVEL, BOOTSTRAP_CONFIDENCE
+from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE, read_level_reason
 from batchscale.analysis.gap import GAP_CONFIDENCE
 from batchscale.analysis.quality import (
     headline,
@@ -277,13 +277,8 @@ def _critical_text(fit: CriticalBatchSummary, cap: float) -> str:
 
 def _level_text(fit: CriticalBatchSummary) -> str:
     """Why an interval was read above its nominal level: the trials an adaptive search chose."""
-    if fit.interval_level == BOOTSTRAP_CONFIDENCE:
-        return ""
-    if fit.interval_level == ADAPTIVE_READ_LEVEL:
-        return (f", read at the {fit.interval_level:.0%} level: an adaptive search chose these "
-                "trials and stopped once its interval was narrow, which a "
-                f"{BOOTSTRAP_CONFIDENCE:.0%} reading over-claims")
-    return f", read at the {fit.interval_level:.0%} level (analysis.b_crit_read_level)"
+    why = read_level_reason(fit.interval_level)
+    return f", read at the {fit.interval_level:.0%} level: {why}" if why else ""
 
 
 def _bound_text(fit: CriticalBatchSummary) -> str:

@@ -249,15 +249,12 @@ def summary_lines(store: ObjectStore, run_id: str, manifest: dict,
 def level_lines(settings: AnalysisConfig, adaptive: bool) -> list[str]:
     """Where the B_crit intervals above are read above their claimed 90 % (an adaptive search's
     trials: critical.read_level), the line saying so, as the report does."""
-    from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE, read_level
+    from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE, read_level, read_level_reason
 
     level = read_level(settings, adaptive)
-    if level == BOOTSTRAP_CONFIDENCE:
-        return []
-    why = ("an adaptive search chose the trials and stopped once its interval was narrow"
-           if adaptive and settings.b_crit_read_level is None else "analysis.b_crit_read_level")
+    why = read_level_reason(level)
     return [f"  (B_crit intervals: {BOOTSTRAP_CONFIDENCE:.0%}, read at the {level:.0%} level: "
-            f"{why})"]
+            f"{why})"] if why else []
 
 
 def schedule_lines(tables: dict[str, pa.Table], max_cpu_wait_share: float | None) -> list[str]:
