@@ -264,10 +264,6 @@ def _compiled(cfg: ExperimentConfig, directory: str) -> str:
     return compile_pipeline(cfg, os.path.join(directory, "pipeline.yaml"), for_cluster=True)
 
 
-def _run_parameters(cfg: ExperimentConfig) -> dict[str, str]:
-    return {"config_json": cfg.to_json()}
-
-
 def _service_account(cfg: ExperimentConfig) -> str | None:
     return cfg.kubernetes.service_account or None
 
@@ -280,7 +276,7 @@ def submit_run(client, cfg: ExperimentConfig, experiment: str, run_name: str,
     with tempfile.TemporaryDirectory() as tmp:
         return client.run_pipeline(
             experiment_id=exp.experiment_id, job_name=run_name,
-            pipeline_package_path=_compiled(cfg, tmp), params=_run_parameters(cfg),
+            pipeline_package_path=_compiled(cfg, tmp), params={},
             enable_caching=False, service_account=_service_account(cfg))
 
 
@@ -304,7 +300,7 @@ def create_schedule(client, cfg: ExperimentConfig, experiment: str, name: str, c
         create = functools.partial(
             client.create_recurring_run, experiment_id=exp.experiment_id, job_name=name,
             description=cfg.name, cron_expression=cron, max_concurrency=MAX_CONCURRENT_RUNS,
-            no_catchup=True, params=_run_parameters(cfg),
+            no_catchup=True, params={},
             pipeline_package_path=_compiled(cfg, tmp), enable_caching=False,
             service_account=_service_account(cfg))
         return _swap(client, existing, create), [r.recurring_run_id for r in existing]

@@ -9,6 +9,11 @@ Measurement stages run one after another (ParallelFor parallelism=1, and converg
 the sweep's validation) because overlapping measurements distort each other's timings.
 Caching is off everywhere: a cached measurement is not a measurement.
 
+Each task is given only the parts of the config its component declares (`experiment` and one
+`<section>_config` per section its stage reads, batchscale/config/stage_inputs.py), as constants
+fixed when the pipeline is built, as its batch-size fan-out is: a run submitted with other
+values would not match the cells compiled into it.
+
 `build_pipeline(cfg, for_cluster=True)` adds what only a Kubernetes cluster understands (GPU,
 CPU and memory requests per stage and per convergence cell, images, node placement, pod
 deadlines, S3 settings from a Secret: pipelines/cluster.py) and takes the run id from KFP, so
@@ -46,6 +51,7 @@ from batchscale.components.validate.component import (
     validate_sweep,
 )
 from batchscale.config import ExperimentConfig
+from batchscale.config.stage_inputs import component_inputs, config_input
 from batchscale.config.variants import Variant, expand
 from batchscale.errors import BadInput
 from batchscale.pipelines.cluster import (
@@ -80,59 +86,59 @@ def _no_cache(task: dsl.PipelineTask) -> dsl.PipelineTask:
     return task.set_caching_options(False)
 
 
-def _stages(cells: list[dict], config_json: str, run_id: str,
+def _configured(cfg: ExperimentConfig):
+    """A task factory: `op`'s task, uncached, given the parts of `cfg` its component declares
+    (its `experiment` and `<section>_config` inputs, config.stage_inputs) as constants."""
+    def task(op, **inputs) -> dsl.PipelineTask:
+        return _no_cache(op(**component_inputs(cfg, op.component_spec.inputs), **inputs))
+    return task
+
+
+def _stages(cells: list[dict], cfg: ExperimentConfig, run_id: str,
             schedule: bool = False) -> tuple[Tasks, object]:
     """Create every stage's task (inside a pipeline function); returns them by stage name so the
     cluster settings can be applied per stage, and the convergence loop's item, whose fields
     carry each cell's own requests on a cluster. `schedule`: add the batch-schedule stage (the
     config's batch_schedule.enabled), whose tables the analysis and publish then take."""
-    prep = _no_cache(data_prep(config_json=config_json))
+    task = _configured(cfg)
+    prep = task(data_prep)
     dataset = prep.outputs["dataset"]
-    data_ok = _no_cache(validate_dataset(config_json=config_json, dataset=dataset))
+    data_ok = task(validate_dataset, dataset=dataset)
     extra: Tasks = {}
     analysis_op, publish_op, schedule_tables = analysis, publish, {}
     if schedule:
-        extra[SCHEDULE_STAGE] = _no_cache(batch_schedule(config_json=config_json, run_id=run_id,
-                                                         dataset=dataset).after(data_ok))
+        extra[SCHEDULE_STAGE] = task(batch_schedule, run_id=run_id,
+                                     dataset=dataset).after(data_ok)
         schedule_tables = {name: extra[SCHEDULE_STAGE].outputs[name]
                            for name in ("critical_over_training", "schedule_check")}
         analysis_op, publish_op = analysis_with_schedule, publish_with_schedule
-    sweep = _no_cache(throughput_sweep(config_json=config_json, run_id=run_id,
-                                       dataset=dataset).after(data_ok))
-    sweep_ok = _no_cache(validate_sweep(config_json=config_json, sweep=sweep.outputs["sweep"]))
+    sweep = task(throughput_sweep, run_id=run_id, dataset=dataset).after(data_ok)
+    sweep_ok = task(validate_sweep, sweep=sweep.outputs["sweep"])
     with dsl.ParallelFor(cells, parallelism=1) as cell:
-        conv = _no_cache(convergence(config_json=config_json, run_id=run_id,
-                                     batch_sizes=cell.batch_sizes, workers=cell.workers,
-                                     dataset=dataset,
-                                     sweep=sweep.outputs["sweep"]).after(sweep_ok))
-    runs_ok = _no_cache(validate_runs(config_json=config_json,
-                                      curves=dsl.Collected(conv.outputs["curves"]),
-                                      runs=dsl.Collected(conv.outputs["runs"]),
-                                      decisions=dsl.Collected(conv.outputs["decisions"])))
-    analysed = _no_cache(analysis_op(config_json=config_json, run_id=run_id,
-                                     sweep=sweep.outputs["sweep"],
-                                     curves=runs_ok.outputs["merged_curves"],
-                                     runs=runs_ok.outputs["merged_runs"],
-                                     decisions=runs_ok.outputs["merged_decisions"],
-                                     **schedule_tables))
-    analysis_ok = _no_cache(validate_analysis(config_json=config_json,
-                                              analysis=analysed.outputs["analysis_table"],
-                                              plan=analysed.outputs["plan"]))
-    publish_task = _no_cache(publish_op(config_json=config_json, run_id=run_id,
-                                        dataset=dataset, sweep=sweep.outputs["sweep"],
-                                        curves=runs_ok.outputs["merged_curves"],
-                                        runs=runs_ok.outputs["merged_runs"],
-                                        analysis_table=analysed.outputs["analysis_table"],
-                                        decisions=runs_ok.outputs["merged_decisions"],
-                                        plan=analysed.outputs["plan"], **schedule_tables
-                                        ).after(analysis_ok))
+        conv = task(convergence, run_id=run_id, batch_sizes=cell.batch_sizes,
+                    workers=cell.workers, dataset=dataset,
+                    sweep=sweep.outputs["sweep"]).after(sweep_ok)
+    runs_ok = task(validate_runs, curves=dsl.Collected(conv.outputs["curves"]),
+                   runs=dsl.Collected(conv.outputs["runs"]),
+                   decisions=dsl.Collected(conv.outputs["decisions"]))
+    analysed = task(analysis_op, run_id=run_id, sweep=sweep.outputs["sweep"],
+                    curves=runs_ok.outputs["merged_curves"],
+                    runs=runs_ok.outputs["merged_runs"],
+                    decisions=runs_ok.outputs["merged_decisions"], **schedule_tables)
+    analysis_ok = task(validate_analysis, analysis=analysed.outputs["analysis_table"],
+                       plan=analysed.outputs["plan"])
+    publish_task = task(publish_op, run_id=run_id, dataset=dataset,
+                        sweep=sweep.outputs["sweep"], curves=runs_ok.outputs["merged_curves"],
+                        runs=runs_ok.outputs["merged_runs"],
+                        analysis_table=analysed.outputs["analysis_table"],
+                        decisions=runs_ok.outputs["merged_decisions"],
+                        plan=analysed.outputs["plan"], **schedule_tables).after(analysis_ok)
     publish_task.set_retry(num_retries=PUBLISH_RETRIES, backoff_duration=PUBLISH_BACKOFF,
                            backoff_factor=PUBLISH_BACKOFF_FACTOR)
     # Its own step, without retries: a regression is a verdict, not a flaky store.
     verdicts = publish_task.outputs["regressions"]
-    verdicts_ok = _no_cache(validate_regressions(config_json=config_json, regressions=verdicts))
-    gate = _no_cache(regression_gate(config_json=config_json,
-                                     regressions=verdicts).after(verdicts_ok))
+    verdicts_ok = task(validate_regressions, regressions=verdicts)
+    gate = task(regression_gate, regressions=verdicts).after(verdicts_ok)
     tasks = dict(zip(STAGE_NAMES, (prep, data_ok, sweep, sweep_ok, conv, runs_ok, analysed,
                                    analysis_ok, publish_task, verdicts_ok, gate), strict=True))
     return {**tasks, **extra}, cell
@@ -145,8 +151,7 @@ def _variant_branch(variant: Variant) -> dsl.PipelineTask:
     cfg = variant.config
     run_id = _no_cache(variant_run_id(study_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                                       variant=variant.name))
-    tasks, cell = _stages(cluster_cells(cfg), cfg.to_compact_json(), run_id.output,
-                          cfg.batch_schedule.enabled)
+    tasks, cell = _stages(cluster_cells(cfg), cfg, run_id.output, cfg.batch_schedule.enabled)
     apply_cluster_settings({VARIANT_RUN_ID_STAGE: run_id, **tasks}, cell, cfg)
     return tasks["publish"]
 
@@ -161,9 +166,9 @@ def _study_pipeline(cfg: ExperimentConfig):
         check_devices(variant.config)
 
     @dsl.pipeline(name=PIPELINE_NAME, description=PIPELINE_DESCRIPTION)
-    def batchscale_study_pipeline(config_json: str = cfg.to_json()):
+    def batchscale_study_pipeline():
         published = [_variant_branch(variant) for variant in variants]
-        compare = _no_cache(compare_study(config_json=config_json,
+        compare = _no_cache(compare_study(config=config_input(cfg),
                                           study_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER
                                           ).after(*published))
         apply_cluster_settings({STUDY_STAGE: compare}, None, cfg)
@@ -173,8 +178,8 @@ def _study_pipeline(cfg: ExperimentConfig):
 
 # ------------------------------------------------------------------------------ pipelines
 def build_pipeline(cfg: ExperimentConfig, for_cluster: bool = False):
-    """A pipeline function for `cfg`: the batch-size fan-out is fixed at build time, the config
-    itself is the `config_json` parameter (its default is `cfg`). Locally the run id is a
+    """A pipeline function for `cfg`: like the batch-size fan-out, the config is fixed at build
+    time, each task given the parts its component reads as constants. Locally the run id is a
     parameter (the CLI makes one, and reusing it resumes a run); on a cluster it is KFP's run
     UUID, because parameter macros are not expanded in v2 recurring runs (kubeflow/pipelines
     #12494) and a fixed id would collide in the create-only lake. A study config builds the
@@ -188,8 +193,8 @@ def build_pipeline(cfg: ExperimentConfig, for_cluster: bool = False):
         check_devices(cfg)
 
         @dsl.pipeline(name=PIPELINE_NAME, description=PIPELINE_DESCRIPTION)
-        def batchscale_cluster_pipeline(config_json: str = cfg.to_json()):
-            tasks, cell = _stages(cluster_cells(cfg), config_json,
+        def batchscale_cluster_pipeline():
+            tasks, cell = _stages(cluster_cells(cfg), cfg,
                                   dsl.PIPELINE_JOB_ID_PLACEHOLDER, cfg.batch_schedule.enabled)
             apply_cluster_settings(tasks, cell, cfg)
 
@@ -198,8 +203,8 @@ def build_pipeline(cfg: ExperimentConfig, for_cluster: bool = False):
     cells = cfg.convergence.fan_out(one_batch_size_per_cell=False)
 
     @dsl.pipeline(name=PIPELINE_NAME, description=PIPELINE_DESCRIPTION)
-    def batchscale_pipeline(config_json: str = cfg.to_json(), run_id: str = LOCAL_RUN_ID):
-        _stages(cells, config_json, run_id, cfg.batch_schedule.enabled)
+    def batchscale_pipeline(run_id: str = LOCAL_RUN_ID):
+        _stages(cells, cfg, run_id, cfg.batch_schedule.enabled)
 
     return batchscale_pipeline
 

@@ -73,5 +73,5 @@ def run_local(cfg: ExperimentConfig, run_id: str, state_dir: Path) -> Path:
     print(f"full log: {log_path}", file=sys.stderr)
     with open(log_path, "a") as log_file, \
             contextlib.redirect_stdout(TaskLogFilter(sys.stdout, log_file)):
-        pipeline(config_json=cfg.to_json(), run_id=run_id)
+        pipeline(run_id=run_id)
     return pipeline_root

@@ -64,3 +64,23 @@ analysis:
 def json_response(obj, status: int = 200) -> Response:
     """A JSON answer from a stand-in API server (a pytest-httpserver handler returns it)."""
     return Response(json.dumps(obj), status, content_type="application/json")
+
+
+def task_config(task: dict):
+    """The config a compiled task (IR, as a dict) is given: a StageConfig of its `experiment`
+    and `<section>_config` constants, as its component builds it in the pod; None for a task
+    given no config (a study's run-id step)."""
+    from batchscale.config.stage_inputs import (
+        EXPERIMENT_INPUT,
+        SECTION_INPUT_SUFFIX,
+        StageConfig,
+    )
+
+    constants = {name: spec["runtimeValue"]["constant"]
+                 for name, spec in task.get("inputs", {}).get("parameters", {}).items()
+                 if "runtimeValue" in spec}
+    if EXPERIMENT_INPUT not in constants:
+        return None
+    sections = {name.removesuffix(SECTION_INPUT_SUFFIX): value
+                for name, value in constants.items() if name.endswith(SECTION_INPUT_SUFFIX)}
+    return StageConfig(constants[EXPERIMENT_INPUT], **sections)

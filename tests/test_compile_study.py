@@ -16,7 +16,8 @@ from kfp import dsl
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from batchscale.components.study.component import compare_study, variant_run_id
-from batchscale.config import config_from_json, load_config
+from batchscale.config import load_config
+from batchscale.config.stage_inputs import config_from_input, config_input
 from batchscale.config.variants import expand
 from batchscale.errors import BadInput
 from batchscale.pipelines.batchscale_pipeline import (
@@ -26,7 +27,7 @@ from batchscale.pipelines.batchscale_pipeline import (
     VARIANT_RUN_ID_STAGE,
     build_pipeline,
 )
-from helpers import TINY_CONFIG, run_cli
+from helpers import TINY_CONFIG, run_cli, task_config
 
 CPU_IMAGE = "registry.example.com/team/batchscale-cpu:t-20261201"
 GPU_IMAGE = "registry.example.com/team/batchscale-cuda:t-20261201"
@@ -86,10 +87,8 @@ def _constant(task: dict, parameter: str):
 
 def _variant_of(task: dict) -> str | None:
     """The variant whose config a stage task was built with (None: no constant config)."""
-    spec = task.get("inputs", {}).get("parameters", {}).get("config_json", {})
-    if "runtimeValue" not in spec:
-        return None
-    return json.loads(spec["runtimeValue"]["constant"])["variant"]
+    cfg = task_config(task)
+    return None if cfg is None else cfg.variant
 
 
 def _by_stage(spec: dict, stage: str) -> list[tuple[str, str, dict]]:
@@ -129,10 +128,11 @@ def test_yaml_parses_into_pipeline_and_platform_spec(study):
     assert set(executors) == set(spec.deployment_spec["executors"])
 
 
-def test_the_study_parameter_is_the_study_config(study):
-    default = study["spec"]["root"]["inputDefinitions"]["parameters"]["config_json"]
-    assert json.loads(default["defaultValue"]) == json.loads(study["config"].to_json())
-    assert set(study["spec"]["root"]["inputDefinitions"]["parameters"]) == {"config_json"}
+def test_the_study_pipeline_takes_no_parameter(study):
+    """Its config is compiled in, as its fan-out is: a run submitted with another config would
+    not match the branches built from this one."""
+    assert "inputDefinitions" not in study["spec"]["root"] or \
+        not study["spec"]["root"]["inputDefinitions"].get("parameters")
 
 
 def test_every_stage_runs_once_per_variant_with_that_variants_config(study):
@@ -143,10 +143,13 @@ def test_every_stage_runs_once_per_variant_with_that_variants_config(study):
         found = _by_stage(study["spec"], stage)
         assert sorted(_variant_of(task) for _, _, task in found) == names, stage
         for _, _, task in found:
-            # The compact form (defaults left out): the same config, hash included.
-            constant = config_from_json(_constant(task, "config_json"))
-            assert constant == configs[constant.variant], stage
-            assert constant.config_hash == configs[constant.variant].config_hash
+            # Each section it is given is the variant's, and the hash is the variant's whole
+            # config's (sent as the values that differ from the defaults).
+            given = task_config(task)
+            variant = configs[given.variant]
+            assert given.config_hash == variant.config_hash, stage
+            for section in given._sections:
+                assert getattr(given, section) == getattr(variant, section), (stage, section)
     fractions = {v.name: v.config.dataset.train_fraction for v in study["variants"]}
     assert sorted(fractions.values()) == [0.5, 1.0]
 
@@ -193,7 +196,7 @@ def test_the_compare_study_step_hands_its_config_to_the_study_stage(tmp_path, ca
         ("study", dsl.Dataset), ("study_axes", dsl.Dataset), ("report", dsl.HTML),
         ("answer", dsl.Markdown))}
     with pytest.raises(SystemExit) as stop:
-        compare_study.python_func(config_json=load_config().to_json(), study_id="s", **outputs)
+        compare_study.python_func(config=config_input(load_config()), study_id="s", **outputs)
     assert stop.value.code == BadInput.exit_code
     assert capsys.readouterr().err.startswith(
         "batchscale: error: the config has no study.axes: there is nothing to compare")
@@ -206,8 +209,7 @@ def test_compare_study_runs_after_every_publish_with_the_study_config(study):
     assert dag == "root"
     publishes = {name for _, name, _ in _by_stage(spec, "publish")}
     assert len(publishes) == 2 and publishes <= set(compare["dependentTasks"])
-    parameters = compare["inputs"]["parameters"]
-    assert parameters["config_json"] == {"componentInputParameter": "config_json"}
+    assert config_from_input(_constant(compare, "config"), "compare") == study["config"]
     assert _constant(compare, "study_id") == RUN_UUID
     outputs = spec["components"][compare["componentRef"]["name"]]["outputDefinitions"]
     assert set(outputs["artifacts"]) == {"study", "study_axes", "report", "answer"}

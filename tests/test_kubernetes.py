@@ -315,7 +315,7 @@ def test_caching_off_everywhere_and_publish_retries(cluster):
 
 def test_run_id_is_the_kfp_run_uuid(cluster):
     """Each run, scheduled ones included, publishes under its own id (no parameter to forget)."""
-    assert set(cluster.spec.root.input_definitions.parameters) == {"config_json"}
+    assert set(cluster.spec.root.input_definitions.parameters) == set()
     for stage in ("throughput-sweep", "convergence", "analysis", "publish"):
         value = cluster.tasks[stage].inputs.parameters["run_id"].runtime_value.constant
         assert value.string_value == dsl.PIPELINE_JOB_ID_PLACEHOLDER
@@ -393,7 +393,7 @@ def test_local_pipeline_has_no_cluster_settings(tmp_path):
     cell per worker count."""
     local = compiled(tmp_path, CLUSTER, for_cluster=False)
     assert local.platform is None
-    assert set(local.spec.root.input_definitions.parameters) == {"config_json", "run_id"}
+    assert set(local.spec.root.input_definitions.parameters) == {"run_id"}
     assert json.loads(local.loop().parameter_iterator.items.raw) == \
         parse_config(CLUSTER).convergence.fan_out(one_batch_size_per_cell=False)
     for stage in STAGE_NAMES:

@@ -27,7 +27,7 @@ from batchscale.kfp_client import (
     connect,
     resolve_auth,
 )
-from helpers import TINY_CONFIG, json_response, run_cli
+from helpers import TINY_CONFIG, json_response, run_cli, task_config
 
 API = "/apis/v2beta1"
 CRON = "0 0 2 * * *"
@@ -145,8 +145,12 @@ def kfp_cli(args: list[str], workdir: Path, env: dict | None = None):
     return run_cli(args, cwd=workdir, env={**base, **(env or {})}, timeout_s=120)
 
 
-def _parameters(body: dict) -> dict:
-    return json.loads(body["runtime_config"]["parameters"]["config_json"])
+def _gate_config(body: dict):
+    """The config the run's regression gate is given (compiled into the spec: the run passes
+    no parameters)."""
+    assert not body["runtime_config"].get("parameters")
+    tasks = body["pipeline_spec"]["pipeline_spec"]["root"]["dag"]["tasks"]
+    return task_config(tasks["regression-gate"])
 
 
 def _tasks(body: dict) -> list[dict]:
@@ -166,7 +170,7 @@ def test_submit_creates_experiment_and_run_with_bearer_token(kfp_api, workdir):
     body = run_req.json
     assert body["experiment_id"] == next(iter(kfp_api.experiments))
     assert body["display_name"] == "nightly-1"
-    assert _parameters(body)["name"] == "tiny"
+    assert _gate_config(body).name == "tiny"
     assert body["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "batchscale"
     assert "kubernetes" in body["pipeline_spec"]["platform_spec"]["platforms"]
     assert not any(t.get("cachingOptions", {}).get("enableCache") for t in _tasks(body))
@@ -191,7 +195,7 @@ def test_schedule_creates_one_at_a_time_recurring_run_that_fails_on_regression(
     assert body["mode"] == "ENABLE"
     assert body["display_name"] == "batchscale tiny"
     assert body["experiment_id"] in kfp_api.experiments
-    assert _parameters(body)["publish"]["fail_on_regression"] is True
+    assert _gate_config(body).publish.fail_on_regression is True
     assert not any(t.get("cachingOptions", {}).get("enableCache") for t in _tasks(body))
     assert all(r.headers.get("authorization") == "Bearer projected-sa-token-1"
                for r in kfp_api.requests)

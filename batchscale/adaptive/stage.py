@@ -4,26 +4,26 @@ cell, so every cell has the same outputs)."""
 
 from __future__ import annotations
 
-from batchscale.config import config_from_json
 from batchscale.config.convergence import ADAPTIVE_CELL
+from batchscale.config.stage_inputs import Config, stage_config
 from batchscale.convergence import runner
 from batchscale.schemas import make_table
 from batchscale.storage import write_table_atomic
 
 
-def run_stage(config_json: str, run_id: str, batch_sizes: str, workers: int, dataset_dir: str,
+def run_stage(config: str | Config, run_id: str, batch_sizes: str, workers: int, dataset_dir: str,
               curves_path: str, runs_path: str, decisions_path: str,
               sweep_path: str | None = None) -> None:
     """One convergence cell; the adaptive search places its batch sizes within the largest that
     fitted in the sweep (`sweep_path`, the validated sweep table), where it found one."""
     if batch_sizes != ADAPTIVE_CELL:
-        runner.run_stage(config_json, run_id, batch_sizes, workers, dataset_dir, curves_path,
+        runner.run_stage(config, run_id, batch_sizes, workers, dataset_dir, curves_path,
                          runs_path)
         write_table_atomic(decisions_path, make_table("decisions", [], {}))
         return
     from batchscale.adaptive.driver import run_adaptive
 
-    cfg = config_from_json(config_json)
+    cfg = stage_config(config)
     curves, runs, decisions = run_adaptive(cfg, data_dir=dataset_dir, run_id=run_id,
                                            workers=workers,
                                            largest_batch=largest_batch(sweep_path))

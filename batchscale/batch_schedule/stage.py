@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from batchscale.batch_schedule import fit, measure
 from batchscale.batch_schedule.measure import Target
@@ -14,6 +15,9 @@ from batchscale.batch_schedule.section import crit_text
 from batchscale.batch_schedule.training import Setup
 from batchscale.config.batch_schedule import schedule_refusal
 from batchscale.errors import BadInput
+
+if TYPE_CHECKING:
+    from batchscale.config.stage_inputs import Config
 
 
 def check_config(cfg) -> tuple[str, Target]:
@@ -97,7 +101,7 @@ def measure_schedule(cfg, data_dir: str, work: Path, run_id: str,
     return outcome
 
 
-def run_stage(config_json: str, run_id: str, dataset_path: str, crit_path: str,
+def run_stage(config: str | Config, run_id: str, dataset_path: str, crit_path: str,
               check_path: str, summary_path: str, work_dir: str, validation_dir: str,
               echo: Callable[[str], None]):
     """The measurement as a pipeline stage (and the command's core): measure (or resume) under
@@ -106,11 +110,11 @@ def run_stage(config_json: str, run_id: str, dataset_path: str, crit_path: str,
     from batchscale.batch_schedule.report import tables
     from batchscale.batch_schedule.section import Findings, markdown
     from batchscale.checks.stage import check_tables
-    from batchscale.config import config_from_json
+    from batchscale.config.stage_inputs import stage_config
     from batchscale.envinfo import environment
     from batchscale.storage import write_bytes_atomic, write_table_atomic
 
-    cfg = config_from_json(config_json)
+    cfg = stage_config(config)
     outcome = measure_schedule(cfg, dataset_path, Path(work_dir), run_id, echo)
     env = environment(run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name,
                       workload=cfg.workload, device=_device(), variant=cfg.variant)

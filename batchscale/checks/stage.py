@@ -12,7 +12,7 @@ import pyarrow as pa
 from batchscale.catalog import MASK_DATASETS, TEXT_DATASETS
 from batchscale.checks.report import validation_page
 from batchscale.checks.validate import validate_table
-from batchscale.config import config_from_json
+from batchscale.config.stage_inputs import Config, stage_config
 from batchscale.errors import BadInput, ValidationFailed
 from batchscale.schemacheck import check_schema
 from batchscale.storage import read_table_file, write_table_atomic
@@ -37,10 +37,11 @@ def check_tables(checks: list[tuple[str, str, pa.Table, dict]], json_path: str,
         raise ValidationFailed("\n".join(f"[{label}] {r.failure_message()}" for label, r in failed))
 
 
-def validate_dataset(config_json: str, dataset_dir: str, json_path: str, html_path: str) -> None:
+def validate_dataset(config: str | Config, dataset_dir: str, json_path: str,
+                     html_path: str) -> None:
     from batchscale.shards import read_manifest, sha256_file
 
-    cfg = config_from_json(config_json)
+    cfg = stage_config(config)
     dense = cfg.dataset.name in TEXT_DATASETS + MASK_DATASETS
     root = Path(dataset_dir)
     manifest = read_manifest(root)
@@ -67,8 +68,8 @@ def _checkable_entries(manifest: pa.Table) -> list[dict]:
     return [m for m in rows if all(m[key] is not None for key in needed)]
 
 
-def validate_sweep(config_json: str, sweep_path: str, json_path: str, html_path: str) -> None:
-    cfg = config_from_json(config_json)
+def validate_sweep(config: str | Config, sweep_path: str, json_path: str, html_path: str) -> None:
+    cfg = stage_config(config)
     table = read_table_file(sweep_path)
     # With `batch_sizes: auto` the search picks the batches: there is no list to check against.
     ctx = {} if cfg.sweep.batch_sizes == "auto" else {"batch_sizes": list(cfg.sweep.batch_sizes)}
@@ -77,12 +78,12 @@ def validate_sweep(config_json: str, sweep_path: str, json_path: str, html_path:
     check_tables([("sweep", "sweep", table, ctx)], json_path, html_path)
 
 
-def validate_runs(config_json: str, curves_paths: list[str], runs_paths: list[str],
+def validate_runs(config: str | Config, curves_paths: list[str], runs_paths: list[str],
                   merged_curves: str, merged_runs: str, json_path: str, html_path: str,
                   decisions_paths: list[str] = (), merged_decisions: str | None = None) -> None:
     """Merge the fanned-out convergence tables, check them, and pass the merged tables on;
     the adaptive search's decisions too (grid cells leave an empty decisions table)."""
-    cfg = config_from_json(config_json)
+    cfg = stage_config(config)
     curves = pa.concat_tables([read_table_file(p) for p in curves_paths])
     runs = pa.concat_tables([read_table_file(p) for p in runs_paths])
     decisions = pa.concat_tables([read_table_file(p) for p in decisions_paths]) \
@@ -101,11 +102,11 @@ def validate_runs(config_json: str, curves_paths: list[str], runs_paths: list[st
         write_table_atomic(merged_decisions, decisions)
 
 
-def validate_analysis(config_json: str, analysis_path: str, json_path: str,
+def validate_analysis(config: str | Config, analysis_path: str, json_path: str,
                       html_path: str, plan_path: str | None = None) -> None:
     """The analysis table and, when given and not empty, the what-if plan table (empty: the
     run lacked a measurement the planner needs, and the report says which)."""
-    cfg = config_from_json(config_json)
+    cfg = stage_config(config)
     ctx = {}
     if cfg.sweep.batch_sizes != "auto":
         ctx["batch_sizes"] = sorted(set(cfg.convergence.batch_sizes) | set(cfg.sweep.batch_sizes))
@@ -116,11 +117,11 @@ def validate_analysis(config_json: str, analysis_path: str, json_path: str,
     check_tables(checks, json_path, html_path)
 
 
-def validate_regressions(config_json: str, regressions_path: str, json_path: str,
+def validate_regressions(config: str | Config, regressions_path: str, json_path: str,
                          html_path: str) -> None:
     """Check the regression verdicts publish wrote (and stored beside the run's tables)
     before the gate reads them: a malformed verdict must not page anyone, nor hide a
     regression."""
-    config_from_json(config_json)  # the same refusal of a bad config as every other stage
+    stage_config(config)  # the same refusal of a bad config as every other stage
     check_tables([("regressions", "regressions", read_table_file(regressions_path), {})],
                  json_path, html_path)

@@ -48,7 +48,7 @@ def _bounded(text: str, limit: int, keep_end: bool = False) -> str:
     return text[:limit - 1] + "…"
 
 
-def _describe(err: ValidationError, source: str) -> str:
+def describe_invalid(err: ValidationError, source: str) -> str:
     """One line per bad field, `section.field: problem (got value)`, at most
     MAX_REPORTED_FIELDS of them. Union branches (a batch list or 'auto') are folded into their
     field, the most specific error winning. Values and problems are quoted bounded and with
@@ -108,7 +108,7 @@ def parse_config(data: object, source: str = "<dict>") -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
-        raise BadInput(_describe(err, source)) from None
+        raise BadInput(describe_invalid(err, source)) from None
 
 
 def load_config(path: str | Path | None = None) -> ExperimentConfig:

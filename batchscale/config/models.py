@@ -317,8 +317,8 @@ class PublishConfig(_Strict):
 
 
 
-class ExperimentConfig(_Strict):
-    """A whole batchscale experiment: one pipeline run."""
+class ExperimentIdentity(_Strict):
+    """What every row records of its experiment: its name, workload and variant."""
 
     name: str = "digits-default"
     """Name of the experiment, recorded in every row: letters, digits, '.', '_' or '-' (at most
@@ -328,14 +328,6 @@ class ExperimentConfig(_Strict):
     variant: str | None = None
     """Set by a study on each of its variants' configs: the variant's name, recorded in every
     row (the `variant` column, and `study_id` from the run id). null: a single run."""
-    dataset: DataPrepConfig = DataPrepConfig()
-    sweep: SweepConfig = SweepConfig()
-    convergence: ConvergenceConfig = ConvergenceConfig()
-    analysis: AnalysisConfig = AnalysisConfig()
-    publish: PublishConfig = PublishConfig()
-    kubernetes: KubernetesConfig = KubernetesConfig()
-    study: StudyConfig = StudyConfig()
-    batch_schedule: BatchScheduleConfig = BatchScheduleConfig()
 
     @field_validator("name")
     @classmethod
@@ -359,6 +351,19 @@ class ExperimentConfig(_Strict):
         if refused:  # every command, `compile` included, which imports nothing of it
             raise ValueError(f"workload {quote_value(name)}: {refused}")
         return name
+
+
+class ExperimentConfig(ExperimentIdentity):
+    """A whole batchscale experiment: one pipeline run."""
+
+    dataset: DataPrepConfig = DataPrepConfig()
+    sweep: SweepConfig = SweepConfig()
+    convergence: ConvergenceConfig = ConvergenceConfig()
+    analysis: AnalysisConfig = AnalysisConfig()
+    publish: PublishConfig = PublishConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
+    study: StudyConfig = StudyConfig()
+    batch_schedule: BatchScheduleConfig = BatchScheduleConfig()
 
     @model_validator(mode="before")
     @classmethod

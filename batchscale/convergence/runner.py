@@ -13,6 +13,7 @@ import subprocess
 import sys
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -33,6 +34,9 @@ from batchscale.names import check_run_id
 from batchscale.stopping import die_with_parent, stop_group
 from batchscale.storage import write_bytes_atomic
 from batchscale.workloads import get_workload
+
+if TYPE_CHECKING:
+    from batchscale.config.stage_inputs import Config
 
 ENTRY_POINT = Path(train.__file__)
 ENTRY_MODULE = "batchscale.convergence.train"
@@ -255,15 +259,15 @@ def parse_batch_sizes(text: str) -> list[int]:
     return sizes
 
 
-def run_stage(config_json: str, run_id: str, batch_sizes: str, workers: int, dataset_dir: str,
+def run_stage(config: str | Config, run_id: str, batch_sizes: str, workers: int, dataset_dir: str,
               curves_path: str, runs_path: str) -> None:
     """Pipeline entry: train every (batch size, LR rule, LR, seed) of one cell in one torchrun
     process group; write the two tables. A cell is one batch size on a cluster (a pod each)
     and all of one worker count's batch sizes locally (one task: docs/architecture.md)."""
-    from batchscale.config import config_from_json
+    from batchscale.config.stage_inputs import stage_config
     from batchscale.storage import write_table_atomic
 
-    cfg = config_from_json(config_json)
+    cfg = stage_config(config)
     sizes = parse_batch_sizes(batch_sizes)
     curves, runs = run_convergence(cfg, sizes, data_dir=dataset_dir,
                                    out_dir=str(work_dir(run_id, sizes, workers)),

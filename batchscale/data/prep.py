@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +20,9 @@ from batchscale.errors import BadInput
 from batchscale.schemas import make_table
 from batchscale.shards import FEATURE_BYTES, MANIFEST_FILE, sha256_file
 from batchscale.storage import write_table_atomic
+
+if TYPE_CHECKING:
+    from batchscale.config.stage_inputs import Config
 
 ROW_GROUP_TARGET_BYTES = 32 * 2**20
 """Row groups of about this size: large enough for efficient bulk reads, small enough that a
@@ -154,11 +158,11 @@ def prepare(cfg: DataPrepConfig, out_dir: str | Path) -> pa.Table:
     return manifest
 
 
-def run_stage(config_json: str, out_dir: str) -> None:
+def run_stage(config: str | Config, out_dir: str) -> None:
     """Pipeline entry: prepare the configured dataset into `out_dir`."""
-    from batchscale.config import config_from_json
+    from batchscale.config.stage_inputs import stage_config
 
-    cfg = config_from_json(config_json)
+    cfg = stage_config(config)
     manifest = prepare(cfg.dataset, out_dir)
     print(f"data_prep: {cfg.dataset.name}: "
           + ", ".join(f"{r['split']}/{r['shard']} {r['rows']} rows" for r in manifest.to_pylist()))

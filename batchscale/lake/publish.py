@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from batchscale.analysis.stage import primary_target
-from batchscale.config import config_from_json
+from batchscale.config.stage_inputs import Config, stage_config
 from batchscale.errors import BadInput, ObjectExists
 from batchscale.lake.history import history_plot
 from batchscale.lake.regression import (
@@ -163,7 +163,7 @@ def write_regressions(store: ObjectStore, run_id: str, sweep: pd.DataFrame,
     return read_table_file(path).to_pandas()
 
 
-def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str,
+def run_stage(config: str | Config, run_id: str, manifest_path: str, sweep_path: str,
               curves_path: str, runs_path: str, analysis_path: str,
               regressions_path: str, markdown_path: str,
               decisions_path: str | None = None, plan_path: str | None = None,
@@ -171,7 +171,7 @@ def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str
     """Pipeline entry: check for regressions, then publish a validated run (tables, the report
     with its "Regressions" section, the verdicts; the adaptive search's decisions where there
     are any) to the store named by the environment."""
-    cfg = config_from_json(config_json)
+    cfg = stage_config(config)
     store = ObjectStore(S3Settings.from_env())
     store.check()
     check_run_id(run_id)
@@ -207,7 +207,7 @@ def run_stage(config_json: str, run_id: str, manifest_path: str, sweep_path: str
         return publish_run(store, run_id, files, report, extra)
 
 
-def run_task(manifest_out: str, config_json: str, run_id: str, dataset_dir: str,
+def run_task(manifest_out: str, config: str | Config, run_id: str, dataset_dir: str,
              sweep_path: str, curves_path: str, runs_path: str, analysis_path: str,
              regressions_path: str, markdown_path: str, decisions_path: str,
              plan_path: str, schedule_paths: tuple[str, str] | None = None) -> None:
@@ -216,7 +216,7 @@ def run_task(manifest_out: str, config_json: str, run_id: str, dataset_dir: str,
     from batchscale.errors import task_refusals
 
     with task_refusals():
-        manifest = run_stage(config_json, run_id, str(Path(dataset_dir) / "manifest.parquet"),
+        manifest = run_stage(config, run_id, str(Path(dataset_dir) / "manifest.parquet"),
                              sweep_path, curves_path, runs_path, analysis_path,
                              regressions_path, markdown_path, decisions_path,
                              plan_path=plan_path, schedule_paths=schedule_paths)
@@ -242,10 +242,10 @@ def _published_report(store: ObjectStore, cfg, run_id: str, files: dict[str, str
     return page.encode()
 
 
-def gate_stage(config_json: str, regressions_path: str) -> None:
+def gate_stage(config: str | Config, regressions_path: str) -> None:
     """Fail (RegressionFound, naming the cells) when publish flagged a throughput regression
     and `publish.fail_on_regression` is on; otherwise only report it."""
-    cfg = config_from_json(config_json)
+    cfg = stage_config(config)
     verdicts = read_table_file(regressions_path).to_pandas()
     cells = regressed_cells(verdicts)
     if not cells:

@@ -9,14 +9,14 @@ from pathlib import Path
 import pandas as pd
 
 from batchscale.analysis.stage import analyse
-from batchscale.config import config_from_json
+from batchscale.config.stage_inputs import Config, stage_config
 from batchscale.envinfo import environment
 from batchscale.planner.stage import plan_run
 from batchscale.storage import read_table_file
 
 
 def run_stage(
-    config_json: str,
+    config: str | Config,
     run_id: str,
     sweep_path: str,
     curves_path: str,
@@ -35,7 +35,7 @@ def run_stage(
     from batchscale.batch_schedule.section import read_section
     from batchscale.report.render import render_html
 
-    cfg = config_from_json(config_json)
+    cfg = stage_config(config)
     sweep = read_table_file(sweep_path).to_pandas()
     curves = read_table_file(curves_path).to_pandas()
     runs = read_table_file(runs_path).to_pandas()
@@ -59,7 +59,7 @@ def run_stage(
     return result.metrics
 
 
-def run_task(metrics, config_json: str, run_id: str, sweep_path: str, curves_path: str,
+def run_task(metrics, config: str | Config, run_id: str, sweep_path: str, curves_path: str,
              runs_path: str, decisions_path: str, analysis_path: str, plan_path: str,
              report_path: str, markdown_path: str,
              schedule_paths: tuple[str, str] | None = None) -> None:
@@ -68,7 +68,7 @@ def run_task(metrics, config_json: str, run_id: str, sweep_path: str, curves_pat
     from batchscale.errors import task_refusals
 
     with task_refusals():
-        values = run_stage(config_json, run_id, sweep_path, curves_path, runs_path,
+        values = run_stage(config, run_id, sweep_path, curves_path, runs_path,
                            analysis_path, report_path, markdown_path,
                            decisions_path=decisions_path, plan_path=plan_path,
                            schedule_paths=schedule_paths)

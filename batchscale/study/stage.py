@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from batchscale.config import config_from_json
+from batchscale.config import ExperimentConfig
+from batchscale.config.stage_inputs import stage_config
 from batchscale.config.variants import expand, sorted_axes, variant_run_id
 from batchscale.envinfo import environment
 from batchscale.errors import BadInput
@@ -89,14 +90,14 @@ def compare(store: ObjectStore, cfg, study_id: str) -> tuple[pa.Table, pa.Table,
     return study, axes, answer_markdown(study.to_pandas(), axes.to_pandas())
 
 
-def run_compare_stage(config_json: str, study_id: str, study_path: str, axes_path: str,
-                      report_path: str) -> str:
+def run_compare_stage(config: str | ExperimentConfig, study_id: str, study_path: str,
+                      axes_path: str, report_path: str) -> str:
     """Pipeline entry (and the CLI's last step): compare, validate, write the tables and the
     report, publish the study; returns the answer (Markdown)."""
     from batchscale.checks.stage import check_tables
     from batchscale.study.report import render_study_report
 
-    cfg = config_from_json(config_json)
+    cfg = stage_config(config)
     if not cfg.study.is_study:
         raise BadInput("the config has no study.axes: there is nothing to compare")
     store = ObjectStore(S3Settings.from_env())

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from batchscale.conditions import busy_warning, host_conditions, wait_for_idle_cpus
 from batchscale.config import SweepConfig
@@ -36,6 +37,9 @@ from batchscale.sweep.search import (
 from batchscale.sweep.summary import summarize, summary_lines
 from batchscale.sweep.trial import SweepTrial
 from batchscale.workloads import Workload, get_workload
+
+if TYPE_CHECKING:
+    from batchscale.config.stage_inputs import Config
 
 # Square fp32 matmul used to measure a CPU's attainable peak FLOP/s on the spot.
 PEAK_MATMUL_SIZE = 2048
@@ -372,12 +376,13 @@ def search_line(result: SearchResult) -> str:
             f"{result.trial_budget}; stopped: {result.stopped_by}")
 
 
-def run_stage(config_json: str, run_id: str, dataset_dir: str | None, out_path: str) -> list[dict]:
+def run_stage(config: str | Config, run_id: str, dataset_dir: str | None,
+              out_path: str) -> list[dict]:
     """Pipeline/CLI entry: sweep the configured workload, real input from `dataset_dir`."""
-    from batchscale.config import config_from_json
+    from batchscale.config.stage_inputs import stage_config
     from batchscale.envinfo import environment
 
-    cfg = config_from_json(config_json)
+    cfg = stage_config(config)
     device = resolve_device(cfg.sweep.device)
     env = environment(run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name,
                       workload=cfg.workload, device=device, variant=cfg.variant)

@@ -10,7 +10,10 @@ from batchscale.images import CPU_IMAGE
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def analysis(
-    config_json: str,
+    experiment: dict,
+    analysis_config: dict,
+    convergence_config: dict,
+    sweep_config: dict,
     run_id: str,
     sweep: Input[Dataset],
     curves: Input[Dataset],
@@ -22,15 +25,23 @@ def analysis(
     metrics: Output[Metrics],
     summary: Output[Markdown],
 ):
+    from batchscale.config.stage_inputs import StageConfig
+    from batchscale.errors import task_refusals
     from batchscale.report.stage import run_task
 
-    run_task(metrics, config_json, run_id, sweep.path, curves.path, runs.path, decisions.path,
+    with task_refusals():
+        cfg = StageConfig(experiment, analysis=analysis_config, convergence=convergence_config,
+                          sweep=sweep_config)
+    run_task(metrics, cfg, run_id, sweep.path, curves.path, runs.path, decisions.path,
              analysis_table.path, plan.path, report.path, summary.path)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def analysis_with_schedule(
-    config_json: str,
+    experiment: dict,
+    analysis_config: dict,
+    convergence_config: dict,
+    sweep_config: dict,
     run_id: str,
     sweep: Input[Dataset],
     curves: Input[Dataset],
@@ -44,8 +55,13 @@ def analysis_with_schedule(
     metrics: Output[Metrics],
     summary: Output[Markdown],
 ):
+    from batchscale.config.stage_inputs import StageConfig
+    from batchscale.errors import task_refusals
     from batchscale.report.stage import run_task
 
-    run_task(metrics, config_json, run_id, sweep.path, curves.path, runs.path, decisions.path,
+    with task_refusals():
+        cfg = StageConfig(experiment, analysis=analysis_config, convergence=convergence_config,
+                          sweep=sweep_config)
+    run_task(metrics, cfg, run_id, sweep.path, curves.path, runs.path, decisions.path,
              analysis_table.path, plan.path, report.path, summary.path,
              schedule_paths=(critical_over_training.path, schedule_check.path))

@@ -8,7 +8,8 @@ from batchscale.images import GPU_IMAGE
 
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
-def batch_schedule(config_json: str, run_id: str, dataset: Input[Dataset],
+def batch_schedule(experiment: dict, batch_schedule_config: dict, convergence_config: dict,
+                   analysis_config: dict, run_id: str, dataset: Input[Dataset],
                    critical_over_training: Output[Dataset], schedule_check: Output[Dataset],
                    summary: Output[Markdown]):
     import os
@@ -16,10 +17,13 @@ def batch_schedule(config_json: str, run_id: str, dataset: Input[Dataset],
     import tempfile
 
     from batchscale.batch_schedule.stage import run_stage
+    from batchscale.config.stage_inputs import StageConfig
     from batchscale.errors import task_refusals
 
     work = tempfile.mkdtemp(prefix="batch-schedule-")
     with task_refusals():
-        run_stage(config_json, run_id, dataset.path, critical_over_training.path,
+        cfg = StageConfig(experiment, batch_schedule=batch_schedule_config,
+                          convergence=convergence_config, analysis=analysis_config)
+        run_stage(cfg, run_id, dataset.path, critical_over_training.path,
                   schedule_check.path, summary.path, os.path.join(work, "work"), work,
                   lambda line: print(line, file=sys.stderr, flush=True))

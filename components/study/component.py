@@ -19,13 +19,16 @@ def variant_run_id(study_id: str, variant: str) -> str:
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def compare_study(config_json: str, study_id: str, study: Output[Dataset],
+def compare_study(config: dict, study_id: str, study: Output[Dataset],
                   study_axes: Output[Dataset], report: Output[HTML], answer: Output[Markdown]):
+    from batchscale.config.stage_inputs import config_from_input
     from batchscale.errors import task_refusals
     from batchscale.study.stage import run_compare_stage
 
+    # The whole study config: its variants are whole experiments, made from it here.
     with task_refusals():
-        markdown = run_compare_stage(config_json, study_id, study.path, study_axes.path,
+        study_config = config_from_input(config, "pipeline input config")
+        markdown = run_compare_stage(study_config, study_id, study.path, study_axes.path,
                                      report.path)
     with open(answer.path, "w") as f:
         f.write(markdown)

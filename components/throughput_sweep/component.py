@@ -7,10 +7,12 @@ from batchscale.images import GPU_IMAGE
 
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
-def throughput_sweep(config_json: str, run_id: str, dataset: Input[Dataset],
-                     sweep: Output[Dataset]):
+def throughput_sweep(experiment: dict, sweep_config: dict, analysis_config: dict, run_id: str,
+                     dataset: Input[Dataset], sweep: Output[Dataset]):
+    from batchscale.config.stage_inputs import StageConfig
     from batchscale.errors import task_refusals
     from batchscale.sweep.sweep import run_stage
 
     with task_refusals():
-        run_stage(config_json, run_id, dataset.path, sweep.path)
+        cfg = StageConfig(experiment, sweep=sweep_config, analysis=analysis_config)
+        run_stage(cfg, run_id, dataset.path, sweep.path)
