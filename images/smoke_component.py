@@ -13,7 +13,8 @@ the protojson ExecutorInput, then the command runs); for our lightweight compone
 is kfp 2.17's `sh -ec ... python3 -m kfp.dsl.executor_main --component_module_path ...`
 (kfp/dsl/component_factory.py). The differences from a cluster: the output artifact URI is a
 local directory (the launcher would give minio://... or s3://... and upload it afterwards) and
-the config is the compiled default (digits, which scikit-learn ships, so no download).
+the config is the compiled default (digits, which scikit-learn ships, so no download), given as
+the task's compiled constants (`experiment`, `dataset_config`), as the launcher resolves them.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from pathlib import Path
 
 import yaml
 
-# Components this smoke test knows how to feed: their one input parameter is the config and
-# their one output is a Dataset artifact.
+# Components this smoke test knows how to feed: their input parameters are compiled constants
+# (their config) and their one output is a Dataset artifact.
 SUPPORTED = {"data_prep": "dataset"}
 RUN_TIMEOUT_S = 600
 
@@ -47,10 +48,18 @@ def compile_pipeline(out_dir: Path) -> dict:
     return next(iter(yaml.safe_load_all(path.read_text())))
 
 
-def executor_input(config_json: str, output_name: str, out_dir: Path) -> dict:
-    """An ExecutorInput (kfp pipeline_spec.proto) with the config and one Dataset output."""
+def task_constants(spec: dict, component: str) -> dict:
+    """The constant input parameters the pipeline gives the component's task (its config)."""
+    task = spec["root"]["dag"]["tasks"][component.replace("_", "-")]
+    return {name: value["runtimeValue"]["constant"]
+            for name, value in task.get("inputs", {}).get("parameters", {}).items()
+            if "runtimeValue" in value}
+
+
+def executor_input(parameters: dict, output_name: str, out_dir: Path) -> dict:
+    """An ExecutorInput (kfp pipeline_spec.proto) with the parameters and one Dataset output."""
     return {
-        "inputs": {"parameterValues": {"config_json": config_json}},
+        "inputs": {"parameterValues": parameters},
         "outputs": {
             "artifacts": {output_name: {"artifacts": [{
                 "name": output_name,
@@ -109,8 +118,7 @@ def run_component(component: str, out_dir: Path) -> int:
     """Compile, run `component` as the launcher would, check its outputs; returns the rows
     the dataset holds."""
     spec = compile_pipeline(out_dir)
-    config_json = spec["root"]["inputDefinitions"]["parameters"]["config_json"]
-    payload = executor_input(config_json["defaultValue"], SUPPORTED[component], out_dir)
+    payload = executor_input(task_constants(spec, component), SUPPORTED[component], out_dir)
     argv = component_argv(spec, component, json.dumps(payload))
     subprocess.run(argv, check=True, timeout=RUN_TIMEOUT_S)
     check_executor_output(payload)
