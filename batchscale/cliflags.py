@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import difflib
 import math
 import os
@@ -30,6 +31,7 @@ from batchscale.config import (
     section_models,
     with_overrides,
 )
+from batchscale.config.loading import RENAMED_VALUES
 from batchscale.errors import BadInput
 from batchscale.names import quote, redact_url
 
@@ -37,7 +39,7 @@ from batchscale.names import quote, redact_url
 # with a note on stderr, until the next release.
 OLD_FLAGS = {"torch_compile": "--compile", "image_size_px": "--image-size",
              "memory_limit_bytes": "--memory-limit", "time_budget_s": "--time-budget",
-             "lr_rules": "--lr-rule"}
+             "lr_rules": "--lr-rule", "lr_candidates": "--lr-grid"}
 # What a flag's help adds to its config field's docstring.
 FLAG_NOTES = {"workload": "A user model 'package.module:factory' runs your code with your "
                           "rights, like any Python import: the module is imported and the "
@@ -80,6 +82,8 @@ class FlagText:
     """What each value must be one of (a Literal field)."""
     words: tuple[str, ...] = ()
     """What a list field also takes on its own (sweep.batch_sizes: "auto")."""
+    old_choices: tuple[str, ...] = ()
+    """Old names of choices, still taken (the config reads them with a note: RENAMED_VALUES)."""
 
     @classmethod
     def of(cls, annotation) -> FlagText:
@@ -116,7 +120,7 @@ class FlagText:
         return [self._one(piece) for piece in items]
 
     def _one(self, text: str):
-        if self.choices and text not in self.choices:
+        if self.choices and text not in self.choices + self.old_choices:
             raise ValueError(f"invalid choice: {quote(text)} (choose from "
                              f"{', '.join(self.choices)})")
         if self.item is int:
@@ -248,15 +252,14 @@ class _OldFlag(argparse.Action):
     what the new flag does, after a note on stderr; hidden from --help."""
 
     def __init__(self, option_strings, dest, new: argparse.Action):
-        super().__init__(option_strings, dest, nargs=0 if new.nargs == 0 else None,
-                         help=argparse.SUPPRESS)
+        super().__init__(option_strings, dest, nargs=new.nargs, help=argparse.SUPPRESS)
         self.new = new
 
     def __call__(self, parser, namespace, values, option_string=None):
         flag = self.new.option_strings[0]
         print(f"batchscale: {option_string} is deprecated and goes in the next release; use "
               f"{flag}", file=sys.stderr)
-        self.new(parser, namespace, [values] if self.new.nargs == "+" else values, flag)
+        self.new(parser, namespace, values, flag)
 
 
 def add_config_flags(parser: argparse.ArgumentParser, section: str | None,
@@ -274,6 +277,8 @@ def add_config_flags(parser: argparse.ArgumentParser, section: str | None,
                                       action=argparse.BooleanOptionalAction)
         else:
             text = FlagText.of(field.annotation)
+            old = tuple(RENAMED_VALUES.get((section, name), ()))
+            text = dataclasses.replace(text, old_choices=old) if old else text
             more = " One or more, separated by spaces or commas." if text.is_list else ""
             new = parser.add_argument(flag_for(name), dest=name, help=doc + more,
                                       action=_FieldFlag, text=text)

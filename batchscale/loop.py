@@ -31,8 +31,9 @@ B_crit and recommends, as for a Workload (docs/your-model.md, "Your own training
 What a loop cannot give: a throughput sweep or memory model (batchscale never sees a step it
 could time in isolation: `analyze` uses the trials' own step times), checkpoint-resume inside a
 trial (a restarted group reruns an unfinished trial from its start), successive halving of the
-LR grid (it pauses trials at checkpoints), and the gradient noise scale on one process (it needs
-two batch sizes: with more than one worker, `prepare` measures it from DDP's own all-reduce).
+tuned rule's learning rates (it pauses trials at checkpoints), and the gradient noise scale on
+one process (it needs two batch sizes: with more than one worker, `prepare` measures it from
+DDP's own all-reduce).
 
 Nothing here imports torch. The `trial` object is batchscale.convergence.loop_trial.LoopTrial.
 """
@@ -42,6 +43,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+NO_HALVING = ("lr_halving_eta: successive halving pauses trials at checkpoints, which a "
+              "TrainingLoop does not give; train every learning rate of lr_candidates to the "
+              "target (lr_halving_eta: null)")
+"""The refusal of successive halving for a user's loop (the CLI's, and every rank's)."""
 
 
 @dataclass(frozen=True)

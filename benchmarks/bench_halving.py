@@ -1,13 +1,13 @@
-"""Does successive halving keep the LR grid's answer for fewer steps? The grid rule
-on digits-mlp, every learning rate of the grid at every batch size and seed, trained twice:
-to the target (the full grid), and with `lr_halving_eta: 2` (the learning rates of a batch
+"""Does successive halving keep the tuned rule's answer for fewer steps? The tuned rule on
+digits-mlp, every learning rate of `lr_candidates` at every batch size and seed, trained twice:
+to the target (the full set), and with `lr_halving_eta: 2` (the learning rates of a batch
 size and seed run to a rung, the worse half stop as pruned, the rest go on to the next rung).
 
 Figures:
-- examples trained (steps × batch, summed over trials), halving ÷ full grid, and the trials
+- examples trained (steps × batch, summed over trials), halving ÷ full set, and the trials
   pruned;
-- B_crit of the grid rule (the per-batch best learning rate) with its 90 % interval in both,
-  their ratio, and whether the full grid's B_crit lies in the halving run's interval;
+- B_crit of the tuned rule (the per-batch best learning rate) with its 90 % interval in both,
+  their ratio, and whether the full set's B_crit lies in the halving run's interval;
 - whether each batch size's best learning rate is the same in both.
 
 One draw of each (the steps to target do not depend on machine load, so no timing enters).
@@ -33,16 +33,16 @@ from batchscale.data.prep import prepare
 from benchmarks import scaled
 
 BATCH_SIZES = [8, 32, 128, 512]
-LR_GRID = [0.005, 0.02, 0.08, 0.32]
+LR_CANDIDATES = [0.005, 0.02, 0.08, 0.32]
 SEEDS = scaled([0, 1, 2], [0, 1])
 FIRST_RUNG_STEPS = int(os.environ.get("BENCH_HALVING_FIRST_RUNG_STEPS", "80"))
 BOOTSTRAP_SAMPLES = 200
 
 
 def _config(halving: bool):
-    convergence = {"batch_sizes": BATCH_SIZES, "lr_rules": ["grid"], "lr_grid": LR_GRID,
-                   "seeds": SEEDS, "target_val_accuracy": 0.9, "max_steps": 3000,
-                   "eval_every_steps": 10}
+    convergence = {"batch_sizes": BATCH_SIZES, "lr_rules": ["tuned"],
+                   "lr_candidates": LR_CANDIDATES, "seeds": SEEDS, "target_val_accuracy": 0.9,
+                   "max_steps": 3000, "eval_every_steps": 10}
     if halving:
         convergence |= {"lr_halving_eta": 2, "lr_halving_first_rung_steps": FIRST_RUNG_STEPS}
     return parse_config({"name": "bench-halving", "workload": "digits-mlp",
@@ -50,9 +50,9 @@ def _config(halving: bool):
 
 
 def _trained(root: Path, data_dir: Path, halving: bool) -> pd.DataFrame:
-    name = "halving" if halving else "grid"
-    print(f"   {name}: {len(BATCH_SIZES)} batch sizes × {len(LR_GRID)} LRs × {len(SEEDS)} seeds",
-          file=sys.stderr, flush=True)
+    name = "halving" if halving else "full"
+    print(f"   {name}: {len(BATCH_SIZES)} batch sizes × {len(LR_CANDIDATES)} LRs × "
+          f"{len(SEEDS)} seeds", file=sys.stderr, flush=True)
     _, runs = run_convergence(_config(halving), BATCH_SIZES, data_dir=str(data_dir),
                               out_dir=str(root / name), run_id=f"bench-{name}")
     return runs.to_pandas()
@@ -68,29 +68,29 @@ def run() -> dict:
         prepare(_config(False).dataset, root / "data")
         full, halved = (_trained(root, root / "data", h) for h in (False, True))
     examples = {name: float((r["steps_run"] * r["batch_size"]).sum())
-                for name, r in (("grid", full), ("halving", halved))}
-    grid = interval_state(full, "grid", BOOTSTRAP_SAMPLES)
-    kept = interval_state(_fitted(halved), "grid", BOOTSTRAP_SAMPLES)
+                for name, r in (("full", full), ("halving", halved))}
+    every = interval_state(full, "tuned", BOOTSTRAP_SAMPLES)
+    kept = interval_state(_fitted(halved), "tuned", BOOTSTRAP_SAMPLES)
     tables = {name: steps_to_result(_fitted(r), by=()).set_index("batch_size")
-              for name, r in (("grid", full), ("halving", halved))}
+              for name, r in (("full", full), ("halving", halved))}
     best = {name: table["best_lr"] for name, table in tables.items()}
     figures = {
-        "examples_halving_over_grid": examples["halving"] / examples["grid"],
+        "examples_halving_over_full": examples["halving"] / examples["full"],
         "trials_pruned": f"{int((halved['status'] == 'pruned').sum())} of {len(halved)}",
-        "grid_b_crit": [grid.b_crit, grid.low, grid.high],
+        "full_b_crit": [every.b_crit, every.low, every.high],
         "halving_b_crit": [kept.b_crit, kept.low, kept.high],
         "first_rung_steps": FIRST_RUNG_STEPS,
-        "same_best_lr_per_batch": {int(b): bool(best["grid"][b] == best["halving"].get(b))
-                                   for b in best["grid"].index},
-        "steps_to_target_grid_vs_halving": {
-            int(b): [float(tables["grid"]["steps_to_target"][b]),
+        "same_best_lr_per_batch": {int(b): bool(best["full"][b] == best["halving"].get(b))
+                                   for b in best["full"].index},
+        "steps_to_target_full_vs_halving": {
+            int(b): [float(tables["full"]["steps_to_target"][b]),
                      float(tables["halving"]["steps_to_target"].get(b, math.nan))]
-            for b in tables["grid"].index},
+            for b in tables["full"].index},
         "uncertainty": "one draw of each: no interval over repeats (steps do not depend on load)",
     }
-    if math.isfinite(grid.b_crit) and math.isfinite(kept.b_crit):
-        figures["b_crit_halving_over_grid"] = kept.b_crit / grid.b_crit
-        figures["grid_inside_halving_interval"] = bool(kept.low <= grid.b_crit <= kept.high)
+    if math.isfinite(every.b_crit) and math.isfinite(kept.b_crit):
+        figures["b_crit_halving_over_full"] = kept.b_crit / every.b_crit
+        figures["full_inside_halving_interval"] = bool(kept.low <= every.b_crit <= kept.high)
     print(f"   {figures}", file=sys.stderr, flush=True)
     return figures
 

@@ -84,8 +84,8 @@ def test_the_learning_rate_is_the_one_the_chosen_cell_ran_with():
     choice = recommend(obvious_table(), runs)
     assert (choice.learning_rate, choice.learning_rate_reason) == (
         0.1, "what the linear rule gave at batch 64 in all 2 reached runs")
-    grid = obvious_table().assign(lr_rule="grid").drop_duplicates("batch_size")
-    tried = pd.DataFrame([run_row(64, "grid", lr, 0, steps)
+    grid = obvious_table().assign(lr_rule="tuned").drop_duplicates("batch_size")
+    tried = pd.DataFrame([run_row(64, "tuned", lr, 0, steps)
                           for lr, steps in ((0.05, 150), (0.2, 120), (0.8, 300))])
     choice = recommend(grid, tried)
     assert choice.learning_rate == 0.2 and "among 3 tried" in choice.learning_rate_reason

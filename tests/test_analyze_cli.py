@@ -26,6 +26,7 @@ from batchscale.analysis.usertables import (
 from batchscale.checks.suites import load_suite
 from batchscale.config import AnalysisConfig
 from batchscale.external.stage import RUN_ID_PREFIX, read_user_table
+from batchscale.schemas import OLD_LR_RULES
 from batchscale.storage import read_table_file, write_table_atomic
 
 BOOTSTRAP = 20  # resamples: enough to exercise the interval, few enough to stay fast
@@ -157,10 +158,10 @@ def test_a_foreign_csv_is_read_through_column_mapping(tmp_path, capsys):
     medians = frame.groupby("bs")["steps"].median()
     assert rows["batch_size"].tolist() == list(FOREIGN_BATCHES)
     assert rows["steps_to_target"].tolist() == medians.loc[list(FOREIGN_BATCHES)].tolist()
-    assert set(rows["lr_rule"]) == {"grid"}
+    assert set(rows["lr_rule"]) == {"tuned"}
     assert rows["b_crit"].iloc[0] == pytest.approx(E_MIN / S_MIN, rel=0.25)
     notes = json.loads((out / "summary.json").read_text())["notes"]
-    assert any("labelled 'grid'" in n for n in notes) and any("no lr column" in n for n in notes)
+    assert any("labelled 'tuned'" in n for n in notes) and any("no lr column" in n for n in notes)
     assert "note: runs: no lr column" in stderr  # what was assumed is said, not hidden
     # The stand-in LR of a table without one is never recommended.
     summary = json.loads((out / "summary.json").read_text())["summary"]
@@ -212,10 +213,18 @@ def test_empty_or_nan_steps_count_as_not_reached_and_say_so(tmp_path):
 
 
 def test_the_lr_rules_read_are_the_ones_the_suites_allow():
+    """Today's rules, and the old names rows written before still carry."""
     for kind in ("runs", "analysis"):
         (allowed,) = [e["kwargs"]["value_set"] for e in load_suite(kind)["expectations"]
                       if e["kwargs"].get("column") == "lr_rule" and "value_set" in e["kwargs"]]
-        assert set(allowed) == set(KNOWN_LR_RULES), kind
+        assert set(allowed) == set(KNOWN_LR_RULES) | set(OLD_LR_RULES), kind
+
+
+def test_a_table_with_the_old_rule_name_is_read_as_tuned(tmp_path):
+    runs = completed(tmp_path, "batch_size,lr_rule,lr,steps_to_target\n8,grid,0.1,50\n"
+                               "8,grid,0.2,40\n")
+    assert {r["lr_rule"] for r in runs.rows} == {"tuned"}
+    assert any("'grid' is read as 'tuned'" in n for n in runs.notes)
 
 
 # ------------------------------------------------------------------------------ refusals
@@ -248,7 +257,7 @@ REFUSALS = {
                        ["rows 1, 2", "repeat the same run (batch_size 4, seed 0)",
                         "different seeds"]),
     "unknown lr rule": ({"runs.csv": "batch_size,lr_rule,steps_to_target\n4,cosine,10\n"},
-                        ["'cosine'", "constant, linear, sqrt, grid"]),
+                        ["'cosine'", "constant, linear, sqrt, tuned"]),
     "unknown status": ({"runs.csv": "batch_size,status,steps_to_target\n4,done,10\n"},
                        ["'done'", "reached, not_reached, diverged"]),
     "steps and examples disagree": (
@@ -321,7 +330,7 @@ def test_help_documents_the_columns(capsys):
         cli.main(["analyze", "--help"])
     text = capsys.readouterr().out
     for needle in ("steps_to_target or examples_to_target", "--column NAME=SOURCE", "--sweep",
-                   "lr_rule (constant, linear, sqrt, grid", "--bootstrap-samples", "--out"):
+                   "lr_rule (constant, linear, sqrt, tuned", "--bootstrap-samples", "--out"):
         assert needle in text
 
 

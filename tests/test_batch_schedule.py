@@ -133,9 +133,9 @@ def test_config_refuses_what_a_schedule_cannot_use():
         ExperimentConfig.model_validate({"batch_schedule": {"checkpoint_steps": [100],
                                                             "milestone_steps": 50,
                                                             "max_steps": 120}})
-    grid = ExperimentConfig.model_validate({"convergence": {"lr_rules": ["grid"],
-                                                            "lr_grid": [0.1]}})
-    with pytest.raises(BadInput, match="only grid"):
+    grid = ExperimentConfig.model_validate({"convergence": {"lr_rules": ["tuned"],
+                                                            "lr_candidates": [0.1]}})
+    with pytest.raises(BadInput, match="only tuned"):
         check_config(grid)
     decay = ExperimentConfig.model_validate({"convergence": {"lr_decay": "cosine"}})
     with pytest.raises(BadInput, match="lr_decay"):

@@ -112,9 +112,9 @@ def test_flags_replace_the_config_values_and_no_flag_keeps_the_config():
     assert (cfg.sweep.time_budget_s, cfg.sweep.image_size_px, cfg.sweep.device) == (0.5, 64, "cpu")
     assert parse(["sweep", "--out", "x", "--batch-sizes", "auto"]).sweep.batch_sizes == "auto"
     assert parse(["run", "--fail-on-regression"]).publish.fail_on_regression is True
-    converge = parse(["converge", "--out", "x", "--lr-rules", "sqrt,grid", "--lr-grid", "0.1",
-                      "0.2", "--workers", "2", "--batch-sizes", "64", "256"]).convergence
-    assert (converge.lr_rules, converge.lr_grid, converge.workers) == (["sqrt", "grid"],
+    converge = parse(["converge", "--out", "x", "--lr-rules", "sqrt,tuned", "--lr-candidates",
+                      "0.1", "0.2", "--workers", "2", "--batch-sizes", "64", "256"]).convergence
+    assert (converge.lr_rules, converge.lr_candidates, converge.workers) == (["sqrt", "tuned"],
                                                                        [0.1, 0.2], 2)
 
 
@@ -154,7 +154,7 @@ def test_bad_flag_values_are_refused_naming_the_field(tmp_path, args, needles):
     (("sweep", "batch_sizes"), ["auto"], "auto"),
     (("sweep", "memory_limit_bytes"), "2GiB", "2GiB"),  # ByteSize reads it
     (("sweep", "time_budget_s"), "0.5", 0.5),
-    (("convergence", "lr_rules"), ["sqrt", "grid"], ["sqrt", "grid"]),
+    (("convergence", "lr_rules"), ["sqrt", "tuned"], ["sqrt", "tuned"]),
     (("convergence", "checkpoint_uri"), "s3://b/p", "s3://b/p"),
 ])
 def test_flag_text_becomes_the_field_value(annotation_of, text, value):
@@ -181,10 +181,10 @@ def test_flag_text_becomes_the_field_value(annotation_of, text, value):
     ("sweep", ["--time-budget-s", "1E100"], "at most 2**63-1 in size"),
     ("sweep", ["--memory-limit-bytes", "1e400"], "sweep.memory_limit_bytes"),
     ("sweep", ["--memory-limit-bytes", "0.5"], "sweep.memory_limit_bytes"),
-    ("converge", ["--lr-grid", "inf"], "not a finite number"),
-    ("converge", ["--lr-grid", "nan"], "not a finite number"),
-    ("converge", ["--lr-grid", "0.1,-inf"], "not a finite number"),
-    ("converge", ["--lr-grid", "\u0661.\u0665"], "is not a number"),
+    ("converge", ["--lr-candidates", "inf"], "not a finite number"),
+    ("converge", ["--lr-candidates", "nan"], "not a finite number"),
+    ("converge", ["--lr-candidates", "0.1,-inf"], "not a finite number"),
+    ("converge", ["--lr-candidates", "\u0661.\u0665"], "is not a number"),
     ("converge", ["--workers", "\u0662"], "is not an integer"),
     ("history", ["--workload", "digits-mlp", "--last", "\uff15"], "is not an integer"),
 ])
@@ -307,7 +307,7 @@ def test_credentials_in_the_endpoint_are_never_printed(tmp_path, endpoint):
 @pytest.mark.parametrize("args", [
     ["history", "--workload", "digits-mlp", "--precision", f"http://u:{SECRET}@h"],  # argparse
     ["sweep", "--device", f"http://u:{SECRET}@h", "--out", "o"],
-    ["converge", "--lr-grid", f"http://u:{SECRET}@h", "--out", "o"],
+    ["converge", "--lr-candidates", f"http://u:{SECRET}@h", "--out", "o"],
     ["report", "--run-id", f"http://u:{SECRET}@h"],
     ["sweep", "--workload", f"s3://k:{SECRET}@b/x:f", "--out", "o"],
 ])

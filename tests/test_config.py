@@ -322,7 +322,7 @@ def as_field_value(section: str, name: str, value):
 
 
 def test_every_numeric_field_is_found():
-    assert ("convergence", "lr_grid") in FLOAT_FIELDS
+    assert ("convergence", "lr_candidates") in FLOAT_FIELDS
     assert ("convergence", "timeout_s") in FLOAT_FIELDS
     assert ("sweep", "time_budget_s") in FLOAT_FIELDS
     assert ("convergence", "seeds") in INT_FIELDS and ("sweep", "max_batch_size") in INT_FIELDS
@@ -470,6 +470,21 @@ def test_every_example_config_is_valid(path):
     """The configs the docs point to (`make local-run CONFIG=…`) load as they are."""
     cfg = load_config(path)
     assert cfg.name and cfg.convergence.fan_out(one_batch_size_per_cell=False)
+
+
+def test_the_lr_rule_once_called_grid_is_read_as_tuned_with_a_note(capsys):
+    """"grid" named both the strategy that trains every listed batch size and the LR rule that
+    tries every candidate learning rate; the rule is now `tuned`, its list `lr_candidates`."""
+    cfg = parse_config({"convergence": {"lr_rules": ["grid", "sqrt"], "lr_grid": [0.1, 0.2]}},
+                       "old.yaml")
+    assert (cfg.convergence.lr_rules, cfg.convergence.lr_candidates) == (["tuned", "sqrt"],
+                                                                         [0.1, 0.2])
+    assert cfg.convergence.strategy == "grid"  # the one meaning "grid" keeps
+    err = capsys.readouterr().err
+    assert "convergence.lr_grid is now convergence.lr_candidates" in err
+    assert "convergence.lr_rules: 'grid' is now 'tuned'" in err
+    with pytest.raises(BadInput, match="both set; lr_grid is the old name of lr_candidates"):
+        parse_config({"convergence": {"lr_grid": [0.1], "lr_candidates": [0.1]}}, "both.yaml")
 
 
 def test_the_sweeps_old_warmup_key_is_read_as_untimed_steps_with_a_note(capsys):

@@ -1,6 +1,7 @@
-"""Convergence core: LR rules and the grid, data order, the noise scale, accumulation, trial
-statuses (in-process, one rank), the spec file and checkpoints, and the `batchscale converge`
-command with its bad inputs (the real CLI, which starts real torchrun groups)."""
+"""Convergence core: LR rules and the tuned rule's candidates, data order, the noise scale,
+accumulation, trial statuses (in-process, one rank), the spec file and checkpoints, and the
+`batchscale converge` command with its bad inputs (the real CLI, which starts real torchrun
+groups)."""
 
 from __future__ import annotations
 
@@ -73,18 +74,18 @@ def test_warmup_ramps_linearly_to_the_peak():
     assert [lr_at(s, 1.0, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
 
 
-def test_grid_rule_tries_every_lr_at_every_batch_size():
-    cfg = config(batch_sizes=[16, 64], lr_rules=["grid", "linear"], lr_grid=[0.02, 0.1])
+def test_tuned_rule_tries_every_lr_at_every_batch_size():
+    cfg = config(batch_sizes=[16, 64], lr_rules=["tuned", "linear"], lr_candidates=[0.02, 0.1])
     trials = runner.build_trials(cfg, [16, 64], workers=1)
-    grid = [(t.batch_size, t.lr) for t in trials if t.lr_rule == "grid"]
-    assert grid == [(16, 0.02), (16, 0.1), (64, 0.02), (64, 0.1)]
+    tuned = [(t.batch_size, t.lr) for t in trials if t.lr_rule == "tuned"]
+    assert tuned == [(16, 0.02), (16, 0.1), (64, 0.02), (64, 0.1)]
     assert len({t.trial_id for t in trials}) == len(trials) == 6
-    assert "b16-grid-lr0.02-s0-w1" in {t.trial_id for t in trials}
+    assert "b16-tuned-lr0.02-s0-w1" in {t.trial_id for t in trials}
 
 
-def test_grid_rule_without_lr_grid_names_the_field():
-    with pytest.raises(BadInput, match="lr_grid: the grid rule needs at least one"):
-        config(lr_rules=["grid"])
+def test_tuned_rule_without_lr_candidates_names_the_field():
+    with pytest.raises(BadInput, match="lr_candidates: the tuned rule needs at least one"):
+        config(lr_rules=["tuned"])
 
 
 def test_batch_must_split_into_workers_and_micro_batches():
@@ -293,15 +294,19 @@ def fast_config(tmp_path: Path, **extra) -> str:
     return str(path)
 
 
-def test_converge_cli_runs_the_grid_on_two_workers(tmp_path, digits_dir):
+def test_converge_cli_runs_the_tuned_rule_on_two_workers(tmp_path, digits_dir):
+    """Spelled as before the rename (rule `grid`, flag --lr-grid): still run, with notes."""
     result = run_cli(["converge", "--config", fast_config(tmp_path), "--batch-sizes", "64",
                       "--lr-rule", "grid", "--lr-grid",
                       "0.05", "0.2", "--workers", "2", "--dataset-dir", str(digits_dir),
-                      "--out", str(tmp_path / "out"), "--run-id", "grid"], cwd=tmp_path)
+                      "--out", str(tmp_path / "out"), "--run-id", "tuned"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+    assert "convergence.lr_rules: 'grid' is now 'tuned'" in result.stderr
+    assert "--lr-grid is deprecated and goes in the next release; use --lr-candidates" \
+        in result.stderr
     runs = pq.read_table(tmp_path / "out" / "runs.parquet").to_pylist()
     assert sorted(r["lr"] for r in runs) == [0.05, 0.2]
-    assert {(r["lr_rule"], r["workers"], r["world_size"]) for r in runs} == {("grid", 2, 2)}
+    assert {(r["lr_rule"], r["workers"], r["world_size"]) for r in runs} == {("tuned", 2, 2)}
     # the worst of the two ranks' waits for a CPU, reduced over the process group
     assert all(r["cpu_wait_share"] is None or 0 <= r["cpu_wait_share"] < 1 for r in runs)
     # the group's bare all-reduce, probed over gloo at a small message and at the gradient's
@@ -321,10 +326,11 @@ def test_converge_cli_runs_the_grid_on_two_workers(tmp_path, digits_dir):
 @pytest.mark.parametrize("args, message", [
     (["--lr-rule", "cubic"], "invalid choice: 'cubic'"),
     (["--workers", "0"], "convergence.workers: Input should be greater than 0"),
-    (["--lr-rule", "grid"], "lr_grid: the grid rule needs at least one learning rate"),
+    (["--lr-rule", "tuned"], "lr_candidates: the tuned rule needs at least one learning rate"),
     (["--run-id", "../../escaped"], "run id '../../escaped' is not allowed"),
     (["--run-id", "/tmp/abs"], "run id '/tmp/abs' is not allowed"),
-    (["--lr-rules", "grid", "--lr-grid", "inf"], "--lr-grid: 'inf' is not a finite number"),
+    (["--lr-rules", "tuned", "--lr-candidates", "inf"],
+     "--lr-candidates: 'inf' is not a finite number"),
     (["--batch-sizes", "64,,256"], "--batch-sizes: '64,,256' has an empty item"),
     (["--workload", "builtins:breakpoint"], "standard library"),
     (["--dataset-dir", "nowhere"], "has no manifest.parquet: not a batchscale dataset directory"),

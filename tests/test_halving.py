@@ -1,4 +1,4 @@
-"""Successive halving over the grid rule's learning rates (batchscale/convergence/halving.py):
+"""Successive halving over the tuned rule's learning rates (batchscale/convergence/halving.py):
 the rung arithmetic with known answers, and a real group of trials trained in-process (one
 rank, no torchrun), interrupted and run again."""
 
@@ -36,7 +36,7 @@ def test_the_value_at_a_rung_is_the_first_evaluation_from_that_step():
     assert halving.value_at(curve, 11, ACCURACY) is None  # finished before the rung
 
 
-def test_grid_trials_of_one_batch_and_seed_form_a_group():
+def test_tuned_trials_of_one_batch_and_seed_form_a_group():
     cfg = config(tmp=None)
     spec = runner.build_spec(cfg, [16, 64], data_dir="d", out_dir="o", run_id="t")
     groups = halving.trial_groups(spec)
@@ -48,7 +48,7 @@ def test_grid_trials_of_one_batch_and_seed_form_a_group():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"lr_rules": ["sqrt"]}, "lr_halving_eta: successive halving is over lr_grid"),
+    ({"lr_rules": ["sqrt"]}, "lr_halving_eta: successive halving is over lr_candidates"),
     ({"lr_halving_first_rung_steps": 12}, "12 is not a multiple of eval_every_steps 5"),
     ({"lr_halving_eta": 1}, "lr_halving_eta"),
 ])
@@ -65,7 +65,7 @@ def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def config(tmp, **changes):
-    convergence = {"lr_rules": ["grid"], "lr_grid": GRID, "lr_halving_eta": 2,
+    convergence = {"lr_rules": ["tuned"], "lr_candidates": GRID, "lr_halving_eta": 2,
                    "lr_halving_first_rung_steps": 10, "target_val_accuracy": 0.9,
                    "max_steps": 300, "eval_every_steps": 5, "checkpoint_every_steps": 10,
                    "seeds": [0], "batch_sizes": [16, 64]}
@@ -116,8 +116,8 @@ def test_the_report_says_what_pruning_saved_with_known_steps():
                 "steps_run": steps, "status": status}
 
     runs = pd.DataFrame([
-        trial("a", "grid", 64, 0, 10, "pruned"), trial("b", "grid", 64, 0, 10, "pruned"),
-        trial("c", "grid", 64, 0, 20, "pruned"), trial("d", "grid", 64, 0, 60, "reached"),
+        trial("a", "tuned", 64, 0, 10, "pruned"), trial("b", "tuned", 64, 0, 10, "pruned"),
+        trial("c", "tuned", 64, 0, 20, "pruned"), trial("d", "tuned", 64, 0, 60, "reached"),
         trial("e", "sqrt", 16, 0, 300, "pruned"), trial("f", "sqrt", 32, 0, 90, "reached"),
     ])
     text = pruning_text(runs)

@@ -291,6 +291,24 @@ def test_columns_added_since_an_old_partition_are_read_from_the_newer_ones(lake)
     assert "cpu_wait_share" in frame.columns  # today's schema, null where never written
 
 
+def test_rows_written_with_the_old_lr_rule_name_are_read_under_the_new_one(lake):
+    """The tuned rule was called "grid" before: a partition written then reads as `tuned`, as
+    the same rows would from a run published today (read_lake_table; load_run does the same
+    to whole tables)."""
+    from batchscale.lake.lake import read_lake_table
+    from batchscale.schemas import current_lr_rules
+
+    old = pa.table({"run_id": [RUN_IDS[0]], "workload": [WORKLOAD], "lr_rule": ["grid"],
+                    "batch_size": [64], "b_crit": [40.0]})
+    key = lake.key("analysis", f"date={DATE}", f"run_id={RUN_IDS[0]}", "a-old-rule.parquet")
+    lake.put_bytes(key, parquet_bytes(old))
+    frame = read_lake_table(lake, "analysis")
+    assert "grid" not in set(frame["lr_rule"])
+    assert frame.loc[frame["b_crit"] == 40.0, "lr_rule"].tolist() == ["tuned"]
+    table = current_lr_rules(pa.table({"lr_rule": ["grid", "sqrt", None]}))
+    assert table.column("lr_rule").to_pylist() == ["tuned", "sqrt", None]
+
+
 # ------------------------------------------ verdicts in the history view
 STEP_RUNS = [f"20261201T00000{i}Z-step{i}" for i in range(6)]
 STEP_RATES = [9000.0, 9100.0, 8900.0, 6000.0, 6100.0, 9000.0]

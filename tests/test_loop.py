@@ -62,8 +62,8 @@ def test_sweep_and_halving_of_a_loop_are_refused_with_exit_2(tmp_path):
     assert sweep.returncode == 2 and "use `batchscale converge`" in sweep.stderr
     assert "Traceback" not in sweep.stderr
     config = tmp_path / "halving.yaml"
-    config.write_text("workload: loop_workloads:good_loop\nconvergence:\n  lr_rules: [grid]\n"
-                      "  lr_grid: [0.1, 0.3]\n  lr_halving_eta: 2\n")
+    config.write_text("workload: loop_workloads:good_loop\nconvergence:\n  lr_rules: [tuned]\n"
+                      "  lr_candidates: [0.1, 0.3]\n  lr_halving_eta: 2\n")
     result, runs = converge(tmp_path, "loop_workloads:good_loop", "--config", str(config))
     assert result.returncode == 2 and "lr_halving_eta" in result.stderr and runs is None
 

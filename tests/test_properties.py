@@ -80,7 +80,7 @@ def test_any_value_is_either_accepted_or_refused_naming_a_field(data, section, v
 
 @given(st.lists(st.one_of(st.sampled_from(
     ["run", "compile", "sweep", "converge", "validate", "store", "--config", "--batch-sizes",
-     "--workers", "--lr-rules", "--lr-rule", "--lr-grid", "--table", "--out", "--device",
+     "--workers", "--lr-rules", "--lr-rule", "--lr-candidates", "--table", "--out", "--device",
      "--memory-limit-bytes", "--time-budget-s", "--torch-compile", "--no-channels-last",
      "--compile", "auto", "2GiB", "bogus", "-1", "0", "1,2", "x,y", "--help"]),
     st.text(max_size=6)), max_size=5))

@@ -109,12 +109,12 @@ def analyze(
     of every target is in `summary.targets`. `gap_epochs` (the config's
     `convergence.gap_epochs`) only labels the generalization gap. `learning_rates_given`
     false: the runs' `lr` is a stand-in (a table brought without one), never recommended;
-    `lr_rule_given` false: their rule "grid" is only a label, said as "not given".
+    `lr_rule_given` false: their rule "tuned" is only a label, said as "not given".
     `warmup_steps` (the config's `convergence.warmup_steps`) goes with the learning rate on
     the card; None for tables from elsewhere."""
     settings = settings or AnalysisConfig()
     sweep = ensure_columns(sweep, schemas.SWEEP)
-    every_trial = ensure_columns(runs, schemas.RUNS)
+    every_trial = schemas.current_lr_rules(ensure_columns(runs, schemas.RUNS))
     all_runs = without_pruned(every_trial)
     curves = ensure_columns(curves, schemas.CURVES)
     groups = split_by_target(all_runs)

@@ -131,8 +131,9 @@ def steps_to_result(
     """S(B) and E(B) = B·S(B) per (`by`…, batch_size), from the trials of the runs table.
 
     Default reduction: for each (rule, batch, lr) the median over seeds, then the minimum over
-    the LR grid. Shallue et al. 2018 take the minimum over all trials; with two or three seeds
-    that rewards a lucky seed, and the median keeps S(B) a property of the learning rate.
+    the learning rates tried. Shallue et al. 2018 take the minimum over all trials; with two or
+    three seeds that rewards a lucky seed, and the median keeps S(B) a property of the learning
+    rate.
     `reduce='min'` gives Shallue's definition. Groups where no LR reached the target have NaN
     steps (and `reached` = 0). Columns: by…, batch_size, steps_to_target, examples_to_target,
     best_lr, trials, reached.

@@ -1,4 +1,4 @@
-"""What pruning saved: trials stopped as `pruned` by successive halving over the grid
+"""What pruning saved: trials stopped as `pruned` by successive halving over the tuned
 rule's learning rates or by the adaptive search's bound, in one sentence for the report."""
 
 from __future__ import annotations
@@ -6,9 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from batchscale.fits import numeric_column
-from batchscale.schemas import RunStatus
-
-GRID_RULE = "grid"
+from batchscale.schemas import TUNED_RULE, RunStatus
 
 
 def pruning_text(runs: pd.DataFrame) -> str:
@@ -21,16 +19,16 @@ def pruning_text(runs: pd.DataFrame) -> str:
     if not pruned.any():
         return ""
     steps = numeric_column(trials, "steps_run")
-    grid = trials["lr_rule"].eq(GRID_RULE).to_numpy(dtype=bool)
+    tuned = trials["lr_rule"].eq(TUNED_RULE).to_numpy(dtype=bool)
     frame = pd.DataFrame({"batch": numeric_column(trials, "batch_size"),
                           "seed": numeric_column(trials, "seed"), "steps": steps,
-                          "pruned": pruned, "grid": grid})
+                          "pruned": pruned, "tuned": tuned})
     saved = 0.0
-    for _, cell in frame[frame["grid"]].groupby(["batch", "seed"]):
+    for _, cell in frame[frame["tuned"]].groupby(["batch", "seed"]):
         kept = cell.loc[~cell["pruned"], "steps"]
         if len(kept):
             saved += (kept.max() - cell.loc[cell["pruned"], "steps"]).clip(lower=0).sum()
-    halved, total = int((pruned & grid).sum()), len(trials)
+    halved, total = int((pruned & tuned).sum()), len(trials)
     text = (f"{int(pruned.sum())} of {total} trials stopped as pruned after "
             f"{int(steps[pruned].sum()):,} steps in all, left out of every fit")
     if halved:

@@ -19,7 +19,7 @@ from batchscale.analysis.summary import Recommendation
 from batchscale.analysis.timetotarget import StepTimeSource, optimal_batch_text
 from batchscale.analysis.usertables import DEFAULT_LR_RULE
 from batchscale.fits import ensure_columns, matches, numeric_column
-from batchscale.schemas import RUNS, RunStatus
+from batchscale.schemas import RUNS, TUNED_RULE, RunStatus
 
 MEASURED_IN = {
     StepTimeSource.CONVERGENCE: "measured in the convergence runs",
@@ -116,7 +116,7 @@ def warmup_text(lr: float | None, warmup_steps: int | None) -> str:
 
 def learning_rate(runs: pd.DataFrame, rule: str, batch: int) -> tuple[float | None, str]:
     """The learning rate to use with `rule` at `batch`: the one its reached runs there used
-    (the grid rule: the LR of the run with the fewest steps), and why."""
+    (the tuned rule: the LR of the run with the fewest steps), and why."""
     if "lr" not in runs.columns or runs.empty:
         return None, "the runs do not record their learning rate"
     cell = runs[matches(runs, "lr_rule", rule) & (numeric_column(runs, "batch_size") == batch)
@@ -127,10 +127,10 @@ def learning_rate(runs: pd.DataFrame, rule: str, batch: int) -> tuple[float | No
     if finite.empty:
         return None, f"no reached run at batch {batch} with the {rule} rule records its LR"
     tried = finite["lr"].nunique()
-    if rule == "grid" and tried == 1:
+    if rule == TUNED_RULE and tried == 1:
         return float(finite["lr"].iloc[0]), (f"the one learning rate the runs at batch {batch} "
                                              "used (none other was tried there)")
-    if rule == "grid" or tried > 1:
+    if rule == TUNED_RULE or tried > 1:
         best = finite.sort_values(["steps_to_target", "lr"]).iloc[0]
         return float(best["lr"]), (f"the learning rate of the fewest steps at batch {batch} "
                                    f"among {tried} tried")

@@ -277,7 +277,7 @@ class AnalysisSummary:
     pruning: str = ""
     """The pruned trials and what pruning saved, in words (analysis/pruning.py); "" if none."""
     lr_rule_given: bool = True
-    """False for a table brought without an lr_rule column: its rows' rule "grid" is a label
+    """False for a table brought without an lr_rule column: its rows' rule "tuned" is a label
     (the fewest steps per batch over the learning rates the runs used), not a rule to apply."""
 
     def metrics(self) -> dict[str, float]:

@@ -24,14 +24,14 @@ from batchscale.config import section_models
 from batchscale.errors import BadInput
 from batchscale.fits import TIMING_MODES
 from batchscale.names import quote
-from batchscale.schemas import RunStatus, TrialStatus
+from batchscale.schemas import OLD_LR_RULES, TUNED_RULE, RunStatus, TrialStatus
 
 KNOWN_LR_RULES: tuple[str, ...] = get_args(
     get_args(section_models()["convergence"].model_fields["lr_rules"].annotation)[0])
 """The LR rules the config, and the runs and analysis suites, allow."""
-DEFAULT_LR_RULE = "grid"
+DEFAULT_LR_RULE = TUNED_RULE
 """A table without lr_rule: S(B) is the fewest steps over the learning rates given per batch
-size (median over seeds), which is what the grid rule means."""
+size (median over seeds), which is what the tuned rule means."""
 PLACEHOLDER_LR = 1.0
 """A table without lr: every run at a batch size counts as one learning rate (the analysis
 groups by it and never reports it: NO_LR_NOTE tells it so)."""
@@ -292,6 +292,11 @@ def _fill_status(user: UserTable, col: dict, given: bool, notes: list[str]) -> N
 
 def _fill_run_settings(user: UserTable, col: dict, typed: dict, notes: list[str]) -> None:
     """lr_rule, lr, seed and workers: checked where given, defaulted (with a note) where not."""
+    old = sorted({v for v in col["lr_rule"] if v in OLD_LR_RULES})
+    if old:
+        notes.append("runs: lr_rule " + ", ".join(f"{v!r} is read as {OLD_LR_RULES[v]!r} (its "
+                                                  "new name)" for v in old))
+        col["lr_rule"] = [OLD_LR_RULES.get(v, v) for v in col["lr_rule"]]
     _require(user, "lr_rule", col["lr_rule"], lambda v: v in KNOWN_LR_RULES, "is not an LR rule",
              f"allowed: {', '.join(KNOWN_LR_RULES)}, or an empty cell ({DEFAULT_LR_RULE}: the "
              "fewest steps over the learning rates given)")

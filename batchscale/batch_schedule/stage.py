@@ -15,6 +15,7 @@ from batchscale.batch_schedule.section import crit_text
 from batchscale.batch_schedule.training import Setup
 from batchscale.config.batch_schedule import schedule_refusal
 from batchscale.errors import BadInput
+from batchscale.schemas import TUNED_RULE
 
 if TYPE_CHECKING:
     from batchscale.config.stage_inputs import Config
@@ -28,7 +29,7 @@ def check_config(cfg) -> tuple[str, Target]:
         raise BadInput(refusal)
     targets = c.resolved_targets()
     primary = next((t for t in targets if t.primary), targets[0])
-    return next(r for r in c.lr_rules if r != "grid"), Target(primary.metric, primary.value)
+    return next(r for r in c.lr_rules if r != TUNED_RULE), Target(primary.metric, primary.value)
 
 
 def build_setup(cfg, data_dir: str, work: Path, run_id: str, rule: str) -> Setup:

@@ -74,8 +74,8 @@ validation.json/.html) to --out.
 runs table, one row per training run:
   required  batch_size; steps_to_target or examples_to_target (the other is derived:
             steps = examples / batch, rounded up)
-  optional  seed (default: each row is one run), lr_rule (constant, linear, sqrt, grid;
-            default grid: the fewest steps over the learning rates given), lr, status
+  optional  seed (default: each row is one run), lr_rule (constant, linear, sqrt, tuned;
+            default tuned: the fewest steps over the learning rates given), lr, status
             (reached, not_reached, diverged; default: reached where steps are given; an empty
             or NaN step count is not reached), target_metric and target_value (what the
             steps are to, e.g. val_loss 3.2; unnamed otherwise), workers (1),
@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "pipeline", description=CONFIG_FLAGS_NOTE)
     cv.add_argument("--config", help=CONFIG_HELP)
     add_config_flags(cv, None, ["workload"])
-    add_config_flags(cv, "convergence", ["batch_sizes", "lr_rules", "lr_grid", "workers",
+    add_config_flags(cv, "convergence", ["batch_sizes", "lr_rules", "lr_candidates", "workers",
                                          "accumulation_steps", "checkpoint_uri",
                                          "max_restarts", "optimizer", "precision", "lr_decay",
                                          "weight_decay", "train_eval_rows", "gap_epochs",

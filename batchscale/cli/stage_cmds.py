@@ -10,6 +10,7 @@ from pathlib import Path
 from batchscale.cli.common import STATE_DIR, given_run_id
 from batchscale.cliflags import check_output_dir, check_output_file, config_from_args
 from batchscale.errors import BadInput, BatchscaleError
+from batchscale.loop import NO_HALVING
 from batchscale.metrics import METRICS
 from batchscale.names import check_run_id
 from batchscale.schemas import RunStatus
@@ -76,8 +77,7 @@ def cmd_converge(args) -> int:
     check_workload(workload, batch_sizes=_largest_batches(cfg), convergence=True,
                    targets=cfg.convergence.resolved_targets())  # before the dataset is prepared
     if workload.loop is not None and cfg.convergence.lr_halving_eta is not None:
-        raise BadInput("lr_halving_eta: successive halving pauses trials at checkpoints, which "
-                       "a TrainingLoop does not give; use the full LR grid (lr_halving_eta: null)")
+        raise BadInput(NO_HALVING)
     if args.dataset_dir:  # named here, not by every rank of a torchrun group and its restarts
         from batchscale.shards import read_manifest
 

@@ -10,6 +10,7 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 
 from batchscale.config.fields import BatchSize, PositiveInt, Seed, _Strict
+from batchscale.schemas import TUNED_RULE
 
 MIN_BRANCH_BATCHES = 3
 """A checkpoint's S(B) fit needs three batch sizes: B0 and at least two branch factors."""
@@ -88,9 +89,9 @@ def schedule_refusal(convergence) -> str | None:
     """Why the batch schedule cannot train with these convergence settings (None: it can): the
     batch grows during a run, so the LR must follow a rule, and a decay over a fixed step count
     would end elsewhere once the schedule changes the count."""
-    if not [rule for rule in convergence.lr_rules if rule != "grid"]:
+    if not [rule for rule in convergence.lr_rules if rule != TUNED_RULE]:
         return ("batch_schedule: the batch grows during a run, so its LR must follow a rule; "
-                "convergence.lr_rules has only grid (allowed: constant, linear, sqrt)")
+                "convergence.lr_rules has only tuned (allowed: constant, linear, sqrt)")
     if convergence.lr_decay != "none":
         return (f"batch_schedule: convergence.lr_decay {convergence.lr_decay!r} decays over a "
                 "fixed step count that a schedule changes; use lr_decay: none")

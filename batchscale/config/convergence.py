@@ -23,6 +23,7 @@ from batchscale.config.fields import (
     quote_value,
 )
 from batchscale.metrics import METRICS, target_label
+from batchscale.schemas import TUNED_RULE
 
 ADAPTIVE_CELL = "adaptive"
 """The batch_sizes of the convergence cell that runs the adaptive search."""
@@ -76,24 +77,25 @@ class ConvergenceConfig(_Strict):
     batch_sizes: BatchSizes = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
     """Global batch sizes (micro-batch x accumulation x workers)."""
     lr_rules: Annotated[
-        list[Literal["constant", "linear", "sqrt", "grid"]], Field(min_length=1)
+        list[Literal["constant", "linear", "sqrt", "tuned"]], Field(min_length=1)
     ] = ["linear", "sqrt"]
     """Learning-rate rules: constant, linear or sqrt scaling from the reference batch size, or
-    grid (every LR of `lr_grid` at every batch size; S(B) is the per-batch minimum, Shallue et
-    al. 2018). Each applies to either optimizer. The usual rule is linear for SGD (Goyal et al.
-    2017: k times the batch averages k times the gradients, so k times the LR keeps the update
-    per example seen) and sqrt for AdamW (Malladi et al. 2022, from the SDE of adaptive methods,
-    whose rule also moves the betas and eps, which batchscale keeps; Granziol et al. 2022: Adam's
-    largest stable LR grows as sqrt(B)); the default runs both whatever the optimizer."""
-    lr_grid: list[LearningRate] = []
-    """Learning rates the `grid` rule tries at every batch size (required with `grid`), each
-    finite and at most 1e6."""
+    tuned (every LR of `lr_candidates` at every batch size; S(B) is the per-batch minimum,
+    Shallue et al. 2018; called `grid` before, still read with a note). Each applies to either
+    optimizer. The usual rule is linear for SGD (Goyal et al. 2017: k times the batch averages
+    k times the gradients, so k times the LR keeps the update per example seen) and sqrt for
+    AdamW (Malladi et al. 2022, from the SDE of adaptive methods, whose rule also moves the
+    betas and eps, which batchscale keeps; Granziol et al. 2022: Adam's largest stable LR grows
+    as sqrt(B)); the default runs both whatever the optimizer."""
+    lr_candidates: list[LearningRate] = []
+    """Learning rates the `tuned` rule tries at every batch size (required with `tuned`), each
+    finite and at most 1e6. Called `lr_grid` before (still read, with a note)."""
     lr_halving_eta: int | None = Field(None, ge=2)
-    """Successive halving over `lr_grid` (the grid rule only): at each rung, the learning rates
-    of one (batch size, seed) still training are ranked by the primary target's metric at the
-    rung's step (one batch size, so matched examples) and only the best 1/eta continue; the
-    others stop as `pruned` (kept in the tables, left out of the fit). None: every learning
-    rate trains to the target."""
+    """Successive halving over `lr_candidates` (the tuned rule only): at each rung, the
+    learning rates of one (batch size, seed) still training are ranked by the primary target's
+    metric at the rung's step (one batch size, so matched examples) and only the best 1/eta
+    continue; the others stop as `pruned` (kept in the tables, left out of the fit). None:
+    every learning rate trains to the target."""
     lr_halving_first_rung_steps: PositiveInt = 50
     """Step of the first halving rung; the next ones are eta, eta^2, ... times it. A multiple
     of eval_every_steps (the ranking uses an evaluation at the rung)."""
@@ -271,12 +273,12 @@ class ConvergenceConfig(_Strict):
                     raise ValueError(f"scaling_batch_sizes: {b} is not divisible by {w} workers")
         if bool(self.scaling_workers) != bool(self.scaling_batch_sizes):
             raise ValueError("scaling_workers: must be given together with scaling_batch_sizes")
-        if "grid" in self.lr_rules and not self.lr_grid:
-            raise ValueError("lr_grid: the grid rule needs at least one learning rate")
+        if TUNED_RULE in self.lr_rules and not self.lr_candidates:
+            raise ValueError("lr_candidates: the tuned rule needs at least one learning rate")
         if self.lr_halving_eta is not None:
-            if "grid" not in self.lr_rules:
-                raise ValueError("lr_halving_eta: successive halving is over lr_grid; add grid "
-                                 "to lr_rules or leave lr_halving_eta unset")
+            if TUNED_RULE not in self.lr_rules:
+                raise ValueError("lr_halving_eta: successive halving is over lr_candidates; add "
+                                 "tuned to lr_rules or leave lr_halving_eta unset")
             if self.lr_halving_first_rung_steps % self.eval_every_steps:
                 raise ValueError(f"lr_halving_first_rung_steps: "
                                  f"{self.lr_halving_first_rung_steps} is not a multiple of "

@@ -25,6 +25,7 @@ from batchscale.config.models import (
     section_models,
 )
 from batchscale.errors import BadInput
+from batchscale.schemas import OLD_LR_RULES
 
 _UNION_TAG = re.compile(r"[a-z_-]+\[.*\]")  # pydantic's union-branch labels, e.g. literal['auto']
 MESSAGE_CHARS = 400
@@ -78,9 +79,12 @@ def describe_invalid(err: ValidationError, source: str) -> str:
     return "\n".join([f"invalid config {source}:", *lines])
 
 
-RENAMED_KEYS = {("sweep", "warmup_steps"): "untimed_steps"}
+RENAMED_KEYS = {("sweep", "warmup_steps"): "untimed_steps",
+                ("convergence", "lr_grid"): "lr_candidates"}
 """(section, old key) -> new key: names that meant two things, still read, with a note on
 stderr, until the next release."""
+RENAMED_VALUES = {("convergence", "lr_rules"): OLD_LR_RULES}
+"""(section, list key) -> {old value: new value}: values renamed for the same reason."""
 
 
 def _renamed(data: dict, source: str) -> dict:
@@ -96,6 +100,23 @@ def _renamed(data: dict, source: str) -> dict:
               f"the old name is read until the next release", file=sys.stderr)
         kept = {key: value for key, value in values.items() if key != old}
         data = {**data, section: {**kept, new: values[old]}}
+    return _renamed_values(data, source)
+
+
+def _renamed_values(data: dict, source: str) -> dict:
+    for (section, key), renames in RENAMED_VALUES.items():
+        values = data.get(section)
+        items = values.get(key) if isinstance(values, dict) else None
+        old = [v for v in items if isinstance(v, str) and v in renames] \
+            if isinstance(items, list) else []
+        if not old:
+            continue
+        for name in dict.fromkeys(old):
+            print(f"batchscale: note: config {source}: {section}.{key}: {name!r} is now "
+                  f"{renames[name]!r}; the old name is read until the next release",
+                  file=sys.stderr)
+        data = {**data, section: {**values, key: [renames.get(v, v) if isinstance(v, str) else v
+                                                  for v in items]}}
     return data
 
 

@@ -1,11 +1,11 @@
-"""Successive halving over the grid rule's learning rates (convergence.lr_halving_eta).
+"""Successive halving over the tuned rule's learning rates (convergence.lr_halving_eta).
 
-The grid rule trains every learning rate of `lr_grid` at every (batch size, seed); most of them
-are clearly worse long before the target. With halving, the learning rates of one (batch size,
-seed) train together to a rung (a step; one batch size, so the comparison is at matched
-examples), are ranked by the primary target's metric there, and only the best 1/eta continue
-to the next rung (eta times further); the rest stop as `pruned`. A trial that finishes before a
-rung (reached, diverged or out of steps) leaves the halving with its own status.
+The tuned rule trains every learning rate of `lr_candidates` at every (batch size, seed); most
+of them are clearly worse long before the target. With halving, the learning rates of one
+(batch size, seed) train together to a rung (a step; one batch size, so the comparison is at
+matched examples), are ranked by the primary target's metric there, and only the best 1/eta
+continue to the next rung (eta times further); the rest stop as `pruned`. A trial that finishes
+before a rung (reached, diverged or out of steps) leaves the halving with its own status.
 
 Every decision is a function of the trials' curves at the rung steps, which the trial files
 and checkpoints keep, so a group interrupted at any point and run again takes the same
@@ -19,17 +19,16 @@ from collections.abc import Callable
 
 from batchscale.convergence.spec import ConvergenceSpec, HalvingSpec, TrialSpec
 from batchscale.metrics import METRICS, Metric
-
-GRID_RULE = "grid"
+from batchscale.schemas import TUNED_RULE
 
 
 def trial_groups(spec: ConvergenceSpec) -> list[list[TrialSpec]]:
-    """The spec's trials in the order they run: with halving, the grid rule's trials of one
+    """The spec's trials in the order they run: with halving, the tuned rule's trials of one
     (batch size, seed) as one group; every other trial alone."""
     groups: list[list[TrialSpec]] = []
     by_cell: dict[tuple[int, int], list[TrialSpec]] = {}
     for trial in spec.trials:
-        if spec.halving is None or trial.lr_rule != GRID_RULE:
+        if spec.halving is None or trial.lr_rule != TUNED_RULE:
             groups.append([trial])
             continue
         key = (trial.batch_size, trial.seed)
@@ -97,7 +96,7 @@ def run_group(trials: list[TrialSpec], halving: HalvingSpec,
 
 def rung_words(first: TrialSpec, rung: int, values: dict[str, float], kept: list[str],
                metric: Metric) -> str:
-    """'halving b64 s0 at step 50 (val_accuracy): b64-grid-lr0.1-s0-w1 0.93 kept, ...'."""
+    """'halving b64 s0 at step 50 (val_accuracy): b64-tuned-lr0.1-s0-w1 0.93 kept, ...'."""
     ranked = ", ".join(f"{tid} {values[tid]:.4g} {'kept' if tid in kept else 'pruned'}"
                        for tid in values)
     return (f"halving b{first.batch_size} s{first.seed} at step {rung} ({metric.name}): "

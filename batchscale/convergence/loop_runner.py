@@ -26,7 +26,7 @@ from batchscale.convergence.spec import ConvergenceSpec, TrialSpec
 from batchscale.convergence.train import TrialState, trial_files
 from batchscale.errors import BadInput
 from batchscale.location import Location
-from batchscale.loop import LoopStop, TrainingLoop
+from batchscale.loop import NO_HALVING, LoopStop, TrainingLoop
 from batchscale.metrics import METRICS
 from batchscale.schemas import RunStatus, make_table
 
@@ -151,8 +151,7 @@ def run_loop_spec(spec: ConvergenceSpec, d: Dist, loop, out: Location, env: dict
     """The spec's trials with a user's training loop (loop_runner.py): a trial whose tables
     exist is skipped; an unfinished one starts again (a loop keeps no checkpoint of ours)."""
     if spec.halving is not None:
-        raise BadInput("lr_halving_eta: successive halving pauses trials at checkpoints, which a "
-                       "TrainingLoop does not give; use the full LR grid (lr_halving_eta: null)")
+        raise BadInput(NO_HALVING)
     labels = {"optimizer": None, "precision": None}  # the loop's own: not known to batchscale
     for trial in spec.trials:
         curves_name, run_name = trial_files(trial.trial_id)

@@ -31,6 +31,7 @@ from batchscale.convergence.spec import (
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import Location, is_s3_uri, open_location
 from batchscale.names import check_run_id
+from batchscale.schemas import TUNED_RULE
 from batchscale.stopping import die_with_parent, stop_group
 from batchscale.storage import write_bytes_atomic
 from batchscale.workloads import get_workload
@@ -43,16 +44,16 @@ ENTRY_MODULE = "batchscale.convergence.train"
 
 
 def trial_id(batch_size: int, rule: str, seed: int, workers: int, lr: float | None = None) -> str:
-    """Readable and unique within a spec; grid trials also carry their learning rate."""
-    rule_part = f"{rule}-lr{lr:g}" if rule == "grid" else rule
+    """Readable and unique within a spec; tuned trials also carry their learning rate."""
+    rule_part = f"{rule}-lr{lr:g}" if rule == TUNED_RULE else rule
     return f"b{batch_size}-{rule_part}-s{seed}-w{workers}"
 
 
 def trial_lrs(cfg: ExperimentConfig, rule: str, batch_size: int) -> list[float]:
-    """The learning rates a rule tries at one batch size: one scaled LR, or the whole grid."""
+    """The learning rates a rule tries at one batch size: one scaled LR, or every candidate."""
     c = cfg.convergence
-    if rule == "grid":
-        return list(c.lr_grid)
+    if rule == TUNED_RULE:
+        return list(c.lr_candidates)
     return [scaled_lr(rule, c.base_lr, batch_size, c.reference_batch_size)]
 
 

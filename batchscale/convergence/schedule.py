@@ -18,12 +18,12 @@ LR_DECAYS = ("none", "cosine", "linear")
 
 def scaled_lr(rule: str, base_lr: float, batch_size: int, reference_batch: int) -> float:
     """Peak LR of a rule: constant, linear (Goyal et al. 2017), or square-root scaling. The
-    `grid` rule has no single LR: its trials take theirs from the config's `lr_grid`."""
+    `tuned` rule has no single LR: its trials take theirs from the config's `lr_candidates`."""
     ratio = batch_size / reference_batch
     scales = {"constant": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}
     if rule not in scales:
         raise BadInput(f"lr_rule: no scaling rule {rule!r}; allowed: {', '.join(scales)} "
-                       "(or grid, whose LRs come from lr_grid)")
+                       "(or tuned, whose LRs come from lr_candidates)")
     return base_lr * scales[rule]
 
 

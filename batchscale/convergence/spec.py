@@ -34,7 +34,7 @@ class TrialSpec(_StrictModel):
     batch_size: PositiveInt
     """Global batch size in examples (micro-batch x accumulation_steps x workers)."""
     lr_rule: str
-    """The rule that chose `lr`: constant, linear, sqrt, or grid (one LR of the lr_grid)."""
+    """The rule that chose `lr`: constant, linear, sqrt, or tuned (one LR of lr_candidates)."""
     lr: float
     """Peak learning rate, reached after the warm-up."""
     seed: int
@@ -123,7 +123,7 @@ LATER_SETTINGS = {name: f.default for name, f in TrainingSettings.model_fields.i
 
 
 class HalvingSpec(_StrictModel):
-    """Successive halving over the learning rates of one (batch size, seed), grid rule only
+    """Successive halving over the learning rates of one (batch size, seed), tuned rule only
     (convergence.lr_halving_eta): where trials stop, not how they train, so outside
     `TrainingSettings` and the checkpoint identity."""
 
@@ -163,7 +163,7 @@ class ConvergenceSpec(_StrictModel):
     trials: list[TrialSpec] = Field(min_length=1)
     """The trials, run one after another."""
     halving: HalvingSpec | None = None
-    """Successive halving of the grid rule's learning rates; None: off."""
+    """Successive halving of the tuned rule's learning rates; None: off."""
 
     def identity(self, trial: TrialSpec) -> dict[str, object]:
         """What a checkpoint of `trial` must agree on to be resumed: the training settings and

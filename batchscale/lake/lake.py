@@ -26,7 +26,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from batchscale.schemas import TABLES, schema_for
+from batchscale.schemas import TABLES, current_lr_rules, schema_for
 from batchscale.storage import ObjectStore
 
 RUNS_FOLDER = "_runs"
@@ -115,7 +115,7 @@ def read_lake_table(
         rows = _scan_skipping_strays(store, table, files, where, columns)
     if rows is None or not rows.num_rows:
         return None
-    frame = rows.to_pandas().merge(runs, on="run_id", how="left")
+    frame = current_lr_rules(rows.to_pandas()).merge(runs, on="run_id", how="left")
     return frame.sort_values([PUBLISHED_AT, "run_id"], kind="stable", ignore_index=True)
 
 

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from batchscale.config import AnalysisConfig
 from batchscale.errors import BadInput
+from batchscale.schemas import current_lr_rules
 from batchscale.storage import ObjectStore
 
 PARQUET_SUFFIX = ".parquet"
@@ -24,13 +25,14 @@ def _fmt(value, spec: str = ".0f") -> str:
 
 
 def load_run(store: ObjectStore, run_id: str) -> tuple[dict, dict[str, pa.Table]]:
-    """The run manifest and its tables, keyed by lake table name."""
+    """The run manifest and its tables, keyed by lake table name (LR rules under their
+    current names)."""
     manifest = read_manifest(store, run_id)
     tables = {}
     for obj in manifest["objects"]:
         if obj["key"].endswith(PARQUET_SUFFIX):
             name = obj["key"][len(store.key()) + 1:].split("/")[0]
-            tables[name] = store.get_table(obj["key"])
+            tables[name] = current_lr_rules(store.get_table(obj["key"]))
     return manifest, tables
 
 

@@ -57,6 +57,30 @@ class RunStatus(StrEnum):
     (batchscale/loop.py); its message is in the converge log. Excluded from the fit."""
 
 
+TUNED_RULE = "tuned"
+"""`lr_rule` of trials that try every learning rate of `lr_candidates` at each batch size."""
+OLD_LR_RULES = {"grid": TUNED_RULE}
+"""Old names of LR rules: rows written before keep them and are read under the new name
+(`current_lr_rules`); configs that use them are read with a note (config/loading.py)."""
+
+
+def current_lr_rules(table):
+    """`table` (a pandas frame or a pyarrow table) with old LR rule names in `lr_rule` replaced
+    by their current ones; unchanged when it has no such column."""
+    if isinstance(table, pa.Table):
+        if "lr_rule" not in table.column_names:
+            return table
+        import pyarrow.compute as pc
+
+        column = table.column("lr_rule")
+        for old, new in OLD_LR_RULES.items():
+            column = pc.if_else(pc.equal(column, old), new, column)
+        return table.set_column(table.schema.get_field_index("lr_rule"), "lr_rule", column)
+    if table is None or "lr_rule" not in table.columns:
+        return table
+    return table.assign(lr_rule=table["lr_rule"].replace(OLD_LR_RULES))
+
+
 ENV_FIELDS = [
     pa.field("run_id", pa.string(), nullable=False),
     pa.field("config_hash", pa.string(), nullable=False),
@@ -94,7 +118,8 @@ row. 4: `cuda_version`, `gpu_driver` and `image` (the regression check's softwar
 __all__ = ["ANALYSIS", "CRITICAL_OVER_TRAINING", "CURVES", "DATASET", "DECISIONS", "ENV_FIELDS",
            "MANIFEST", "PLAN", "REGRESSIONS", "RESULT_TABLES", "RUNS", "SCHEDULE_CHECK",
            "SCHEMA_VERSION", "STUDY", "STUDY_AXES", "SWEEP", "TABLES", "Quality", "RunStatus",
-           "TrialStatus", "make_table", "schema_for"]
+           "OLD_LR_RULES", "TUNED_RULE", "TrialStatus", "current_lr_rules", "make_table",
+           "schema_for"]
 
 
 RESULT_TABLES = {
