@@ -13,7 +13,7 @@ import pytest
 
 from batchscale import schemacheck
 from batchscale.checks import gx, suites, validate_table
-from batchscale.checks.report import validation_page
+from batchscale.checks.outcome import validation_page
 from batchscale.config import SweepConfig
 from batchscale.errors import BadInput
 from batchscale.schemas import TABLES, schema_for

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from batchscale.batch_schedule import fit, measure
 from batchscale.batch_schedule.measure import Target
-from batchscale.batch_schedule.report import Outcome
 from batchscale.batch_schedule.section import crit_text
+from batchscale.batch_schedule.tables import Outcome
 from batchscale.batch_schedule.training import Setup
 from batchscale.config.batch_schedule import schedule_refusal
 from batchscale.errors import BadInput
@@ -108,8 +108,8 @@ def run_stage(config: str | Config, run_id: str, dataset_path: str, crit_path: s
     """The measurement as a pipeline stage (and the command's core): measure (or resume) under
     `work_dir`, write the two tables and the summary, validate both tables (their pages in
     `validation_dir`; ValidationFailed, exit 3, when one fails). Returns (findings, outcome)."""
-    from batchscale.batch_schedule.report import tables
     from batchscale.batch_schedule.section import Findings, markdown
+    from batchscale.batch_schedule.tables import tables
     from batchscale.checks.stage import check_tables
     from batchscale.config.stage_inputs import stage_config
     from batchscale.envinfo import environment

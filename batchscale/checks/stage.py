@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from batchscale.catalog import MASK_DATASETS, TEXT_DATASETS
-from batchscale.checks.report import validation_page
+from batchscale.checks.outcome import validation_page
 from batchscale.checks.validate import validate_table
 from batchscale.config.stage_inputs import Config, stage_config
 from batchscale.errors import BadInput, ValidationFailed

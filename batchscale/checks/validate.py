@@ -1,6 +1,6 @@
 """Validate one table: its schema first (names and types, nothing converted between kinds), then
 its great-expectations suite, the finite check of every float column, and the Python rules the
-suite names; every outcome lands in one ValidationReport."""
+suite names; every outcome lands in one TableValidation."""
 
 from __future__ import annotations
 
@@ -8,20 +8,20 @@ import pyarrow as pa
 
 from batchscale import schemacheck, schemas
 from batchscale.checks import gx, suites
-from batchscale.checks.report import ValidationReport, make_report
+from batchscale.checks.outcome import TableValidation, table_validation
 from batchscale.checks.results import SOURCE_SCHEMA, result
 from batchscale.checks.rules import PYTHON_CHECKS, finite_values
 from batchscale.errors import BadInput
 
 
-def validate_table(kind: str, table: pa.Table, *, context: dict | None = None) -> ValidationReport:
+def validate_table(kind: str, table: pa.Table, *, context: dict | None = None) -> TableValidation:
     """Check `table` against the `kind` suite; a malformed table yields a failed report."""
     suite = suites.load_suite(kind)
     meta = suite["meta"]
     context = suites.checked_context(kind, suite, context or {})
     table, schema_failures = _conform(kind, table)
     if schema_failures:
-        return make_report(kind, schema_failures, {})
+        return table_validation(kind, schema_failures, {})
     df = suites.validation_frame(table, meta["derived_columns"])
     parameters = suites.resolve_parameters(meta["parameters"], context, df)
     values = {name: p["value"] for name, p in parameters.items()}
@@ -31,7 +31,7 @@ def validate_table(kind: str, table: pa.Table, *, context: dict | None = None) -
     for name, options in meta["python_checks"].items():
         check = PYTHON_CHECKS[name]
         results += check(table, df, values, context, **options)
-    return make_report(kind, results, parameters)
+    return table_validation(kind, results, parameters)
 
 
 def _conform(kind: str, table: pa.Table) -> tuple[pa.Table, list[dict]]:

@@ -1,4 +1,4 @@
-"""What validation hands back: the ValidationReport of one table, the failure message that
+"""What validation hands back: the TableValidation of one table, the failure message that
 ValidationFailed carries, and the HTML pages (templates/validation.html.j2)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ TEMPLATE = "validation.html.j2"
 
 
 @dataclass
-class ValidationReport:
+class TableValidation:
     """The outcome of validating one table: every expectation's result, pass or fail."""
 
     kind: str
@@ -53,7 +53,7 @@ class ValidationReport:
                            page_heading=None, sections=[_section(f"{self.kind} table", self)])
 
 
-def make_report(kind: str, results: list[dict], parameters: dict) -> ValidationReport:
+def table_validation(kind: str, results: list[dict], parameters: dict) -> TableValidation:
     """The report of `results`, with the pass/fail counts GX's own results carry."""
     failed = sum(not r["success"] for r in results)
     statistics = {
@@ -64,10 +64,10 @@ def make_report(kind: str, results: list[dict], parameters: dict) -> ValidationR
         "success_percent": round(100.0 * (len(results) - failed) / len(results), 2)
         if results else 100.0,
     }
-    return ValidationReport(kind, failed == 0, results, statistics, plain(parameters))
+    return TableValidation(kind, failed == 0, results, statistics, plain(parameters))
 
 
-def validation_page(reports: list[tuple[str, ValidationReport]]) -> str:
+def validation_page(reports: list[tuple[str, TableValidation]]) -> str:
     """One page for several tables (label, report), as the validate stage writes it."""
     sections = [_section(f"{label}: {report.kind} table", report) for label, report in reports]
     return render_page(TEMPLATE, title="batchscale validation",
@@ -125,7 +125,7 @@ def _short(value: Any) -> str:
 # ---------------------------------------------------------------- HTML
 
 
-def _section(name: str, report: ValidationReport) -> dict:
+def _section(name: str, report: TableValidation) -> dict:
     """What the template shows of one table, as plain values (the template escapes them)."""
     return {
         "name": name,
