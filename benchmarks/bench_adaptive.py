@@ -1,19 +1,28 @@
-"""Does the adaptive search give the grid's answer for a fraction of its cost? Per case,
-the full grid (every batch size × seed of the config, one torchrun) and the adaptive search
-(`convergence.strategy: adaptive`), with the same seeds, the same batch sizes to choose from and
-separate work directories: every trial of both is trained here.
+"""Does the adaptive search give the grid's answer for a fraction of its cost? Per case and
+repeat, the full grid (every batch size × seed of the config, one torchrun) and the adaptive
+search (`convergence.strategy: adaptive`), with the same seeds, the same batch sizes to choose
+from and separate work directories: every trial of both is trained here. Each repeat draws other
+seeds (repeat r trains seeds 3r, 3r+1, 3r+2), so the figures over repeats carry the spread a user
+would see from one run to the next.
 
 Cases: digits-mlp on digits, and on the teacher–student task at two label-noise levels (more
-noise: noisier gradients, a larger critical batch).
+noise: noisier gradients, a larger critical batch; there the steps to target scatter ±50–70 %
+between seeds, the "scattered" case).
 
-Figures per case:
-- compute spent, adaptive ÷ grid, in examples (steps × batch, probes included) and in
-  device-seconds (training seconds × workers); goal ≤ 1/3;
-- B_crit, adaptive ÷ grid, goal within ±20 %, and whether the grid's B_crit lies inside the
-  adaptive interval;
-- B_simple's predicted B_crit ÷ the grid's B_crit.
+Figures per case, each the median of the paired per-repeat ratios with its bootstrap 90 %
+interval over the repeats:
+- cost, search ÷ grid, in examples (steps × batch, probes included), in device-seconds of
+  training (training seconds × workers) and in device-seconds held (each launch's wall time ×
+  workers: process start-up, data loading and evaluation included; the grid is one launch);
+  goal ≤ 1/3 of the held device-seconds;
+- B_crit, search ÷ grid, goal within ±20 %, with how many repeats met it (exact interval), and
+  how often the grid's B_crit lay inside the search's interval;
+- the grid's own interval (high/low): where it is wider than ×2 the grid cannot pin B_crit, and
+  the B_crit goal is not judged.
 
-Run: `python -m benchmarks.run bench_adaptive` (several minutes on 2 CPU cores).
+Run: `python -m benchmarks.run bench_adaptive` (about 3 minutes per case and repeat on 2 CPU
+cores; BENCH_QUICK=1: one repeat, two seeds). Device-seconds depend on machine load, examples
+and B_crit do not.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,12 +42,15 @@ from batchscale.config import parse_config
 from batchscale.convergence.runner import run_convergence
 from batchscale.data.prep import prepare
 from benchmarks import scaled
-from benchmarks.stats import Goal
+from benchmarks.stats import Goal, ratio_figure, share_figure
 
 BATCH_SIZES = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
-SEEDS = scaled([0, 1, 2], [0, 1])
+SEEDS_PER_REPEAT = scaled(3, 2)
+REPEATS = scaled(5, 1)
 COST_GOAL = Goal(1 / 3, at_least=False)
 AGREEMENT = 0.20
+GRID_PINS = 2.0
+"""The grid's own B_crit interval (high/low) within which the B_crit goal is judged."""
 # The teacher–student rows are 32 features: a small MLP of this benchmark's own (a user model,
 # as a user would bring one) takes them.
 STUDENT = "bench_student:build"
@@ -64,10 +77,10 @@ def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _config(workload: str, dataset: dict, target: dict, strategy: str):
+def _config(workload: str, dataset: dict, target: dict, strategy: str, seeds: list[int]):
     return parse_config({
         "name": "bench-adaptive", "workload": workload, "dataset": dataset,
-        "convergence": {"batch_sizes": BATCH_SIZES, "lr_rules": ["sqrt"], "seeds": SEEDS,
+        "convergence": {"batch_sizes": BATCH_SIZES, "lr_rules": ["sqrt"], "seeds": seeds,
                         "targets": [target], "max_steps": 3000, "strategy": strategy}})
 
 
@@ -91,46 +104,66 @@ def _importable_student(root: Path) -> None:
         p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
 
 
-def run_case(name: str, workload: str, dataset: dict, target: dict, root: Path) -> dict:
+def run_case(name: str, workload: str, dataset: dict, target: dict, root: Path,
+             repeat: int) -> dict:
+    """One repeat of a case: the grid and the search on the same seeds; raw figures."""
+    seeds = list(range(SEEDS_PER_REPEAT * repeat, SEEDS_PER_REPEAT * (repeat + 1)))
     data_dir = root / "data"
     if workload == STUDENT:
         _importable_student(root)
-    grid_cfg = _config(workload, dataset, target, "grid")
-    prepare(grid_cfg.dataset, data_dir)
-    _log(f"   {name}: grid of {len(BATCH_SIZES)} batch sizes × {len(SEEDS)} seeds")
+    grid_cfg = _config(workload, dataset, target, "grid", seeds)
+    if not data_dir.exists():
+        prepare(grid_cfg.dataset, data_dir)
+    _log(f"   {name}, repeat {repeat}: grid of {len(BATCH_SIZES)} batch sizes × seeds {seeds}")
+    started = time.monotonic()
     _, grid_runs = run_convergence(grid_cfg, BATCH_SIZES, data_dir=str(data_dir),
-                                   out_dir=str(root / "grid"), run_id="bench-grid")
-    _log(f"   {name}: adaptive search")
-    _, study_runs, decisions = run_adaptive(_config(workload, dataset, target, "adaptive"),
-                                            data_dir=str(data_dir), run_id="bench-adaptive",
-                                            work_root=root / "adaptive", echo=_log)
+                                   out_dir=str(root / f"grid-{repeat}"), run_id="bench-grid")
+    grid_held = time.monotonic() - started  # one launch, one worker
+    _log(f"   {name}, repeat {repeat}: adaptive search")
+    _, search_runs, decisions = run_adaptive(
+        _config(workload, dataset, target, "adaptive", seeds), data_dir=str(data_dir),
+        run_id="bench-adaptive", work_root=root / f"adaptive-{repeat}", echo=_log)
+    last = decisions.to_pandas().iloc[-1]
     grid = interval_state(_target_rows(grid_runs, target), "sqrt", BOOTSTRAP_SAMPLES)
-    search = interval_state(_target_rows(study_runs, target), "sqrt", BOOTSTRAP_SAMPLES)
-    (grid_examples, grid_s), (study_examples, study_s) = _spent(grid_runs), _spent(study_runs)
-    predicted = decisions.to_pandas()["predicted_b_crit"].dropna()
-    figures = {
-        "grid_b_crit": [grid.b_crit, grid.low, grid.high],
-        "adaptive_b_crit": [search.b_crit, search.low, search.high],
-        "adaptive_cells": int(decisions.to_pandas()["batch_size"].notna().sum()),
-        "grid_cells": len(BATCH_SIZES) * len(SEEDS),
-        "examples_adaptive_over_grid": study_examples / grid_examples,
-        "device_s_adaptive_over_grid": study_s / grid_s,
-        "cost_goal": f"{'met' if COST_GOAL.is_good(study_examples / grid_examples) else 'missed'}"
-                     f" ({COST_GOAL})",
-        "uncertainty": "one search and one grid per case: single draws, no interval over repeats",
-        "stop_reason": decisions.to_pandas()["reason"].iloc[-1],
-    }
+    search = interval_state(_target_rows(search_runs, target), "sqrt", BOOTSTRAP_SAMPLES)
+    (grid_examples, grid_s), (search_examples, search_s) = (_spent(grid_runs),
+                                                            _spent(search_runs))
+    outcome = {"examples": search_examples / grid_examples, "device_s": search_s / grid_s,
+               "held_s": float(last["device_s_held"]) / grid_held,
+               "grid_b_crit": [grid.b_crit, grid.low, grid.high],
+               "search_b_crit": [search.b_crit, search.low, search.high],
+               "grid_ratio": grid.ratio, "stop_reason": str(last["reason"]),
+               "search_cells": int(decisions.to_pandas()["batch_size"].notna().sum())}
     if math.isfinite(grid.b_crit) and math.isfinite(search.b_crit):
-        ratio = search.b_crit / grid.b_crit
-        figures["b_crit_adaptive_over_grid"] = ratio
-        figures["b_crit_goal"] = "met" if abs(ratio - 1) <= AGREEMENT else "missed"
-        figures["grid_inside_adaptive_interval"] = bool(search.low <= grid.b_crit <= search.high)
-    else:
-        figures["b_crit_goal"] = (f"not comparable: grid {grid.reason or 'no interval'}; "
-                                  f"adaptive {search.reason or 'no interval'}")
-    if len(predicted) and math.isfinite(grid.b_crit):
-        figures["predicted_over_grid_b_crit"] = float(predicted.iloc[-1]) / grid.b_crit
-    _log(f"   {name}: {figures}")
+        outcome["b_crit"] = search.b_crit / grid.b_crit
+        outcome["grid_inside"] = bool(search.low <= grid.b_crit <= search.high)
+    _log(f"   {name}, repeat {repeat}: {outcome}")
+    return outcome
+
+
+def summarize(outcomes: list[dict]) -> dict:
+    """A case's figures over its repeats (paired ratios: each repeat's search ÷ its grid)."""
+    ones = [1.0] * len(outcomes)
+    compared = [o for o in outcomes if "b_crit" in o]
+    pinned = [o for o in compared if o["grid_ratio"] <= GRID_PINS]
+    figures = {
+        "examples_search_over_grid": ratio_figure([o["examples"] for o in outcomes], ones),
+        "training_device_s_search_over_grid": ratio_figure([o["device_s"] for o in outcomes],
+                                                           ones),
+        "held_device_s_search_over_grid": ratio_figure([o["held_s"] for o in outcomes], ones,
+                                                       COST_GOAL),
+        "grid_interval_ratio": [o["grid_ratio"] for o in outcomes],
+        "repeats": len(outcomes),
+        "stop_reasons": [o["stop_reason"] for o in outcomes],
+    }
+    if compared:
+        figures["b_crit_search_over_grid"] = ratio_figure([o["b_crit"] for o in compared],
+                                                          [1.0] * len(compared))
+        figures["grid_inside_search_interval"] = share_figure(
+            sum(o["grid_inside"] for o in compared), len(compared))
+    if pinned:
+        figures["b_crit_within_20pct_where_grid_pins_it"] = share_figure(
+            sum(abs(o["b_crit"] - 1) <= AGREEMENT for o in pinned), len(pinned))
     return figures
 
 
@@ -138,7 +171,12 @@ def run() -> dict:
     results = {}
     for name, (workload, dataset, target) in CASES.items():
         with tempfile.TemporaryDirectory() as tmp:
-            results[name] = run_case(name, workload, dataset, target, Path(tmp))
+            outcomes = [run_case(name, workload, dataset, target, Path(tmp), r)
+                        for r in range(REPEATS)]
+        results[name] = {**summarize(outcomes), "per_repeat": outcomes}
+        _log(f"   {name}: " + "; ".join(f"{k} {v.text() if hasattr(v, 'text') else v}"
+                                         for k, v in results[name].items()
+                                         if k != "per_repeat"))
     return results
 
 

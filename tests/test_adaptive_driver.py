@@ -60,6 +60,8 @@ def test_an_adaptive_search_killed_midway_resumes_and_reuses_finished_cells(tmp_
     assert rows[2]["prediction_method"] in ("near target", "extrapolated")
     spent = [r["examples_spent"] for r in rows]
     assert spent == sorted(spent) and spent[-1] > 0
+    held = [r["device_s_held"] for r in rows]  # each launch's wall time: start-up included
+    assert held == sorted(held) and held[-1] > 0
     ran = {(r["batch_size"], r["seed"]) for r in rows if r["batch_size"] is not None}
     runs = pq.read_table(out / "runs.parquet").to_pylist()
     assert {(r["batch_size"], r["seed"]) for r in runs} == ran
@@ -75,3 +77,5 @@ def test_an_adaptive_search_killed_midway_resumes_and_reuses_finished_cells(tmp_
     replayed = read_table_file(out / "decisions.parquet").to_pylist()
     assert [(r["action"], r["batch_size"], r["seed"], r["b_crit"]) for r in replayed] == \
         [(r["action"], r["batch_size"], r["seed"], r["b_crit"]) for r in rows]
+    # The device time each cell held is kept beside it, not the moment a replay reads it back.
+    assert [r["device_s_held"] for r in replayed] == held

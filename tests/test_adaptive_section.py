@@ -72,8 +72,8 @@ def test_the_grid_is_also_costed_in_device_seconds_with_the_searchs_own_step_tim
     estimate = grid_device_s_estimate(study_decisions(), exact, BATCHES, 2)
     assert abs(estimate - expected) / expected < 0.01
     text = " ".join(adaptive_section(study_decisions(), exact, BATCHES, 2).sentences)
-    assert "and 1.5 device-seconds of training (training time × workers" in text
-    assert f"and {1.5 / estimate:.0%} of its device time" in text
+    assert ", 1.5 device-seconds of training (training time × workers" in text
+    assert f"and {1.5 / estimate:.0%} of its training device time" in text
     # Trials without training times (a table brought from elsewhere): no device-time estimate.
     assert math.isnan(grid_device_s_estimate(study_decisions(), study_runs(), BATCHES, 2))
 

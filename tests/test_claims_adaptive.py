@@ -144,7 +144,16 @@ def test_every_search_claim_agrees_with_its_decisions(name):
     examples = int((trials["steps_run"] * trials["batch_size"]).sum())
     assert f"It trained on {examples:,} examples" in text, text
     device_s = float((trials["train_time_s"] * trials["workers"]).sum())
-    assert f"and {device_s:,.1f} device-seconds" in text, text
+    assert f", {device_s:,.1f} device-seconds of training" in text, text
+    held_s = float(decisions["device_s_held"].max())
+    held = re.search(r"held devices for ([\d,.]+) device-seconds in all \(([^)]*)\)", text)
+    assert (held is not None) == (held_s > 0), text
+    if held:  # the held time is the last decision's, and a share only where it can be one
+        assert held.group(1) == f"{held_s:,.1f}", text
+        outside = re.search(r"(\d+)% of it outside training", held.group(2))
+        assert (outside is not None) == (held_s >= device_s), text
+        if outside:
+            assert int(outside.group(1)) == round(100 * (1 - device_s / held_s)), text
 
     share = re.search(r"so the search spent (\d+)% of its examples", text)
     grid = grid_examples_estimate(decisions, runs, BATCHES, len(SEEDS))

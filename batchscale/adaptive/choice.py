@@ -48,6 +48,7 @@ candidates, and each draw costs a bootstrap."""
 STOP_NARROW, STOP_BUDGET, STOP_EXHAUSTED = "interval narrow enough at 90 %", "budget spent", \
     "nothing left to measure"
 STOP_NO_GAIN = "no cell left is expected to narrow the interval"
+STOP_DEVICE_BUDGET = "device-second budget spent"
 STOP_B_STAR = "B* interval narrow enough (adaptive_objective b_star)"
 
 

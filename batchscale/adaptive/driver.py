@@ -10,7 +10,9 @@ docs/architecture.md, "Adaptive search".
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +23,7 @@ import pyarrow as pa
 from batchscale.adaptive.choice import (
     STOP_B_STAR,
     STOP_BUDGET,
+    STOP_DEVICE_BUDGET,
     STOP_NARROW,
     Cell,
     IntervalState,
@@ -39,9 +42,13 @@ from batchscale.config import ExperimentConfig
 from batchscale.convergence.runner import run_convergence, work_dir
 from batchscale.fits import StepTimeFit, fit_step_time
 from batchscale.schemas import RunStatus, make_table
+from batchscale.storage import write_bytes_atomic
 
 NO_LINE = StepTimeFit(math.nan, math.nan, math.nan, "no trial has run yet")
 SEARCH_BOOTSTRAP_SAMPLES = 200
+CELL_RECORD = "held.json"
+"""Beside a cell's trials: the wall seconds of the launch that finished it, kept so a resumed
+search counts the device time the cell held as it was, not the moment it takes to read it back."""
 
 
 @dataclass
@@ -56,6 +63,8 @@ class Search:
     work_root: Path | None = None
     cells: dict[Cell, tuple[pa.Table, pa.Table]] = field(default_factory=dict)
     decisions: list[dict] = field(default_factory=list)
+    held_s: dict[Cell, float] = field(default_factory=dict)
+    """Device-seconds each cell held: its launch's wall time × workers."""
 
     @property
     def rule(self) -> str:
@@ -75,9 +84,12 @@ class Search:
         one_seed = c.model_copy(update={"seeds": [cell.seed], "strategy": "grid"})
         cfg = self.cfg.model_copy(update={"convergence": one_seed})
         out_dir = work_dir(self.run_id, [cell.batch_size], self.workers, self.work_root)
+        started = time.monotonic()
         self.cells[cell] = run_convergence(cfg, [cell.batch_size], data_dir=self.data_dir,
                                            out_dir=str(out_dir), run_id=self.run_id,
                                            workers=self.workers, prune_at_step=prune_at_step)
+        wall_s = held_wall_s(Path(out_dir), time.monotonic() - started)
+        self.held_s[cell] = wall_s * self.workers
         if prune_at_step is None:
             return ""
         trials = self.cells[cell][1].to_pandas().drop_duplicates("trial_id")
@@ -118,17 +130,19 @@ class Search:
             return optimum(state, self.step_line()).ratio
         return state.ratio
 
-    def spent(self) -> tuple[int, float]:
-        """(examples, device-seconds) every trial so far trained: steps × batch size, and
-        training seconds × workers (probes and stopped trials included)."""
+    def spent(self) -> tuple[int, float, float]:
+        """(examples, device-seconds of training, device-seconds held) so far: steps × batch
+        size and training seconds × workers over every trial (probes and stopped trials
+        included), and every cell's launch wall time × workers (start-up included)."""
         _, runs = self.tables()
         trials = runs.drop_duplicates("trial_id")
         examples = int((trials["steps_run"] * trials["batch_size"]).sum())
-        return examples, float((trials["train_time_s"] * trials["workers"]).sum())
+        return (examples, float((trials["train_time_s"] * trials["workers"]).sum()),
+                float(sum(self.held_s.values())))
 
     def record(self, action: str, cell: Cell | None, reason: str, state: IntervalState,
                prediction: NoisePrediction, expected_ratio: float = math.nan) -> None:
-        examples, device_s = self.spent() if self.cells else (0, 0.0)
+        examples, device_s, held_s = self.spent() if self.cells else (0, 0.0, 0.0)
         best = optimum(state, self.step_line() if self.cells else NO_LINE)
         row = {"decision": len(self.decisions), "action": action,
                "batch_size": cell.batch_size if cell else None,
@@ -144,12 +158,12 @@ class Search:
                "expected_ratio": _finite(expected_ratio), "examples_spent": examples,
                "b_star": _finite(best.b_star), "b_star_low": _finite(best.low),
                "b_star_high": _finite(best.high),
-               "device_s_spent": device_s, "workers": self.workers}
+               "device_s_spent": device_s, "device_s_held": held_s, "workers": self.workers}
         self.decisions.append(row)
         self.echo(f"adaptive {row['decision']:>2} {action:<7} "
                   f"{'' if cell is None else f'b={cell.batch_size} seed={cell.seed} '}"
                   f"{reason}; B_crit {_interval_words(state)}{_b_star_words(best)}; "
-                  f"{examples:,} examples")
+                  f"{examples:,} examples, {held_s:,.1f} device-seconds held")
 
 
 def _b_star_words(best) -> str:
@@ -175,6 +189,22 @@ def _prediction_words(p: NoisePrediction) -> str:
     words = (f"B_simple {p.method} predicts B_crit ≈ {p.b_crit:.3g} "
              f"[{p.low:.3g}, {p.high:.3g}] from {p.evaluations} evaluations")
     return words + (f" ({p.reason})" if p.reason else "")
+
+
+def held_wall_s(out_dir: Path, measured_s: float) -> float:
+    """The wall seconds a cell's launch held its devices: the record kept beside its trials
+    when there is one (the cell finished in an earlier launch), else `measured_s`, kept there
+    (when the cell's directory exists: the launch wrote its trials there)."""
+    record = out_dir / CELL_RECORD
+    try:
+        kept = float(json.loads(record.read_text())["wall_s"])
+        if math.isfinite(kept) and kept >= 0:
+            return kept
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if out_dir.is_dir():
+        write_bytes_atomic(record, json.dumps({"wall_s": measured_s}).encode())
+    return measured_s
 
 
 def allowed_batch_sizes(cfg: ExperimentConfig, largest_batch: int | None) -> list[int]:
@@ -238,8 +268,11 @@ def _stop_reason(search: Search, state: IntervalState, runs: pd.DataFrame,
     at_edge = edge_stop(cut, [cell.batch_size for cell in search.cells], allowed)
     if at_edge:
         return at_edge
-    if c.adaptive_budget_examples and search.spent()[0] >= c.adaptive_budget_examples:
+    examples, _, held_s = search.spent()
+    if c.adaptive_budget_examples and examples >= c.adaptive_budget_examples:
         return STOP_BUDGET
+    if c.adaptive_budget_device_s and held_s >= c.adaptive_budget_device_s:
+        return STOP_DEVICE_BUDGET
     return "cell limit reached" if len(search.cells) >= c.adaptive_max_cells else ""
 
 

@@ -176,10 +176,14 @@ def _b_star_sentence(last: pd.Series, cut: bool) -> str:
 def _cost_sentence(decisions: pd.DataFrame, runs: pd.DataFrame | None, batch_sizes: list[int],
                    seeds: int) -> str:
     spent = int(decisions["examples_spent"].max())
-    spent_s = _number(decisions["device_s_spent"].max()) if "device_s_spent" in decisions \
-        else math.nan
-    device = (f" and {spent_s:,.1f} device-seconds of training (training time × workers; "
-              "process start-up not counted)" if math.isfinite(spent_s) else "")
+    spent_s, held_s = (_number(decisions[column].max()) if column in decisions else math.nan
+                       for column in ("device_s_spent", "device_s_held"))
+    device = (f", {spent_s:,.1f} device-seconds of training (training time × workers)"
+              if math.isfinite(spent_s) else "")
+    if math.isfinite(held_s) and held_s > 0:
+        device += (f" and held devices for {held_s:,.1f} device-seconds in all (each cell's "
+                   "launch wall time × workers: start-up, data loading and evaluation included"
+                   + _outside_training(spent_s, held_s) + ")")
     grid = grid_examples_estimate(decisions, runs, batch_sizes, seeds)
     if not math.isfinite(grid) or grid <= 0:
         return (f"It trained on {spent:,} examples{device}; a grid's cost cannot be estimated "
@@ -191,9 +195,23 @@ def _cost_sentence(decisions: pd.DataFrame, runs: pd.DataFrame | None, batch_siz
             " of its examples")
     grid_s = grid_device_s_estimate(decisions, runs, batch_sizes, seeds)
     if math.isfinite(spent_s) and math.isfinite(grid_s) and grid_s > 0:
-        text += (f" and {spent_s / grid_s:.0%} of its device time (about {grid_s:,.1f} "
-                 "device-seconds, with the search's own step-time line)")
+        text += (f" and {spent_s / grid_s:.0%} of its training device time (about "
+                 f"{grid_s:,.1f} device-seconds, with the search's own step-time line)")
+    if math.isfinite(held_s) and held_s > 0:
+        text += ("; the time held has no grid estimate: a grid pays start-up once per launch "
+                 "(one per worker count locally, one per batch size on a cluster), the search "
+                 "once per cell")
     return text + "."
+
+
+def _outside_training(spent_s: float, held_s: float) -> str:
+    """The share of the held time outside training, where the two clocks allow one."""
+    if not math.isfinite(spent_s):
+        return ""
+    if spent_s > held_s:
+        return ("; less than the training time the trials report, so the two clocks disagree "
+                "and no share outside training is given")
+    return f", {1 - spent_s / held_s:.0%} of it outside training"
 
 
 def _reading(read_level: float) -> str:

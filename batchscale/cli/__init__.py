@@ -212,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "weight_decay", "train_eval_rows", "gap_epochs",
                                          "seeds", "max_steps", "strategy",
                                          "target_interval_ratio", "adaptive_objective",
-                                         "adaptive_budget_examples", "lr_halving_eta",
+                                         "adaptive_budget_examples",
+                                         "adaptive_budget_device_s", "lr_halving_eta",
                                          "lr_halving_first_rung_steps", "loader_workers"])
     cv.add_argument("--target", action="append", type=target_flag, metavar="METRIC=VALUE",
                     help="a target, e.g. val_accuracy=0.95 or val_loss=0.3 (repeat the flag for "

@@ -235,6 +235,11 @@ class ConvergenceConfig(_Strict):
     """Training examples (steps x batch size, summed over trials) after which the adaptive
     search stops even if its interval is wider: examples, not seconds, because they cost the
     same on any machine and compare directly with a grid's. None: no budget."""
+    adaptive_budget_device_s: Seconds | None = None
+    """Device-seconds the adaptive search may hold, probes included, after which it stops even
+    if its interval is wider: each cell's launch wall time (process start-up, data loading,
+    evaluation and training) times its workers, what an accelerator is held for. None: no
+    budget."""
     adaptive_max_cells: PositiveInt = 24
     """Most (batch size, seed) cells the adaptive search runs, probes included."""
     adaptive_prune_factor: float | None = Field(3.0, gt=1.0, allow_inf_nan=False)

@@ -37,6 +37,9 @@ DECISIONS = pa.schema(
         pa.field("expected_ratio", pa.float64()),
         pa.field("examples_spent", pa.int64(), nullable=False),
         pa.field("device_s_spent", pa.float64(), nullable=False),
+        # Device-seconds held: each cell's launch wall time (start-up, data loading, evaluation
+        # and training) × workers, cumulative; null in rows written before it was recorded.
+        pa.field("device_s_held", pa.float64()),
         pa.field("workers", pa.int64(), nullable=False),
     ]
 )

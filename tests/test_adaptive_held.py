@@ -1,0 +1,75 @@
+"""The device time the adaptive search holds: each cell's launch wall time × workers, kept beside
+its trials so a resumed search counts it as it was, and a budget in those device-seconds.
+
+The cells are simulated (the claims corpus's stand-in for run_convergence) with a sleep standing
+in for a launch's start-up: no GPU or torchrun is needed to check the accounting; the real launch
+is timed the same way in tests/test_adaptive_driver.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from unittest import mock
+
+import numpy as np
+import pandas as pd
+from test_claims_adaptive import BATCHES, EVAL_EVERY, SEEDS, simulated_cell
+
+from batchscale.adaptive import driver
+from batchscale.adaptive.choice import STOP_DEVICE_BUDGET
+from batchscale.config import parse_config
+
+LAUNCH_S = 0.05
+
+
+def _search(budget_s: float | None, tmp_path) -> pd.DataFrame:
+    cfg = parse_config({"convergence": {
+        "strategy": "adaptive", "lr_rules": ["sqrt"], "seeds": SEEDS, "batch_sizes": BATCHES,
+        "target_interval_ratio": 1.01, "target_val_accuracy": 0.9, "max_steps": 2000,
+        "eval_every_steps": EVAL_EVERY, "adaptive_budget_device_s": budget_s}})
+    train = simulated_cell(32.0, 0.1, True, True, np.random.default_rng(3))
+
+    def launch(*args, **kwargs):
+        time.sleep(LAUNCH_S)
+        return train(*args, **kwargs)
+
+    with mock.patch.object(driver, "run_convergence", launch), \
+            mock.patch.object(driver, "_environment", lambda search, runs: {}), \
+            mock.patch.object(driver, "make_table", lambda kind, rows, env: rows):
+        _, _, decisions = driver.run_adaptive(cfg, data_dir="simulated", run_id="held",
+                                              work_root=tmp_path, echo=lambda line: None)
+    return pd.DataFrame(decisions)
+
+
+def test_the_search_stops_once_its_device_second_budget_is_held(tmp_path):
+    budget_s = 8 * LAUNCH_S
+    decisions = _search(budget_s, tmp_path)
+    last = decisions.iloc[-1]
+    assert last["reason"] == STOP_DEVICE_BUDGET
+    assert last["device_s_held"] >= budget_s
+    cells = decisions["action"].isin(("probe", "place", "refine")).sum()
+    assert last["device_s_held"] >= cells * LAUNCH_S  # every launch counted, start-up included
+    # No refining cell ran once the budget was spent (probes and placed cells come first).
+    refines = decisions[decisions["action"] == "refine"]
+    assert (refines["device_s_held"].iloc[:-1] < budget_s).all()
+
+
+def test_held_time_grows_with_each_cell_and_never_falls_below_the_launches(tmp_path):
+    decisions = _search(None, tmp_path)
+    held = decisions["device_s_held"].tolist()
+    assert held == sorted(held)
+    assert decisions.iloc[-1]["reason"] != STOP_DEVICE_BUDGET
+
+
+def test_a_cells_held_time_is_kept_beside_it_and_read_back_as_it_was(tmp_path):
+    cell_dir = tmp_path / "cell"
+    assert driver.held_wall_s(cell_dir, 1.5) == 1.5  # no directory: nothing written
+    assert not cell_dir.exists()
+    cell_dir.mkdir()
+    assert driver.held_wall_s(cell_dir, 12.0) == 12.0
+    assert json.loads((cell_dir / driver.CELL_RECORD).read_text()) == {"wall_s": 12.0}
+    assert driver.held_wall_s(cell_dir, 0.01) == 12.0  # a resumed launch only reads it back
+    (cell_dir / driver.CELL_RECORD).write_text("{not json")
+    assert driver.held_wall_s(cell_dir, 3.0) == 3.0  # a damaged record is measured again
+    (cell_dir / driver.CELL_RECORD).write_text('{"wall_s": -1}')
+    assert driver.held_wall_s(cell_dir, 4.0) == 4.0
