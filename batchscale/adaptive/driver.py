@@ -39,7 +39,8 @@ from batchscale.adaptive.choice import (
 )
 from batchscale.analysis.critical import cut_sides, read_level
 from batchscale.config import ExperimentConfig
-from batchscale.convergence.runner import run_convergence, work_dir
+from batchscale.convergence.cell_server import CellServer
+from batchscale.convergence.runner import run_convergence, torchrun_env, work_dir
 from batchscale.fits import StepTimeFit, fit_step_time
 from batchscale.schemas import RunStatus, make_table
 from batchscale.storage import write_bytes_atomic
@@ -65,6 +66,9 @@ class Search:
     decisions: list[dict] = field(default_factory=list)
     held_s: dict[Cell, float] = field(default_factory=dict)
     """Device-seconds each cell held: its launch's wall time × workers."""
+    server: CellServer | None = None
+    """Where one-worker cells train, one after another in one process (None: a torchrun or a
+    TrainJob each)."""
 
     @property
     def rule(self) -> str:
@@ -87,7 +91,8 @@ class Search:
         started = time.monotonic()
         self.cells[cell] = run_convergence(cfg, [cell.batch_size], data_dir=self.data_dir,
                                            out_dir=str(out_dir), run_id=self.run_id,
-                                           workers=self.workers, prune_at_step=prune_at_step)
+                                           workers=self.workers, prune_at_step=prune_at_step,
+                                           server=self.server)
         wall_s = held_wall_s(Path(out_dir), time.monotonic() - started)
         self.held_s[cell] = wall_s * self.workers
         if prune_at_step is None:
@@ -222,6 +227,17 @@ def run_adaptive(cfg: ExperimentConfig, *, data_dir: str, run_id: str,
     cells train under `work_root` (runner.work_dir)."""
     c = cfg.convergence
     search = Search(cfg, run_id, str(data_dir), workers or c.workers, echo, work_root)
+    if search.workers == 1 and c.launcher != "kubeflow":
+        search.server = CellServer(torchrun_env(1))
+    try:
+        return _search(search, largest_batch)
+    finally:
+        if search.server is not None:
+            search.server.close()
+
+
+def _search(search: Search, largest_batch: int | None) -> tuple[pa.Table, pa.Table, pa.Table]:
+    cfg, c = search.cfg, search.cfg.convergence
     allowed = allowed_batch_sizes(cfg, largest_batch)
     none = IntervalState(math.nan, math.nan, math.nan, "", "")
     for b in c.adaptive_probe_batch_sizes or allowed[:2]:

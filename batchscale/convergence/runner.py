@@ -20,6 +20,7 @@ import pyarrow as pa
 from batchscale.config import ExperimentConfig
 from batchscale.contract_check import check_workload, with_workload_targets
 from batchscale.convergence import checkpoint, train
+from batchscale.convergence.cell_server import CellServer
 from batchscale.convergence.schedule import scaled_lr
 from batchscale.convergence.spec import (
     ConvergenceSpec,
@@ -161,10 +162,16 @@ def torchrun_env(workers: int) -> dict:
     return env
 
 
+def write_spec(spec: ConvergenceSpec) -> Path:
+    """The spec file every rank reads (`spec.json` in the cell's directory)."""
+    spec_path = Path(spec.out_dir) / "spec.json"
+    write_bytes_atomic(spec_path, spec.to_json())
+    return spec_path
+
+
 def launch_local(spec: ConvergenceSpec, timeout_s: float, max_restarts: int) -> None:
     out_dir = Path(spec.out_dir)
-    spec_path = out_dir / "spec.json"
-    write_bytes_atomic(spec_path, spec.to_json())
+    spec_path = write_spec(spec)
     workers = spec.training.workers
     cmd = torchrun_command(str(spec_path), workers, max_restarts)
     # Own process group: a timeout, Ctrl-C or SIGTERM takes the agent and its workers down
@@ -201,12 +208,13 @@ def collect(spec: ConvergenceSpec,
 
 def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str,
                     out_dir: str, run_id: str, workers: int | None = None,
-                    prune_at_step: int | None = None):
+                    prune_at_step: int | None = None, server: CellServer | None = None):
     """Train every trial of `batch_sizes` to the target; (curves, runs) tables. torchrun here,
     or a TrainJob on the cluster with `launcher: kubeflow` (`out_dir` is then unused: the
     TrainJob's pods write to the object store). The run id (a directory and a key part) and
     a user model (built once) are checked before any process starts. `prune_at_step`: the
-    adaptive search's bound (TrialSpec.prune_at_step)."""
+    adaptive search's bound (TrialSpec.prune_at_step). `server`: a one-worker cell trains in
+    that long-lived process instead of its own torchrun (torchrun again if the server fails)."""
     check_run_id(run_id)
     if workers is not None and workers < 1:
         raise BadInput(f"workers: must be at least 1, got {workers}")
@@ -225,7 +233,11 @@ def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
     check_checkpoints(spec)
     if not finished(spec):  # a resumed run reads finished trials back without a torchrun
         # timeout_s is per batch size: a cell of several batch sizes gets one limit per size.
-        launch_local(spec, c.timeout_s * len(batch_sizes), c.max_restarts)
+        timeout_s = c.timeout_s * len(batch_sizes)
+        served = (server is not None and spec.training.workers == 1
+                  and server.run(write_spec(spec), timeout_s))
+        if not served:
+            launch_local(spec, timeout_s, c.max_restarts)
     return collect(spec)
 
 
