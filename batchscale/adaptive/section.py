@@ -198,9 +198,10 @@ def _cost_sentence(decisions: pd.DataFrame, runs: pd.DataFrame | None, batch_siz
         text += (f" and {spent_s / grid_s:.0%} of its training device time (about "
                  f"{grid_s:,.1f} device-seconds, with the search's own step-time line)")
     if math.isfinite(held_s) and held_s > 0:
-        text += ("; the time held has no grid estimate: a grid pays start-up once per launch "
-                 "(one per worker count locally, one per batch size on a cluster), the search "
-                 "once per cell")
+        text += ("; the time held has no grid estimate: start-up is paid once per launch, "
+                 "and a grid launches once per worker count locally and once per batch size on "
+                 "a cluster, the search once for all its one-worker cells locally and once per "
+                 "cell otherwise")
     return text + "."
 
 
