@@ -78,6 +78,8 @@ def test_a_cell_past_its_limit_is_stopped_with_the_server(tmp_path, digits_dir):
     cfg, where = _cell(tmp_path, digits_dir, 4, target_val_accuracy=0.999, max_steps=100_000,
                        patience_evals=100_000, timeout_s=3.0)
     server = CellServer(runner.torchrun_env(1))
-    with pytest.raises(BatchscaleError, match="timed out after 3 s"):
+    with pytest.raises(BatchscaleError, match="timed out after 3 s") as raised:
         runner.run_convergence(cfg, [4], server=server, **where)
+    # the same words as a torchrun launch's timeout, naming where the finished trials are
+    assert f"finished trials are kept in {tmp_path / 'b4' / 'trials'}" in str(raised.value)
     assert server.proc is None

@@ -47,7 +47,7 @@ class CellServer:
         try:
             self.proc.stdin.write(f"{spec_path}\n")
             self.proc.stdin.flush()
-            answer = self._answer(timeout_s)
+            answer = self._answer(timeout_s, spec_path.parent / "trials")
         except (BrokenPipeError, OSError):
             answer = None
         if answer is None or not answer.get("ok"):
@@ -55,13 +55,13 @@ class CellServer:
             return False
         return True
 
-    def _answer(self, timeout_s: float) -> dict | None:
+    def _answer(self, timeout_s: float, trials: Path) -> dict | None:
         with selectors.DefaultSelector() as selector:
             selector.register(self.proc.stdout, selectors.EVENT_READ)
             if not selector.select(timeout_s):
                 self.close()
                 raise BatchscaleError(f"convergence trials timed out after {timeout_s:.0f} s; "
-                                      "finished trials are kept beside the cell")
+                                      f"finished trials are kept in {trials}")
         line = self.proc.stdout.readline()
         try:
             return json.loads(line) if line else None
