@@ -193,51 +193,66 @@ def allocator_effect() -> Figure:
 
 
 # ----------------------------------------------------------------------------- repeatability
-def _timed(rows: list[dict]) -> dict[int, float]:
+def vouched_rates(rows: list[dict]) -> dict[int, float]:
     """samples/s of the rows the sweep vouches for (timed, not flagged unstable)."""
     return {r["batch_size"]: r["samples_per_s"] for r in rows
             if r["status"] == TrialStatus.OK and r.get("quality") != Quality.UNSTABLE}
 
 
-def _rerun_intervals(rows: list[dict]) -> dict[int, tuple[float, float]]:
+def vouched_intervals(rows: list[dict]) -> dict[int, tuple[float, float]]:
     """(low, high) of the rows the sweep vouches for that carry a rerun interval."""
     return {r["batch_size"]: (r["samples_per_s_low"], r["samples_per_s_high"]) for r in rows
             if r["status"] == TrialStatus.OK and r.get("quality") != Quality.UNSTABLE
             and r.get("samples_per_s_low") is not None}
 
 
+REPEAT_PLANS = {"digits-mlp": REPEAT_MLP_BATCHES, "resnet18": REPEAT_RESNET_BATCHES}
+
+
+def repeat_sweeps(out_dir: Path, count: int) -> dict[str, list[list[dict]]]:
+    """`count` production-default sweeps per workload of REPEAT_PLANS, alternating workloads
+    (so drift lands on both alike); each sweep's rows, per workload, in order."""
+    sweeps: dict[str, list[list[dict]]] = {w: [] for w in REPEAT_PLANS}
+    for i in range(count):
+        for workload, batches in REPEAT_PLANS.items():
+            cfg = SweepConfig(batch_sizes=batches, input_modes=["synthetic"],
+                              image_size_px=RESNET_IMAGE_PX)
+            sweeps[workload].append(sweep(cfg, workload, _env(workload),
+                                          out_dir / f"r{i}.parquet", log=_quiet))
+        _log(f"   repeated sweep {i + 1}/{count} done")
+    return sweeps
+
+
 def repeatability(out_dir: Path) -> dict:
     """REPEAT_SWEEPS production-default sweeps per workload, alternating workloads; per batch,
     the CV of samples/s across sweeps with its interval (rows flagged unstable are left out,
     as the analysis leaves them out, and counted)."""
-    plans = {"digits-mlp": REPEAT_MLP_BATCHES, "resnet18": REPEAT_RESNET_BATCHES}
-    runs: dict[str, list[dict[int, float]]] = {w: [] for w in plans}
-    intervals: dict[str, list[dict[int, tuple[float, float]]]] = {w: [] for w in plans}
-    unstable = {w: 0 for w in plans}
-    for i in range(REPEAT_SWEEPS):
-        for workload, batches in plans.items():
-            cfg = SweepConfig(batch_sizes=batches, input_modes=["synthetic"],
-                              image_size_px=RESNET_IMAGE_PX)
-            rows = sweep(cfg, workload, _env(workload), out_dir / f"r{i}.parquet", log=_quiet)
-            runs[workload].append(_timed(rows))
-            intervals[workload].append(_rerun_intervals(rows))
-            unstable[workload] += sum(r.get("quality") == Quality.UNSTABLE for r in rows)
-        _log(f"   repeatability sweep {i + 1}/{REPEAT_SWEEPS} done")
+    sweeps = repeat_sweeps(out_dir, REPEAT_SWEEPS)
+    runs = {w: [vouched_rates(rows) for rows in s] for w, s in sweeps.items()}
+    intervals = {w: [vouched_intervals(rows) for rows in s] for w, s in sweeps.items()}
+    unstable = {w: sum(r.get("quality") == Quality.UNSTABLE for rows in s for r in rows)
+                for w, s in sweeps.items()}
     figures = {}
-    for workload, batches in plans.items():
+    for workload, batches in REPEAT_PLANS.items():
         for b in batches:
             values = [run[b] for run in runs[workload] if b in run]
             figures[f"{workload} B={b}"] = (cv_figure(values, REPEATABILITY_GOAL)
                                             if len(values) >= 2 else None)
-    checks = {w: rerun_coverage(runs[w], intervals[w]) for w in plans}
+    return {"figures": figures, "unstable_rows": unstable, "sweeps": REPEAT_SWEEPS,
+            "runs": runs, "rerun_coverage": coverage_figures(runs, intervals)}
+
+
+def coverage_figures(runs: dict[str, list[dict[int, float]]],
+                     intervals: dict[str, list[dict[int, tuple[float, float]]]]) -> dict:
+    """Per workload and pooled: how often the next sweep fell inside a row's rerun interval,
+    and the intervals' median half-width."""
+    checks = {w: rerun_coverage(runs[w], intervals[w]) for w in runs}
     checks["pooled"] = (sum(c[0] for c in checks.values()), sum(c[1] for c in checks.values()),
                         [w for c in checks.values() for w in c[2]])
-    coverage = {name: {
+    return {name: {
         "figure": share_figure(covered, checked, RERUN_COVERAGE_GOAL) if checked else None,
         "median_half_width": statistics.median(widths) if widths else None}
         for name, (covered, checked, widths) in checks.items()}
-    return {"figures": figures, "unstable_rows": unstable, "sweeps": REPEAT_SWEEPS,
-            "runs": runs, "rerun_coverage": coverage}
 
 
 # ----------------------------------------------------------------------------- search, shape

@@ -133,3 +133,53 @@ def test_a_first_bad_run_that_widens_a_noisy_baseline_cannot_hide_the_second():
     assert found.first_bad == 4 and found.last_good == 3
     assert detect([*normal, 4830.0], history_runs=10).verdict == SUSPECTED
     assert detect([*normal, 4830.0, 23500.0], history_runs=10).verdict == OK  # a blip
+
+
+def test_a_run_whose_rerun_interval_reaches_the_median_is_not_below_whatever_the_floor():
+    """A 12 % drop clears the fixed floor, but a row whose 90 % rerun interval reaches 20 %
+    above it could land at the baseline on a rerun: the intervals do not say the sweeps differ."""
+    quiet = Baseline.of(np.array([LEVEL] * 5))
+    slow = 0.88 * LEVEL
+    assert quiet.below(slow)  # no interval: the fixed floor (8 %) decides
+    assert not quiet.below(slow, margin=0.20)
+    assert quiet.threshold(slow, 0.20) == pytest.approx(0.20 * slow)
+    assert quiet.below(slow, margin=0.05)  # its interval ends at 0.924 × the median
+
+
+def test_a_narrow_rerun_interval_shows_a_drop_smaller_than_the_fixed_floor():
+    """A 6 % step hides under the fixed 8 % floor; rows whose intervals reach only 2 % above
+    them show it, and two such runs in a row confirm it."""
+    series = [LEVEL] * 6 + [0.94 * LEVEL] * 2
+    assert verdicts(series)[6:] == [OK, OK]
+    margins = [0.02] * len(series)
+    judged = [d.verdict for d in replay(series, HISTORY, margins)]
+    assert judged[6:] == [SUSPECTED, CONFIRMED]
+
+
+def test_the_history_scatter_still_bounds_a_narrow_interval():
+    """Runs that scatter by ±15 % are no baseline a 10 % drop can be read against, however
+    narrow the new row's own interval."""
+    history = [8500.0, 11_500.0, 10_000.0, 8500.0, 11_500.0, 10_000.0]
+    assert detect([*history, 9000.0], HISTORY, [0.01] * 7).verdict == OK
+    assert detect([*history, 4000.0], HISTORY, [0.01] * 7).verdict == SUSPECTED
+
+
+def test_the_median_margin_of_the_baseline_and_the_run_judges_it():
+    """A history whose rows carry ±20 % intervals is not overruled by one run's ±1 %; runs
+    without an interval count for nothing in the median."""
+    series = [LEVEL] * 6 + [0.88 * LEVEL]
+    wide = [0.20] * 6 + [0.01]
+    assert detect(series, HISTORY, wide).verdict == OK
+    gaps = [math.nan, 0.03, math.nan, 0.03, math.nan, 0.03, math.nan]
+    found = detect(series, HISTORY, gaps)
+    assert found.verdict == SUSPECTED and found.baseline.margin() == pytest.approx(0.03)
+
+
+def test_rows_without_an_interval_fall_back_to_the_floor_and_margins_must_match_the_figures():
+    series = [LEVEL] * 5 + [0.85 * LEVEL] * 2
+    none = [math.nan] * len(series)
+    assert [d.verdict for d in replay(series, HISTORY, none)] == verdicts(series)
+    assert Baseline.of(np.array([LEVEL] * 5)).threshold(0.9 * LEVEL, 0.0) == pytest.approx(
+        MIN_DROP_SHARE * LEVEL)  # a zero-width interval is no interval
+    with pytest.raises(ValueError, match="3 rerun margins for 7 figures"):
+        detect(series, HISTORY, [0.1] * 3)

@@ -94,6 +94,38 @@ def test_a_small_drop_within_the_floor_is_not_flagged_even_on_a_quiet_history():
     assert verdicts(sweep_frame("now", {4: 0.85 * MEAN_RATE}), history) == {4: SUSPECTED}
 
 
+def interval_frame(run_id: str, rate: float, margin: float) -> pd.DataFrame:
+    """One cell whose row carries a 90 % rerun interval reaching `margin` above its rate."""
+    frame = sweep_frame(run_id, {4: rate})
+    return frame.assign(samples_per_s_low=rate / (1 + margin),
+                        samples_per_s_high=rate * (1 + margin))
+
+
+def test_the_rows_rerun_intervals_decide_whether_two_sweeps_differ():
+    """The same 12 % drop on a quiet history: suspected then confirmed when the cell's rows
+    carry ±5 % rerun intervals (put on the slow run, they end below the baseline), ok when they
+    carry ±20 % (a rerun could land at the baseline); the table's allowed drop is the one the
+    run was judged by."""
+    for margin, first_verdict in ((0.05, SUSPECTED), (0.20, NO_REGRESSION)):
+        history = pd.concat([interval_frame(f"h{i}", MEAN_RATE, margin) for i in range(5)])
+        first = interval_frame("now1", 0.88 * MEAN_RATE, margin)
+        table = check_regressions(first, history, HISTORY)
+        assert list(table["verdict"]) == [first_verdict]
+        assert table["allowed_drop"][0] == pytest.approx(margin * 0.88 * MEAN_RATE)
+    narrow = pd.concat([interval_frame(f"h{i}", MEAN_RATE, 0.05) for i in range(5)])
+    first = interval_frame("now1", 0.88 * MEAN_RATE, 0.05)
+    second = interval_frame("now2", 0.88 * MEAN_RATE, 0.05)
+    assert verdicts(second, pd.concat([narrow, first])) == {4: CONFIRMED}
+
+
+def test_one_runs_needle_thin_interval_does_not_decide_alone():
+    """Two trials that happened to agree give a row a ±1 % interval; the cell's rows usually
+    carry ±20 %, and the median of the margins (not the lucky one) judges the 12 % drop."""
+    history = pd.concat([interval_frame(f"h{i}", MEAN_RATE, 0.20) for i in range(5)])
+    lucky = interval_frame("now", 0.88 * MEAN_RATE, 0.01)
+    assert verdicts(lucky, history) == {4: NO_REGRESSION}
+
+
 def test_too_little_history_is_not_judged():
     history = pd.concat([sweep_frame(f"h{i}", {4: MEAN_RATE})
                          for i in range(MIN_HISTORY_RUNS - 1)])
