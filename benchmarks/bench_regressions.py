@@ -8,9 +8,10 @@ Run-to-run noise comes from measured figures, said in the output (`noise_source`
   vouched-for row gives a pair (x / median − 1, its rerun margin high / x − 1); a history
   resamples those pairs of one cell with replacement, so the rule sees each run's figure *and*
   the rerun interval the sweep printed beside it. A step scales a run's figure; its margin, a
-  share, stays. The same histories are judged by the interval rule (the check as it runs) and
-  by the fixed-share rule it replaced (margins left out: MIN_DROP_SHARE), side by side. The
-  sweeps also give how often the next sweep fell inside a row's rerun interval;
+  share, stays. The same histories are judged by the check as it runs (the fixed floor
+  narrowed where the rows' intervals are narrower: changepoints.py) and by the fixed-share
+  rule alone (margins left out), side by side. The sweeps also give how often the next sweep
+  fell inside a row's rerun interval;
 - the local lake's real sweep rows, when it holds cells measured well in at least
   MIN_LAKE_RUNS comparable runs (same speed fingerprint, no unstable rows, no disturbed run):
   each such cell's relative residuals (x / median − 1) are resampled with replacement;
@@ -95,7 +96,8 @@ def resampled_noise(residuals: np.ndarray, margins: np.ndarray | None = None) ->
 
 
 def without_margins(noise: Noise) -> Noise:
-    """The same draws judged by the fixed-share rule (the rule before rows had intervals)."""
+    """The same draws judged by the fixed-share floor alone (the rule before rows had
+    intervals)."""
     return lambda rng, n: (noise(rng, n)[0], None)
 
 
@@ -240,7 +242,7 @@ def print_figures(title: str, figures: dict[str, Figure]) -> None:
 
 
 def real_sweep_figures(results: dict) -> None:
-    """The interval rule and the fixed-share rule on histories resampled from real sweeps."""
+    """The check and the fixed-share floor alone on histories resampled from real sweeps."""
     cells, coverage, source = real_sweeps()
     results["real_sweeps"] = source
     print(f"  {source}")
@@ -255,8 +257,8 @@ def real_sweep_figures(results: dict) -> None:
         label = (f"{name}: {residuals.size} real sweeps, CV {cv:.3f}, median rerun margin "
                  f"{float(np.median(margins)):.3f}")
         noise = resampled_noise(residuals, margins)
-        for rule, judged in (("interval rule", noise),
-                             ("fixed-share rule", without_margins(noise))):
+        for rule, judged in (("the check (floor narrowed by intervals)", noise),
+                             ("fixed-share floor alone", without_margins(noise))):
             figures = figures_for(judged)
             results[f"real {label}, {rule}"] = figures
             print_figures(f"real {label}, {rule}", figures)

@@ -7,20 +7,22 @@ above it the row's 90 % rerun interval reaches, as a share (samples_per_s_high /
 − 1; sweep/rounds.py `rerun_interval`). The baseline of a run is the last `history_runs` timed
 runs before it, m their median and MAD = median(|x − m|); a run lies *below* it when
 
-    m − x > T = max(NOISE_MADS · 1.4826 · MAD, x · M)                       (or x is NaN)
+    m − x > T = max(NOISE_MADS · 1.4826 · MAD, min(MIN_DROP_SHARE · m, x · M))   (or x is NaN)
 
-M the median rerun margin of the baseline's runs and this one: the history's scatter allows no
-such drop *and* the rerun interval this cell's rows carry, put on this run, ends below m (a
-rerun would not reach the baseline), so two sweeps differ by what their intervals say, not by a
-fixed share. The median, not the run's own margin: a row's interval comes from its few trials
-(two by default: one degree of freedom), so its width alone scatters widely, and a run whose
-two trials happened to agree would otherwise be judged by a needle-thin interval. Runs without
-an interval (rows written before it, or trials too far apart for one) count for nothing in M;
-with none at all, T falls back to a fixed floor, MIN_DROP_SHARE · m.
+M the median rerun margin of the baseline's runs and this one. The MAD term is the history's
+own scatter. The second term keeps a history that happens to be quiet from flagging a wobble:
+a fixed share of m, or less where the cell's rows show they are quieter than that — an
+interval as wide as they carry, put on this run, ends below m, so a rerun would not reach the
+baseline and the two sweeps differ by what their intervals say. The intervals narrow that
+floor and never widen it: rows' intervals come from two trials (one degree of freedom) and
+were measured 2–10× wider than the scatter between whole sweeps of the same rows, and judging
+by them alone cut the detection of a 15 % step from 0.87 to 0.45 (resnet18 at batch 16) with
+no fewer false alarms (bench_regressions; docs/lake.md). The median, not the run's own margin:
+a row's width alone scatters widely, and a run whose two trials happened to agree would be
+judged by a needle-thin interval. Runs without an interval (rows written before it, or trials
+too far apart for one) count for nothing in M; with none at all the floor is the fixed share.
 
-1.4826·MAD estimates the noise's standard deviation σ while ignoring an odd outlying run; the
-interval (or the floor) keeps a history that happens to be quiet from flagging a wobble the
-row's own repeats show is within its noise.
+1.4826·MAD estimates the noise's standard deviation σ while ignoring an odd outlying run.
 
 The test is a run rule on this robust control chart (the "k consecutive points beyond a limit"
 rules of statistical process control, here k = CONFIRM_RUNS = 2): find the longest run of
@@ -38,19 +40,17 @@ median has moved to the new level and the cell is "ok" again: the change became 
 False-alarm rate. With no change and independent runs of normal noise of known σ, a run is
 below with p₁ = Φ(−T/σ) ≤ Φ(−NOISE_MADS) = Φ(−2.5) = 0.62 %, so a run is *suspected* at most
 0.62 % of the time; a *confirmed* alarm needs two consecutive runs below (nearly) the same
-baseline, p₁² ≤ 3.9e-5, i.e. 0.004 per 100 cell-runs. The interval stands in for the floor,
-never for the MAD term, so that bound holds with or without it; and a rerun interval that
-covers the next sweep 90 % of the time ends below m about 5 % of the time on its own, a second
-condition a false alarm must also meet. Estimating m and σ from a handful of runs widens this
+baseline, p₁² ≤ 3.9e-5, i.e. 0.004 per 100 cell-runs. The interval only lowers the floor,
+never the MAD term, so that bound holds with or without it. Where the floor binds (CV below
+MIN_DROP_SHARE / NOISE_MADS = 3.2 %) it is smaller still: p₁ = Φ(−floor / CV), e.g. Φ(−4) =
+3e-5 at a 2 % CV with the 8 % floor. Estimating m and σ from a handful of runs widens this
 (a baseline that came out narrow by chance), and real noise has heavier tails than the normal;
 the benchmark `bench_regressions` replays histories with measured noise and reports the rate that
 results (false alarms per 100 cell-runs, goal ≤ 1), next to the single-run rule's (a run more
 than max(3 · 1.4826 · MAD, 10 % of m) below m regressed).
 
 Detection: a step of s (share of m) is confirmed at its second run when both runs fall below:
-(Φ((s − T/m) / CV))², e.g. 0.95 for a 15 % step at a 3 % CV with M = 8 % binding. A cell
-whose rows' intervals are wider than the step cannot show it: a 15 % step hides inside ±20 %
-rerun intervals, and the check says nothing rather than guess (bench_regressions measures both).
+(Φ((s − T/m) / CV))², e.g. 0.95 for a 15 % step at a 3 % CV with the 8 % floor binding.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ NOISE_MADS = 2.5
 MAD_TO_SIGMA = 1.4826
 """MAD × this = standard deviation, for normally distributed noise."""
 MIN_DROP_SHARE = 0.08
-"""For a run without a rerun interval: drops smaller than this share of the median never count
-as below."""
+"""Drops smaller than this share of the median never count as below (nor, where the cell's rows
+carry rerun intervals narrower than this, smaller than the drop those intervals allow)."""
 MIN_HISTORY_RUNS = 3
 """Fewer timed runs than this before a run cannot tell noise from a change."""
 CONFIRM_RUNS = 2
@@ -105,7 +105,7 @@ class Baseline:
 
     @property
     def allowed_drop(self) -> float:
-        """T for a run without a rerun interval: the MAD term or the fixed floor."""
+        """T for a run when no run has a rerun interval: the MAD term or the fixed floor."""
         return max(self.noise_drop, self.min_drop_share * self.median)
 
     def margin(self, own: float = math.nan) -> float:
@@ -116,12 +116,13 @@ class Baseline:
 
     def threshold(self, rate: float, margin: float = math.nan) -> float:
         """T for a run of `rate` samples/s whose rerun interval reaches `margin` (a share) above
-        it: the MAD term, or the drop that puts an interval of width M on the run below the
-        median; the fixed floor where no run has a usable interval."""
+        it: the MAD term, or the floor — the fixed share of the median, or the drop that puts an
+        interval of width M on the run below the median where that is smaller."""
+        floor = self.min_drop_share * self.median
         pooled = self.margin(margin)
         if math.isfinite(pooled) and math.isfinite(rate):
-            return max(self.noise_drop, rate * pooled)
-        return self.allowed_drop
+            floor = min(floor, rate * pooled)
+        return max(self.noise_drop, floor)
 
     def below(self, rate: float, margin: float = math.nan) -> bool:
         """Not timed, or slower than the median by more than the threshold."""
