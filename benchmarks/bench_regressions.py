@@ -5,22 +5,17 @@ publish judges them run by run, with `publish.history_runs` = HISTORY_RUNS.
 Run-to-run noise comes from measured figures, said in the output (`noise_source`):
 - real sweeps, measured here: REAL_SWEEPS production-default sweeps in a row (the rows of
   bench_sweep's repeatability part: digits-mlp and resnet18 at 32 px, alternating). Each
-  vouched-for row gives a pair (x / median − 1, its rerun margin high / x − 1); a history
-  resamples those pairs of one cell with replacement, so the rule sees each run's figure *and*
-  the rerun interval the sweep printed beside it. A step scales a run's figure; its margin, a
-  share, stays. The same histories are judged by the check as it runs (the fixed floor
-  narrowed where the rows' intervals are narrower: changepoints.py) and by the fixed-share
-  rule alone (margins left out), side by side. The sweeps also give how often the next sweep
-  fell inside a row's rerun interval;
+  cell's vouched-for rows give its relative residuals (x / median − 1), resampled with
+  replacement. The sweeps also give how often the next sweep fell inside a row's rerun
+  interval (the interval's coverage, on the same rows);
 - the local lake's real sweep rows, when it holds cells measured well in at least
   MIN_LAKE_RUNS comparable runs (same speed fingerprint, no unstable rows, no disturbed run):
   each such cell's relative residuals (x / median − 1) are resampled with replacement;
 - always, normal noise at the run-to-run CVs README.md states for 5 production-default sweeps
   in a row on our 2-core machine (`bench_sweep`): resnet18 B=64 0.047, B=16 0.076; digits-mlp
-  0.186 to 0.257 (sub-millisecond steps), and 0.02 for a quiet GPU-sized step for reference
-  (these carry no rerun interval: the fixed-share floor applies).
+  0.186 to 0.257 (sub-millisecond steps), and 0.02 for a quiet GPU-sized step for reference.
 
-Resampling pairs independently drops the drift between neighbouring runs (a slow afternoon
+Resampling runs independently drops the drift between neighbouring runs (a slow afternoon
 makes several runs slow together), which makes false alarms look rarer than they are; the
 scheduled-run scenario test (tests/test_regression_scenario.py) covers that case with real runs.
 
@@ -78,27 +73,16 @@ MIN_REAL_ROWS = 3
 SINGLE_RUN_RULE = {"noise_mads": 3.0, "min_drop_share": 0.10}
 SEED = 18
 
-Noise = Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray | None]]
-"""Draws n runs: relative deviations (x / level − 1), and each run's rerun margin (a share;
-None: the runs carry no interval)."""
+Noise = Callable[[np.random.Generator, int], np.ndarray]
+"""Draws n relative deviations (x / level − 1)."""
 
 
 def normal_noise(cv: float) -> Noise:
-    return lambda rng, n: (cv * rng.standard_normal(n), None)
+    return lambda rng, n: cv * rng.standard_normal(n)
 
 
-def resampled_noise(residuals: np.ndarray, margins: np.ndarray | None = None) -> Noise:
-    """Residuals (with the margin measured beside each, when given) drawn together."""
-    def draw(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray | None]:
-        picks = rng.integers(0, residuals.size, size=n)
-        return residuals[picks], None if margins is None else margins[picks]
-    return draw
-
-
-def without_margins(noise: Noise) -> Noise:
-    """The same draws judged by the fixed-share floor alone (the rule before rows had
-    intervals)."""
-    return lambda rng, n: (noise(rng, n)[0], None)
+def resampled_noise(residuals: np.ndarray) -> Noise:
+    return lambda rng, n: rng.choice(residuals, size=n, replace=True)
 
 
 def single_run_alarms(series: np.ndarray, start: int) -> list[bool]:
@@ -127,11 +111,10 @@ def detection(noise: Noise, step: float, rng: np.random.Generator) -> Tally:
     run after it?"""
     tally = Tally()
     for _ in range(STEP_TRIALS):
-        deviations, margins = noise(rng, PRE_STEP_RUNS + 2)
-        series = 1.0 + deviations
+        series = 1.0 + noise(rng, PRE_STEP_RUNS + 2)
         series[PRE_STEP_RUNS:] *= 1.0 - step
-        judged = [detect(series[:end], HISTORY_RUNS, None if margins is None else margins[:end])
-                  for end in (PRE_STEP_RUNS + 1, PRE_STEP_RUNS + 2)]
+        judged = [detect(series[:end], HISTORY_RUNS) for end in (PRE_STEP_RUNS + 1,
+                                                                  PRE_STEP_RUNS + 2)]
         tally.cases += 1
         tally.confirmed += any(d.verdict == CONFIRMED for d in judged)
         tally.suspected += any(d.verdict in (SUSPECTED, CONFIRMED) for d in judged)
@@ -143,9 +126,8 @@ def false_alarms(noise: Noise, rng: np.random.Generator) -> Tally:
     """Step-free histories: every judged run (MIN_HISTORY_RUNS before it) is a cell-run."""
     tally = Tally()
     for _ in range(FREE_HISTORIES):
-        deviations, margins = noise(rng, FREE_RUNS)
-        series = 1.0 + deviations
-        judged = replay(series, HISTORY_RUNS, margins)[MIN_HISTORY_RUNS:]
+        series = 1.0 + noise(rng, FREE_RUNS)
+        judged = replay(series, HISTORY_RUNS)[MIN_HISTORY_RUNS:]
         tally.cases += len(judged)
         tally.confirmed += sum(d.verdict == CONFIRMED for d in judged)
         tally.suspected += sum(d.verdict == SUSPECTED for d in judged)
@@ -204,10 +186,10 @@ def lake_residuals() -> tuple[dict[str, np.ndarray], str]:
     return found, f"local lake: {len(found)} cells with ≥ {MIN_LAKE_RUNS} comparable runs"
 
 
-def real_sweeps() -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict, str]:
-    """REAL_SWEEPS production-default sweeps measured now: per cell with MIN_REAL_ROWS
-    vouched-for rows carrying an interval, (relative residuals, rerun margins); the rerun
-    interval coverage of the next sweep (bench_sweep.coverage_figures); and the source line."""
+def real_sweeps() -> tuple[dict[str, np.ndarray], dict, str]:
+    """REAL_SWEEPS production-default sweeps measured now: each cell's relative residuals over
+    its MIN_REAL_ROWS or more vouched-for rows; the rerun interval coverage of the next sweep
+    (bench_sweep.coverage_figures); and the source line."""
     from benchmarks.bench_sweep import (
         coverage_figures,
         repeat_sweeps,
@@ -220,17 +202,13 @@ def real_sweeps() -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict, str]:
     runs = {w: [vouched_rates(rows) for rows in s] for w, s in sweeps.items()}
     intervals = {w: [vouched_intervals(rows) for rows in s] for w, s in sweeps.items()}
     cells = {}
-    for workload in sweeps:
-        for batch in sorted({b for run in intervals[workload] for b in run}):
-            pairs = [(run[batch], iv[batch][1]) for run, iv in zip(runs[workload],
-                                                                   intervals[workload],
-                                                                   strict=True) if batch in iv]
-            if len(pairs) < MIN_REAL_ROWS:
-                continue
-            rates, highs = (np.array(column, dtype=float) for column in zip(*pairs, strict=True))
-            cells[f"{workload} B={batch}"] = (rates / np.median(rates) - 1.0, highs / rates - 1.0)
+    for workload, per_sweep in runs.items():
+        for batch in sorted({b for run in per_sweep for b in run}):
+            rates = np.array([run[batch] for run in per_sweep if batch in run], dtype=float)
+            if rates.size >= MIN_REAL_ROWS:
+                cells[f"{workload} B={batch}"] = rates / np.median(rates) - 1.0
     source = (f"{REAL_SWEEPS} real sweeps per workload measured now: {len(cells)} cells with "
-              f"≥ {MIN_REAL_ROWS} vouched-for rows carrying a rerun interval")
+              f"≥ {MIN_REAL_ROWS} vouched-for rows")
     return cells, coverage_figures(runs, intervals), source
 
 
@@ -242,7 +220,7 @@ def print_figures(title: str, figures: dict[str, Figure]) -> None:
 
 
 def real_sweep_figures(results: dict) -> None:
-    """The check and the fixed-share floor alone on histories resampled from real sweeps."""
+    """The check on histories resampled from real sweeps, and the rows' rerun coverage."""
     cells, coverage, source = real_sweeps()
     results["real_sweeps"] = source
     print(f"  {source}")
@@ -252,16 +230,12 @@ def real_sweep_figures(results: dict) -> None:
             print(f"    next sweep inside the rerun interval, {name}: "
                   f"{entry['figure'].text(digits=3)}; median half-width "
                   f"{entry['median_half_width']:.3f}")
-    for name, (residuals, margins) in cells.items():
+    for name, residuals in cells.items():
         cv = float(np.std(residuals, ddof=1))
-        label = (f"{name}: {residuals.size} real sweeps, CV {cv:.3f}, median rerun margin "
-                 f"{float(np.median(margins)):.3f}")
-        noise = resampled_noise(residuals, margins)
-        for rule, judged in (("the check (floor narrowed by intervals)", noise),
-                             ("fixed-share floor alone", without_margins(noise))):
-            figures = figures_for(judged)
-            results[f"real {label}, {rule}"] = figures
-            print_figures(f"real {label}, {rule}", figures)
+        label = f"real {name}: {residuals.size} sweeps, CV {cv:.3f}, resampled"
+        figures = figures_for(resampled_noise(residuals))
+        results[label] = figures
+        print_figures(label, figures)
 
 
 def run() -> dict:

@@ -94,39 +94,6 @@ def test_a_small_drop_within_the_floor_is_not_flagged_even_on_a_quiet_history():
     assert verdicts(sweep_frame("now", {4: 0.85 * MEAN_RATE}), history) == {4: SUSPECTED}
 
 
-def interval_frame(run_id: str, rate: float, margin: float) -> pd.DataFrame:
-    """One cell whose row carries a 90 % rerun interval reaching `margin` above its rate."""
-    frame = sweep_frame(run_id, {4: rate})
-    return frame.assign(samples_per_s_low=rate / (1 + margin),
-                        samples_per_s_high=rate * (1 + margin))
-
-
-def test_rows_quieter_than_the_floor_show_a_smaller_drop_by_their_intervals():
-    """A 6 % drop on a quiet history, under the fixed 8 % floor: suspected then confirmed when
-    the cell's rows carry ±3 % rerun intervals (put on the slow run, they end below the
-    baseline), ok when they carry ±20 % (wide intervals never widen the floor, so it stays
-    8 %); the table's allowed drop is the one the run was judged by."""
-    for margin, verdict, allowed in ((0.03, SUSPECTED, 0.03 * 0.94 * MEAN_RATE),
-                                     (0.20, NO_REGRESSION, 0.08 * MEAN_RATE)):
-        history = pd.concat([interval_frame(f"h{i}", MEAN_RATE, margin) for i in range(5)])
-        first = interval_frame("now1", 0.94 * MEAN_RATE, margin)
-        table = check_regressions(first, history, HISTORY)
-        assert list(table["verdict"]) == [verdict]
-        assert table["allowed_drop"][0] == pytest.approx(allowed)
-    quiet = pd.concat([interval_frame(f"h{i}", MEAN_RATE, 0.03) for i in range(5)])
-    first = interval_frame("now1", 0.94 * MEAN_RATE, 0.03)
-    second = interval_frame("now2", 0.94 * MEAN_RATE, 0.03)
-    assert verdicts(second, pd.concat([quiet, first])) == {4: CONFIRMED}
-
-
-def test_one_runs_needle_thin_interval_does_not_decide_alone():
-    """Two trials that happened to agree give a row a ±1 % interval; the cell's rows usually
-    carry ±20 %, and the median of the margins (not the lucky one) judges the 6 % drop."""
-    history = pd.concat([interval_frame(f"h{i}", MEAN_RATE, 0.20) for i in range(5)])
-    lucky = interval_frame("now", 0.94 * MEAN_RATE, 0.01)
-    assert verdicts(lucky, history) == {4: NO_REGRESSION}
-
-
 def test_too_little_history_is_not_judged():
     history = pd.concat([sweep_frame(f"h{i}", {4: MEAN_RATE})
                          for i in range(MIN_HISTORY_RUNS - 1)])

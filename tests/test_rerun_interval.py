@@ -114,3 +114,26 @@ def test_trials_far_apart_give_no_interval_rather_than_an_absurd_one():
     assert columns == {"samples_per_s_low": None, "samples_per_s_high": None}
     low, high = rerun_interval([trial(0.010), trial(0.012)], 0.011)  # close trials still get one
     assert high / 0.011 <= MAX_RERUN_FACTOR
+
+
+def test_the_summary_names_rows_of_sub_millisecond_steps_and_only_stable_ones():
+    """Such rows' sweeps disagree more (the timer and dispatch weigh on each step): the summary
+    names their batch sizes and points to the rerun intervals; a row of 2 ms steps, an unstable
+    row and a row that did not time are not named."""
+    from batchscale.sweep.summary import SHORT_STEP_S, quality_lines, quality_summary
+
+    def row(batch, step_s, quality="ok", status="ok"):
+        return {"status": status, "batch_size": batch, "input_mode": "synthetic",
+                "quality": quality, "quality_reason": None if quality == "ok" else "spread",
+                "step_time_median_s": step_s, "rounds": 2}
+
+    rows = [row(16, 0.3e-3), row(64, 0.9e-3), row(256, 2e-3), row(4, 0.1e-3, "unstable"),
+            row(1024, None, "ok", "oom")]
+    summary = quality_summary(rows)
+    assert summary["short_step_batches"] == [16, 64]
+    lines = quality_lines(summary)
+    named = [line for line in lines if line.startswith("sub-millisecond steps")]
+    assert named == [next(line for line in lines if "batch 16, 64:" in line)]
+    assert "rerun intervals" in named[0]
+    assert not [line for line in quality_lines(quality_summary([row(256, 2 * SHORT_STEP_S)]))
+                if "sub-millisecond" in line]

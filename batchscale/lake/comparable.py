@@ -42,7 +42,7 @@ and the sweep's input size and layout/compile switches."""
 SOFTWARE_FIELDS = ("torch_version", "cuda_version", "gpu_driver", "python_version", "image")
 """Software under batchscale's code: a change keeps the series and is named when it slows it."""
 FINGERPRINT_FIELDS = (*SERIES_FIELDS, *SOFTWARE_FIELDS)
-MEASUREMENT_COLUMNS = ("quality", "quality_reason", "cpu_wait_share", "samples_per_s_high")
+MEASUREMENT_COLUMNS = ("quality", "quality_reason", "cpu_wait_share")
 DEFAULT_MAX_UNSTABLE_SHARE = SweepConfig.model_fields["max_unstable_share"].default
 DEFAULT_MAX_CPU_WAIT_SHARE = SweepConfig.model_fields["max_cpu_wait_share"].default
 ATTRIBUTION_FIELDS = ("git_commit", "batchscale_version", *SOFTWARE_FIELDS)
@@ -140,34 +140,25 @@ def same_fingerprint(cells: pd.DataFrame, cell: dict) -> np.ndarray:
 def per_run_cells(sweep: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, cell), in the order of `sweep`: status ok if any row timed;
     samples_per_s the median of the stable timed rows, or of all timed rows when every one is
-    unstable (`trusted` false, `quality_reason` the first reason); `rerun_margin` the median,
-    over the same rows, of how far each row's rerun interval reaches above its samples/s (a
-    share; NaN where no row has one: changepoints.py); the fingerprint and attribution fields
-    and the date."""
+    unstable (`trusted` false, `quality_reason` the first reason); the fingerprint and
+    attribution fields and the date."""
     sweep = with_measurement_columns(sweep)
     timed, unstable = timed_rows(sweep), unstable_rows(sweep)
     rates = pd.to_numeric(sweep["samples_per_s"], errors="coerce")
-    margins = pd.to_numeric(sweep["samples_per_s_high"], errors="coerce") / rates - 1.0
-    margins = margins.where(np.isfinite(margins) & (margins > 0))
     frame = sweep.assign(ok=timed, trusted=timed & ~unstable,
                          stable_rate=rates.where(timed & ~unstable), timed_rate=rates.where(timed),
-                         stable_margin=margins.where(timed & ~unstable),
-                         timed_margin=margins.where(timed),
                          unstable_reason=sweep["quality_reason"].where(unstable))
     grouped = frame.groupby(["run_id", *CELL_KEYS], sort=False, dropna=False)
     cells = grouped.agg(
         ok=("ok", "any"), trusted=("trusted", "any"), stable_rate=("stable_rate", "median"),
-        timed_rate=("timed_rate", "median"), stable_margin=("stable_margin", "median"),
-        timed_margin=("timed_margin", "median"), status=("status", "first"),
+        timed_rate=("timed_rate", "median"), status=("status", "first"),
         quality_reason=("unstable_reason", "first"),
         **{f: (f, "first") for f in dict.fromkeys((*FINGERPRINT_FIELDS, *ATTRIBUTION_FIELDS,
                                                    *RUN_FIELDS)) if f not in CELL_KEYS},
     ).reset_index()
     cells["status"] = cells["status"].where(~cells["ok"], TrialStatus.OK)
     cells["samples_per_s"] = cells["stable_rate"].where(cells["trusted"], cells["timed_rate"])
-    cells["rerun_margin"] = cells["stable_margin"].where(cells["trusted"], cells["timed_margin"])
-    return cells.drop(columns=["ok", "stable_rate", "timed_rate", "stable_margin",
-                               "timed_margin"])
+    return cells.drop(columns=["ok", "stable_rate", "timed_rate"])
 
 
 def baseline_cells(history: pd.DataFrame | None, max_unstable_share: float | None,

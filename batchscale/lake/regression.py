@@ -40,7 +40,6 @@ from batchscale.lake.changepoints import (
     SUSPECTED,
     Baseline,
     Detection,
-    baseline_before,
     detect,
 )
 from batchscale.lake.comparable import (
@@ -102,25 +101,18 @@ def _rate(cell: dict) -> float:
     return float(cell["samples_per_s"]) if cell["status"] == TrialStatus.OK else math.nan
 
 
-def _margin(cell: dict) -> float:
-    """How far the cell's rerun interval reaches above its samples/s; NaN without one."""
-    value = cell.get("rerun_margin")
-    return math.nan if value is None or pd.isna(value) else float(value)
-
-
 def _figures(baseline: Baseline, cell: dict) -> dict:
-    timed = bool(baseline.runs) and cell["status"] == TrialStatus.OK
-    change = cell["samples_per_s"] / baseline.median - 1.0 if timed else math.nan
-    allowed = (baseline.threshold(float(cell["samples_per_s"]), _margin(cell)) if timed
-               else baseline.allowed_drop)
+    change = (cell["samples_per_s"] / baseline.median - 1.0
+              if baseline.runs and cell["status"] == TrialStatus.OK else math.nan)
     return {"history_runs": baseline.runs, "history_median": baseline.median,
-            "history_mad": baseline.mad, "allowed_drop": allowed, "change": change}
+            "history_mad": baseline.mad, "allowed_drop": baseline.allowed_drop,
+            "change": change}
 
 
 def judge_series(series: pd.DataFrame, cell: dict, history_runs: int) -> dict:
     """The change-point verdict of `cell` after the comparable earlier cells `series`."""
     rows = [*series.to_dict("records"), cell]
-    found = detect([_rate(r) for r in rows], history_runs, [_margin(r) for r in rows])
+    found = detect([_rate(r) for r in rows], history_runs)
     verdict = {**_figures(found.baseline, cell), "verdict": found.verdict, "reason": None,
                "runs_below": found.runs_below}
     if found.verdict == INSUFFICIENT_HISTORY:
@@ -157,10 +149,8 @@ def judge_cell(cell: dict, past: pd.DataFrame | None, history_runs: int,
         row.update(verdict=NOT_JUDGED,
                    reason=f"unstable: {_text_or(cell['quality_reason'], 'no reason recorded')}")
     elif changed:
-        records = series.to_dict("records")
-        rates = np.array([_rate(r) for r in records], dtype=float)
-        before = baseline_before(rates, rates.size, history_runs,
-                                 np.array([_margin(r) for r in records], dtype=float))
+        timed = np.array([_rate(r) for r in series.to_dict("records")], dtype=float)
+        before = Baseline.of(timed[np.isfinite(timed)][-history_runs:])
         row.update(_figures(before, cell), verdict=ENVIRONMENT_CHANGED,
                    reason=f"{', '.join(changed)}: new baseline")
     elif last and row["verdict"] != CONFIRMED and (

@@ -183,10 +183,8 @@ def verdict_lines(frame: pd.DataFrame) -> list[str]:
 
 def rule_text() -> str:
     return (f"Rule: a run lies below its baseline (the median of the last runs) when it drops "
-            f"by more than {NOISE_MADS:g} × 1.4826 × MAD of those runs and its row's 90 % rerun "
-            f"interval ends below that median ({MIN_DROP_SHARE:.0%} of the median where the row "
-            f"has no interval); one run below is suspected, {CONFIRM_RUNS} in a row confirm a "
-            "regression "
+            f"by more than max({NOISE_MADS:g} × 1.4826 × MAD, {MIN_DROP_SHARE:.0%} of the "
+            f"median); one run below is suspected, {CONFIRM_RUNS} in a row confirm a regression "
             "(only that fails --fail-on-regression). At least "
             f"{MIN_HISTORY_RUNS} earlier runs per cell, measured well (no unstable rows, no "
             f"disturbed run) with the same fingerprint ({', '.join(FINGERPRINT_FIELDS)}).")

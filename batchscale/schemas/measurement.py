@@ -237,8 +237,7 @@ REGRESSIONS = pa.schema(
 """One row per cell of this run's sweep; `verdict` is confirmed, suspected, ok,
 insufficient_history, not_judged or environment_changed ("regression" in tables published before
 change points); `change` is current / median − 1 (for environment_changed, against the previous
-environment's baseline), `allowed_drop` the drop in samples/s this run had to exceed
-(the history's scatter, or the run's own rerun interval: batchscale/lake/changepoints.py)."""
+environment's baseline), `allowed_drop` the noise threshold in samples/s."""
 
 PLAN = pa.schema(
     [

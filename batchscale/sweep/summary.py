@@ -17,6 +17,10 @@ MANY_ROUNDS = 3
 """From this many rounds on, the rerun interval's t quantile is small enough that the drift
 between sweeps, which rounds in one sweep cannot see, dominates: measured coverage of the next
 sweep fell from 0.88 (2 rounds) to 0.56 (3 rounds), docs/benchmarks.md."""
+SHORT_STEP_S = 1e-3
+"""Below this median step time the timer, Python's dispatch and the allocator are a large share
+of each step, so whole sweeps disagree more than for longer steps (docs/sweep.md, "Rows of
+sub-millisecond steps"): such rows are named in the summary."""
 
 
 def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> dict:
@@ -136,6 +140,9 @@ def quality_summary(rows: list[dict]) -> dict:
         "retried_rows": sum(bool(r.get("retries")) for r in timed),
         "largest_round_spread": _largest(r.get("round_spread") for r in stable),
         "largest_cv": _largest(r.get("step_time_cv") for r in stable),
+        "short_step_batches": sorted({r["batch_size"] for r in stable
+                                      if _finite(r.get("step_time_median_s"))
+                                      and r["step_time_median_s"] < SHORT_STEP_S}),
         "load_avg_max": _largest(r.get("load_avg_1m") for r in rows),
         "usable_cpus": min((r["usable_cpus"] for r in rows if r.get("usable_cpus")),
                            default=None),
@@ -167,6 +174,11 @@ def quality_lines(summary: dict) -> list[str]:
                  f"stable rows: rounds agree within "
                  f"{'n/a' if spread is None else f'{spread:.1%}'}, CV at most "
                  f"{'n/a' if cv is None else f'{cv:.2f}'}")
+    if short := summary.get("short_step_batches"):
+        lines.append(f"sub-millisecond steps at batch {', '.join(map(str, short))}: the timer "
+                     "and dispatch weigh on each step, so another sweep of these rows may land "
+                     "further away than of slower ones; compare them only through their rerun "
+                     "intervals (docs/sweep.md)")
     return [*lines, _conditions_line(summary)]
 
 
