@@ -64,8 +64,11 @@ class Search:
     work_root: Path | None = None
     cells: dict[Cell, tuple[pa.Table, pa.Table]] = field(default_factory=dict)
     decisions: list[dict] = field(default_factory=list)
-    held_s: dict[Cell, float] = field(default_factory=dict)
-    """Device-seconds each cell held: its launch's wall time × workers."""
+    held_s: dict[tuple[str, Cell], float] = field(default_factory=dict)
+    """Device-seconds each cell (or probe) held: its launch's wall time × workers."""
+    probes: dict[Cell, tuple[pa.Table, pa.Table]] = field(default_factory=dict)
+    """Probes stopped at `adaptive_probe_budget_examples`: their own trials (trial ids ending
+    in PROBE_SUFFIX), in the tables and the cost, never in the fit."""
     server: CellServer | None = None
     """Where one-worker cells train, one after another in one process (None: a torchrun or a
     TrainJob each)."""
@@ -79,22 +82,45 @@ class Search:
         targets = self.cfg.convergence.resolved_targets()
         return next((t for t in targets if t.primary), targets[0])
 
+    def _launch(self, cell: Cell, out_dir: Path,
+                prune_at_step: int | None) -> tuple[pa.Table, pa.Table]:
+        """Every LR rule of the config at one (batch size, seed), trained under `out_dir`."""
+        c = self.cfg.convergence
+        one_seed = c.model_copy(update={"seeds": [cell.seed], "strategy": "grid"})
+        cfg = self.cfg.model_copy(update={"convergence": one_seed})
+        started = time.monotonic()
+        tables = run_convergence(cfg, [cell.batch_size], data_dir=self.data_dir,
+                                 out_dir=str(out_dir), run_id=self.run_id,
+                                 workers=self.workers, prune_at_step=prune_at_step,
+                                 server=self.server)
+        self.held_s[(out_dir.name, cell)] = held_wall_s(
+            out_dir, time.monotonic() - started) * self.workers
+        return tables
+
+    def run_probe(self, cell: Cell) -> str:
+        """A probe: with `adaptive_probe_budget_examples`, trials of their own stopped at the
+        first evaluation past the budget (kept out of the fit); else a cell like any other.
+        How it ended, in words."""
+        budget = self.cfg.convergence.adaptive_probe_budget_examples
+        if budget is None:
+            self.run_cell(cell)
+            return ""
+        out_dir = probe_dir(self.run_id, cell.batch_size, self.workers, self.work_root)
+        bound = max(1, math.ceil(budget / cell.batch_size))
+        self.probes[cell] = tuple(as_probe(t) for t in self._launch(cell, out_dir, bound))
+        trials = self.probes[cell][1].to_pandas().drop_duplicates("trial_id")
+        stopped = int((trials["status"] == RunStatus.PRUNED).sum())
+        return (f"; stopped at its budget of {budget:,} examples (step {bound}) in {stopped} of "
+                f"{len(trials)} trial(s), kept out of the fit")
+
     def run_cell(self, cell: Cell, prune_at_step: int | None = None) -> str:
         """Train every LR rule of the config at one (batch size, seed) to the targets, stopping
         trials still short of them at `prune_at_step` as pruned; what pruning did, in words."""
         if cell in self.cells:
             return ""
         c = self.cfg.convergence
-        one_seed = c.model_copy(update={"seeds": [cell.seed], "strategy": "grid"})
-        cfg = self.cfg.model_copy(update={"convergence": one_seed})
         out_dir = work_dir(self.run_id, [cell.batch_size], self.workers, self.work_root)
-        started = time.monotonic()
-        self.cells[cell] = run_convergence(cfg, [cell.batch_size], data_dir=self.data_dir,
-                                           out_dir=str(out_dir), run_id=self.run_id,
-                                           workers=self.workers, prune_at_step=prune_at_step,
-                                           server=self.server)
-        wall_s = held_wall_s(Path(out_dir), time.monotonic() - started)
-        self.held_s[cell] = wall_s * self.workers
+        self.cells[cell] = self._launch(cell, out_dir, prune_at_step)
         if prune_at_step is None:
             return ""
         trials = self.cells[cell][1].to_pandas().drop_duplicates("trial_id")
@@ -106,14 +132,23 @@ class Search:
         c = self.cfg.convergence
         return prune_step(state, cell.batch_size, c.adaptive_prune_factor, c.max_steps)
 
+    def trained(self) -> list[tuple[pa.Table, pa.Table]]:
+        """(curves, runs) of every launch so far: budgeted probes, then cells."""
+        return [*self.probes.values(), *self.cells.values()]
+
     def tables(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        curves = pa.concat_tables([c for c, _ in self.cells.values()]).to_pandas()
-        runs = pa.concat_tables([r for _, r in self.cells.values()]).to_pandas()
+        trained = self.trained()
+        curves = pa.concat_tables([c for c, _ in trained]).to_pandas()
+        runs = pa.concat_tables([r for _, r in trained]).to_pandas()
         return curves, runs
 
     def target_runs(self) -> pd.DataFrame:
-        """The trials' rows for the search's target (a trial has a row per target)."""
-        _, runs = self.tables()
+        """The cells' rows for the search's target (a trial has a row per target); budgeted
+        probes never count."""
+        if self.cells:
+            runs = pa.concat_tables([r for _, r in self.cells.values()]).to_pandas()
+        else:  # only probes so far: their columns, none of their rows
+            runs = self.tables()[1].iloc[0:0]
         t = self.target
         keep = ((runs["target_metric"] == t.metric) & (runs["target_value"] == t.value)
                 & (runs["status"] != RunStatus.PRUNED))  # pruned trials are left out of the fit
@@ -147,7 +182,7 @@ class Search:
 
     def record(self, action: str, cell: Cell | None, reason: str, state: IntervalState,
                prediction: NoisePrediction, expected_ratio: float = math.nan) -> None:
-        examples, device_s, held_s = self.spent() if self.cells else (0, 0.0, 0.0)
+        examples, device_s, held_s = self.spent() if self.trained() else (0, 0.0, 0.0)
         best = optimum(state, self.step_line() if self.cells else NO_LINE)
         row = {"decision": len(self.decisions), "action": action,
                "batch_size": cell.batch_size if cell else None,
@@ -196,6 +231,24 @@ def _prediction_words(p: NoisePrediction) -> str:
     return words + (f" ({p.reason})" if p.reason else "")
 
 
+PROBE_SUFFIX = "-probe"
+
+
+def probe_dir(run_id: str, batch_size: int, workers: int, work_root: Path | None) -> Path:
+    """Where a budgeted probe trains: beside the cells' directories, under its own name, so a
+    cell placed at the same batch size and seed starts from scratch and a resumed search reads
+    the probe back."""
+    cell_dir = work_dir(run_id, [batch_size], workers, work_root)
+    return cell_dir.with_name(f"probe-b{batch_size}-w{workers}")
+
+
+def as_probe(table: pa.Table) -> pa.Table:
+    """`table` with its trial ids marked as a probe's (unique beside a cell's own trials)."""
+    column = table.schema.get_field_index("trial_id")
+    ids = [f"{t}{PROBE_SUFFIX}" for t in table.column("trial_id").to_pylist()]
+    return table.set_column(column, table.schema.field(column), pa.array(ids, pa.string()))
+
+
 def held_wall_s(out_dir: Path, measured_s: float) -> float:
     """The wall seconds a cell's launch held its devices: the record kept beside its trials
     when there is one (the cell finished in an earlier launch), else `measured_s`, kept there
@@ -241,9 +294,9 @@ def _search(search: Search, largest_batch: int | None) -> tuple[pa.Table, pa.Tab
     allowed = allowed_batch_sizes(cfg, largest_batch)
     none = IntervalState(math.nan, math.nan, math.nan, "", "")
     for b in c.adaptive_probe_batch_sizes or allowed[:2]:
-        search.run_cell(Cell(b, c.seeds[0]))
-        search.record("probe", Cell(b, c.seeds[0]), "measures the gradient noise scale", none,
-                     NoisePrediction(math.nan, math.nan, math.nan, "none", 0))
+        stopped = search.run_probe(Cell(b, c.seeds[0]))
+        search.record("probe", Cell(b, c.seeds[0]), "measures the gradient noise scale" + stopped,
+                      none, NoisePrediction(math.nan, math.nan, math.nan, "none", 0))
     curves, _ = search.tables()
     prediction = predict_b_crit(curves, search.target.metric, search.target.value)
     placed = place_batch_sizes(prediction.b_crit, allowed, c.adaptive_first_points)
@@ -257,7 +310,7 @@ def _search(search: Search, largest_batch: int | None) -> tuple[pa.Table, pa.Tab
             state = interval_state(search.target_runs(), search.rule, SEARCH_BOOTSTRAP_SAMPLES)
             search.record("place", cell, "around the prediction" + pruning, state, prediction)
     _refine(search, allowed, prediction)
-    curves_t, runs_t = (pa.concat_tables([t[i] for t in search.cells.values()]) for i in (0, 1))
+    curves_t, runs_t = (pa.concat_tables([t[i] for t in search.trained()]) for i in (0, 1))
     return curves_t, runs_t, make_table("decisions", search.decisions, _environment(search, runs_t))
 
 
@@ -289,7 +342,8 @@ def _stop_reason(search: Search, state: IntervalState, runs: pd.DataFrame,
         return STOP_BUDGET
     if c.adaptive_budget_device_s and held_s >= c.adaptive_budget_device_s:
         return STOP_DEVICE_BUDGET
-    return "cell limit reached" if len(search.cells) >= c.adaptive_max_cells else ""
+    cells = len(search.cells) + len(search.probes)
+    return "cell limit reached" if cells >= c.adaptive_max_cells else ""
 
 
 def _refine(search: Search, allowed: list[int], prediction: NoisePrediction) -> None:

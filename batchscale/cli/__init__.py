@@ -213,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "seeds", "max_steps", "strategy",
                                          "target_interval_ratio", "adaptive_objective",
                                          "adaptive_budget_examples",
+                                         "adaptive_probe_budget_examples",
                                          "adaptive_budget_device_s", "lr_halving_eta",
                                          "lr_halving_first_rung_steps", "loader_workers"])
     cv.add_argument("--target", action="append", type=target_flag, metavar="METRIC=VALUE",
