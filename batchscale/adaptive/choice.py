@@ -28,15 +28,15 @@ from batchscale.analysis.critical import (
 )
 from batchscale.analysis.interval import fit_lines
 from batchscale.analysis.timetotarget import optimal_batch, optimal_batch_interval
+from batchscale.convergence.probe import (
+    MIN_NEAR_EVALUATIONS,
+    near_target,
+    noise_points,
+)
 from batchscale.errors import BadInput
 from batchscale.fits import StepTimeFit, positive_pairs
 from batchscale.metrics import metric as metric_named
 
-NEAR_TARGET_PROGRESS = 0.75
-"""Evaluations at least this far from the first evaluation's metric to the target (0: start,
-1: target) count as "near the target": B_simple grows as the loss falls (McCandlish et al. 2018,
-§3), so the noise scale that predicts B_crit for a target is the one measured near it."""
-MIN_NEAR_EVALUATIONS = 3
 PLACEMENT_FACTOR = 8.0
 """The first batch sizes span prediction/8 … prediction×8: wide enough that S(B) shows both its
 1/B part (small batches) and its floor S_min (large ones), the two asymptotes the fit needs."""
@@ -67,33 +67,25 @@ class NoisePrediction:
     reason: str = ""
 
 
-def _progress(values: np.ndarray, target: float) -> np.ndarray:
-    """0 at the first evaluation's metric, 1 at the target (either direction of "better")."""
-    start = values[0]
-    if target == start:
-        return np.ones_like(values)
-    return (values - start) / (target - start)
-
-
 def predict_b_crit(curves: pd.DataFrame, metric: str, target: float) -> NoisePrediction:
     """B_crit ≈ B_simple near the target (McCandlish et al. 2018, Fig. 4), from the probe
     trials' evaluations (curves rows with b_simple and the metric). Evaluations of several
-    trials are pooled, each trial's progress measured from its own first evaluation."""
+    trials are pooled, each trial's progress measured from its own first evaluation with a
+    noise scale (convergence/probe.py: the rule a probe trial stops on)."""
     try:
         metric_named(metric)
     except KeyError as err:  # the message names the allowed metrics
         raise BadInput(str(err).strip('"')) from None
     near, progress_all, gns_all = [], [], []
     for _, trial in curves.sort_values("step").groupby("trial_id", sort=True):
-        values = pd.to_numeric(trial[metric], errors="coerce").to_numpy(float)
-        gns = pd.to_numeric(trial["b_simple"], errors="coerce").to_numpy(float)
-        keep = np.isfinite(values) & np.isfinite(gns) & (gns > 0)
-        if keep.sum() < 2:
+        progress, gns = noise_points(pd.to_numeric(trial[metric], errors="coerce"),
+                                     pd.to_numeric(trial["b_simple"], errors="coerce"),
+                                     target, metric)
+        if not progress.size:
             continue
-        progress = _progress(values[keep], target)
-        near.append(gns[keep][progress >= NEAR_TARGET_PROGRESS])
+        near.append(near_target(progress, gns))
         progress_all.append(progress)
-        gns_all.append(gns[keep])
+        gns_all.append(gns)
     near_values = np.concatenate(near) if near else np.array([])
     if near_values.size >= MIN_NEAR_EVALUATIONS:
         low, mid, high = np.percentile(near_values, [25, 50, 75])

@@ -40,7 +40,9 @@ from batchscale.adaptive.choice import (
 from batchscale.analysis.critical import cut_sides, read_level
 from batchscale.config import ExperimentConfig
 from batchscale.convergence.cell_server import CellServer
+from batchscale.convergence.probe import b_simple_stable
 from batchscale.convergence.runner import run_convergence, torchrun_env, work_dir
+from batchscale.convergence.spec import ProbeSpec
 from batchscale.fits import StepTimeFit, fit_step_time
 from batchscale.schemas import RunStatus, make_table
 from batchscale.storage import write_bytes_atomic
@@ -67,8 +69,8 @@ class Search:
     held_s: dict[tuple[str, Cell], float] = field(default_factory=dict)
     """Device-seconds each cell (or probe) held: its launch's wall time × workers."""
     probes: dict[Cell, tuple[pa.Table, pa.Table]] = field(default_factory=dict)
-    """Probes stopped at `adaptive_probe_budget_examples`: their own trials (trial ids ending
-    in PROBE_SUFFIX), in the tables and the cost, never in the fit."""
+    """Probes on `adaptive_probe_budget_examples`: their own trials (trial ids ending in
+    runner.PROBE_SUFFIX), in the tables and the cost, never in the fit."""
     server: CellServer | None = None
     """Where one-worker cells train, one after another in one process (None: a torchrun or a
     TrainJob each)."""
@@ -82,8 +84,8 @@ class Search:
         targets = self.cfg.convergence.resolved_targets()
         return next((t for t in targets if t.primary), targets[0])
 
-    def _launch(self, cell: Cell, out_dir: Path,
-                prune_at_step: int | None) -> tuple[pa.Table, pa.Table]:
+    def _launch(self, cell: Cell, out_dir: Path, prune_at_step: int | None,
+                probe: ProbeSpec | None = None) -> tuple[pa.Table, pa.Table]:
         """Every LR rule of the config at one (batch size, seed), trained under `out_dir`."""
         c = self.cfg.convergence
         one_seed = c.model_copy(update={"seeds": [cell.seed], "strategy": "grid"})
@@ -92,26 +94,25 @@ class Search:
         tables = run_convergence(cfg, [cell.batch_size], data_dir=self.data_dir,
                                  out_dir=str(out_dir), run_id=self.run_id,
                                  workers=self.workers, prune_at_step=prune_at_step,
-                                 server=self.server)
+                                 server=self.server, probe=probe)
         self.held_s[(out_dir.name, cell)] = held_wall_s(
             out_dir, time.monotonic() - started) * self.workers
         return tables
 
     def run_probe(self, cell: Cell) -> str:
-        """A probe: with `adaptive_probe_budget_examples`, trials of their own stopped at the
-        first evaluation past the budget (kept out of the fit); else a cell like any other.
-        How it ended, in words."""
+        """A probe: with `adaptive_probe_budget_examples`, trials of their own (TrialSpec.probe)
+        that stop at the budget or once B_simple is stable near the target, kept out of the
+        fit; else a cell like any other. How it ended, in words."""
         budget = self.cfg.convergence.adaptive_probe_budget_examples
         if budget is None:
             self.run_cell(cell)
             return ""
         out_dir = probe_dir(self.run_id, cell.batch_size, self.workers, self.work_root)
-        bound = max(1, math.ceil(budget / cell.batch_size))
-        self.probes[cell] = tuple(as_probe(t) for t in self._launch(cell, out_dir, bound))
-        trials = self.probes[cell][1].to_pandas().drop_duplicates("trial_id")
-        stopped = int((trials["status"] == RunStatus.PRUNED).sum())
-        return (f"; stopped at its budget of {budget:,} examples (step {bound}) in {stopped} of "
-                f"{len(trials)} trial(s), kept out of the fit")
+        probe = ProbeSpec(budget_examples=budget, metric=self.target.metric,
+                          value=self.target.value)
+        self.probes[cell] = self._launch(cell, out_dir, None, probe)
+        curves, runs = (table.to_pandas() for table in self.probes[cell])
+        return f"; {probe_outcome(curves, runs, probe)}, kept out of the fit"
 
     def run_cell(self, cell: Cell, prune_at_step: int | None = None) -> str:
         """Train every LR rule of the config at one (batch size, seed) to the targets, stopping
@@ -150,8 +151,9 @@ class Search:
         else:  # only probes so far: their columns, none of their rows
             runs = self.tables()[1].iloc[0:0]
         t = self.target
+        left_out = (RunStatus.PRUNED, RunStatus.PROBED)  # stopped short: not steps to target
         keep = ((runs["target_metric"] == t.metric) & (runs["target_value"] == t.value)
-                & (runs["status"] != RunStatus.PRUNED))  # pruned trials are left out of the fit
+                & ~runs["status"].isin(left_out))
         return runs[keep]
 
     def step_line(self) -> StepTimeFit:
@@ -231,9 +233,6 @@ def _prediction_words(p: NoisePrediction) -> str:
     return words + (f" ({p.reason})" if p.reason else "")
 
 
-PROBE_SUFFIX = "-probe"
-
-
 def probe_dir(run_id: str, batch_size: int, workers: int, work_root: Path | None) -> Path:
     """Where a budgeted probe trains: beside the cells' directories, under its own name, so a
     cell placed at the same batch size and seed starts from scratch and a resumed search reads
@@ -242,11 +241,28 @@ def probe_dir(run_id: str, batch_size: int, workers: int, work_root: Path | None
     return cell_dir.with_name(f"probe-b{batch_size}-w{workers}")
 
 
-def as_probe(table: pa.Table) -> pa.Table:
-    """`table` with its trial ids marked as a probe's (unique beside a cell's own trials)."""
-    column = table.schema.get_field_index("trial_id")
-    ids = [f"{t}{PROBE_SUFFIX}" for t in table.column("trial_id").to_pylist()]
-    return table.set_column(column, table.schema.field(column), pa.array(ids, pa.string()))
+def probe_outcome(curves: pd.DataFrame, runs: pd.DataFrame, probe: ProbeSpec) -> str:
+    """How a budgeted probe's trials ended, in words: each trial's row for the primary
+    target, a probed one told apart by its curve (B_simple stable near the target, else the
+    budget), counted per way of ending."""
+    rows = runs[(runs["target_metric"] == probe.metric) & (runs["target_value"] == probe.value)]
+    endings: dict[str, int] = {}
+    for row in rows.drop_duplicates("trial_id").itertuples():
+        curve = curves[curves["trial_id"] == row.trial_id].sort_values("step")
+        why = _probe_ending(row.status, curve.to_dict("records"), probe)
+        endings[why] = endings.get(why, 0) + 1
+    total = sum(endings.values())
+    return "; ".join(f"{why} in {n} of {total} trial(s)" for why, n in endings.items())
+
+
+def _probe_ending(status: str, curve: list[dict], probe: ProbeSpec) -> str:
+    if status == RunStatus.REACHED:
+        return "reached the target"
+    if status != RunStatus.PROBED:
+        return f"ended {status}"
+    if b_simple_stable(curve, probe.metric, probe.value):
+        return "stopped once B_simple was stable near the target"
+    return f"stopped at its probe budget of {probe.budget_examples:,} examples"
 
 
 def held_wall_s(out_dir: Path, measured_s: float) -> float:

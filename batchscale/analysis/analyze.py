@@ -83,9 +83,11 @@ class AnalysisResult:
 
 def without_pruned(runs: pd.DataFrame) -> pd.DataFrame:
     """The trials the fits use: all but those the adaptive search pruned (stopped hopelessly
-    behind its own fit; convergence.adaptive_prune_factor) and a user's training loop that
-    failed (it says nothing about how many steps the batch needs)."""
-    left_out = (schemas.RunStatus.PRUNED, schemas.RunStatus.FAILED)
+    behind its own fit; convergence.adaptive_prune_factor) or stopped as probes (they measured
+    the noise scale, not the steps to the target; convergence.adaptive_probe_budget_examples),
+    and a user's training loop that failed (it says nothing about how many steps the batch
+    needs)."""
+    left_out = (schemas.RunStatus.PRUNED, schemas.RunStatus.PROBED, schemas.RunStatus.FAILED)
     return runs[~runs["status"].isin(left_out).to_numpy(dtype=bool)]
 
 

@@ -219,12 +219,17 @@ class ConvergenceConfig(_Strict):
     (docs/architecture.md, "Adaptive search"). Scaling runs are not part of the search."""
     adaptive_probe_batch_sizes: list[BatchSize] = []
     """Batch sizes of the adaptive search's probe trials (trained to the target like any other,
-    with the noise scale measured); empty: the two smallest of `batch_sizes`."""
+    with the noise scale measured, unless `adaptive_probe_budget_examples` stops them earlier);
+    empty: the two smallest of `batch_sizes`."""
     adaptive_probe_budget_examples: PositiveInt | None = None
-    """Training examples (steps x batch size) each probe trial may use: a probe stops at its
-    first evaluation from there on (status `pruned`) and only measures the gradient noise scale
-    that predicts B_crit; it is kept out of the fit, and a cell placed at its batch size trains
-    anew to the target. None: probes train to the target and count in the fit as any cell."""
+    """Training examples (steps x batch size) each probe trial of the adaptive search may use:
+    a probe stops (status `probed`) at its first evaluation at or past the budget, or earlier
+    once its gradient noise scale B_simple is stable near the primary target (its last 3
+    evaluations past 75 % of the way there within a factor 1.5 of each other), whichever comes
+    first. Such probes only measure the noise scale that predicts B_crit: they have trial ids
+    of their own (ending in -probe), stay out of the fit (their examples and device-seconds
+    still count), and a cell placed at a probe's batch size trains anew to the target. None:
+    probes train to the target and count in the fit as any cell."""
     adaptive_first_points: int = Field(4, ge=2, le=16)
     """Batch sizes the adaptive search places around the predicted B_crit before refining."""
     target_interval_ratio: float = Field(2.0, gt=1.0, allow_inf_nan=False)

@@ -3,10 +3,10 @@
 same curves and runs rows as batchscale's own trainer writes (outcome.py), so the analysis
 does not know the difference.
 
-Each report is judged on rank 0 (targets reached, diverged, stalled, out of steps, pruned) and
-the verdict is broadcast, so every rank's `should_stop()` agrees; the curve's training time is
-the maximum over ranks. A loop that raises, never reports or reports what is not a metric
-ends as `failed` with a message naming what went wrong, and the next trial starts.
+Each report is judged on rank 0 (targets reached, diverged, stalled, out of steps, pruned, a
+probe done) and the verdict is broadcast, so every rank's `should_stop()` agrees; the curve's
+training time is the maximum over ranks. A loop that raises, never reports or reports what is
+not a metric ends as `failed` with a message naming what went wrong, and the next trial starts.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch.distributed as dist
 from batchscale.convergence.distributed import Dist, all_reduce, barrier
 from batchscale.convergence.loop_trial import LoopTrial
 from batchscale.convergence.outcome import Target, note_targets, trial_rows
+from batchscale.convergence.probe import probe_done
 from batchscale.convergence.schedule import LrSchedule
 from batchscale.convergence.spec import ConvergenceSpec, TrialSpec
 from batchscale.convergence.train import TrialState, trial_files
@@ -99,6 +100,8 @@ class LoopOutcome:
             return RunStatus.NOT_REACHED
         if self.t.prune_at_step is not None and step >= self.t.prune_at_step:
             return RunStatus.PRUNED
+        if self.t.probe is not None and probe_done(self.t.probe, s.curve, row["examples_seen"]):
+            return RunStatus.PROBED
         return None
 
     def rows(self, status: RunStatus) -> list[dict]:

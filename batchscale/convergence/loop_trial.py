@@ -120,8 +120,8 @@ class LoopTrial:
         self._status = self._on_report(row)
 
     def should_stop(self) -> bool:
-        """True once the trial is finished (targets reached, diverged, stalled, out of steps or
-        pruned): return from `train` then."""
+        """True once the trial is finished (targets reached, diverged, stalled, out of steps,
+        pruned, or a probe's noise scale measured): return from `train` then."""
         return self._status is not None
 
     # -- batchscale's side -------------------------------------------------------------------

@@ -46,8 +46,8 @@ def trial_rows(state, trial, workers: int, targets: list[Target],
                status: RunStatus) -> list[dict]:
     """The trial's runs-table rows, one per target (but `cpu_wait_share`, added by the
     caller), of plain values (they are stored in the final checkpoint, which loads only plain
-    containers). A target not reached has the trial's status (not_reached, diverged, pruned or
-    failed)."""
+    containers). A target not reached has the trial's status (not_reached, diverged, pruned,
+    probed or failed)."""
     last = state.curve[-1]
     common = {
         "trial_id": trial.trial_id, "batch_size": trial.batch_size, "lr_rule": trial.lr_rule,
@@ -55,7 +55,7 @@ def trial_rows(state, trial, workers: int, targets: list[Target],
         "final_val_accuracy": last.get("val_accuracy"), "b_simple": state.noise.b_simple,
         "train_time_s": last["train_time_s"],
     }
-    kept = (RunStatus.DIVERGED, RunStatus.PRUNED, RunStatus.FAILED)
+    kept = (RunStatus.DIVERGED, RunStatus.PRUNED, RunStatus.PROBED, RunStatus.FAILED)
     rows = []
     for target in targets:
         hit = state.reached.get(target.key)

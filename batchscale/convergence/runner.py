@@ -25,6 +25,7 @@ from batchscale.convergence.schedule import scaled_lr
 from batchscale.convergence.spec import (
     ConvergenceSpec,
     HalvingSpec,
+    ProbeSpec,
     TargetSpec,
     TrainingSettings,
     TrialSpec,
@@ -58,12 +59,22 @@ def trial_lrs(cfg: ExperimentConfig, rule: str, batch_size: int) -> list[float]:
     return [scaled_lr(rule, c.base_lr, batch_size, c.reference_batch_size)]
 
 
-def build_trials(cfg: ExperimentConfig, batch_sizes: list[int],
-                 workers: int, prune_at_step: int | None = None) -> list[TrialSpec]:
+PROBE_SUFFIX = "-probe"
+"""Ends the trial id of an adaptive search's probe: a probe stops before the target, so the
+trial a cell later places at the same (batch size, LR, seed) is another trial, with its own
+result files and checkpoints."""
+
+
+def build_trials(cfg: ExperimentConfig, batch_sizes: list[int], workers: int,
+                 prune_at_step: int | None = None,
+                 probe: ProbeSpec | None = None) -> list[TrialSpec]:
+    """Every (batch size, LR rule, LR, seed) of `batch_sizes`; with `probe`, as probe trials
+    (TrialSpec.probe, trial ids ending in PROBE_SUFFIX)."""
     c = cfg.convergence
+    suffix = PROBE_SUFFIX if probe is not None else ""
     return [
-        TrialSpec(trial_id=trial_id(b, rule, seed, workers, lr), batch_size=b, lr_rule=rule,
-                  lr=lr, seed=seed, prune_at_step=prune_at_step)
+        TrialSpec(trial_id=trial_id(b, rule, seed, workers, lr) + suffix, batch_size=b,
+                  lr_rule=rule, lr=lr, seed=seed, prune_at_step=prune_at_step, probe=probe)
         for b in batch_sizes for rule in c.lr_rules for lr in trial_lrs(cfg, rule, b)
         for seed in c.seeds
     ]
@@ -96,8 +107,8 @@ def target_settings(c) -> dict:
 
 def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, out_dir: str,
                run_id: str, workers: int | None = None,
-               checkpoint_dir: str | None = None,
-               prune_at_step: int | None = None) -> ConvergenceSpec:
+               checkpoint_dir: str | None = None, prune_at_step: int | None = None,
+               probe: ProbeSpec | None = None) -> ConvergenceSpec:
     """Everything the training script needs; paths may be local or s3:// URIs. Checkpoints go
     to `checkpoint_dir`, else `<checkpoint_uri>/<run_id>` for an s3:// URI, else a directory
     inside `out_dir` (the config's relative `checkpoint_uri`, default `checkpoints`)."""
@@ -120,7 +131,7 @@ def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, 
         data_dir=str(data_dir), out_dir=str(out_dir), checkpoint_dir=str(checkpoint_dir),
         checkpoint_every_steps=c.checkpoint_every_steps, loader_workers=c.loader_workers,
         training=training,
-        trials=build_trials(cfg, batch_sizes, workers, prune_at_step),
+        trials=build_trials(cfg, batch_sizes, workers, prune_at_step, probe),
         halving=halving_spec(c))
 
 
@@ -208,13 +219,15 @@ def collect(spec: ConvergenceSpec,
 
 def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str,
                     out_dir: str, run_id: str, workers: int | None = None,
-                    prune_at_step: int | None = None, server: CellServer | None = None):
+                    prune_at_step: int | None = None, server: CellServer | None = None,
+                    probe: ProbeSpec | None = None):
     """Train every trial of `batch_sizes` to the target; (curves, runs) tables. torchrun here,
     or a TrainJob on the cluster with `launcher: kubeflow` (`out_dir` is then unused: the
     TrainJob's pods write to the object store). The run id (a directory and a key part) and
     a user model (built once) are checked before any process starts. `prune_at_step`: the
     adaptive search's bound (TrialSpec.prune_at_step). `server`: a one-worker cell trains in
-    that long-lived process instead of its own torchrun (torchrun again if the server fails)."""
+    that long-lived process instead of its own torchrun (torchrun again if the server fails).
+    `probe`: the trials are the adaptive search's probes (TrialSpec.probe)."""
     check_run_id(run_id)
     if workers is not None and workers < 1:
         raise BadInput(f"workers: must be at least 1, got {workers}")
@@ -227,9 +240,10 @@ def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
         from batchscale.convergence.trainjob import run_on_kubeflow
 
         return run_on_kubeflow(cfg, batch_sizes, data_dir=data_dir, run_id=run_id,
-                               workers=workers or c.workers, prune_at_step=prune_at_step)
+                               workers=workers or c.workers, prune_at_step=prune_at_step,
+                               probe=probe)
     spec = build_spec(cfg, batch_sizes, data_dir=data_dir, out_dir=out_dir, run_id=run_id,
-                      workers=workers, prune_at_step=prune_at_step)
+                      workers=workers, prune_at_step=prune_at_step, probe=probe)
     check_checkpoints(spec)
     if not finished(spec):  # a resumed run reads finished trials back without a torchrun
         # timeout_s is per batch size: a cell of several batch sizes gets one limit per size.

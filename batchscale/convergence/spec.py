@@ -26,6 +26,20 @@ class _StrictModel(BaseModel):
                               use_attribute_docstrings=True)
 
 
+class ProbeSpec(_StrictModel):
+    """What makes a trial an adaptive search's probe: it measures the gradient noise scale and
+    stops once that is measured (convergence/probe.py), or at its budget, whichever comes
+    first, instead of training to the targets."""
+
+    budget_examples: PositiveInt
+    """Stop as probed at the first evaluation at or past this many training examples
+    (steps x batch size): config `adaptive_probe_budget_examples`."""
+    metric: str
+    """The primary target's metric, whose progress says where "near the target" begins."""
+    value: float
+    """The primary target's value."""
+
+
 class TrialSpec(_StrictModel):
     """One trial: a global batch size trained at one learning rate from one seed."""
 
@@ -43,6 +57,10 @@ class TrialSpec(_StrictModel):
     """Stop as pruned at the first evaluation from this step on while a target is still
     unreached (the adaptive search's bound from its fit); None: never. Not part of the
     checkpoint identity: it changes where a trial stops, not its trajectory."""
+    probe: ProbeSpec | None = None
+    """A probe of the adaptive search, stopped as probed at its budget or once B_simple is
+    stable near the primary target; None: trains to the targets. Not part of the checkpoint
+    identity, for the reason `prune_at_step` is not (a probe has a trial id of its own)."""
 
 
 class TargetSpec(_StrictModel):
@@ -173,7 +191,7 @@ class ConvergenceSpec(_StrictModel):
         for name, default in LATER_SETTINGS.items():
             if settings[name] == default:
                 settings[name] = None
-        return {**settings, **trial.model_dump(mode="json", exclude={"prune_at_step"})}
+        return {**settings, **trial.model_dump(mode="json", exclude={"prune_at_step", "probe"})}
 
     def to_json(self) -> bytes:
         return self.model_dump_json(indent=1).encode()

@@ -38,6 +38,7 @@ from batchscale.convergence.distributed import Dist, all_reduce, barrier, init_d
 from batchscale.convergence.faults import drill_step, maybe_inject_fault
 from batchscale.convergence.noise import NoiseScale, grad_list, sq_norm
 from batchscale.convergence.outcome import Target, note_targets, trial_rows
+from batchscale.convergence.probe import probe_done
 from batchscale.convergence.schedule import DataOrder, LrSchedule, build_optimizer
 from batchscale.convergence.spec import ConvergenceSpec, TrialSpec, read_spec
 from batchscale.convergence.trialdata import load_data, workload_for_data
@@ -311,6 +312,8 @@ class Trial:
             return RunStatus.NOT_REACHED
         if self.t.prune_at_step is not None and s.step >= self.t.prune_at_step:
             return RunStatus.PRUNED
+        if self.t.probe is not None and probe_done(self.t.probe, s.curve, row["examples_seen"]):
+            return RunStatus.PROBED
         return None
 
     def note_targets(self, row: dict) -> bool:

@@ -39,7 +39,7 @@ from batchscale.convergence.runner import (
     check_checkpoints,
     collect,
 )
-from batchscale.convergence.spec import ConvergenceSpec
+from batchscale.convergence.spec import ConvergenceSpec, ProbeSpec
 from batchscale.convergence.trainjob_body import (
     JobRequest,
     LaunchingPod,
@@ -76,7 +76,8 @@ def cell_name(batch_sizes: list[int], workers: int) -> str:
 
 def stage_inputs(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, run_id: str,
                  workers: int, store: ObjectStore,
-                 prune_at_step: int | None = None) -> StagedRun:
+                 prune_at_step: int | None = None,
+                 probe: ProbeSpec | None = None) -> StagedRun:
     """Copy the dataset and the spec to `convergence/<run_id>/<cell>/` in the store (create-only
     keys: a retried step re-sends identical bytes; the spec is named by its hash, so a changed
     config gets a new spec, and its checkpoints are then refused by identity)."""
@@ -84,7 +85,8 @@ def stage_inputs(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str
     data = root.child("data")
     copy_files(LocalLocation(data_dir), data)
     spec = build_spec(cfg, batch_sizes, data_dir=data.uri, out_dir=root.child("out").uri,
-                      run_id=run_id, workers=workers, prune_at_step=prune_at_step)
+                      run_id=run_id, workers=workers, prune_at_step=prune_at_step,
+                      probe=probe)
     text = spec.to_json()
     name = f"spec-{hashlib.sha256(text).hexdigest()[:SPEC_HASH_CHARS]}.json"
     root.put_bytes(name, text)
@@ -247,7 +249,8 @@ def delete_job(client, name: str, timeout_s: float) -> bool:
 # ------------------------------------------------------------------------------ the launch
 def run_on_kubeflow(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str,
                     run_id: str, workers: int, limits: WaitLimits = DEFAULT_LIMITS,
-                    prune_at_step: int | None = None) -> tuple[pa.Table, pa.Table]:
+                    prune_at_step: int | None = None,
+                    probe: ProbeSpec | None = None) -> tuple[pa.Table, pa.Table]:
     """Stage, submit, await, delete; (curves, runs) of the trials the job's pods wrote."""
     ckpt = cfg.convergence.checkpoint_uri
     if ckpt and not is_s3_uri(ckpt):
@@ -262,7 +265,8 @@ def run_on_kubeflow(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
     runtime = torch_runtime(client, cfg.convergence.trainjob_runtime, limits.api_timeout_s)
     settings = S3Settings.from_env()
     staged = stage_inputs(cfg, batch_sizes, data_dir=data_dir, run_id=run_id, workers=workers,
-                          store=ObjectStore(settings), prune_at_step=prune_at_step)
+                          store=ObjectStore(settings), prune_at_step=prune_at_step,
+                          probe=probe)
     check_checkpoints(staged.spec)
     deadline_s = limits.job_deadline_s(
         cfg.convergence.timeout_s, None if pod_end is None else pod_end - time.monotonic())

@@ -52,6 +52,10 @@ class RunStatus(StrEnum):
     PRUNED = "pruned"
     """Stopped by the adaptive search: hopelessly behind what its fit implies (excluded from
     the fit; convergence.adaptive_prune_factor)."""
+    PROBED = "probed"
+    """A probe trial the adaptive search stopped at its probe budget or once B_simple was
+    stable near the target (convergence.adaptive_probe_budget_examples): it measured the noise
+    scale, not the steps to the target. Excluded from the fit."""
     FAILED = "failed"
     """A user's training loop raised, never reported, or reported what is not a metric
     (batchscale/loop.py); its message is in the converge log. Excluded from the fit."""
