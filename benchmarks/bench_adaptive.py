@@ -20,6 +20,10 @@ interval over the repeats:
 - the grid's own interval (high/low): where it is wider than ×2 the grid cannot pin B_crit, and
   the B_crit goal is not judged.
 
+Each repeat also runs the search with budgeted probes (`adaptive_probe_budget_examples` =
+PROBE_BUDGET_EXAMPLES: each probe stops at its first evaluation past that many examples and only
+measures B_simple), against the same grid: its figures carry the prefix `probe_budget_`.
+
 Run: `python -m benchmarks.run bench_adaptive` (about 3 minutes per case and repeat on 2 CPU
 cores; BENCH_QUICK=1: one repeat, two seeds). Device-seconds depend on machine load, examples
 and B_crit do not.
@@ -71,17 +75,21 @@ CASES = {
         {"metric": "val_accuracy", "value": 0.45}),
 }
 BOOTSTRAP_SAMPLES = 200
+PROBE_BUDGET_EXAMPLES = 2048
+"""Examples per budgeted probe: 512 steps at batch 4, 256 at batch 8 (the default probes)."""
 
 
 def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _config(workload: str, dataset: dict, target: dict, strategy: str, seeds: list[int]):
+def _config(workload: str, dataset: dict, target: dict, strategy: str, seeds: list[int],
+            **search):
     return parse_config({
         "name": "bench-adaptive", "workload": workload, "dataset": dataset,
         "convergence": {"batch_sizes": BATCH_SIZES, "lr_rules": ["sqrt"], "seeds": seeds,
-                        "targets": [target], "max_steps": 3000, "strategy": strategy}})
+                        "targets": [target], "max_steps": 3000, "strategy": strategy,
+                        **search}})
 
 
 def _spent(runs: pa.Table) -> tuple[int, float]:
@@ -119,10 +127,23 @@ def run_case(name: str, workload: str, dataset: dict, target: dict, root: Path,
     _, grid_runs = run_convergence(grid_cfg, BATCH_SIZES, data_dir=str(data_dir),
                                    out_dir=str(root / f"grid-{repeat}"), run_id="bench-grid")
     grid_held = time.monotonic() - started  # one launch, one worker
-    _log(f"   {name}, repeat {repeat}: adaptive search")
-    _, search_runs, decisions = run_adaptive(
-        _config(workload, dataset, target, "adaptive", seeds), data_dir=str(data_dir),
-        run_id="bench-adaptive", work_root=root / f"adaptive-{repeat}", echo=_log)
+    outcome = {}
+    for prefix, search in (("", {}), ("probe_budget_",
+                                      {"adaptive_probe_budget_examples": PROBE_BUDGET_EXAMPLES})):
+        _log(f"   {name}, repeat {repeat}: adaptive search {prefix or 'probes to target'}")
+        _, search_runs, decisions = run_adaptive(
+            _config(workload, dataset, target, "adaptive", seeds, **search),
+            data_dir=str(data_dir), run_id="bench-adaptive",
+            work_root=root / f"adaptive-{prefix}{repeat}", echo=_log)
+        found = _compare(grid_runs, grid_held, search_runs, decisions, target)
+        outcome.update({f"{prefix}{k}": v for k, v in found.items()})
+    _log(f"   {name}, repeat {repeat}: {outcome}")
+    return outcome
+
+
+def _compare(grid_runs: pa.Table, grid_held: float, search_runs: pa.Table,
+             decisions: pa.Table, target: dict) -> dict:
+    """One search against the grid of the same repeat: raw figures."""
     last = decisions.to_pandas().iloc[-1]
     grid = interval_state(_target_rows(grid_runs, target), "sqrt", BOOTSTRAP_SAMPLES)
     search = interval_state(_target_rows(search_runs, target), "sqrt", BOOTSTRAP_SAMPLES)
@@ -137,12 +158,17 @@ def run_case(name: str, workload: str, dataset: dict, target: dict, root: Path,
     if math.isfinite(grid.b_crit) and math.isfinite(search.b_crit):
         outcome["b_crit"] = search.b_crit / grid.b_crit
         outcome["grid_inside"] = bool(search.low <= grid.b_crit <= search.high)
-    _log(f"   {name}, repeat {repeat}: {outcome}")
     return outcome
 
 
-def summarize(outcomes: list[dict]) -> dict:
-    """A case's figures over its repeats (paired ratios: each repeat's search ÷ its grid)."""
+def summarize(outcomes: list[dict], prefix: str = "") -> dict:
+    """A case's figures over its repeats (paired ratios: each repeat's search ÷ its grid), for
+    the search whose raw figures carry `prefix`."""
+    outcomes = [{k[len(prefix):]: v for k, v in o.items() if k.startswith(prefix)}
+                for o in outcomes]
+    if not prefix:
+        outcomes = [{k: v for k, v in o.items() if not k.startswith("probe_budget_")}
+                    for o in outcomes]
     ones = [1.0] * len(outcomes)
     compared = [o for o in outcomes if "b_crit" in o]
     pinned = [o for o in compared if o["grid_ratio"] <= GRID_PINS]
@@ -173,7 +199,9 @@ def run() -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             outcomes = [run_case(name, workload, dataset, target, Path(tmp), r)
                         for r in range(REPEATS)]
-        results[name] = {**summarize(outcomes), "per_repeat": outcomes}
+        budgeted = {f"probe_budget_{k}": v
+                    for k, v in summarize(outcomes, "probe_budget_").items()}
+        results[name] = {**summarize(outcomes), **budgeted, "per_repeat": outcomes}
         _log(f"   {name}: " + "; ".join(f"{k} {v.text() if hasattr(v, 'text') else v}"
                                          for k, v in results[name].items()
                                          if k != "per_repeat"))
