@@ -63,13 +63,25 @@ def test_held_time_grows_with_each_cell_and_never_falls_below_the_launches(tmp_p
 
 def test_a_cells_held_time_is_kept_beside_it_and_read_back_as_it_was(tmp_path):
     cell_dir = tmp_path / "cell"
-    assert driver.held_wall_s(cell_dir, 1.5) == 1.5  # no directory: nothing written
+    assert driver.held_wall_s(cell_dir, 0, 1.5) == 1.5  # no directory: nothing written
     assert not cell_dir.exists()
     cell_dir.mkdir()
-    assert driver.held_wall_s(cell_dir, 12.0) == 12.0
-    assert json.loads((cell_dir / driver.CELL_RECORD).read_text()) == {"wall_s": 12.0}
-    assert driver.held_wall_s(cell_dir, 0.01) == 12.0  # a resumed launch only reads it back
-    (cell_dir / driver.CELL_RECORD).write_text("{not json")
-    assert driver.held_wall_s(cell_dir, 3.0) == 3.0  # a damaged record is measured again
-    (cell_dir / driver.CELL_RECORD).write_text('{"wall_s": -1}')
-    assert driver.held_wall_s(cell_dir, 4.0) == 4.0
+    record = cell_dir / driver.held_record(0)
+    assert driver.held_wall_s(cell_dir, 0, 12.0) == 12.0
+    assert json.loads(record.read_text()) == {"wall_s": 12.0}
+    assert driver.held_wall_s(cell_dir, 0, 0.01) == 12.0  # a resumed launch only reads it back
+    record.write_text("{not json")
+    assert driver.held_wall_s(cell_dir, 0, 3.0) == 3.0  # a damaged record is measured again
+    record.write_text('{"wall_s": -1}')
+    assert driver.held_wall_s(cell_dir, 0, 4.0) == 4.0
+
+
+def test_each_seed_of_a_batch_size_keeps_its_own_held_time(tmp_path):
+    """The cells of one batch size share a directory: a second seed's launch is measured, not
+    given the first seed's record (which it was, before the record was kept per seed)."""
+    cell_dir = tmp_path / "convergence-b16-w1"
+    cell_dir.mkdir()
+    assert driver.held_wall_s(cell_dir, 0, 5.0) == 5.0
+    assert driver.held_wall_s(cell_dir, 1, 0.2) == 0.2
+    assert driver.held_wall_s(cell_dir, 0, 9.0) == 5.0
+    assert driver.held_wall_s(cell_dir, 1, 9.0) == 0.2

@@ -49,9 +49,14 @@ from batchscale.storage import write_bytes_atomic
 
 NO_LINE = StepTimeFit(math.nan, math.nan, math.nan, "no trial has run yet")
 SEARCH_BOOTSTRAP_SAMPLES = 200
-CELL_RECORD = "held.json"
-"""Beside a cell's trials: the wall seconds of the launch that finished it, kept so a resumed
-search counts the device time the cell held as it was, not the moment it takes to read it back."""
+
+
+def held_record(seed: int) -> str:
+    """Beside a cell's trials: the wall seconds of the launch that finished it, kept so a
+    resumed search counts the device time the cell held as it was, not the moment it takes to
+    read it back. One per seed: the cells of one batch size share a directory (their trial ids
+    tell them apart), and each seed is its own launch."""
+    return f"held-s{seed}.json"
 
 
 @dataclass
@@ -96,7 +101,7 @@ class Search:
                                  workers=self.workers, prune_at_step=prune_at_step,
                                  server=self.server, probe=probe)
         self.held_s[(out_dir.name, cell)] = held_wall_s(
-            out_dir, time.monotonic() - started) * self.workers
+            out_dir, cell.seed, time.monotonic() - started) * self.workers
         return tables
 
     def run_probe(self, cell: Cell) -> str:
@@ -265,11 +270,12 @@ def _probe_ending(status: str, curve: list[dict], probe: ProbeSpec) -> str:
     return f"stopped at its probe budget of {probe.budget_examples:,} examples"
 
 
-def held_wall_s(out_dir: Path, measured_s: float) -> float:
-    """The wall seconds a cell's launch held its devices: the record kept beside its trials
-    when there is one (the cell finished in an earlier launch), else `measured_s`, kept there
-    (when the cell's directory exists: the launch wrote its trials there)."""
-    record = out_dir / CELL_RECORD
+def held_wall_s(out_dir: Path, seed: int, measured_s: float) -> float:
+    """The wall seconds the launch of a cell (its batch size's `out_dir`, its `seed`) held its
+    devices: the record kept beside its trials when there is one (the cell finished in an
+    earlier launch), else `measured_s`, kept there (when the directory exists: the launch wrote
+    its trials there)."""
+    record = out_dir / held_record(seed)
     try:
         kept = float(json.loads(record.read_text())["wall_s"])
         if math.isfinite(kept) and kept >= 0:
