@@ -306,10 +306,12 @@ def _importable_from_cwd() -> None:
 @functools.cache
 def _resolve_user(spec: str) -> tuple[object | None, Callable[[], object]]:
     """(the user's contract Workload or None, the model factory) of 'package.module:name'. A
-    function is called once to see what it returns; a model it returned is handed to the first
-    build instead of being built twice (a sweep trial's peak memory is the trial's model)."""
+    function is called once to see what it returns. A model it returned is dropped on the first
+    build and built anew: it was built before the trial seeded torch, so its weights are not the
+    trial seed's, and the trial would not be reproducible. It is freed before the new build, so
+    a sweep trial's peak memory is still one model."""
     value = _user_attribute(spec)
-    first: list = []  # the call's outcome, handed to the first build
+    first: list = []  # the call's outcome: the first build raises its error or drops it
     if not (is_contract(value) or is_loop(value)):
         try:
             value = value()
@@ -330,12 +332,10 @@ def _resolve_user(spec: str) -> tuple[object | None, Callable[[], object]]:
     first = first or [value]
 
     def factory():
-        if not first:
-            return _user_attribute(spec)()
-        outcome = first.pop()
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
+        if first and isinstance(first[0], Exception):
+            raise first.pop()
+        first.clear()
+        return _user_attribute(spec)()
 
     return None, _returning_a_module(spec, factory, "the factory")
 

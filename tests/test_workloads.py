@@ -216,3 +216,22 @@ def test_help_says_a_factory_runs_your_code():
         help_text = " ".join(run_cli([command, "--help"], cwd=TESTS_DIR).stdout.split())
         assert "runs your code with your rights, like any Python import" in help_text
         assert "standard library are refused" in help_text
+
+
+def test_a_factorys_first_build_follows_the_torch_seed(tmp_path, monkeypatch):
+    """Resolving a factory calls it once to see what it returns; that model was built from
+    whatever state torch's generator had then (a random seed per process), so the first build
+    must not hand it on: every build after manual_seed(s) gets seed s's weights."""
+    (tmp_path / "seed_following_model.py").write_text(
+        "import torch.nn as nn\n\n\ndef build():\n    return nn.Linear(8, 3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import torch
+
+    torch.manual_seed(12345)  # the state the check's call draws from: not the trial's seed
+    workload = get_workload("seed_following_model:build")
+    builds = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        builds.append(workload.build())
+    first, second = (b.state_dict() for b in builds)
+    assert all(torch.equal(first[k], second[k]) for k in first)
