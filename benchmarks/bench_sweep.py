@@ -41,7 +41,7 @@ from batchscale.sweep.sweep import memory_cap_bytes, summarize, summary_lines, s
 from batchscale.sweep.trial import SweepTrial
 from batchscale.workloads import get_workload
 from benchmarks import scaled
-from benchmarks.bareloop import BareSpec, run_bare
+from benchmarks.bareloop import FIXED_STEPS_BUDGET_S, BareSpec, run_bare
 from benchmarks.stats import (
     MET,
     MISSED,
@@ -72,8 +72,6 @@ OVERHEAD_MAX_STEPS = 2000
 OVERHEAD_WARMUP_STEPS = 5
 CALIBRATION_TIMING = {"untimed_steps": OVERHEAD_WARMUP_STEPS, "min_timed_steps": 10,
                       "time_budget_s": 1.0}
-# A fixed step count: min = max, and a budget that never cuts it short.
-FIXED_STEPS_BUDGET_S = 3600.0
 ALLOCATOR_ROUNDS = scaled(4, 2)
 ALLOCATOR_BATCH = 16
 # Repeatability: whole sweeps with the production defaults, alternating workloads.
@@ -130,12 +128,13 @@ def _fixed_steps_cfg(batch_size: int, image_px: int, steps: int) -> SweepConfig:
                        time_budget_s=FIXED_STEPS_BUDGET_S)
 
 
-def calibrated_steps(workload: str, batch_size: int, image_px: int) -> int:
-    """Timed steps for about OVERHEAD_TIMED_S of work, from one untimed harness trial."""
+def calibrated_steps(workload: str, batch_size: int, image_px: int,
+                     timed_s: float = OVERHEAD_TIMED_S) -> int:
+    """Timed steps for about `timed_s` of work, from one untimed harness trial."""
     cfg = SweepConfig(batch_sizes=[batch_size], input_modes=["synthetic"],
                       image_size_px=image_px, **CALIBRATION_TIMING)
     step_s = statistics.median(harness_step_seconds(workload, batch_size, image_px, cfg))
-    return max(OVERHEAD_MIN_STEPS, min(OVERHEAD_MAX_STEPS, round(OVERHEAD_TIMED_S / step_s)))
+    return max(OVERHEAD_MIN_STEPS, min(OVERHEAD_MAX_STEPS, round(timed_s / step_s)))
 
 
 def _sps(batch_size: int, seconds) -> float:
