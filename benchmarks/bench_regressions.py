@@ -7,7 +7,9 @@ Run-to-run noise comes from measured figures, said in the output (`noise_source`
   bench_sweep's repeatability part: digits-mlp and resnet18 at 32 px, alternating). Each
   cell's vouched-for rows give its relative residuals (x / median − 1), resampled with
   replacement. The sweeps also give how often the next sweep fell inside a row's rerun
-  interval (the interval's coverage, on the same rows);
+  interval (the interval's coverage, on the same rows), and how often a sweep fell inside the
+  prediction interval of the sweeps before it (stats.history_coverage: the interval a cell's
+  history in the lake could give);
 - the local lake's real sweep rows, when it holds cells measured well in at least
   MIN_LAKE_RUNS comparable runs (same speed fingerprint, no unstable rows, no disturbed run):
   each such cell's relative residuals (x / median − 1) are resampled with replacement;
@@ -35,6 +37,7 @@ Run: `make bench BENCH=bench_regressions` (or `python -m benchmarks.run bench_re
 
 from __future__ import annotations
 
+import statistics
 import sys
 import tempfile
 from collections.abc import Callable
@@ -52,7 +55,14 @@ from batchscale.lake.changepoints import (
     replay,
 )
 from benchmarks import scaled
-from benchmarks.stats import Figure, Goal, clopper_pearson, verdict
+from benchmarks.stats import (
+    Figure,
+    Goal,
+    clopper_pearson,
+    history_coverage,
+    share_figure,
+    verdict,
+)
 
 HISTORY_RUNS = 10
 """publish.history_runs' default."""
@@ -69,6 +79,8 @@ README_CVS = {"quiet GPU step (reference)": 0.02, "resnet18 B=64": 0.047,
 MIN_LAKE_RUNS = 5
 REAL_SWEEPS = scaled(10, 3)
 MIN_REAL_ROWS = 3
+# A sweep's history interval is checked once this many earlier sweeps vouch for its batch.
+MIN_HISTORY_SWEEPS = 3
 """A cell needs this many vouched-for rows among the real sweeps to give a history."""
 SINGLE_RUN_RULE = {"noise_mads": 3.0, "min_drop_share": 0.10}
 SEED = 18
@@ -209,7 +221,21 @@ def real_sweeps() -> tuple[dict[str, np.ndarray], dict, str]:
                 cells[f"{workload} B={batch}"] = rates / np.median(rates) - 1.0
     source = (f"{REAL_SWEEPS} real sweeps per workload measured now: {len(cells)} cells with "
               f"≥ {MIN_REAL_ROWS} vouched-for rows")
-    return cells, coverage_figures(runs, intervals), source
+    return cells, {**coverage_figures(runs, intervals), **history_figures(runs)}, source
+
+
+def history_figures(runs: dict[str, list[dict[int, float]]]) -> dict:
+    """How often a sweep fell inside the prediction interval of the sweeps before it
+    (stats.history_coverage), per workload and pooled, keyed "history, <workload>"."""
+    from benchmarks.bench_sweep import RERUN_COVERAGE_GOAL
+
+    checks = {w: history_coverage(r, MIN_HISTORY_SWEEPS) for w, r in runs.items()}
+    checks["pooled"] = (sum(c[0] for c in checks.values()), sum(c[1] for c in checks.values()),
+                        [w for c in checks.values() for w in c[2]])
+    return {f"history, {name}": {
+        "figure": share_figure(covered, checked, RERUN_COVERAGE_GOAL) if checked else None,
+        "median_half_width": statistics.median(widths) if widths else None}
+        for name, (covered, checked, widths) in checks.items()}
 
 
 def print_figures(title: str, figures: dict[str, Figure]) -> None:
@@ -226,10 +252,11 @@ def real_sweep_figures(results: dict) -> None:
     print(f"  {source}")
     for name, entry in coverage.items():
         if entry["figure"] is not None:
-            results[f"rerun interval coverage of the next sweep, {name}"] = entry
-            print(f"    next sweep inside the rerun interval, {name}: "
-                  f"{entry['figure'].text(digits=3)}; median half-width "
-                  f"{entry['median_half_width']:.3f}")
+            what = (f"inside the prediction interval of the sweeps before it, {name[9:]}"
+                    if name.startswith("history, ") else f"inside the rerun interval, {name}")
+            results[f"next sweep {what}"] = entry
+            print(f"    next sweep {what}: {entry['figure'].text(digits=3)}; median "
+                  f"half-width {entry['median_half_width']:.3f}")
     for name, residuals in cells.items():
         cv = float(np.std(residuals, ddof=1))
         label = f"real {name}: {residuals.size} sweeps, CV {cv:.3f}, resampled"

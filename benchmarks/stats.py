@@ -263,6 +263,32 @@ def worst_figure(figures: Sequence[Figure]) -> Figure:
                   combined_verdict([f.verdict for f in figures]) if goal else REPORT)
 
 
+def history_coverage(runs: list[dict[int, float]], min_history: int = 3,
+                     level: float = LEVEL) -> tuple[int, int, list[float]]:
+    """(covered, checked, relative half-widths) of a prediction interval built from history
+    alone: for each sweep with at least `min_history` earlier sweeps vouching for a batch, the
+    Student-t prediction interval of the log samples/s of all those earlier sweeps,
+    exp(mean ± t(n-1)·sd·sqrt(1 + 1/n)), checked against that sweep's value. It sees the drift
+    between sweeps, which a row's own rounds (seconds apart) cannot."""
+    from batchscale.tdist import t_quantile
+
+    covered = checked = 0
+    widths = []
+    for i, run in enumerate(runs):
+        for batch, value in run.items():
+            logs = [math.log(r[batch]) for r in runs[:i] if batch in r]
+            if len(logs) < min_history:
+                continue
+            n = len(logs)
+            centre = statistics.fmean(logs)
+            half = t_quantile(0.5 + level / 2, n - 1) * statistics.stdev(logs) * math.sqrt(
+                1 + 1 / n)
+            checked += 1
+            covered += centre - half <= math.log(value) <= centre + half
+            widths.append(math.sinh(half))  # (high - low) / 2 over the centre, in ratio
+    return covered, checked, widths
+
+
 def rerun_coverage(runs: list[dict[int, float]],
                    intervals: list[dict[int, tuple[float, float]]]
                    ) -> tuple[int, int, list[float]]:

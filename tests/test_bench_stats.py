@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -153,3 +154,19 @@ def test_the_bench_counts_the_next_sweep_inside_the_previous_interval():
     # 16: 104 in [95, 105] yes, 99 in [100, 108] no; 64: 260 in [190, 210] no; 64 absent after.
     assert (covered, checked) == (1, 3)
     assert widths == pytest.approx([5 / 100, 10 / 200, 4 / 104])
+
+
+def test_the_history_interval_predicts_from_earlier_sweeps_only():
+    """benchmarks/stats.history_coverage: a sweep is checked once 3 earlier sweeps vouch for its
+    batch, against their t prediction interval on the log scale."""
+    steady = [{16: v} for v in (100.0, 102.0, 98.0, 101.0, 99.0)]
+    covered, checked, widths = stats.history_coverage(steady)
+    assert (covered, checked) == (2, 2)  # sweeps 4 and 5, each from the ones before
+    jump = steady[:3] + [{16: 150.0}]
+    assert stats.history_coverage(jump)[:2] == (0, 1)
+    # a batch with too few earlier sweeps is not checked
+    assert stats.history_coverage([{16: 1.0}, {16: 1.0}, {64: 1.0}, {16: 1.0}])[1] == 0
+    # half-width of 100, 102, 98 predicting the 4th: t(2, 0.95) 2.920 × sd 0.02 × sqrt(4/3)
+    logs = [math.log(v) for v in (100.0, 102.0, 98.0)]
+    half = 2.919986 * statistics.stdev(logs) * math.sqrt(4 / 3)
+    assert widths[0] == pytest.approx(math.sinh(half), rel=1e-4)
