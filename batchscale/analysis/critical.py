@@ -184,7 +184,8 @@ def fit_critical_batch(
     - it lies within the measured batches widened by `range_factor` each way
       (`analysis.b_crit_range_factor`).
     Otherwise: E_min not clearly positive → bound "below" the smallest batch (no batch size
-    saved steps); S_min not clearly positive → bound "above" the largest (steps still fall
+    saved steps) when even E_min's upper bound puts B_crit there, else no number and no bound
+    (the steps fell, but not clearly); S_min not clearly positive → bound "above" the largest (steps still fall
     like 1/B); a number past the widened range → the bound on that side; neither clearly
     positive → no number and no bound (the steps scatter too much to tell). Batches whose
     steps are missing (the target was not reached) do not count; with fewer than
@@ -206,7 +207,7 @@ def fit_critical_batch(
         )
         return CriticalBatchFit(math.nan, math.nan, math.nan, r2, reason)
     if not e_clear:
-        return _below(smallest, r2, f"no batch size saved steps: B_crit is below {smallest:,.0f}")
+        return _e_min_unclear(fits, needed, smallest, largest, r2)
     if not s_clear:
         reason = f"steps still fall like 1/B up to {largest:,.0f}: B_crit is above {largest:,.0f}"
         return _above(largest, r2, reason)
@@ -226,6 +227,25 @@ def fit_critical_batch(
         )
         return _below(smallest, r2, reason)
     return CriticalBatchFit(s_min, e_min, b_crit, r2)
+
+
+def _e_min_unclear(fits, needed: float, smallest: float, largest: float,
+                   r2: float) -> CriticalBatchFit:
+    """E_min is not clearly positive. "Below the smallest batch" is a claim only when even
+    E_min's upper bound puts B_crit there; steps that fell, but by less than the scatter can
+    vouch for, give no number and no bound (a bound the falling steps contradict would be
+    worse than none)."""
+    s_min, e_min = float(fits.s_min), float(fits.e_min)
+    e_high = e_min + needed * math.sqrt(max(float(fits.var_e), 0.0))
+    if s_min > 0 and e_high / s_min < smallest:
+        return _below(smallest, r2, f"no batch size saved steps: B_crit is below {smallest:,.0f}")
+    at_smallest, at_largest = s_min + e_min / smallest, s_min + e_min / largest
+    reason = (f"the fitted steps fall from {at_smallest:,.0f} at batch {smallest:,.0f} to"
+              f" {at_largest:,.0f} at {largest:,.0f}, but with {int(fits.points)} points and"
+              f" ±{float(fits.scatter):.0%} scatter about the fit that fall is not clear"
+              f" (E_min {float(fits.t_e_min):.1f} standard errors from zero, {needed:.1f}"
+              " needed); more seeds or batch sizes would tell")
+    return CriticalBatchFit(math.nan, math.nan, math.nan, r2, reason)
 
 
 def _too_few_reason(batches_run: np.ndarray, reached: np.ndarray) -> str:
