@@ -191,6 +191,8 @@ def test_an_interval_end_at_the_fit_range_cut_reads_as_open():
     assert interval_words(4.0, 300.0, 8, 128) == "spanning the whole measured range 8–128"
     assert interval_words(12.1, 62.0, 4, 32) == "12.1 to above 32, the largest batch measured"
     assert interval_words(12.1, 30.0, 4, 32) == "12.1–30"
+    # an interval wholly under the smallest batch must not read "below 8 ... to 7.53"
+    assert interval_words(7.52, 7.53, 8, 128) == "entirely below 8, the smallest batch measured"
     fit = by_value(analyze(make_sweep(), multi_target_runs(), None, SETTINGS))
     some = next(f for f in fit.values() if math.isfinite(f.b_crit))
     floored = replace(some, b_crit=9.1, b_crit_low=4.0, b_crit_high=17.8,

@@ -206,3 +206,19 @@ if __name__ == "__main__":
             old = np.mean([o.old_covered for o in per_case])
             width = np.nanmedian([o.width_ratio for o in per_case])
             print(f"  {case}: coverage {covered:.2f} (old {old:.2f}), width {width:.2f}")
+
+
+def test_points_read_on_an_evaluation_grid_keep_an_interval_that_wide():
+    """Three one-seed counts read every 10 steps (110, 70, 60) that happen to lie exactly on
+    S_min + E_min/B: the residuals are zero, but each count is only known to within its
+    evaluation interval, so the fit's scatter is floored there and the interval is not a
+    ±0.002 % artefact (as it was, 7.5293–7.5296)."""
+    import pandas as pd
+
+    from batchscale.analysis.critical import bootstrap_critical_batch
+
+    runs = pd.DataFrame({"batch_size": [8, 32, 128], "lr_rule": "tuned", "lr": 0.05,
+                         "seed": 0, "workers": 1, "status": "reached",
+                         "steps_to_target": [110.0, 70.0, 60.0]})
+    low, high = bootstrap_critical_batch(runs, "tuned", 200)
+    assert high / low > 1.5

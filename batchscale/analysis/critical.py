@@ -185,11 +185,11 @@ def fit_critical_batch(
       (`analysis.b_crit_range_factor`).
     Otherwise: E_min not clearly positive → bound "below" the smallest batch (no batch size
     saved steps) when even E_min's upper bound puts B_crit there, else no number and no bound
-    (the steps fell, but not clearly); S_min not clearly positive → bound "above" the largest (steps still fall
-    like 1/B); a number past the widened range → the bound on that side; neither clearly
-    positive → no number and no bound (the steps scatter too much to tell). Batches whose
-    steps are missing (the target was not reached) do not count; with fewer than
-    MIN_CRITICAL_FIT_BATCHES left there is no fit, and the reason says which reached.
+    (the steps fell, but not clearly); S_min not clearly positive → bound "above" the largest
+    (steps still fall like 1/B); a number past the widened range → the bound on that side;
+    neither clearly positive → no number and no bound (the steps scatter too much to tell).
+    Batches whose steps are missing (the target was not reached) do not count; with fewer
+    than MIN_CRITICAL_FIT_BATCHES left there is no fit, and the reason says which reached.
     """
     b, s = positive_pairs(batch, steps)
     short = _too_few_reason(as_floats(batch), b)

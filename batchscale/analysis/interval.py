@@ -35,8 +35,9 @@ class LineFits:
     """Weighted least squares S ≈ S_min + E_min·(1/B), per row of a stack of data sets.
 
     Arrays share the stack's shape (a scalar shape for one data set). Variances are the
-    weighted least-squares ones, σ²·(XᵀWX)⁻¹, with σ² the relative residual variance
-    (floored at ROUND_OFF_SCATTER²) over `dof` = points − 2 degrees of freedom."""
+    weighted least-squares ones, σ²·(XᵀWX)⁻¹, with σ² the relative residual variance over
+    `dof` = points − 2 degrees of freedom, floored at the steps' own resolution
+    (`resolution_scatter`) and at ROUND_OFF_SCATTER²."""
 
     s_min: np.ndarray
     e_min: np.ndarray
@@ -63,6 +64,21 @@ class LineFits:
         return self.e_min / np.sqrt(self.var_e)
 
 
+def resolution_scatter(steps: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    """The relative scatter that reading steps on a grid alone gives, per data set: when every
+    usable count is a whole multiple of q > 1 (the evaluation interval: a target is seen only at
+    evaluations, so a count is known to within q), the root mean of (q / S)² / 12 (a uniform
+    error over one interval), else 0. Points that fall exactly on the curve then still get an
+    interval as wide as the grid they were read on."""
+    rounded = np.round(np.where(usable, steps, 0.0))
+    integral = np.all(~usable | (np.abs(steps - rounded) < 1e-9), axis=-1)
+    q = np.gcd.reduce(rounded.astype(np.int64), axis=-1).astype(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(usable, (q[..., None] / steps) ** 2 / 12.0, 0.0).sum(-1) / np.maximum(
+            usable.sum(-1), 1)
+    return np.where(integral & (q > 1), np.sqrt(share), 0.0)
+
+
 def fit_lines(batch: np.ndarray, steps: np.ndarray) -> LineFits:
     """Fit S = S_min + E_min/B along the last axis of `steps` (batches `batch`, same last axis).
 
@@ -85,7 +101,8 @@ def fit_lines(batch: np.ndarray, steps: np.ndarray) -> LineFits:
         residual = s - s_min[..., None] - e_min[..., None] * x
         points = usable.sum(-1)
         rss = (w * residual**2).sum(-1)
-        sigma2 = np.maximum(rss / (points - 2), ROUND_OFF_SCATTER**2)
+        sigma2 = np.maximum(rss / (points - 2),
+                            np.maximum(resolution_scatter(s, usable) ** 2, ROUND_OFF_SCATTER**2))
         total = (w * (s - (swy / sw)[..., None]) ** 2).sum(-1)
         r2 = np.where(total > 0, 1.0 - rss / total, np.nan)
     return LineFits(

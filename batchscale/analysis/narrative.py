@@ -329,6 +329,8 @@ def interval_words(low: float, high: float, smallest: float, largest: float) -> 
     them says "below"/"above" that batch instead of printing the fit range's cut."""
     if low >= largest:
         return f"entirely above {_num(largest)}, the largest batch measured"
+    if high <= smallest:
+        return f"entirely below {_num(smallest)}, the smallest batch measured"
     if low <= smallest and high >= largest:
         return f"spanning the whole measured range {_num(smallest)}–{_num(largest)}"
     if high >= largest:
