@@ -2,17 +2,21 @@
 the recommended (LR rule, batch), and the saving against the batch size and learning rate the
 user trains with today (`analysis.current_batch_size`, `analysis.current_lr`).
 
-The band is the range over the seeds that reached the target at that cell (with one seed there
-is no spread, and the text says so instead of inventing one); time is steps × the cell's step
-time (its source named in the batch's reason). A ratio against today's batch takes its band from
-the extremes of both ranges (the slowest recommended seed against the fastest current one, and
-the other way round), so it holds whatever pairing of seeds is the fair one.
+The cell is (LR rule, batch, workers), at the recommended learning rate where one is given: runs
+with another worker count are another cell, not more seeds of this one. The band is the range
+over the seeds that reached the target at that cell (with one seed there is no spread, and the
+text says so instead of inventing one). Time is the runs' own measured times to target, with
+their range: steps × one step time would give seeds that tie on steps a zero-width band that
+no measurement showed; where the runs record no time to target, the time is steps × the cell's
+step time and is said to have no known spread. A ratio against today's batch takes its band
+from the extremes of both ranges (the slowest recommended seed against the fastest current
+one, and the other way round), so it holds whatever pairing of seeds is the fair one.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -29,33 +33,85 @@ class Spread:
     low: float
     high: float
     seeds: int
+    counted: str = "seed"
+    """What `seeds` counts: "seed", or "run" where the runs are not one per seed (no seed
+    recorded, or several learning rates pooled), so that the count never claims more seeds."""
 
     def scaled(self, factor: float) -> Spread:
-        return Spread(self.median * factor, self.low * factor, self.high * factor, self.seeds)
+        return replace(self, median=self.median * factor, low=self.low * factor,
+                       high=self.high * factor)
 
     def text(self, unit: str = "", digits: int = 3) -> str:
         """"110 [100, 120] steps over 3 seeds", or "110 steps (one seed: no spread)"."""
         value = _g(self.median, digits)
         if self.seeds < 2:
-            return f"{value}{unit} (one seed: no spread)"
+            return f"{value}{unit} (one {self.counted}: no spread)"
         return (f"{value}{unit} [{_g(self.low, digits)}, {_g(self.high, digits)}] over "
-                f"{self.seeds} seeds")
+                f"{self.seeds} {self.counted}s")
 
 
 def _g(value: float, digits: int) -> str:
     return f"{value:,.0f}" if abs(value) >= 10 ** digits else f"{value:.{digits}g}"
 
 
-def steps_spread(runs: pd.DataFrame, rule: str, batch: int) -> Spread | None:
-    """Steps to target over the reached seeds of (rule, batch); None when none reached."""
+def cell_runs(runs: pd.DataFrame, rule: str, batch: int,
+              workers: int | None = None) -> pd.DataFrame:
+    """The runs (every status) of `rule` at `batch` with one worker count: `workers` where the
+    cell reached the target with it, else the fewest workers that did (the fewest run where
+    none did). A seed run again with more workers is another cell's run, not another seed.
+    Runs that record no worker count read as 1 worker."""
     runs = ensure_columns(runs, RUNS)
-    cell = runs[matches(runs, "lr_rule", rule) & (numeric_column(runs, "batch_size") == batch)
-                & matches(runs, "status", RunStatus.REACHED)]
-    steps = numeric_column(cell, "steps_to_target")
-    steps = steps[np.isfinite(steps)]
-    if not steps.size:
+    cell = runs[matches(runs, "lr_rule", rule) & (numeric_column(runs, "batch_size") == batch)]
+    counts = _worker_counts(cell)
+    reached = counts[matches(cell, "status", RunStatus.REACHED)]
+    pool = reached if reached.size else counts
+    if not pool.size:
+        return cell
+    chosen = workers if workers in set(pool) else pool.min()
+    return cell[counts == chosen]
+
+
+def _worker_counts(frame: pd.DataFrame) -> np.ndarray:
+    counts = numeric_column(frame, "workers")
+    return np.where(np.isfinite(counts), counts, 1.0)
+
+
+def _reached(runs: pd.DataFrame, rule: str, batch: int, workers: int | None,
+             lr: float | None) -> pd.DataFrame:
+    """The cell's runs that reached the target (at learning rate `lr`, where given)."""
+    cell = cell_runs(runs, rule, batch, workers)
+    keep = (matches(cell, "status", RunStatus.REACHED)
+            & np.isfinite(numeric_column(cell, "steps_to_target")))
+    if lr is not None:
+        keep &= numeric_column(cell, "lr") == lr
+    return cell[keep]
+
+
+def _spread(rows: pd.DataFrame, column: str) -> Spread | None:
+    """Median and range of `column` over `rows` (its finite values); None where none is."""
+    values = numeric_column(rows, column)
+    finite = np.isfinite(values)
+    if not finite.any():
         return None
-    return Spread(float(np.median(steps)), float(steps.min()), float(steps.max()), steps.size)
+    values = values[finite]
+    # Count seeds only where each run is a seed of its own; otherwise say runs.
+    one_per_seed = rows["seed"][finite].nunique() == values.size
+    return Spread(float(np.median(values)), float(values.min()), float(values.max()),
+                  int(values.size), "seed" if one_per_seed else "run")
+
+
+def steps_spread(runs: pd.DataFrame, rule: str, batch: int, workers: int | None = None,
+                 lr: float | None = None) -> Spread | None:
+    """Steps to target over the reached seeds of the (rule, batch, workers) cell (`cell_runs`),
+    at `lr` where given; None when none reached."""
+    return _spread(_reached(runs, rule, batch, workers, lr), "steps_to_target")
+
+
+def time_spread(runs: pd.DataFrame, rule: str, batch: int, workers: int | None = None,
+                lr: float | None = None) -> Spread | None:
+    """The measured time to target (s) over the same runs as `steps_spread`; None where none
+    of them records one."""
+    return _spread(_reached(runs, rule, batch, workers, lr), "time_to_target_s")
 
 
 def step_time_at(table: pd.DataFrame, rule: str, batch: int) -> float:
@@ -75,28 +131,52 @@ def _cell(table: pd.DataFrame, rule: str, batch: int) -> pd.DataFrame:
     return table[matches(table, "lr_rule", rule) & (numeric_column(table, "batch_size") == batch)]
 
 
-def expected_text(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int) -> str:
-    """"110 [100, 120] steps over 3 seeds, 2.3 [2.1, 2.5] s of training" at the cell."""
-    steps = steps_spread(runs, rule, batch)
+NO_TIME_SPREAD = ("steps × one step time: the runs record no time to target, so its spread is "
+                  "unknown")
+
+
+def expected_text(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int,
+                  workers: int | None = None, lr: float | None = None) -> str:
+    """"110 [100, 120] steps over 3 seeds; 2.3 [2.1, 2.5] s of training over 3 seeds" at the
+    (rule, batch, workers) cell, at `lr` where given."""
+    rows = _reached(runs, rule, batch, workers, lr)
+    steps = _spread(rows, "steps_to_target")
     if steps is None:
         return f"no run of the {rule} rule at batch {batch} reached the target"
-    text = f"{steps.text(' steps')}"
+    text = f"{steps.text(' steps')}{_workers_said(runs, rule, batch, rows)}"
+    flag = untrusted_time(table, rule, batch)
+    measured = _spread(rows, "time_to_target_s")
+    if measured is not None:
+        return f"{text}; {measured.text(' s of training')}{flag}"
     step_s = step_time_at(table, rule, batch)
     if math.isfinite(step_s):
-        text += (f"; {steps.scaled(step_s).text(' s of training')}"
-                 f"{untrusted_time(table, rule, batch)}")
+        text += f"; {_g(steps.median * step_s, 3)} s of training ({NO_TIME_SPREAD}){flag}"
     return text
 
 
+def _workers_said(runs: pd.DataFrame, rule: str, batch: int, rows: pd.DataFrame) -> str:
+    """" with 2 workers" where the cell's rule and batch ran with more than one worker count
+    (the figures are of one of them), else ""."""
+    cell = ensure_columns(runs, RUNS)
+    cell = cell[matches(cell, "lr_rule", rule) & (numeric_column(cell, "batch_size") == batch)]
+    if len(set(_worker_counts(cell))) < 2 or rows.empty:
+        return ""
+    n = int(_worker_counts(rows)[0])
+    return f" with {n} worker{'s' if n != 1 else ''}"
+
+
 def versus_current(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int,
-                   current_batch: int | None) -> str:
-    """The expected saving against `current_batch` (same LR rule), or why it cannot be given."""
+                   current_batch: int | None, workers: int | None = None,
+                   lr: float | None = None) -> str:
+    """The expected saving against `current_batch` (same LR rule and worker count), or why it
+    cannot be given; `lr`: the recommended learning rate, where given."""
     if current_batch is None:
         return ("give the batch size you train with today (analysis.current_batch_size, "
                 "--current-batch-size) to see the saving against it")
     if current_batch == batch:
         return f"you already train at batch {batch}: keep it"
-    rec, cur = steps_spread(runs, rule, batch), steps_spread(runs, rule, current_batch)
+    rec = steps_spread(runs, rule, batch, workers, lr)
+    cur = steps_spread(runs, rule, current_batch, workers)
     if rec is None:
         return f"no run of the {rule} rule at batch {batch} reached the target"
     if cur is None:
@@ -106,10 +186,15 @@ def versus_current(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: in
                 f"among the measured batch sizes ({', '.join(map(str, measured))}): add it to "
                 "convergence.batch_sizes to quote a saving")
     parts = [f"{_ratio(rec, cur)} the steps"]
+    flags = untrusted_time(table, rule, batch) or untrusted_time(table, rule, current_batch)
+    rec_t = time_spread(runs, rule, batch, workers, lr)
+    cur_t = time_spread(runs, rule, current_batch, workers)
     rec_s, cur_s = step_time_at(table, rule, batch), step_time_at(table, rule, current_batch)
-    if math.isfinite(rec_s) and math.isfinite(cur_s):
-        flags = untrusted_time(table, rule, batch) or untrusted_time(table, rule, current_batch)
-        parts.append(f"{_ratio(rec.scaled(rec_s), cur.scaled(cur_s))} the training time{flags}")
+    if rec_t is not None and cur_t is not None:
+        parts.append(f"{_ratio(rec_t, cur_t)} the training time{flags}")
+    elif math.isfinite(rec_s) and math.isfinite(cur_s):
+        value = rec.median * rec_s / (cur.median * cur_s)
+        parts.append(f"{value:.2f}× the training time ({NO_TIME_SPREAD}){flags}")
     return (f"at your batch {current_batch} ({cur.text(' steps')}), the recommendation needs "
             + " and ".join(parts))
 
@@ -118,7 +203,7 @@ def _ratio(new: Spread, old: Spread) -> str:
     """"0.55× [0.45, 0.66]" (extremes of both ranges), or without a band for single seeds."""
     value = new.median / old.median
     if new.seeds < 2 and old.seeds < 2:
-        return f"{value:.2f}× (one seed each: no spread)"
+        return f"{value:.2f}× (one {new.counted} each: no spread)"
     return f"{value:.2f}× [{new.low / old.high:.2f}, {new.high / old.low:.2f}]"
 
 

@@ -10,6 +10,7 @@ import pandas as pd
 
 from batchscale.analysis.expected import (
     accumulation_text,
+    cell_runs,
     expected_text,
     lr_versus_current,
     versus_current,
@@ -93,15 +94,17 @@ def recommend(
         batch_reason += f" — NOT TRUSTED: {best['timing_flag']}"
     workers, workers_reason = worker_choice(runs, (rule, batch))
     batch_reason += accumulation_text(batch, largest_fitting, workers)
-    lr, lr_reason = (learning_rate(runs, rule, batch) if learning_rates_given else
+    lr, lr_reason = (learning_rate(runs, rule, batch, workers) if learning_rates_given else
                      (None, "the runs table gives no learning rates (no lr column)"))
     current_batch, current_lr = current
+    # The learning rate, expectation and saving all speak of one (rule, batch, workers) cell.
     return Recommendation(batch, rule, workers, batch_reason, rule_reason,
                           workers_reason + _starved_note(runs, max_cpu_wait_share), lr,
                           lr_reason + warmup_text(lr, warmup_steps)
                           + lr_versus_current(lr, current_lr),
-                          expected_text(runs, table, rule, batch),
-                          versus_current(runs, table, rule, batch, current_batch), shown)
+                          expected_text(runs, table, rule, batch, workers, lr),
+                          versus_current(runs, table, rule, batch, current_batch, workers, lr),
+                          shown)
 
 
 def warmup_text(lr: float | None, warmup_steps: int | None) -> str:
@@ -114,30 +117,65 @@ def warmup_text(lr: float | None, warmup_steps: int | None) -> str:
             "(convergence.warmup_steps)")
 
 
-def learning_rate(runs: pd.DataFrame, rule: str, batch: int) -> tuple[float | None, str]:
-    """The learning rate to use with `rule` at `batch`: the one its reached runs there used
-    (the tuned rule: the LR of the run with the fewest steps), and why."""
+def learning_rate(runs: pd.DataFrame, rule: str, batch: int,
+                  workers: int | None = None) -> tuple[float | None, str]:
+    """The learning rate to use with `rule` at `batch` (and `workers`: `cell_runs`): the one
+    its reached runs there used (the tuned rule: the LR of the run with the fewest steps), and
+    why, with what became of the other learning rates tried there."""
     if "lr" not in runs.columns or runs.empty:
         return None, "the runs do not record their learning rate"
-    cell = runs[matches(runs, "lr_rule", rule) & (numeric_column(runs, "batch_size") == batch)
-                & (runs.get("status", pd.Series(RunStatus.REACHED, index=runs.index))
-                   == RunStatus.REACHED)]
-    lrs = numeric_column(cell, "lr")
-    finite = cell[np.isfinite(lrs)]
+    if "status" not in runs.columns:  # a table without statuses lists runs that reached
+        runs = runs.assign(status=RunStatus.REACHED)
+    cell = cell_runs(runs, rule, batch, workers)
+    cell = cell.assign(lr=numeric_column(cell, "lr"))
+    cell = cell[np.isfinite(cell["lr"])]
+    finite = cell[matches(cell, "status", RunStatus.REACHED)]
     if finite.empty:
         return None, f"no reached run at batch {batch} with the {rule} rule records its LR"
+    # The runs that did not reach the target say which learning rates were tried and failed.
+    others = _other_lrs_text(cell[~cell["lr"].isin(set(finite["lr"]))])
     tried = finite["lr"].nunique()
     if rule == TUNED_RULE and tried == 1:
-        return float(finite["lr"].iloc[0]), (f"the one learning rate the runs at batch {batch} "
-                                             "used (none other was tried there)")
+        if not others:
+            return float(finite["lr"].iloc[0]), (f"the one learning rate the runs at batch "
+                                                 f"{batch} used (none other was tried there)")
+        return float(finite["lr"].iloc[0]), (f"the only one that reached the target at batch "
+                                             f"{batch}{others}")
     if rule == TUNED_RULE or tried > 1:
         best = finite.sort_values(["steps_to_target", "lr"]).iloc[0]
+        among = f"among the {tried} that reached the target" if others else f"among {tried} tried"
         return float(best["lr"]), (f"the learning rate of the fewest steps at batch {batch} "
-                                   f"among {tried} tried")
+                                   f"{among}{others}")
     runs_n = len(finite)
     return float(finite["lr"].iloc[0]), (f"what the {rule} rule gave at batch {batch} in "
                                          f"{'all ' if runs_n > 1 else ''}{runs_n} reached "
-                                         f"run{'s' if runs_n > 1 else ''}")
+                                         f"run{'s' if runs_n > 1 else ''}{others}")
+
+
+OUTCOMES = {
+    RunStatus.DIVERGED: "diverged",
+    RunStatus.NOT_REACHED: "did not reach the target",
+    RunStatus.PRUNED: "was pruned by the adaptive search",
+    RunStatus.PROBED: "was only probed by the adaptive search",
+    RunStatus.FAILED: "failed (its training loop raised)",
+}
+
+
+def _other_lrs_text(failed: pd.DataFrame) -> str:
+    """"; 200 was tried and diverged" for each learning rate of `failed` (runs of LRs none of
+    whose runs reached the target), per status where its runs ended differently; "" if none."""
+    parts = []
+    for lr, rows in failed.groupby("lr", sort=True):
+        statuses = rows["status"].fillna("unknown").astype(str).value_counts(sort=False)
+        said = {status: OUTCOMES.get(status, f"ended {status}") for status in statuses.index}
+        if len(statuses) == 1:
+            n = len(rows)
+            parts.append(f"{lr:.4g} was tried and {next(iter(said.values()))}"
+                         + (f" (all {n} runs)" if n > 1 else ""))
+        else:
+            parts.append(f"{lr:.4g} was tried: " + ", ".join(
+                f"{n} run{'s' if n > 1 else ''} {said[status]}" for status, n in statuses.items()))
+    return "".join(f"; {part}" for part in parts)
 
 
 def _starved_note(runs: pd.DataFrame, max_share: float | None) -> str:

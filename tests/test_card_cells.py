@@ -1,0 +1,162 @@
+"""The recommendation card counts what it measured at its own cell: seeds of one (LR rule, batch,
+workers) cell, the learning rates tried there and what became of them, and a time band from the
+runs' measured times to target (analysis/expected.py, analysis/recommend.py). Known answers on
+hand-made tables, in the shapes users brought."""
+
+from __future__ import annotations
+
+import pandas as pd
+from test_analyze import run_row
+
+from batchscale.analysis.analyze import analyze
+from batchscale.analysis.expected import expected_text, steps_spread, versus_current
+from batchscale.analysis.recommend import learning_rate, recommend
+from batchscale.config import AnalysisConfig
+
+
+def cell_table(cells: list[tuple[str, int, float, float]]) -> pd.DataFrame:
+    """The analysis's cell table: (rule, batch, steps to target, step time in s)."""
+    table = pd.DataFrame(cells, columns=["lr_rule", "batch_size", "steps_to_target",
+                                         "step_time_s"])
+    return table.assign(time_to_target_s=table["steps_to_target"] * table["step_time_s"])
+
+
+# --------------------------------------------------------------------------- seeds, not runs
+
+
+def combined_runs() -> pd.DataFrame:
+    """1-worker runs joined with --workers 2 runs at batch 64 (seeds 0 and 1 each), and the
+    1-worker runs at today's batch 16."""
+    return pd.DataFrame(
+        [run_row(64, "linear", 0.1, seed, 40, workers=workers, time=time)
+         for workers, times in ((1, (0.050, 0.052)), (2, (0.060, 0.062)))
+         for seed, time in enumerate(times)]
+        + [run_row(16, "linear", 0.025, seed, 100, time=time)
+           for seed, time in enumerate((0.090, 0.094))]
+    )
+
+
+def test_runs_with_another_worker_count_are_not_more_seeds():
+    runs = combined_runs()
+    assert steps_spread(runs, "linear", 64).seeds == 2
+    assert steps_spread(runs, "linear", 64, workers=2).seeds == 2
+    text = expected_text(runs, cell_table([("linear", 64, 40, 1.25e-3)]), "linear", 64)
+    assert text.startswith("40 steps [40, 40] over 2 seeds with 1 worker;")
+    assert "4 seeds" not in text and "over 4" not in text
+
+
+def test_the_card_of_joined_worker_runs_counts_two_seeds_end_to_end():
+    """`batchscale analyze combined_runs.parquet --current-batch-size 16`, as the user ran it."""
+    result = analyze(None, combined_runs(), None, AnalysisConfig(current_batch_size=16))
+    card = result.summary.recommendation
+    assert card.batch_size == 64 and card.learning_rate == 0.1
+    assert card.learning_rate_reason.startswith(
+        "what the linear rule gave at batch 64 in all 2 reached runs")
+    assert "over 2 seeds" in card.expected and "4 seeds" not in card.expected
+    assert "4 reached runs" not in result.markdown and "over 4 seeds" not in result.markdown
+
+
+def test_the_expectation_follows_the_recommended_worker_count():
+    runs = combined_runs()
+    table = cell_table([("linear", 64, 40, 1.25e-3), ("linear", 16, 100, 9.2e-4)])
+    text = expected_text(runs, table, "linear", 64, workers=2)
+    assert text.startswith("40 steps [40, 40] over 2 seeds with 2 workers; 0.061 s of training "
+                           "[0.06, 0.062] over 2 seeds")
+
+
+def test_runs_that_are_not_one_per_seed_are_counted_as_runs():
+    """No seed recorded (a user's table): the count says runs, never seeds."""
+    runs = pd.DataFrame([run_row(64, "linear", 0.1, seed, steps)
+                         for seed, steps in enumerate((38, 40, 44))]).drop(columns="seed")
+    spread = steps_spread(runs, "linear", 64)
+    assert (spread.seeds, spread.counted) == (3, "run")
+    assert spread.text(" steps") == "40 steps [38, 44] over 3 runs"
+
+
+def test_the_tuned_expectation_is_of_the_recommended_learning_rate_only():
+    """Three learning rates reached at batch 64, one seed each: not "3 seeds" of one LR."""
+    runs = pd.DataFrame([run_row(64, "tuned", lr, 0, steps)
+                         for lr, steps in ((0.05, 150), (0.2, 120), (0.8, 300))])
+    table = cell_table([("tuned", 64, 120, 1e-3)])
+    choice = recommend(table, runs)
+    assert choice.learning_rate == 0.2
+    assert choice.expected.startswith("120 steps (one seed: no spread)")
+    assert steps_spread(runs, "tuned", 64).text(" steps") == "150 steps [120, 300] over 3 runs"
+
+
+# --------------------------------------------------------------------------- the LRs tried
+
+
+def tuned_at_32(statuses_of_200: tuple[str, ...] = ("diverged", "diverged")) -> pd.DataFrame:
+    """`--lr-candidates 0.05 200` at batch 32: 0.05 reached on both seeds, 200 did not."""
+    return pd.DataFrame(
+        [run_row(32, "tuned", 0.05, seed, 60) for seed in (0, 1)]
+        + [run_row(32, "tuned", 200.0, seed, 3, status=status)
+           for seed, status in enumerate(statuses_of_200)]
+    )
+
+
+def test_a_learning_rate_that_diverged_is_named_not_denied():
+    lr, reason = learning_rate(tuned_at_32(), "tuned", 32)
+    assert lr == 0.05
+    assert reason == ("the only one that reached the target at batch 32; 200 was tried and "
+                      "diverged (all 2 runs)")
+    assert "none other" not in reason
+
+
+def test_the_card_says_what_each_failed_learning_rate_did():
+    _, reason = learning_rate(tuned_at_32(("diverged", "not_reached")), "tuned", 32)
+    assert reason.endswith("; 200 was tried: 1 run diverged, 1 run did not reach the target")
+    recommended = recommend(cell_table([("tuned", 32, 60, 1e-3)]), tuned_at_32())
+    assert recommended.learning_rate_reason.startswith(
+        "the only one that reached the target at batch 32; 200 was tried and diverged")
+
+
+def test_the_fewest_steps_choice_counts_only_the_learning_rates_that_reached():
+    runs = pd.concat([tuned_at_32(), pd.DataFrame([run_row(32, "tuned", 0.1, 0, 50)])])
+    lr, reason = learning_rate(runs, "tuned", 32)
+    assert lr == 0.1
+    assert reason == ("the learning rate of the fewest steps at batch 32 among the 2 that "
+                      "reached the target; 200 was tried and diverged (all 2 runs)")
+
+
+# --------------------------------------------------------------------------- the time band
+
+
+def tied_runs(times_64=(0.0493, 0.0522), times_16=(0.090, 0.095)) -> pd.DataFrame:
+    """Two seeds that tie on steps at batch 64 (40) and at batch 16 (80), with their measured
+    times to target."""
+    return pd.DataFrame(
+        [run_row(64, "linear", 0.1, seed, 40, time=t) for seed, t in enumerate(times_64)]
+        + [run_row(16, "linear", 0.025, seed, 80, time=t) for seed, t in enumerate(times_16)]
+    )
+
+
+TIED_TABLE = cell_table([("linear", 64, 40, 0.0506 / 40), ("linear", 16, 80, 0.0935 / 80)])
+
+
+def test_tied_steps_do_not_make_a_zero_width_time_band():
+    text = expected_text(tied_runs(), TIED_TABLE, "linear", 64)
+    assert "[0.0506, 0.0506]" not in text
+    assert text.endswith(" s of training [0.0493, 0.0522] over 2 seeds")
+
+
+def test_the_saving_in_time_takes_its_band_from_the_measured_times():
+    text = versus_current(tied_runs(), TIED_TABLE, "linear", 64, 16)
+    # median 0.05075 / 0.0925 = 0.55; band 0.0493/0.095 = 0.52 .. 0.0522/0.090 = 0.58
+    assert text.endswith("0.50× [0.50, 0.50] the steps and 0.55× [0.52, 0.58] the training time")
+
+
+def test_one_run_says_its_time_has_no_spread():
+    text = expected_text(tied_runs(times_64=(0.0493,)), TIED_TABLE, "linear", 64)
+    assert text == "40 steps (one seed: no spread); 0.0493 s of training (one seed: no spread)"
+
+
+def test_without_measured_times_the_time_says_its_spread_is_unknown():
+    runs = tied_runs().drop(columns="time_to_target_s")
+    text = expected_text(runs, TIED_TABLE, "linear", 64)
+    assert text == ("40 steps [40, 40] over 2 seeds; 0.0506 s of training (steps × one step "
+                    "time: the runs record no time to target, so its spread is unknown)")
+    against = versus_current(runs, TIED_TABLE, "linear", 64, 16)
+    assert against.endswith("0.54× the training time (steps × one step time: the runs record "
+                            "no time to target, so its spread is unknown)")
