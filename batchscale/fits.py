@@ -167,14 +167,31 @@ def saturation_batch(
     flagged unstable: a disturbed row's samples/s would move the best or the threshold).
 
     Past this batch the device is busy: a bigger batch makes each step longer by about as much
-    as it adds samples, so it buys throughput only at the margin. None when nothing was timed.
+    as it adds samples, so it buys throughput only at the margin. None when fewer than two
+    batches were timed or none past it (`find_saturation` says why).
     """
+    return find_saturation(sweep, tolerance, input_mode)[0]
+
+
+def find_saturation(sweep: pd.DataFrame, tolerance: float = DEFAULT_SATURATION_TOLERANCE,
+               input_mode: str = "synthetic") -> tuple[int | None, str]:
+    """(`saturation_batch`, what it is or why there is none). A batch within `tolerance` of
+    the best is a saturation batch only when a larger batch was measured too: the largest
+    batch measured being the first within tolerance says samples/s was still growing there,
+    and calling it the saturation batch would claim a plateau nobody saw."""
     curve = throughput_curve(sweep, input_mode)
     if curve.empty:
-        return None
+        return None, f"no stable timed row ({input_mode} input)"
+    batches = curve["batch_size"].astype(int)
+    if len(curve) < 2:
+        return None, (f"only batch {int(batches.iloc[0])} was measured stable ({input_mode} "
+                      "input): a saturation batch needs at least two")
     best = curve["samples_per_s"].max()
-    saturated = curve[curve["samples_per_s"] >= (1.0 - tolerance) * best]
-    return int(saturated["batch_size"].min())
+    first = int(batches[curve["samples_per_s"] >= (1.0 - tolerance) * best].min())
+    if first == int(batches.max()):
+        return None, (f"samples/s still grows at {first:,}, the largest batch measured "
+                      f"({input_mode} input): no saturation seen; measure larger batches")
+    return first, f"smallest batch within {tolerance:.0%} of the best samples/s"
 
 
 def timing_mode(sweep: pd.DataFrame) -> str | None:

@@ -13,6 +13,7 @@ from test_analyze import sweep_row
 from batchscale.config import AnalysisConfig
 from batchscale.fits import (
     DEFAULT_SATURATION_TOLERANCE,
+    find_saturation,
     fit_memory,
     fit_step_time,
     largest_fitting_batch,
@@ -29,8 +30,22 @@ def test_saturation_batch_on_constructed_curve():
     sweep = pd.DataFrame(rows)
     assert saturation_batch(sweep) == 16
     assert saturation_batch(sweep, tolerance=0.05) == 32
-    assert saturation_batch(sweep, input_mode="real") == 8
+    # one batch timed says nothing about where throughput stops growing
+    assert saturation_batch(sweep, input_mode="real") is None
+    assert "needs at least two" in find_saturation(sweep, input_mode="real")[1]
     assert saturation_batch(pd.DataFrame([sweep_row(4, None, status="oom")])) is None
+
+
+def test_no_saturation_batch_while_samples_per_s_still_grows_at_the_largest_batch():
+    """A user's sweep: 111,857 samples/s at 128, 223,860 at 512 (the largest measured). The
+    first batch within 10 % of the best is the largest itself: no plateau was seen."""
+    rows = [sweep_row(b, b / s) for b, s in {8: 9000, 32: 36000, 128: 111857,
+                                              512: 223860}.items()]
+    batch, reason = find_saturation(pd.DataFrame(rows))
+    assert batch is None
+    assert "still grows at 512, the largest batch measured" in reason
+    rows.append(sweep_row(1024, 1024 / 230000))  # a larger batch within 10 %: now a plateau
+    assert saturation_batch(pd.DataFrame(rows)) == 512
 
 
 def test_fit_step_time_recovers_line():

@@ -52,11 +52,11 @@ from batchscale.fits import (
     TIMING_MODES,
     StepTimeFit,
     ensure_columns,
+    find_saturation,
     fit_memory,
     input_pipeline_share,
     largest_fitting_batch,
     numeric_column,
-    saturation_batch,
     throughput_curve,
     timing_mode,
 )
@@ -186,18 +186,14 @@ def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSumm
     best = curve.loc[curve["samples_per_s"].idxmax()]
     best_batch = int(best["batch_size"])
     smallest = int(curve["batch_size"].min())
-    # One stable batch size says nothing about where throughput stops growing.
-    saturation = saturation_batch(sweep, tolerance, mode) if len(curve) > 1 else None
-    reason = (f"smallest batch within {tolerance:.0%} of the best samples/s" if len(curve) > 1
-              else f"only batch {smallest} was measured stable ({mode} input): a saturation"
-                   " batch needs at least two")
+    saturation, reason = find_saturation(sweep, tolerance, mode)
     share = input_pipeline_share(sweep).set_index("batch_size")["share"]
     return ThroughputSummary(
         timing_input_mode=mode,
         saturation_batch=saturation,
         saturation_reason=reason,
         saturation_tolerance=tolerance,
-        saturated_at_smallest_batch=saturation == smallest and len(curve) > 1,
+        saturated_at_smallest_batch=saturation == smallest,
         best_samples_per_s=float(best["samples_per_s"]),
         best_batch=best_batch,
         mfu_at_best=float(best["mfu"]),

@@ -215,7 +215,9 @@ def _throughput_text(throughput: ThroughputSummary, step: StepTimeSummary) -> st
     )
     mfu = throughput.mfu_at_best
     text += f", {mfu_text(mfu)})." if math.isfinite(mfu) else ")."
-    if throughput.saturated_at_smallest_batch:
+    if saturation is None:
+        text += f" No saturation batch: {throughput.saturation_reason}."
+    elif throughput.saturated_at_smallest_batch:
         text += (
             f" The device is already saturated at batch {saturation}, the smallest measured: a"
             " bigger batch does not raise samples/s, each step just takes longer."

@@ -134,9 +134,11 @@ def quality_lines(tables: dict[str, pa.Table]) -> list[str]:
 def saturation_line(sweep: pa.Table, tolerance: float) -> str:
     """From the sweep itself, so it is there even when no convergence trial reached the target
     (the analysis table then has no rows to carry it)."""
-    from batchscale.fits import saturation_batch
+    from batchscale.fits import find_saturation
 
-    batch = saturation_batch(sweep.to_pandas(), tolerance)
+    batch, reason = find_saturation(sweep.to_pandas(), tolerance)
+    if batch is None:
+        return f"  saturation batch: none ({reason})"
     return (f"  saturation batch (throughput within {tolerance:.0%} of best): "
             f"{_fmt(batch, 'd')}")
 

@@ -32,9 +32,9 @@ def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> di
 
     from batchscale.fits import (
         DEFAULT_SATURATION_TOLERANCE,
+        find_saturation,
         fit_memory,
         largest_fitting_batch,
-        saturation_batch,
         throughput_curve,
         timing_mode,
     )
@@ -53,9 +53,10 @@ def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> di
     fit = fit_memory(memory["batch_size"], memory["peak_memory_bytes"],
                      table["memory_cap_bytes"].max())
     measured, measured_reason = largest_fitting_batch(table)
+    saturation, saturation_reason = find_saturation(table, saturation_tolerance, mode)
     return {
         "timed": True, "input_mode": mode, **quality,
-        "saturation_batch": saturation_batch(table, saturation_tolerance, mode),
+        "saturation_batch": saturation, "saturation_reason": saturation_reason,
         "saturation_tolerance": saturation_tolerance,
         "best_samples_per_s": float(best["samples_per_s"]),
         "best_samples_per_s_low": float(best["samples_per_s_low"]),
@@ -72,18 +73,32 @@ def summary_lines(summary: dict) -> list[str]:
     if not summary["timed"]:
         if summary.get("timed_rows"):
             return ["every timed row was flagged unstable: no throughput figure is given",
-                    *quality_lines(summary)]
-        return ["no batch size was timed successfully"]
+                    *_failed_lines(summary), *quality_lines(summary)]
+        return ["no batch size was timed successfully", *_failed_lines(summary)]
     mfu = summary["best_mfu"]
+    saturation = (f"the device saturates at batch ≈ {summary['saturation_batch']} (smallest "
+                  f"batch within {summary['saturation_tolerance']:.0%} of the best, "
+                  f"{summary['input_mode']} input)" if summary["saturation_batch"] is not None
+                  else f"no saturation batch: {summary['saturation_reason']}")
     return [
         f"best: {summary['best_samples_per_s']:,.1f} samples/s {_rerun_text(summary)} at batch "
-        f"{summary['best_batch']} ({mfu_text(mfu)}); the device saturates at "
-        f"batch ≈ {summary['saturation_batch']} (smallest batch within "
-        f"{summary['saturation_tolerance']:.0%} of the best, {summary['input_mode']} input)",
+        f"{summary['best_batch']} ({mfu_text(mfu)}); {saturation}",
         _memory_line(summary),
         _measured_wall_line(summary),
+        *_failed_lines(summary),
         *quality_lines(summary),
     ]
+
+
+def _failed_lines(summary: dict) -> list[str]:
+    """The rows whose trial raised (not an out-of-memory): named, with their error, because
+    every figure above leaves them out and would otherwise read as if they were never run."""
+    failed = summary.get("failed_rows") or []
+    if not failed:
+        return []
+    rows = "; ".join(f"{mode} batch {batch}: {error}" for mode, batch, error in failed)
+    return [f"FAILED: {len(failed)} row(s) raised an error and are left out of every figure "
+            f"(status error in the table): {rows}"]
 
 
 def _rerun_text(summary: dict) -> str:
@@ -134,6 +149,8 @@ def quality_summary(rows: list[dict]) -> dict:
     stable = [r for r in timed if r.get("quality") != Quality.UNSTABLE]
     return {
         "timed_rows": len(timed),
+        "failed_rows": [(r["input_mode"], r["batch_size"], r.get("error"))
+                        for r in rows if r["status"] == TrialStatus.ERROR],
         "unstable": [(r["input_mode"], r["batch_size"], r.get("quality_reason"))
                      for r in timed if r.get("quality") == Quality.UNSTABLE],
         "rounds": sorted({r["rounds"] for r in timed if r.get("rounds") is not None}),

@@ -1,0 +1,45 @@
+"""The sweep's own summary (batchscale/sweep/summary.py) says what its figures leave out: rows
+whose trial raised, and a saturation batch it did not see."""
+
+from __future__ import annotations
+
+import math
+
+from batchscale.sweep.summary import quality_summary, summary_lines
+
+
+def _timed_summary(**changes) -> dict:
+    summary = {"timed": True, "best_samples_per_s": 223860.0, "best_samples_per_s_low": 2e5,
+               "best_samples_per_s_high": 2.4e5, "best_batch": 512, "best_mfu": math.nan,
+               "saturation_batch": None,
+               "saturation_reason": "samples/s still grows at 512, the largest batch measured",
+               "saturation_tolerance": 0.1, "input_mode": "synthetic",
+               "memory_fixed_bytes": math.nan, "memory_per_sample_bytes": math.nan,
+               "predicted_reason": "one batch size", "largest_fitting_batch": math.inf,
+               "largest_fitting_reason": "no cap", "timed_rows": 0}
+    return summary | changes
+
+
+def test_no_saturation_claim_when_the_sweep_saw_none():
+    first = summary_lines(_timed_summary())[0]
+    assert "saturates" not in first
+    assert "no saturation batch: samples/s still grows at 512" in first
+    plateau = summary_lines(_timed_summary(saturation_batch=128))[0]
+    assert "the device saturates at batch ≈ 128" in plateau
+
+
+def test_rows_whose_trial_raised_are_named_with_their_error():
+    """A model that fails at batch 300 but not at 8: the summary of batch 8's figures must
+    not read as if 300 was never run."""
+    rows = [{"status": "ok", "batch_size": 8, "input_mode": "synthetic", "quality": "ok",
+             "rounds": 2},
+            {"status": "error", "batch_size": 300, "input_mode": "synthetic",
+             "error": "RuntimeError: boom"},
+            {"status": "oom", "batch_size": 4096, "input_mode": "synthetic", "error": "oom"}]
+    lines = summary_lines(_timed_summary(**quality_summary(rows)))
+    failed = [line for line in lines if line.startswith("FAILED")]
+    assert failed == ["FAILED: 1 row(s) raised an error and are left out of every figure "
+                      "(status error in the table): synthetic batch 300: RuntimeError: boom"]
+    untimed = summary_lines({"timed": False, **quality_summary(rows[1:])})
+    assert untimed[0] == "no batch size was timed successfully"
+    assert untimed[1].startswith("FAILED: 1 row(s)")
