@@ -226,8 +226,10 @@ def _finite(value: float | None) -> float | None:
 def _interval_words(state: IntervalState) -> str:
     if math.isfinite(state.ratio):
         return f"{state.b_crit:.3g} [{state.low:.3g}, {state.high:.3g}] (×{state.ratio:.2f})"
-    return state.reason or (f"{state.b_crit:.3g}, no interval yet" if math.isfinite(state.b_crit)
-                            else "not estimated yet")
+    if state.reason:
+        return f"not estimated: {state.reason}"
+    return (f"{state.b_crit:.3g}, no interval yet" if math.isfinite(state.b_crit)
+            else "not estimated yet")
 
 
 def _prediction_words(p: NoisePrediction) -> str:
