@@ -27,6 +27,7 @@ import pyarrow as pa
 from batchscale import schemas
 from batchscale.config import AnalysisConfig
 from batchscale.schemas import Quality, TrialStatus
+from batchscale.tdist import t_quantile
 
 DEFAULT_SATURATION_TOLERANCE: float = AnalysisConfig.model_fields["saturation_tolerance"].default
 """The config's default (read from the model, not a second copy), for callers without a config."""
@@ -35,6 +36,10 @@ TIMING_MODES = ("synthetic", "real")
 device's own speed, without the input pipeline."""
 MIN_BYTES_PER_SAMPLE = 1.0
 """A memory slope under a byte per sample is rounding, not growth."""
+MEMORY_EXTRAPOLATION_FACTOR = 8.0
+"""The memory line predicts the largest batch under a budget up to this factor past the largest
+batch measured; further out its slope's error and whatever else grows with the batch (a
+kernel's workspace, the allocator's rounding) make the number a guess."""
 CURVE_COLUMNS = (
     "step_time_median_s",
     "step_time_p10_s",
@@ -77,6 +82,9 @@ class MemoryFit:
     r2: float
     b_max: float
     reason: str = ""
+    per_sample_clear: bool = True
+    """False when the slope is not measurably above zero: `per_sample_bytes` is then no figure
+    to print, and `reason` says why."""
 
 
 # --------------------------------------------------------------------------- table helpers
@@ -261,12 +269,40 @@ def fit_memory(
         return MemoryFit(math.nan, math.nan, math.nan, math.nan, "fewer than two measured batches")
     fixed, per_sample, r2 = weighted_line(b, m, np.ones_like(m))
     if per_sample < MIN_BYTES_PER_SAMPLE:
-        return MemoryFit(fixed, per_sample, r2, math.nan, "peak memory does not grow with batch")
+        return MemoryFit(fixed, per_sample, r2, math.nan, "peak memory does not grow with batch",
+                         per_sample_clear=False)
+    unclear = _unclear_growth(b, m, fixed, per_sample)
+    if unclear:
+        return MemoryFit(fixed, per_sample, r2, math.nan, unclear, per_sample_clear=False)
     if budget_bytes is None or not math.isfinite(budget_bytes):
         return MemoryFit(fixed, per_sample, r2, math.nan, "no memory budget given")
     if budget_bytes <= fixed:
         return MemoryFit(fixed, per_sample, r2, 0.0, "the fixed memory alone exceeds the budget")
-    return MemoryFit(fixed, per_sample, r2, float(math.floor((budget_bytes - fixed) / per_sample)))
+    b_max = float(math.floor((budget_bytes - fixed) / per_sample))
+    largest = float(b.max())
+    if b_max > MEMORY_EXTRAPOLATION_FACTOR * largest:
+        return MemoryFit(fixed, per_sample, r2, math.nan,
+                         f"the budget would be reached near batch {b_max:,.0f}, more than "
+                         f"{MEMORY_EXTRAPOLATION_FACTOR:g}× the largest batch measured "
+                         f"({largest:,.0f}): too far out to predict; measure larger batches")
+    return MemoryFit(fixed, per_sample, r2, b_max)
+
+
+def _unclear_growth(b: np.ndarray, m: np.ndarray, fixed: float, per_sample: float) -> str:
+    """Why the per-sample memory is not measurably above zero ("" when it is): its slope
+    within t(0.95, n − 2) standard errors of zero, with three or more batches (two fix a line
+    exactly and say nothing about its scatter)."""
+    n = b.size
+    if np.unique(b).size < 3:
+        return ""
+    spread = float(np.sum((b - b.mean()) ** 2))
+    rss = float(np.sum((m - fixed - per_sample * b) ** 2))
+    se = math.sqrt(rss / (n - 2) / spread) if spread > 0 else math.inf
+    needed = t_quantile(0.95, n - 2)
+    if per_sample >= needed * se:
+        return ""
+    return (f"peak memory does not grow measurably with the batch: {per_sample:,.0f} ± "
+            f"{se:,.0f} bytes per sample over {n} batches, within the run-to-run scatter")
 
 
 def largest_fitting_batch(sweep: pd.DataFrame) -> tuple[float, str]:

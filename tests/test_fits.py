@@ -152,3 +152,28 @@ def test_an_mfu_above_one_is_named_untrusted_not_printed_as_a_figure():
     untrusted = mfu_text(1.9463)
     assert untrusted.startswith("MFU not trusted: 195% is above 100 %")
     assert "194.63" not in untrusted
+
+
+def test_memory_that_does_not_grow_measurably_gives_no_per_sample_figure():
+    """Peaks scattering by ±1 MiB around 425 MiB over 8…512: a slope of a few bytes per
+    sample is noise, printed once as '1.38e-09 B per sample'. It is no figure, and no largest
+    batch is predicted from it."""
+    batch = np.array([8, 32, 128, 512])
+    peaks = 425 * 2**20 + np.array([-1, 1, -1, 1]) * 2**20
+    fit = fit_memory(batch, peaks, 2**33)
+    assert not fit.per_sample_clear and math.isnan(fit.b_max)
+    assert "does not grow measurably" in fit.reason
+    growing = fit_memory(batch, 400 * 2**20 + 50_000 * batch + np.array([1, -1, 1, -1]) * 2**16,
+                         500 * 2**20)
+    assert growing.per_sample_clear and math.isfinite(growing.b_max)
+
+
+def test_the_largest_batch_is_not_predicted_far_past_the_measured_ones():
+    """A budget reached near batch 1,000,000 from batches up to 512 (a user's sweep printed
+    1053957): that far out the line's slope error dominates; the fit says so instead."""
+    batch = np.array([8, 32, 128, 512])
+    fit = fit_memory(batch, 400 * 2**20 + 1_000 * batch, 400 * 2**20 + 1_000 * 1_000_000)
+    assert math.isnan(fit.b_max)
+    assert "more than 8× the largest batch measured (512)" in fit.reason
+    near = fit_memory(batch, 400 * 2**20 + 1_000 * batch, 400 * 2**20 + 1_000 * 2_000)
+    assert near.b_max in (1_999, 2_000)  # floor of a ratio that round-off can put below

@@ -220,9 +220,10 @@ def _memory_summary(sweep: pd.DataFrame) -> MemorySummary:
     b_max, b_max_reason = largest_fitting_batch(sweep)
     return MemorySummary(
         fixed_bytes=fit.fixed_bytes,
-        per_sample_bytes=fit.per_sample_bytes,
+        per_sample_bytes=fit.per_sample_bytes if fit.per_sample_clear else math.nan,
         r2=fit.r2,
-        reason=fit.reason if math.isnan(fit.fixed_bytes) else "",
+        reason=(fit.reason if math.isnan(fit.fixed_bytes) or not fit.per_sample_clear
+                else ""),
         largest_fitting_batch=b_max,
         largest_fitting_reason=b_max_reason,
     )

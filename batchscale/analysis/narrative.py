@@ -245,11 +245,13 @@ def _memory_text(memory: MemorySummary) -> str:
     b_max = memory.largest_fitting_batch
     if math.isfinite(b_max):
         text += f" The largest batch that fits is {int(b_max)}."
-    if math.isfinite(memory.fixed_bytes):
+    if math.isfinite(memory.fixed_bytes) and math.isfinite(memory.per_sample_bytes):
         text += (
             f" Peak memory ≈ {_bytes(memory.fixed_bytes)} + "
             f"{_bytes(memory.per_sample_bytes)} per sample."
         )
+    elif math.isfinite(memory.fixed_bytes):
+        text += f" Peak memory ≈ {_bytes(memory.fixed_bytes)}; {memory.reason}."
     return text
 
 

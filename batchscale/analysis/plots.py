@@ -234,7 +234,7 @@ def _draw_memory(sweep: pd.DataFrame, summary: AnalysisSummary) -> Figure | None
     fig, ax = new_axes("batch size", "peak memory (MiB)")
     ax.plot(curve["batch_size"], curve["peak_memory_bytes"] / BYTES_PER_MIB, "o", label="measured")
     memory = summary.memory
-    if math.isfinite(memory.fixed_bytes):
+    if math.isfinite(memory.fixed_bytes) and math.isfinite(memory.per_sample_bytes):
         grid = geometric_grid(curve["batch_size"].min(), curve["batch_size"].max())
         ax.plot(
             grid, (memory.fixed_bytes + memory.per_sample_bytes * grid) / BYTES_PER_MIB, "-",

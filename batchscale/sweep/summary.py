@@ -64,7 +64,8 @@ def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> di
         "best_batch": int(best["batch_size"]), "best_mfu": float(best["mfu"]),
         "largest_fitting_batch": measured, "largest_fitting_reason": measured_reason,
         "memory_fixed_bytes": fit.fixed_bytes, "memory_per_sample_bytes": fit.per_sample_bytes,
-        "memory_fit_r2": fit.r2, "predicted_largest_batch": fit.b_max,
+        "memory_fit_r2": fit.r2, "memory_per_sample_clear": fit.per_sample_clear,
+        "predicted_largest_batch": fit.b_max,
         "predicted_reason": fit.reason,
     }
 
@@ -123,6 +124,9 @@ def _memory_line(summary: dict) -> str:
     if not (_finite(summary["memory_fixed_bytes"])
             and _finite(summary["memory_per_sample_bytes"])):
         return f"memory: no model fitted ({summary['predicted_reason']})"
+    if not summary.get("memory_per_sample_clear", True):
+        return (f"memory: peak ≈ {summary['memory_fixed_bytes'] / 2**20:.1f} MiB; "
+                f"{summary['predicted_reason']}: no largest batch predicted")
     line = (f"memory: peak ≈ {summary['memory_fixed_bytes'] / 2**20:.1f} MiB + "
             f"{summary['memory_per_sample_bytes'] / 2**10:.1f} KiB × batch "
             f"(r² {summary['memory_fit_r2']:.3f}); predicted largest batch under the cap: ")
