@@ -347,10 +347,17 @@ def interval_words(low: float, high: float, smallest: float, largest: float) -> 
 def _b_simple_text(noise: NoiseScaleSummary) -> str:
     if not math.isfinite(noise.b_simple_median):
         return f"Not available: {noise.reason}."
-    return (
+    text = (
         "The gradient noise scale (McCandlish et al. 2018), a cheap predictor of B_crit, has"
-        f" median {_num(noise.b_simple_median)} over {noise.trials} trials."
+        f" median {_num(noise.b_simple_median)} over {noise.trials} trials"
     )
+    if noise.trials > 1 and math.isfinite(noise.quartile_low):
+        text += (f" (half of them between {_num(noise.quartile_low)} and"
+                 f" {_num(noise.quartile_high)})")
+    if noise.dropped:
+        text += (f"; {noise.dropped} trial(s) ended with an estimate ≤ 0 (the gradient noise"
+                 " swamped |G|² there) and are left out")
+    return text + "."
 
 
 # --------------------------------------------------------------------------- several targets

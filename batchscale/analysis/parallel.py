@@ -45,12 +45,23 @@ def final_b_simple(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
 
 
 def noise_scale(runs: pd.DataFrame, curves: pd.DataFrame) -> tuple[pd.Series, NoiseScaleSummary]:
-    """The median final B_simple per batch size, and over all trials."""
+    """The median final B_simple per batch size, and over all trials with its interquartile
+    range. A final estimate ≤ 0 is left out and counted: B_simple = tr Σ / |G|² cannot be
+    negative, but its unbiased estimate of |G|² can when the noise swamps the gradient, and
+    such a value says only that the estimate failed there."""
     final = final_b_simple(runs, curves)
-    by_batch = final.groupby("batch_size")["b_simple"].median()
+    usable = final[final["b_simple"] > 0]
+    dropped = int(len(final) - len(usable))
+    by_batch = usable.groupby("batch_size")["b_simple"].median()
     if final.empty:
         return by_batch, NoiseScaleSummary(math.nan, 0, "no B_simple recorded")
-    return by_batch, NoiseScaleSummary(float(final["b_simple"].median()), int(len(final)), "")
+    if usable.empty:
+        return by_batch, NoiseScaleSummary(
+            math.nan, 0, f"every trial's final estimate ({dropped}) was ≤ 0: the gradient "
+                         "noise swamped |G|², so no B_simple can be read", dropped=dropped)
+    low, high = np.percentile(usable["b_simple"], [25, 75])
+    return by_batch, NoiseScaleSummary(float(usable["b_simple"].median()), int(len(usable)), "",
+                                       float(low), float(high), dropped)
 
 
 def data_parallel_efficiency(runs: pd.DataFrame) -> pd.DataFrame:

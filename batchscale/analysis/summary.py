@@ -108,6 +108,11 @@ class NoiseScaleSummary:
     b_simple_median: float
     trials: int
     reason: str
+    quartile_low: float = math.nan
+    quartile_high: float = math.nan
+    """The interquartile range over the trials: their spread, not an interval of the median."""
+    dropped: int = 0
+    """Trials whose final estimate was ≤ 0 (left out: the estimate failed there)."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,37 @@
+"""The summary of the gradient noise scale over trials (batchscale/analysis/parallel.py): a
+final estimate ≤ 0 is a failed estimate, left out and counted; the median comes with the
+trials' spread."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from batchscale.analysis.narrative import _b_simple_text
+from batchscale.analysis.parallel import noise_scale
+
+
+def _runs(values: dict[str, tuple[int, float]]) -> pd.DataFrame:
+    return pd.DataFrame([{"trial_id": tid, "batch_size": batch, "b_simple": b}
+                         for tid, (batch, b) in values.items()])
+
+
+def test_negative_final_estimates_are_left_out_and_counted():
+    """From a user's run: b16 seed 0 ended at −1.85 beside seed 1's 1,810.9."""
+    runs = _runs({"a": (16, -1.85), "b": (16, 1810.9), "c": (32, 20.0), "d": (32, 30.0),
+                  "e": (64, 40.0)})
+    by_batch, summary = noise_scale(runs, pd.DataFrame())
+    assert (summary.trials, summary.dropped) == (4, 1)
+    assert summary.b_simple_median == 35.0
+    assert (summary.quartile_low, summary.quartile_high) == (27.5, 482.725)
+    assert by_batch[16] == 1810.9  # the failed estimate does not pull its batch's median
+    text = _b_simple_text(summary)
+    assert "median 35 over 4 trials (half of them between 27.5 and 483)" in text
+    assert "1 trial(s) ended with an estimate ≤ 0" in text
+
+
+def test_only_failed_estimates_give_no_figure():
+    _, summary = noise_scale(_runs({"a": (16, -3.0), "b": (32, 0.0)}), pd.DataFrame())
+    assert math.isnan(summary.b_simple_median) and summary.dropped == 2
+    assert _b_simple_text(summary).startswith("Not available: every trial's final estimate (2)")
