@@ -288,12 +288,14 @@ def add_config_flags(parser: argparse.ArgumentParser, section: str | None,
     parser.set_defaults(config_fields=[*known, *((section, name) for name in fields)])
 
 
-def config_from_args(args, fixed: dict | None = None) -> ExperimentConfig:
+def config_from_args(args, fixed: dict | None = None,
+                     flags: list[str] | None = None) -> ExperimentConfig:
     """--config (default: the embedded one) with the values of the config-field flags given,
     and `fixed` ({section: {field: value}}), put in; validated as a config file is, so a bad
-    value is refused naming its field (exit 2)."""
+    value is refused naming its field (exit 2). `flags`: the command's own flags behind
+    `fixed`, named with the others in that message."""
     overrides: dict = {}
-    given = []
+    given = list(flags or [])
     for section, name in args.config_fields:
         value = getattr(args, name)
         if value is not None:

@@ -49,16 +49,33 @@ def _brings_its_data(workload_name: str) -> bool:
 
 
 def target_flag(text: str) -> dict:
-    """--target METRIC=VALUE as a targets entry (the config then checks the metric and value)."""
-    metric, sep, value = text.partition("=")
+    """--target METRIC=VALUE as a targets entry (the config then checks the metric and value).
+    METRIC>=VALUE / METRIC<=VALUE, the way targets are printed, are taken too when the sign is
+    the metric's own direction."""
+    metric, sign, value = _split_target(text)
     try:
-        if not sep:
+        if not sign:
             raise ValueError
-        return {"metric": metric.strip(), "value": float(value)}
+        entry = {"metric": metric.strip(), "value": float(value)}
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not METRIC=VALUE (e.g. val_loss=0.3); metrics: "
             f"{', '.join(METRICS)}") from None
+    known = METRICS.get(entry["metric"])
+    if sign != "=" and known is not None and sign != known.comparison:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: {known.name} is reached when it is {known.comparison} the target; "
+            f"write {known.name}={value.strip()} (or {known.name}{known.comparison}"
+            f"{value.strip()})")
+    return entry
+
+
+def _split_target(text: str) -> tuple[str, str, str]:
+    for sign in (">=", "<="):
+        if sign in text:
+            metric, _, value = text.partition(sign)
+            return metric, sign, value
+    return text.partition("=")
 
 
 def cmd_converge(args) -> int:
@@ -69,7 +86,8 @@ def cmd_converge(args) -> int:
     fixed = {"scaling_workers": [], "scaling_batch_sizes": []}
     if args.target:  # they replace the config's targets (and its shorthand)
         fixed |= {"targets": args.target, "target_val_accuracy": None}
-    cfg = config_from_args(args, {**_dataset_flag(args), "convergence": fixed})
+    cfg = config_from_args(args, {**_dataset_flag(args), "convergence": fixed},
+                           flags=["--target"] if args.target else [])
     run_id = given_run_id(args)
     check_output_dir(args.out, "--out")
     workload = get_workload(cfg.workload)
