@@ -217,8 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
                                          "adaptive_budget_device_s", "lr_halving_eta",
                                          "lr_halving_first_rung_steps", "loader_workers"])
     cv.add_argument("--target", action="append", type=target_flag, metavar="METRIC=VALUE",
-                    help="a target, e.g. val_accuracy=0.95 or val_loss=0.3 (repeat the flag for "
-                    "several); replaces the config's targets. Metrics: " + ", ".join(METRICS))
+                    help="a target, e.g. val_accuracy=0.95 or val_loss=0.3 (also as printed: "
+                    "'val_accuracy>=0.95'; repeat the flag for several); replaces the config's "
+                    "targets. Metrics: " + ", ".join(METRICS))
     cv.add_argument("--dataset", metavar="NAME",
                     help="the config's dataset.name (see `batchscale datasets`), prepared "
                     "unless --dataset-dir is given or the workload brings its own data")
