@@ -364,3 +364,30 @@ def test_a_table_without_lr_rule_is_answered_with_the_rule_not_given(tmp_path, c
     assert "**LR rule: not given** — the runs table gives no lr_rule" in out
     assert "(no LR rule given: the fewest steps over the runs' learning rates)" in out
     assert "grid LR rule" not in out and "LR rule: grid" not in out
+
+
+def test_runs_an_adaptive_search_chose_are_read_at_its_level(tmp_path, capsys):
+    """`batchscale converge --strategy adaptive --out d` writes d/runs.parquet beside
+    d/decisions.parquet; analyzing d/runs.parquet reads B_crit's interval at the search's
+    level (98 %) and says why, as the pipeline's report does. A decisions file that cannot be
+    read is refused naming it, not silently ignored."""
+    runs, sweep = batchscale_tables()
+    save(runs, tmp_path / "runs.parquet")
+    grid = tmp_path / "grid"
+    code, stdout, stderr = run_analyze([str(tmp_path / "runs.parquet"), "--bootstrap-samples",
+                                        str(BOOTSTRAP), "--out", str(grid)], capsys)
+    assert code == 0, stderr
+    assert "read at the 98% level" not in stdout
+    write_table_atomic(tmp_path / "decisions.parquet", pa.table({"step": [0, 1]}))
+    code, stdout, stderr = run_analyze([str(tmp_path / "runs.parquet"), "--bootstrap-samples",
+                                        str(BOOTSTRAP), "--out", str(tmp_path / "s")], capsys)
+    assert code == 0, stderr
+    assert "an adaptive search chose these trials, so B_crit's interval is read at 98%" in stderr
+    assert "read at the 98% level" in stdout
+    settings = json.loads((tmp_path / "s" / "summary.json").read_text())["analysis_settings"]
+    assert settings["b_crit_read_level"] == 0.98
+    (tmp_path / "decisions.parquet").write_bytes(b"not parquet")
+    code, _, stderr = run_analyze([str(tmp_path / "runs.parquet"), "--out",
+                                   str(tmp_path / "bad")], capsys)
+    assert code == 2 and "decisions.parquet beside the runs table cannot be read" in stderr
+    assert "Traceback" not in stderr

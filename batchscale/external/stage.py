@@ -26,6 +26,7 @@ import pyarrow.csv as pacsv
 
 import batchscale
 from batchscale import schemacheck, schemas
+from batchscale.analysis.critical import ADAPTIVE_READ_LEVEL, BOOTSTRAP_CONFIDENCE
 from batchscale.analysis.usertables import (
     NO_LR_NOTE,
     NO_RULE_NOTE,
@@ -48,6 +49,8 @@ EXTERNAL = "external"
 RUN_ID_PREFIX = "external-"
 RUN_ID_DIGEST_CHARS = 12
 ANALYSIS_FILE = "analysis.parquet"
+SEARCH_DECISIONS_FILE = "decisions.parquet"
+"""The adaptive search's decisions, beside its runs table (`batchscale converge`'s --out)."""
 PLAN_FILE = "plan.parquet"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.html"
@@ -64,11 +67,19 @@ class ExternalInputs:
     sweep: UserTable | None
     mapping: dict[str, str]
     """Our column name → the user's, as given with --column."""
+    searched: bool = False
+    """An adaptive search chose these trials: its decisions table (with rows) lies beside the
+    runs table, as `batchscale converge --strategy adaptive` writes them."""
 
     @property
     def notes(self) -> list[str]:
         """What was assumed or derived, in plain words (printed, and kept in summary.json)."""
-        return [*self.runs.notes, *(self.sweep.notes if self.sweep else [])]
+        searched = ([f"{self.runs.path.with_name(SEARCH_DECISIONS_FILE)} lies beside the runs: "
+                     "an adaptive search chose these trials, so B_crit's interval is read at "
+                     f"{ADAPTIVE_READ_LEVEL:.0%} to hold its claimed "
+                     f"{BOOTSTRAP_CONFIDENCE:.0%} (docs/convergence.md)"] if self.searched
+                    else [])
+        return [*self.runs.notes, *(self.sweep.notes if self.sweep else []), *searched]
 
     def default_run_id(self, config: ExperimentConfig) -> str:
         """external-<digest of the input files, the mapping and the analysis settings>: the
@@ -138,7 +149,22 @@ def read_inputs(runs_path: str, sweep_path: str | None,
     runs = complete_runs(raw["runs"].renamed(mapping_for(mapping, "runs")))
     sweep = complete_sweep(raw["sweep"].renamed(mapping_for(mapping, "sweep"))) \
         if sweep_path else None
-    return ExternalInputs(runs, sweep, mapping)
+    return ExternalInputs(runs, sweep, mapping, searched=_searched(Path(runs_path)))
+
+
+def _searched(runs_path: Path) -> bool:
+    """Whether the decisions table of an adaptive search, with rows, lies beside the runs."""
+    decisions = runs_path.with_name(SEARCH_DECISIONS_FILE)
+    if not decisions.is_file():
+        return False
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(decisions).metadata.num_rows > 0
+    except (OSError, pa.ArrowException) as err:
+        raise BadInput(f"{decisions} beside the runs table cannot be read as the adaptive "
+                       f"search's decisions ({type(err).__name__}: {err}); move it away to "
+                       "analyze the runs as a grid") from None
 
 
 def _check_mapping_sources(mapping: dict[str, str], raw: dict[str, UserTable]) -> None:
@@ -215,13 +241,15 @@ def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
                    run_id: str) -> ExternalAnalysis:
     """The pipeline's analysis (`analyze`, `render_html`) on the completed tables."""
     from batchscale.analysis.analyze import analyze
+    from batchscale.analysis.stage import settings_for
     from batchscale.report.render import render_html
 
     env = external_env(run_id, config.config_hash)
     runs = schemas.make_table("runs", inputs.runs.rows, env).to_pandas()
     sweep = (schemas.make_table("sweep", inputs.sweep.rows, env).to_pandas()
              if inputs.sweep else None)
-    result = analyze(sweep, runs, None, config.analysis,
+    settings = settings_for(config.analysis, inputs.searched)
+    result = analyze(sweep, runs, None, settings,
                      learning_rates_given=NO_LR_NOTE not in inputs.runs.notes,
                      lr_rule_given=NO_RULE_NOTE not in inputs.runs.notes)
     table = schemas.make_table("analysis", result.rows, env)
@@ -235,7 +263,7 @@ def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
                    "sweep": inputs.sweep.describe() if inputs.sweep else None},
         "column_mapping": inputs.mapping,
         "notes": inputs.notes,
-        "analysis_settings": config.analysis.model_dump(mode="json"),
+        "analysis_settings": settings.model_dump(mode="json"),
         "summary": json_safe(dataclasses.asdict(result.summary)),
         "metrics": result.metrics,
         "markdown": result.markdown,
