@@ -205,6 +205,8 @@ def test_two_workers_train_a_contract_workload_to_its_own_target(tmp_path):
                       "8,32", "--workers", "2", "--lr-rules", "sqrt", "--seeds", "0",
                       "--out", str(out)], cwd=TESTS_DIR)
     assert result.returncode == 0, result.stderr
+    # the workload's own target, said before any training
+    assert "training to val_accuracy >= 0.9, up to" in result.stderr
     runs = pq.read_table(out / "runs.parquet").to_pandas()
     assert set(runs["workers"]) == {2} and set(runs["target_value"]) == {0.9}
     assert set(runs["target_metric"]) == {"val_accuracy"} and set(runs["status"]) == {"reached"}

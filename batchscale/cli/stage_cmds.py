@@ -110,6 +110,11 @@ def cmd_converge(args) -> int:
         prepare(cfg.dataset, data_dir)
     print(f"batchscale converge {run_id} (rerun with --run-id {run_id} to resume)",
           file=sys.stderr)
+    c = cfg.convergence
+    print(f"training to {' and '.join(t.label for t in c.resolved_targets())}, up to "
+          f"{c.max_steps:,} steps per trial ({c.strategy}: batch sizes "
+          f"{', '.join(map(str, c.batch_sizes))}; LR rules {', '.join(c.lr_rules)}; seeds "
+          f"{', '.join(map(str, c.seeds))})", file=sys.stderr)
     written = [out / "curves.parquet", out / "runs.parquet"]
     if cfg.convergence.strategy == "adaptive":
         from batchscale.adaptive.driver import run_adaptive
