@@ -5,6 +5,7 @@ field with bounded, redacted quotes of what was given.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -13,9 +14,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from pydantic import (
-    ValidationError,
-)
+from pydantic import BaseModel, ValidationError
 
 from batchscale import names
 from batchscale.config.models import (
@@ -65,7 +64,7 @@ def describe_invalid(err: ValidationError, source: str) -> str:
         if named and e["loc"]:
             field, msg = f"{field}.{named[1]}", named[2]
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = "unknown key" + _nearest_key(e["loc"])
         # A model-level check's input is a whole section (or config): its message says what
         # was wrong, and the section's dump would bury it.
         whole = isinstance(e.get("input"), dict) and e["type"] == "value_error"
@@ -77,6 +76,19 @@ def describe_invalid(err: ValidationError, source: str) -> str:
     if len(fields) > MAX_REPORTED_FIELDS:
         lines.append(f"  ... and {len(fields) - MAX_REPORTED_FIELDS} more fields")
     return "\n".join([f"invalid config {source}:", *lines])
+
+
+def _nearest_key(loc: tuple) -> str:
+    """'; did you mean "x"?' for an unknown key close to a key of its section, else ""."""
+    model = ExperimentConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        model = annotation
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f' (did you mean "{close[0]}"?)' if close else ""
 
 
 RENAMED_KEYS = {("sweep", "warmup_steps"): "untimed_steps",
