@@ -304,7 +304,19 @@ def config_from_args(args, fixed: dict | None = None,
     for section, values in (fixed or {}).items():
         overrides.setdefault(section, {}).update(values)
     source = f"given on the command line ({', '.join(given)})" if given else "command line"
-    return with_overrides(load_config(args.config), overrides, source)
+    base = load_config(args.config)
+    if args.config is None and overrides.get("workload") not in (None, base.workload):
+        # The embedded config's name describes its own workload: rows of another one would be
+        # recorded under the wrong experiment.
+        overrides["name"] = experiment_name_for(overrides["workload"])
+    return with_overrides(base, overrides, source)
+
+
+def experiment_name_for(workload: str) -> str:
+    """An experiment name (names.check_name's alphabet) for a run of `workload` on the
+    embedded config: 'mytraining:workload' -> 'mytraining-workload'."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", workload).strip("-._")
+    return re.sub(r"\.\.+", ".", name)[:128] or "workload"
 
 
 # ------------------------------------------------------------------ output paths

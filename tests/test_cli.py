@@ -118,6 +118,19 @@ def test_flags_replace_the_config_values_and_no_flag_keeps_the_config():
                                                                        [0.1, 0.2], 2)
 
 
+def test_another_workload_on_the_embedded_config_is_its_own_experiment(tmp_path):
+    """Rows of a user's model run on the embedded config were recorded as experiment
+    'digits-default'; they take a name from the workload instead (a config file's name stays)."""
+    assert parse(["converge", "--out", "x"]).name == "digits-default"
+    assert parse(["converge", "--out", "x", "--workload", "digits-cnn"]).name == "digits-cnn"
+    assert parse(["converge", "--out", "x", "--workload", "mytraining:workload"]).name == \
+        "mytraining-workload"
+    config = tmp_path / "mine.yaml"
+    config.write_text("name: my-study\n")
+    assert parse(["converge", "--out", "x", "--config", str(config), "--workload",
+                  "digits-cnn"]).name == "my-study"
+
+
 def test_old_flag_spellings_still_work_with_a_note(capsys):
     cfg = parse(["sweep", "--out", "x", "--compile", "--time-budget", "0.5", "--image-size",
                  "64", "--memory-limit", "512MB"])
