@@ -13,11 +13,67 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 
 import torch
 
 from batchscale.contract import Batch, default_collate, to_device
+
+
+@dataclass(frozen=True)
+class DataFailure:
+    """Which part of a workload's data failed, and on what: `member` names the Workload member
+    ("Workload.train_data (its dataset's __getitem__)", "Workload.collate"), `where` the items
+    ("index 123", "indices 96..127 (32 items)", "a list of 32 items"). Noted on the exception
+    (`failure_of`), so a trial names the member; the exception itself is unchanged. A loader
+    worker sends it back instead of raising (`error` then holds the exception's `Type: text`)."""
+
+    member: str
+    where: str
+    error: str = ""
+
+
+_FAILURE_ATTR = "_batchscale_data_failure"
+ERROR_TEXT_CHARS = 300
+"""An exception's text in a message is cut to this many characters (as the sweep's rows are)."""
+
+
+def error_text(err: BaseException) -> str:
+    """`Type: text` of an exception on one line, its text cut to ERROR_TEXT_CHARS."""
+    text = " ".join(str(err).split())
+    if len(text) > ERROR_TEXT_CHARS:
+        text = text[:ERROR_TEXT_CHARS - 1] + "…"
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def note_failure(err: BaseException, member: str, where: str) -> None:
+    """Note on `err` which member failed on what (the innermost note is kept)."""
+    if getattr(err, _FAILURE_ATTR, None) is None:
+        with suppress(Exception):  # an exception that takes no attributes stays unnamed
+            setattr(err, _FAILURE_ATTR, DataFailure(member, where))
+
+
+def failure_of(err: BaseException) -> DataFailure | None:
+    """The DataFailure noted on `err` or on an exception it was raised from or during (a
+    workload's `evaluate` may wrap what its batches raised)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        failure = getattr(err, _FAILURE_ATTR, None)
+        if isinstance(failure, DataFailure):
+            return failure
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _index_range(indices) -> str:
+    n = len(indices)
+    if not n:
+        return "no indices"
+    low, high = ((int(indices.min()), int(indices.max())) if isinstance(indices, torch.Tensor)
+                 else (min(indices), max(indices)))
+    return f"index {low}" if n == 1 else f"indices {low}..{high} ({n} items)"
 
 
 class DatasetSplit:
@@ -31,6 +87,11 @@ class DatasetSplit:
         self._read = dataset.__getitems__ if self.reads_batches else self._read_each
         # A dataset that takes the index tensor itself spares the list (sub-ms steps notice).
         self._as_list = not getattr(dataset, "getitems_takes_tensor", False)
+        # What a failure names (DataFailure): the Workload member, as contract_check does.
+        reader = "__getitems__" if self.reads_batches else "__getitem__"
+        self.read_member = f"Workload.{member} (its dataset's {reader})"
+        self.collate_member = ("Workload.collate" if contract.collate is not None
+                               else "torch's default_collate (Workload.collate is not given)")
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -40,10 +101,35 @@ class DatasetSplit:
 
     def items(self, idx: torch.Tensor) -> object:
         """The items at `idx`, as `collate` takes them."""
-        return self._read(idx.tolist() if self._as_list else idx)
+        indices = idx.tolist() if self._as_list else idx
+        try:
+            return self._read(indices)
+        except Exception as err:
+            note_failure(err, self.read_member, self._failed_at(indices))
+            raise
+
+    def _failed_at(self, indices) -> str:
+        """Which of `indices` a read failed on: the first whose item fails again, read one by
+        one (the read itself stays a list comprehension: a loop that tracked its index costs
+        microseconds a step); the range when none does, or the dataset reads batches."""
+        if not self.reads_batches:
+            for i in (indices.tolist() if isinstance(indices, torch.Tensor) else indices):
+                try:
+                    self.dataset[i]
+                except Exception:
+                    return f"index {i}"
+        return _index_range(indices)
+
+    def collated(self, items, count: int) -> Batch:
+        """`collate` of `count` items (a failure noted with the member that raised)."""
+        try:
+            return self.collate(items)
+        except Exception as err:
+            note_failure(err, self.collate_member, f"a list of {count} items")
+            raise
 
     def batch(self, idx: torch.Tensor, device: str) -> Batch:
-        return to_device(self.collate(self.items(idx)), device)
+        return to_device(self.collated(self.items(idx), len(idx)), device)
 
     def head(self, rows: int) -> DatasetSplit:
         return DatasetSplit(self.contract, _Head(self.dataset, min(rows, len(self))), self.member)
@@ -115,19 +201,31 @@ class _SeededSteps(torch.utils.data.Dataset):
         return 0
 
     def __getitem__(self, key):
+        """(step, batches); (step, DataFailure) when the workload's data failed: the trial names
+        it (a raised exception would come back as the loader's traceback text)."""
         step, parts = key
         batches = []
-        for position, idx in parts:
-            if self.split.reads_batches:
-                # One seed for the micro-batch: a batched read draws once for all its items.
-                seed_item(self.seed, step, position)
-                items = self.split.items(torch.as_tensor(idx))
-            else:
-                items = []
-                for offset, i in enumerate(idx):
-                    seed_item(self.seed, step, position + offset)
-                    items.append(self.split.dataset[i])
-            batches.append(self.split.collate(items))
+        try:
+            for position, idx in parts:
+                if self.split.reads_batches:
+                    # One seed for the micro-batch: a batched read draws once for all its items.
+                    seed_item(self.seed, step, position)
+                    items = self.split.items(torch.as_tensor(idx))
+                else:
+                    items = []
+                    for offset, i in enumerate(idx):
+                        seed_item(self.seed, step, position + offset)
+                        try:
+                            items.append(self.split.dataset[i])
+                        except Exception as err:
+                            note_failure(err, self.split.read_member, f"index {i}")
+                            raise
+                batches.append(self.split.collated(items, len(idx)))
+        except Exception as err:
+            failure = failure_of(err)
+            if failure is None:
+                raise
+            return step, DataFailure(failure.member, failure.where, error_text(err))
         return step, batches
 
 

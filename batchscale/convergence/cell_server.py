@@ -6,7 +6,9 @@ The caller writes a spec path per line on the server's stdin; the server trains 
 one-rank torchrun worker would (`train.run_spec`: the same trial code, files and checkpoints)
 and answers one JSON line on stdout: {"spec": path, "ok": true} or {"spec": path, "ok": false,
 "error": message}. A failed cell ends the server; the caller then launches that cell with
-torchrun as before, whose restarts and messages are the ones a user knows. The server dies with
+torchrun as before, whose restarts and messages are the ones a user knows, except when the
+workload's own code failed (usererror.UserCodeError, answered with "user_error": true): that
+would fail the same way under torchrun, so the caller raises it (exit 2). The server dies with
 its caller (stopping.die_with_parent), and a cell past its time limit is stopped with its group.
 """
 
@@ -38,7 +40,8 @@ class CellServer:
     def run(self, spec_path: Path, timeout_s: float) -> bool:
         """Train the spec at `spec_path`; False when the server failed on it (it is stopped:
         the caller launches the cell another way). A cell past `timeout_s` raises, as a
-        torchrun launch does."""
+        torchrun launch does, and so does an error of the workload's own code (UserCodeError,
+        with where the finished trials are)."""
         if self.proc is None:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", MODULE], env=self.env, stdin=subprocess.PIPE,
@@ -52,6 +55,11 @@ class CellServer:
             answer = None
         if answer is None or not answer.get("ok"):
             self.close()
+            if answer is not None and answer.get("user_error"):
+                from batchscale.convergence.usererror import UserCodeError
+
+                raise UserCodeError(f"{answer.get('error')}; finished trials are kept in "
+                                    f"{spec_path.parent / 'trials'}")
             return False
         return True
 
@@ -84,11 +92,15 @@ def serve(lines, reply) -> int:
     """Train the spec of each line until one fails (returns 1) or the input ends (0)."""
     from batchscale.convergence.spec import read_spec
     from batchscale.convergence.train import run_spec
+    from batchscale.convergence.usererror import UserCodeError
 
     for line in lines:
         path = line.strip()
         try:
             run_spec(read_spec(path))
+        except UserCodeError as err:  # the same under torchrun: the caller raises it
+            reply({"spec": path, "ok": False, "error": str(err), "user_error": True})
+            return 1
         except BatchscaleError as err:
             reply({"spec": path, "ok": False, "error": str(err)})
             return 1

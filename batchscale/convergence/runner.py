@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,11 +31,17 @@ from batchscale.convergence.spec import (
     TrainingSettings,
     TrialSpec,
 )
+from batchscale.convergence.usererror import (
+    ERROR_FILE_ENV,
+    ERROR_FILE_NAME,
+    UserCodeError,
+    read_error_file,
+)
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import Location, is_s3_uri, open_location
 from batchscale.names import check_run_id
 from batchscale.schemas import TUNED_RULE
-from batchscale.stopping import die_with_parent, stop_group
+from batchscale.stopping import Terminated, die_with_parent, stop_group
 from batchscale.storage import write_bytes_atomic
 from batchscale.workloads import get_workload
 
@@ -180,27 +187,101 @@ def write_spec(spec: ConvergenceSpec) -> Path:
     return spec_path
 
 
+TORCHRUN_LOG = "torchrun.log"
+"""torchrun's stderr (its agent's and every rank's), kept in the cell's work directory."""
+POLL_S = 0.1
+"""How often the launcher looks at torchrun's log and for a rank's user error."""
+
+
+class _LogEcho:
+    """Passes what torchrun writes to its log file on to this process's stderr, whole lines as
+    they come (the rest once torchrun has ended)."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset = path, 0
+
+    def read(self, final: bool) -> bytes:
+        try:
+            with open(self.path, "rb") as log:
+                log.seek(self.offset)
+                chunk = log.read()
+        except OSError:
+            return b""
+        if not final:
+            chunk = chunk[:chunk.rfind(b"\n") + 1]
+        self.offset += len(chunk)
+        return chunk
+
+    @staticmethod
+    def show(chunk: bytes) -> None:
+        if chunk:
+            sys.stderr.write(chunk.decode(errors="replace"))
+            sys.stderr.flush()
+
+
 def launch_local(spec: ConvergenceSpec, timeout_s: float, max_restarts: int) -> None:
+    """Train the spec's trials in one `torchrun --standalone` group. torchrun's stderr goes to
+    `torchrun.log` in the work directory and on to this process's stderr as it comes, except
+    once a rank has reported an error of the workload's own code (usererror.py): then the group
+    is stopped at once (a restart would fail the same way) and UserCodeError (exit 2) says what
+    failed, without the ranks' and torchrun's tracebacks (the log keeps them)."""
     out_dir = Path(spec.out_dir)
     spec_path = write_spec(spec)
     workers = spec.training.workers
     cmd = torchrun_command(str(spec_path), workers, max_restarts)
+    error_file = out_dir / ERROR_FILE_NAME
+    error_file.unlink(missing_ok=True)  # an earlier launch's: this one starts afresh
+    log_path = out_dir / TORCHRUN_LOG
+    kept = f"finished trials are kept in {out_dir / 'trials'}"
     # Own process group: a timeout, Ctrl-C or SIGTERM takes the agent and its workers down
     # together, instead of leaving workers orphaned in a collective; and the agent dies when
     # this process does, even by SIGKILL, its ranks after it (batchscale/stopping.py). SIGKILL,
     # not SIGTERM: trials checkpoint atomically, and the agent answers SIGTERM with a traceback.
-    proc = subprocess.Popen(cmd, env=torchrun_env(workers), start_new_session=True,
-                            preexec_fn=partial(die_with_parent, signal.SIGKILL))
+    env = {**torchrun_env(workers), ERROR_FILE_ENV: str(error_file)}
+    with open(log_path, "wb") as log:  # the group's stderr; stdout is passed through as before
+        proc = subprocess.Popen(cmd, env=env, stderr=log, start_new_session=True,
+                                preexec_fn=partial(die_with_parent, signal.SIGKILL))
+    echo = _LogEcho(log_path)
+    user_error = None
     try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise BatchscaleError(f"convergence trials timed out after {timeout_s:.0f} s; finished "
-                              f"trials are kept in {out_dir / 'trials'}") from None
+        user_error = _watch(proc, timeout_s, error_file, echo, kept)
     finally:
         stop_group(proc, first=signal.SIGKILL)
+        if user_error is None and not error_file.exists():
+            echo.show(echo.read(final=True))  # what the group wrote last (its failure, if any)
+    if user_error is None and error_file.exists():  # written as the group ended
+        user_error = read_error_file(error_file)
+    if user_error is not None:
+        raise UserCodeError(f"{user_error}; {kept} (torchrun's log: {log_path})")
     if proc.returncode != 0:
         raise BatchscaleError(f"torchrun exited with status {proc.returncode} (its log is "
-                              f"above); finished trials are kept in {out_dir / 'trials'}")
+                              f"above and in {log_path}); {kept}")
+
+
+def _watch(proc: subprocess.Popen, timeout_s: float, error_file: Path, echo: _LogEcho,
+           kept: str) -> UserCodeError | None:
+    """Wait for torchrun to end, passing its log on; the user error a rank reported (the
+    group is then left to the caller to stop), else None once torchrun has ended. Output
+    read after the error file appeared is not shown: it is that error's traceback-free line
+    and torchrun's report of the failed rank."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+            ended = True
+        except subprocess.TimeoutExpired:
+            ended = False
+        chunk = echo.read(final=ended)
+        if error_file.exists():
+            return read_error_file(error_file) or UserCodeError(
+                f"a rank reported an error of the workload's code in {error_file}, which "
+                "could not be read")
+        echo.show(chunk)
+        if ended:
+            return None
+        if time.monotonic() >= deadline:
+            raise BatchscaleError(f"convergence trials timed out after {timeout_s:.0f} s; "
+                                  f"{kept}")
 
 
 def collect(spec: ConvergenceSpec,
@@ -248,10 +329,16 @@ def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
     if not finished(spec):  # a resumed run reads finished trials back without a torchrun
         # timeout_s is per batch size: a cell of several batch sizes gets one limit per size.
         timeout_s = c.timeout_s * len(batch_sizes)
-        served = (server is not None and spec.training.workers == 1
-                  and server.run(write_spec(spec), timeout_s))
-        if not served:
-            launch_local(spec, timeout_s, c.max_restarts)
+        try:
+            served = (server is not None and spec.training.workers == 1
+                      and server.run(write_spec(spec), timeout_s))
+            if not served:
+                launch_local(spec, timeout_s, c.max_restarts)
+        except (KeyboardInterrupt, Terminated):
+            print(f"batchscale: finished trials are kept in {Path(spec.out_dir) / 'trials'} "
+                  f"(unfinished ones in their checkpoints); to resume, rerun the same command "
+                  f"with --run-id {run_id}", file=sys.stderr, flush=True)
+            raise
     return collect(spec)
 
 

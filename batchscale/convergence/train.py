@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from batchscale.contract import to_device
+from batchscale.contract_check import CHECK_EXAMPLES, describe_batch
 from batchscale.convergence import checkpoint, halving, trialenv
 from batchscale.convergence.distributed import Dist, all_reduce, barrier, init_distributed
 from batchscale.convergence.faults import drill_step, maybe_inject_fault
@@ -42,7 +43,13 @@ from batchscale.convergence.probe import probe_done
 from batchscale.convergence.schedule import DataOrder, LrSchedule, build_optimizer
 from batchscale.convergence.spec import ConvergenceSpec, TrialSpec, read_spec
 from batchscale.convergence.trialdata import load_data, workload_for_data
-from batchscale.datasplit import prefetched
+from batchscale.convergence.usererror import (
+    UserCodeError,
+    is_user_error,
+    restarted_after_user_error,
+    write_error_file,
+)
+from batchscale.datasplit import DataFailure, error_text, failure_of, prefetched
 from batchscale.envinfo import environment
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import Location, open_location
@@ -89,6 +96,8 @@ class _NoContext(contextlib.nullcontext):
 
 
 _NO_CONTEXT = _NoContext()
+READING = "reading the step's training examples"
+"""What a trial was doing when its training data failed (Trial.data_error)."""
 
 
 class Trial:
@@ -105,7 +114,13 @@ class Trial:
         self.targets = [Target(METRICS[t.metric], t.value) for t in self.settings.all_targets()]
         self.gap_step = self._gap_step(len(self.train))
         torch.manual_seed(trial.seed)
-        model = self.contract.model().to(d.device)
+        self.state = TrialState()
+        try:
+            model = self.contract.model().to(d.device)
+        except Exception as err:
+            self.fail_if_user(err, "Workload.model", "building the trial's model",
+                              "Workload.model must build a fresh model in every trial")
+            raise
         self.params = [p for p in model.parameters() if p.requires_grad]
         if d.world_size > 1:
             model = torch.nn.parallel.DistributedDataParallel(model)
@@ -120,7 +135,6 @@ class Trial:
         self.step_precision = (self.autocast if self.settings.precision != "fp32"
                                else _NO_CONTEXT)
         self.order = DataOrder(len(self.train), trial.seed)
-        self.state = TrialState()
         self.finished: dict | None = None
         b, accumulation = trial.batch_size, self.settings.accumulation_steps
         if b % (d.world_size * accumulation):
@@ -171,6 +185,46 @@ class Trial:
         if self.d.is_main:
             print(f"[{self.t.trial_id}] {msg}", file=sys.stderr, flush=True)
 
+    # -- the workload's own code failing (usererror.py) ---------------------------------------
+    def user_error(self, member: str, error: str, doing: str, hint: str,
+                   where: str = "") -> UserCodeError:
+        """One message: the Workload member, on what it failed, the trial (batch size, seed,
+        step), what the trial was doing, the original error (type and text, shortened) and
+        what is expected instead."""
+        t = self.t
+        on = f" on {where}" if where else ""
+        return UserCodeError(
+            f"workload {self.contract.name!r}: {member} failed{on} in trial {t.trial_id} "
+            f"(batch size {t.batch_size}, seed {t.seed}) at step {self.state.step}, {doing}: "
+            f"{error}. {hint}")
+
+    def data_error(self, failure: DataFailure, error: str, doing: str,
+                   split: str) -> UserCodeError:
+        """A user error of the data (an item, collate) of `split` ("train", "val")."""
+        data = self.train if split == "train" else self.val
+        if failure.member == data.collate_member:
+            hint = ("Workload.collate must make a batch of any list of the dataset's items "
+                    f"(the check before the trials collates the first {CHECK_EXAMPLES} only)")
+        else:
+            n = len(data.dataset)
+            hint = (f"The dataset must give an item for every index from 0 to {n - 1} (its "
+                    f"__len__ is {n}); the check before the trials reads the first "
+                    f"{CHECK_EXAMPLES} only")
+        return self.user_error(failure.member, error, doing, hint, failure.where)
+
+    def fail_if_user(self, err: Exception, member: str, doing: str, hint: str,
+                     split: str = "train") -> None:
+        """Raise UserCodeError when `err` is the workload's own failure (is_user_error); a
+        failure of its data is named by its member (datasplit.DataFailure), else `member` is.
+        Otherwise return: the caller re-raises `err` as it was (a crash, an OOM, a dead
+        peer)."""
+        if not is_user_error(err):
+            return
+        failure = failure_of(err)
+        if failure is not None:
+            raise self.data_error(failure, error_text(err), doing, split) from None
+        raise self.user_error(member, error_text(err), doing, hint) from None
+
     def local_indices(self, step: int) -> torch.Tensor:
         idx = self.order.batch(step, self.t.batch_size)
         if self.d.world_size == 1:  # the whole batch: no slice (a sub-ms step notices)
@@ -217,12 +271,19 @@ class Trial:
         if ready_step != step:
             raise BatchscaleError(f"the background loader delivered step {ready_step} for step "
                                   f"{step}: refusing to train on the wrong rows")
+        if isinstance(batches, DataFailure):  # the workload's data failed in a loader worker
+            raise self.data_error(batches, batches.error, READING, "train")
         return [to_device(batch, self.d.device) for batch in batches]
 
     def train_step(self, step: int) -> float:
         """One optimizer step over the global batch; returns this rank's mean loss."""
         parts = self.micro_batches(step)  # this rank's rows; the split makes them a batch
-        batches = self.read_batches(step, parts)
+        try:
+            batches = self.read_batches(step, parts)
+        except Exception as err:
+            if failure_of(err) is not None:  # not a loader that died: that is no user error
+                self.fail_if_user(err, "", READING, "")
+            raise
         lr = self.schedule.at(step)
         if lr != self.lr_set:  # constant after warm-up: no per-step Python loop over groups
             for group in self.opt.param_groups:
@@ -238,8 +299,20 @@ class Trial:
             weight = len(part) / rows
             with self._sync_context(i == len(parts) - 1, ddp_noise):
                 with self.step_precision():  # the forward and loss only; backward outside
-                    loss = self.loss(self.model, batch)
-                (loss if len(parts) == 1 else loss * weight).backward()
+                    try:
+                        loss = self.loss(self.model, batch)
+                    except Exception as err:
+                        self._loss_failed(err, step, len(part), batch)
+                        raise
+                try:
+                    (loss if len(parts) == 1 else loss * weight).backward()
+                except Exception as err:
+                    if self.d.world_size == 1:  # with DDP, a dead peer fails here too
+                        self.fail_if_user(
+                            err, "the backward pass of Workload.loss's result",
+                            "training (the backward pass)", "The loss Workload.loss returns must "
+                            "be differentiable (loss.backward())")
+                    raise
             loss_value += float(loss.detach()) * weight
             if local_noise and i == 0:
                 # The first micro-batch's mean gradient (its grads / weight) alone estimates
@@ -254,6 +327,15 @@ class Trial:
                                     rows)
         self.opt.step()
         return loss_value
+
+    def _loss_failed(self, err: Exception, step: int, rows: int, batch) -> None:
+        """Raise UserCodeError when the model's forward or the loss failed on a training batch
+        (the workload's own code); return otherwise."""
+        self.fail_if_user(
+            err, "Workload.loss (the model's forward and the loss)",
+            f"training, on a micro-batch of {rows} examples {describe_batch(batch)}",
+            "The model and the loss must accept every batch the data make (the check before "
+            f"the trials runs a batch of {CHECK_EXAMPLES} examples only)")
 
     def _reduce_with_noise(self) -> None:
         """DDP: each rank's local gradient (before all-reduce) is the small batch B/W; the
@@ -275,10 +357,36 @@ class Trial:
         """Every metric the workload measures: the validation split's, and train_loss on the
         fixed training subset. Every rank computes the same numbers (same model, same data)."""
         model, device = self._bare_model(), self.d.device
-        val = self.val.evaluate(model, device, self.autocast)
-        metrics = {f"val_{name}": float(value) for name, value in val.items()}
-        metrics["train_loss"] = self.train_eval.loss_metric(model, device, self.autocast)
+        try:
+            val = self.val.evaluate(model, device, self.autocast)
+        except Exception as err:
+            self._evaluation_failed(err, "val", f"evaluating the validation split ({len(self.val)} "
+                                    "examples)")
+            raise
+        try:
+            metrics = {f"val_{name}": float(value) for name, value in val.items()}
+        except (TypeError, ValueError, AttributeError) as err:
+            raise self.user_error("Workload.evaluate", error_text(err),
+                                  "reading the metrics it returned", "It must return a dict of "
+                                  "numbers (keys without the val_ prefix)") from None
+        try:
+            metrics["train_loss"] = self.train_eval.loss_metric(model, device, self.autocast)
+        except Exception as err:
+            self._evaluation_failed(err, "train", f"measuring train_loss on the first "
+                                    f"{len(self.train_eval)} training examples")
+            raise
         return metrics
+
+    def _evaluation_failed(self, err: Exception, split: str, doing: str) -> None:
+        """Raise UserCodeError when the workload's code failed in an evaluation (its data,
+        `evaluate`, or the model's forward and the loss at the evaluation batch size)."""
+        size = self.contract.eval_batch_size
+        member = ("Workload.evaluate" if self.contract.evaluate is not None
+                  else "Workload.loss (the model's forward and the loss, in evaluation)")
+        self.fail_if_user(
+            err, member, f"{doing} in batches of up to Workload.eval_batch_size={size}",
+            f"The model must accept batches of up to eval_batch_size ({size}) examples in "
+            "eval mode without gradients: lower Workload.eval_batch_size if it cannot", split)
 
     def record_eval(self) -> RunStatus | None:
         """Evaluate (not timed), append a curve row, note the targets reached; the trial's
@@ -482,8 +590,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="trial spec JSON written by the launcher (path or s3:// URI)")
     args = parser.parse_args(argv)
     die_with_parent()  # a rank whose torchrun agent died stops too (batchscale/stopping.py)
+    if restarted_after_user_error():  # a restart would only fail the same way again
+        return UserCodeError.exit_code
     try:
         run_spec(read_spec(args.spec))
+    except UserCodeError as err:  # the launcher reads it back; no traceback, no restart
+        write_error_file(err)
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
     except BatchscaleError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

@@ -1,0 +1,209 @@
+"""A workload whose own code fails inside a convergence trial, past the checks before any trial
+(they read two examples): an item its dataset cannot give, a model that rejects the evaluation
+batch size or a training batch size. The real CLI exits 2 with one message naming the Workload
+member, the trial and the original error, without a traceback (the rank's or torchrun's), with
+no restart, no process left behind and the finished trials kept. Ctrl-C says where the finished
+trials are and how to resume."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from batchscale.config import parse_config
+from batchscale.contract_check import load_split
+from batchscale.convergence import runner, train
+from batchscale.convergence.cell_server import CellServer
+from batchscale.convergence.distributed import Dist
+from batchscale.convergence.usererror import UserCodeError
+from batchscale.datasplit import _SeededSteps, failure_of
+from batchscale.location import LocalLocation
+from batchscale.workloads import get_workload
+from helpers import BATCHSCALE, cli_env, run_cli
+
+pytestmark = pytest.mark.slow
+TESTS_DIR = Path(__file__).parent
+MODULE = "user_code_error_workloads"
+FEW_STEPS = ["--lr-rules", "sqrt", "--seeds", "0", "--max-steps", "50", "--run-id", "r1"]
+RUN_TIMEOUT_S = 120
+
+
+def converge(tmp_path: Path, workload: str, sizes: str = "8,32", *extra: str):
+    out = tmp_path / "out"
+    result = run_cli(["converge", "--workload", f"{MODULE}:{workload}", "--batch-sizes", sizes,
+                      *FEW_STEPS, "--out", str(out), *extra], cwd=TESTS_DIR,
+                     timeout_s=RUN_TIMEOUT_S)
+    return out, result
+
+
+def processes_of(out: Path) -> list[str]:
+    """Command lines of live processes started for `out` (torchrun, ranks, loader workers: the
+    spec path under it is in each one's command line)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (proc / "status").read_text().split("State:")[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if str(out) in cmdline and state != "Z":
+            found.append(cmdline)
+    return found
+
+
+def no_processes_left(out: Path) -> bool:
+    deadline = time.monotonic() + 10  # ranks stop on their agent's death (die_with_parent)
+    while processes_of(out) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not processes_of(out)
+
+
+def assert_refused_cleanly(out: Path, result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "ChildFailedError" not in result.stderr and "torchrun exited" not in result.stderr
+    assert result.stderr.count("batchscale: error:") == 1, result.stderr[-3000:]
+    assert no_processes_left(out)
+    assert f"finished trials are kept in {out / 'work' / 'r1' / 'trials'}" in result.stderr
+    assert not (out / "runs.parquet").exists()
+
+
+def test_an_item_the_dataset_cannot_give_is_named_with_its_index(tmp_path):
+    out, result = converge(tmp_path, "bad_index")
+    assert_refused_cleanly(out, result)
+    err = result.stderr
+    assert ("workload 'bad-index': Workload.train_data (its dataset's __getitem__) failed on "
+            "index 101 in trial b8-sqrt-s0-w1 (batch size 8, seed 0) at step 0") in err, err
+    assert "IndexError: point 101 is past the end of the file (101 points)" in err
+    assert "The dataset must give an item for every index from 0 to 599 (its __len__ is 600)" in err
+    # torchrun's own output is kept, out of sight
+    assert (out / "work" / "r1" / "torchrun.log").is_file()
+
+
+def test_a_model_that_rejects_the_evaluation_batch_size_is_named(tmp_path):
+    out, result = converge(tmp_path, "big_eval")
+    assert_refused_cleanly(out, result)
+    err = result.stderr
+    assert ("workload 'big-eval': Workload.evaluate failed in trial b8-sqrt-s0-w1 (batch size 8, "
+            "seed 0) at step 0, evaluating the validation split (300 examples) in batches of "
+            "up to Workload.eval_batch_size=256: RuntimeError: this model takes at most 200 "
+            "examples at once, got 256") in err, err
+    assert "lower Workload.eval_batch_size" in err
+
+
+def test_a_failing_batch_size_keeps_the_trials_that_finished(tmp_path):
+    out, result = converge(tmp_path, "small_train_batches")
+    assert_refused_cleanly(out, result)
+    err = result.stderr
+    # (step 0 measures the noise scale in two halves of 16: step 1 is the first of 32)
+    assert re.search(
+        r"workload 'small-train-batches': Workload.loss \(the model's forward and the loss\) "
+        r"failed in trial b32-sqrt-s0-w1 \(batch size 32, seed 0\) at step \d+, training, on a "
+        r"micro-batch of 32 examples \(tensor \[32, 2\] float32, tensor \[32\] int64\): "
+        r"ValueError: training batches of at most 16 examples, got 32\. The model and the loss "
+        r"must accept every batch", err), err
+    trials = out / "work" / "r1" / "trials"
+    assert (trials / "b8-sqrt-s0-w1.run.parquet").is_file()
+    assert not (trials / "b32-sqrt-s0-w1.run.parquet").exists()
+    # the kept trial is read back by a rerun with the run id, without training again
+    again = run_cli(["converge", "--workload", f"{MODULE}:small_train_batches", "--batch-sizes",
+                     "8", *FEW_STEPS, "--out", str(out)], cwd=TESTS_DIR, timeout_s=RUN_TIMEOUT_S)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (out / "runs.parquet").is_file()
+
+
+def test_two_ranks_stop_at_once_without_a_restart(tmp_path):
+    started = time.monotonic()
+    out, result = converge(tmp_path, "bad_index", "8", "--workers", "2")
+    assert_refused_cleanly(out, result)
+    assert "in trial b8-sqrt-s0-w2 (batch size 8, seed 0) at step 0" in result.stderr
+    # no restarted group trains again (max_restarts 2 by default): one attempt's time
+    assert time.monotonic() - started < RUN_TIMEOUT_S / 2
+
+
+def test_ctrl_c_says_where_the_finished_trials_are_and_how_to_resume(tmp_path):
+    out = tmp_path / "out"
+    config = tmp_path / "c.yaml"  # a trial that never ends by itself (no stall, no step cap)
+    config.write_text("convergence:\n  patience_evals: 1000000\n  max_steps: 1000000\n")
+    proc = subprocess.Popen(
+        BATCHSCALE + ["converge", "--config", str(config), "--workload", f"{MODULE}:slow",
+                      "--batch-sizes", "8", "--lr-rules", "sqrt", "--seeds", "0",
+                      "--run-id", "r1", "--out", str(out)],
+        cwd=TESTS_DIR, env=cli_env(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        text=True)
+    try:
+        checkpoints = out / "work" / "r1" / "checkpoints"
+        deadline = time.monotonic() + RUN_TIMEOUT_S / 2
+        while not checkpoints.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert checkpoints.exists(), "no trial started"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    assert f"finished trials are kept in {out / 'work' / 'r1' / 'trials'}" in err, err
+    assert "rerun the same command with --run-id r1" in err
+    assert "interrupted; results written so far are kept" in err
+    assert "Traceback" not in err
+    assert no_processes_left(out)
+
+
+# --------------------------------------------------------------------- in-process paths
+def test_a_data_failure_is_noted_on_the_unchanged_exception():
+    from user_code_error_workloads import bad_index
+
+    split = load_split(bad_index, "train")
+    with pytest.raises(IndexError) as raised:  # the type the checks and the sweep report
+        split.batch(torch.arange(99, 104), "cpu")
+    failure = failure_of(raised.value)
+    assert failure.member == "Workload.train_data (its dataset's __getitem__)"
+    assert failure.where == "index 101"
+    step, sent = _SeededSteps(split, seed=0)[(3, [(0, [5, 200])])]
+    assert step == 3 and sent.where == "index 200" and sent.error.startswith("IndexError: ")
+
+
+def test_a_loader_worker_names_the_item_it_could_not_read(tmp_path, monkeypatch):
+    monkeypatch.chdir(TESTS_DIR)
+    name = f"{MODULE}:bad_index"
+    cfg = parse_config({"workload": name, "convergence": {
+        "batch_sizes": [16], "lr_rules": ["sqrt"], "seeds": [0], "max_steps": 20,
+        "targets": [{"metric": "val_accuracy", "value": 1.0}], "train_eval_rows": 50,
+        "loader_workers": 1}})
+    spec = runner.build_spec(cfg, [16], data_dir="unused", out_dir=str(tmp_path), run_id="lw")
+    workload = get_workload(name)
+    trial = train.Trial(spec, spec.trials[0], train.load_data("unused", workload),
+                        Dist(0, 1, "cpu"), LocalLocation(tmp_path / "ckpt"), workload)
+    with pytest.raises(UserCodeError, match=r"Workload.train_data \(its dataset's __getitem__\) "
+                       r"failed on index \d+ in trial b16-sqrt-s0-w1 \(batch size 16, seed 0\) "
+                       r"at step 0, reading the step's training examples: IndexError: point"):
+        trial.run()
+
+
+def test_the_cell_server_raises_a_user_error_instead_of_falling_back(tmp_path, monkeypatch):
+    monkeypatch.chdir(TESTS_DIR)  # the server imports the workload from here
+    cfg = parse_config({"workload": f"{MODULE}:small_train_batches", "convergence": {
+        "batch_sizes": [32], "lr_rules": ["sqrt"], "seeds": [0], "max_steps": 20}})
+    out = tmp_path / "b32"
+    server = CellServer(runner.torchrun_env(1))
+    try:
+        with pytest.raises(UserCodeError, match=r"Workload.loss \(the model's forward and the "
+                           r"loss\) failed in trial b32-sqrt-s0-w1 .*ValueError: training "
+                           r"batches of at most 16 examples, got 32\. .*; finished trials "
+                           rf"are kept in {re.escape(str(out / 'trials'))}$"):
+            runner.run_convergence(cfg, [32], data_dir="unused", out_dir=str(out),
+                                   run_id="served", server=server)
+        assert server.proc is None
+        assert not (out / runner.TORCHRUN_LOG).exists()  # no torchrun launched after it
+    finally:
+        server.close()
