@@ -222,3 +222,16 @@ def test_points_read_on_an_evaluation_grid_keep_an_interval_that_wide():
                          "steps_to_target": [110.0, 70.0, 60.0]})
     low, high = bootstrap_critical_batch(runs, "tuned", 200)
     assert high / low > 1.5
+
+
+def test_a_common_factor_counts_as_a_grid_only_when_fine_against_the_counts():
+    """110, 70, 60 share 10 (an evaluation every 10 steps): a floor. 2,500, 1,250, 625 share
+    625, the smallest count itself: a coincidence of exact 1/B data, no floor."""
+    import numpy as np
+
+    from batchscale.analysis.interval import resolution_scatter
+
+    everywhere = np.ones(3, dtype=bool)
+    assert resolution_scatter(np.array([110.0, 70.0, 60.0]), everywhere) > 0.03
+    assert resolution_scatter(np.array([2500.0, 1250.0, 625.0]), everywhere) == 0.0
+    assert resolution_scatter(np.array([110.5, 70.0, 60.0]), everywhere) == 0.0  # not counts

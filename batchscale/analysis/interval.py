@@ -69,14 +69,18 @@ def resolution_scatter(steps: np.ndarray, usable: np.ndarray) -> np.ndarray:
     usable count is a whole multiple of q > 1 (the evaluation interval: a target is seen only at
     evaluations, so a count is known to within q), the root mean of (q / S)² / 12 (a uniform
     error over one interval), else 0. Points that fall exactly on the curve then still get an
-    interval as wide as the grid they were read on."""
+    interval as wide as the grid they were read on. A common factor larger than half the
+    smallest count is taken for a coincidence of the numbers (2,500, 1,250, 625 share 625), not
+    a grid: no evaluation interval is that coarse against the counts it reads."""
     rounded = np.round(np.where(usable, steps, 0.0))
     integral = np.all(~usable | (np.abs(steps - rounded) < 1e-9), axis=-1)
     q = np.gcd.reduce(rounded.astype(np.int64), axis=-1).astype(float)
+    smallest = np.where(usable, steps, np.inf).min(-1)
     with np.errstate(divide="ignore", invalid="ignore"):
         share = np.where(usable, (q[..., None] / steps) ** 2 / 12.0, 0.0).sum(-1) / np.maximum(
             usable.sum(-1), 1)
-    return np.where(integral & (q > 1), np.sqrt(share), 0.0)
+    grid = integral & (q > 1) & (q <= smallest / 2)
+    return np.where(grid, np.sqrt(share), 0.0)
 
 
 def fit_lines(batch: np.ndarray, steps: np.ndarray) -> LineFits:
