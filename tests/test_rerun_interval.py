@@ -96,7 +96,8 @@ def test_the_sweep_summary_quotes_the_best_rows_interval():
                "memory_fixed_bytes": math.nan, "memory_per_sample_bytes": math.nan,
                "predicted_reason": "one batch size", "largest_fitting_batch": math.inf,
                "largest_fitting_reason": "no cap", "timed_rows": 0}
-    assert "100.0 samples/s (a rerun would give 90.0-111.0, 90 %)" in summary_lines(summary)[0]
+    assert "100.0 samples/s (this sweep's rounds give 90.0-111.0, 90 %; another sweep may land " \
+        "outside it" in summary_lines(summary)[0]
     summary |= {"rounds": [3]}
     assert "with 3+ rounds this interval misses the drift between sweeps" in summary_lines(
         summary)[0]

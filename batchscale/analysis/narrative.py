@@ -197,11 +197,13 @@ def _sentence(text: str) -> str:
 
 
 def _rerun_text(interval: tuple[float, float]) -> str:
-    """"(a rerun would give L–H, 90 %) " or, without an interval, a flag saying so."""
+    """"(its rounds give L–H, 90 %; another sweep may land outside) " or, without an
+    interval, a flag saying so. Not "a rerun would give": the rounds of one sweep do not see the
+    drift between sweeps, and the next sweep fell outside often (docs/sweep.md)."""
     low, high = interval
     if not (math.isfinite(low) and math.isfinite(high)):
         return "(no rerun interval recorded) "
-    return f"(a rerun would give {_num(low)}–{_num(high)}, 90 %) "
+    return f"(its rounds give {_num(low)}–{_num(high)}, 90 %; another sweep may land outside) "
 
 
 def _throughput_text(throughput: ThroughputSummary, step: StepTimeSummary) -> str:

@@ -91,7 +91,8 @@ def published_target(analysis: pa.Table | None) -> tuple[str, float] | None:
 
 def throughput_lines(sweep: pa.Table) -> list[str]:
     """One line per sweep row; a row flagged unstable says so (it is left out of the fits)."""
-    lines = ["throughput (samples/s with the range a rerun would give, 90 %; median step; CV):",
+    lines = ["throughput (samples/s with the 90 % range of its rounds, which another sweep may "
+             "leave; median step; CV):",
              f"  {'input':9s} {'batch':>6s} {'samples/s':>11s} {'rerun range':>21s} "
              f"{'step ms':>9s} {'cv':>6s}"]
     for r in sorted(sweep.to_pylist(), key=lambda r: (r["input_mode"], r["batch_size"])):

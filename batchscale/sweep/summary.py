@@ -106,7 +106,8 @@ def _rerun_text(summary: dict) -> str:
     low, high = summary.get("best_samples_per_s_low"), summary.get("best_samples_per_s_high")
     if not (_finite(low) and _finite(high)):
         return "(no rerun interval: too few steps)"
-    text = f"a rerun would give {low:,.1f}-{high:,.1f}, 90 %"
+    text = (f"this sweep's rounds give {low:,.1f}-{high:,.1f}, 90 %; another sweep may land "
+            "outside it (docs/sweep.md)")
     if max(summary.get("rounds") or [0]) >= MANY_ROUNDS:
         text += (f"; with {MANY_ROUNDS}+ rounds this interval misses the drift between sweeps and "
                  "covered the next sweep only about half the time in our measurements "
