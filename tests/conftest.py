@@ -22,7 +22,7 @@ LONGEST_FILES = ("test_contract.py", "test_pipeline.py", "test_reliability_runs.
                  "test_fault_tolerance.py", "test_loop.py", "test_domains.py",
                  "test_corrupt_inputs.py", "test_history.py", "test_regression_lake.py",
                  "test_checks.py", "test_localstore.py", "test_stopping.py",
-                 "test_adaptive_driver.py", "test_convergence.py")
+                 "test_adaptive_driver.py", "test_convergence.py", "test_user_code_errors.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
