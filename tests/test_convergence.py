@@ -22,6 +22,7 @@ from batchscale.convergence.distributed import Dist
 from batchscale.convergence.noise import NoiseScale
 from batchscale.convergence.schedule import DataOrder, lr_at, scaled_lr
 from batchscale.convergence.spec import LATER_SETTINGS
+from batchscale.convergence.trialstate import TrialState
 from batchscale.data.prep import prepare
 from batchscale.errors import BadInput
 from batchscale.location import LocalLocation
@@ -234,7 +235,7 @@ def test_checkpoint_state_is_stored_by_field_name(tmp_path, digits_dir):
     assert set(saved.trial_state) == {"step", "train_time_s", "first_loss", "loss_sum",
                                       "loss_count", "best_accuracy", "evals_since_best",
                                       "curve", "noise", "best", "reached"}
-    assert train.TrialState.from_dict(saved.trial_state) == trial.state
+    assert TrialState.from_dict(saved.trial_state) == trial.state
 
 
 def test_old_or_damaged_checkpoints_are_refused_by_name(tmp_path):

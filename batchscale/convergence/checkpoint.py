@@ -39,7 +39,7 @@ class Checkpoint:
     identity: dict[str, Any]
     """The trial's identity (ConvergenceSpec.identity); must match to resume."""
     trial_state: dict[str, Any]
-    """The training loop's state by field name (train.TrialState)."""
+    """The training loop's state by field name (trialstate.TrialState)."""
     model: dict[str, torch.Tensor]
     """The model's state_dict."""
     optimizer: dict[str, Any]

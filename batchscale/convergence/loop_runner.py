@@ -24,7 +24,8 @@ from batchscale.convergence.outcome import Target, note_targets, trial_rows
 from batchscale.convergence.probe import probe_done
 from batchscale.convergence.schedule import LrSchedule
 from batchscale.convergence.spec import ConvergenceSpec, TrialSpec
-from batchscale.convergence.train import TrialState, trial_files
+from batchscale.convergence.train import trial_files
+from batchscale.convergence.trialstate import TrialState
 from batchscale.errors import BadInput
 from batchscale.location import Location
 from batchscale.loop import NO_HALVING, LoopStop, TrainingLoop

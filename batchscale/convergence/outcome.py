@@ -24,7 +24,7 @@ class Target:
 
 
 def note_targets(state, targets: list[Target], row: dict) -> bool:
-    """Record in `state` (train.TrialState) the targets `row` reaches for the first time;
+    """Record in `state` (trialstate.TrialState) the targets `row` reaches for the first time;
     whether any metric of a target not yet reached improved (else the evaluation counts
     towards a stall). The untrained model (step 0) reaches nothing: a target it already meets
     is counted at the first evaluation after training starts (steps to target are >= 1)."""

@@ -25,27 +25,24 @@ import contextlib
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from batchscale.contract import to_device
-from batchscale.contract_check import CHECK_EXAMPLES, describe_batch
-from batchscale.convergence import checkpoint, halving, trialenv
+from batchscale.convergence import halving, trialenv, trialstate, usererror
 from batchscale.convergence.distributed import Dist, all_reduce, barrier, init_distributed
 from batchscale.convergence.faults import drill_step, maybe_inject_fault
-from batchscale.convergence.noise import NoiseScale, grad_list, sq_norm
+from batchscale.convergence.noise import grad_list, sq_norm
 from batchscale.convergence.outcome import Target, note_targets, trial_rows
 from batchscale.convergence.probe import probe_done
 from batchscale.convergence.schedule import DataOrder, LrSchedule, build_optimizer
 from batchscale.convergence.spec import ConvergenceSpec, TrialSpec, read_spec
 from batchscale.convergence.trialdata import load_data, workload_for_data
+from batchscale.convergence.trialstate import TrialState
 from batchscale.convergence.usererror import (
     UserCodeError,
-    is_user_error,
     restarted_after_user_error,
     write_error_file,
 )
@@ -61,33 +58,6 @@ from batchscale.workloads import Workload
 
 
 # ------------------------------------------------------------------------------ one trial
-@dataclass
-class TrialState:
-    """The training loop's state: everything a resumed trial needs besides the model, the
-    optimizer and the RNG (checkpoints store it by field name)."""
-
-    step: int = 0
-    train_time_s: float = 0.0
-    first_loss: float | None = None
-    loss_sum: float = 0.0
-    loss_count: int = 0
-    best_accuracy: float = -1.0  # checkpoints before several targets; unused since
-    evals_since_best: int = 0
-    curve: list[dict] = field(default_factory=list)
-    noise: NoiseScale = field(default_factory=NoiseScale)
-    best: dict[str, float] = field(default_factory=dict)
-    """Best value so far of each metric a target is on (the stall check)."""
-    reached: dict[str, dict] = field(default_factory=dict)
-    """Target key -> the step, examples and train time at which it was first reached."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> TrialState:
-        return cls(**{**values, "noise": NoiseScale(**values["noise"])})
-
-
 class _NoContext(contextlib.nullcontext):
     """One reusable no-op context, returned instead of a new nullcontext every step."""
 
@@ -97,7 +67,7 @@ class _NoContext(contextlib.nullcontext):
 
 _NO_CONTEXT = _NoContext()
 READING = "reading the step's training examples"
-"""What a trial was doing when its training data failed (Trial.data_error)."""
+"""What a trial was doing when its training data failed (usererror.data_error)."""
 
 
 class Trial:
@@ -118,7 +88,7 @@ class Trial:
         try:
             model = self.contract.model().to(d.device)
         except Exception as err:
-            self.fail_if_user(err, "Workload.model", "building the trial's model",
+            usererror.fail_if_user(self, err, "Workload.model", "building the trial's model",
                               "Workload.model must build a fresh model in every trial")
             raise
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -143,34 +113,7 @@ class Trial:
         self.local_batch = b // d.world_size
         self.accumulation = accumulation
 
-    # -- checkpoints --------------------------------------------------------------------------
-    def save_checkpoint(self, summary: dict | None = None) -> None:
-        """Rank 0 writes the step's checkpoint (or the final one, with the summary); all ranks
-        wait, so no rank runs ahead of the newest durable state."""
-        if self.d.is_main:
-            tid = self.t.trial_id
-            name = (checkpoint.final_name(tid) if summary
-                    else checkpoint.step_name(tid, self.state.step))
-            checkpoint.save(self.checkpoints, name, checkpoint.Checkpoint(
-                identity=self.identity, trial_state=self.state.to_dict(),
-                model=self._bare_model().state_dict(), optimizer=self.opt.state_dict(),
-                rng=torch.get_rng_state(), summary=summary))
-            checkpoint.drop_older(self.checkpoints, tid, keep=name)
-        barrier(self.d)
-
-    def maybe_resume(self) -> None:
-        name = checkpoint.latest(self.checkpoints, self.t.trial_id)
-        if name is None:
-            return
-        ckpt = checkpoint.load(self.checkpoints, name, self.identity, self.d.device)
-        self._bare_model().load_state_dict(ckpt.model)
-        self.opt.load_state_dict(ckpt.optimizer)
-        torch.set_rng_state(ckpt.rng)
-        self.state = TrialState.from_dict(ckpt.trial_state)
-        self.finished = ckpt.summary
-        self.log(f"resumed from {name} (step {self.state.step})")
-
-    def _bare_model(self):
+    def bare_model(self):
         return getattr(self.model, "module", self.model)
 
     def _gap_step(self, train_rows: int) -> int | None:
@@ -184,46 +127,6 @@ class Trial:
     def log(self, msg: str) -> None:
         if self.d.is_main:
             print(f"[{self.t.trial_id}] {msg}", file=sys.stderr, flush=True)
-
-    # -- the workload's own code failing (usererror.py) ---------------------------------------
-    def user_error(self, member: str, error: str, doing: str, hint: str,
-                   where: str = "") -> UserCodeError:
-        """One message: the Workload member, on what it failed, the trial (batch size, seed,
-        step), what the trial was doing, the original error (type and text, shortened) and
-        what is expected instead."""
-        t = self.t
-        on = f" on {where}" if where else ""
-        return UserCodeError(
-            f"workload {self.contract.name!r}: {member} failed{on} in trial {t.trial_id} "
-            f"(batch size {t.batch_size}, seed {t.seed}) at step {self.state.step}, {doing}: "
-            f"{error}. {hint}")
-
-    def data_error(self, failure: DataFailure, error: str, doing: str,
-                   split: str) -> UserCodeError:
-        """A user error of the data (an item, collate) of `split` ("train", "val")."""
-        data = self.train if split == "train" else self.val
-        if failure.member == data.collate_member:
-            hint = ("Workload.collate must make a batch of any list of the dataset's items "
-                    f"(the check before the trials collates the first {CHECK_EXAMPLES} only)")
-        else:
-            n = len(data.dataset)
-            hint = (f"The dataset must give an item for every index from 0 to {n - 1} (its "
-                    f"__len__ is {n}); the check before the trials reads the first "
-                    f"{CHECK_EXAMPLES} only")
-        return self.user_error(failure.member, error, doing, hint, failure.where)
-
-    def fail_if_user(self, err: Exception, member: str, doing: str, hint: str,
-                     split: str = "train") -> None:
-        """Raise UserCodeError when `err` is the workload's own failure (is_user_error); a
-        failure of its data is named by its member (datasplit.DataFailure), else `member` is.
-        Otherwise return: the caller re-raises `err` as it was (a crash, an OOM, a dead
-        peer)."""
-        if not is_user_error(err):
-            return
-        failure = failure_of(err)
-        if failure is not None:
-            raise self.data_error(failure, error_text(err), doing, split) from None
-        raise self.user_error(member, error_text(err), doing, hint) from None
 
     def local_indices(self, step: int) -> torch.Tensor:
         idx = self.order.batch(step, self.t.batch_size)
@@ -272,7 +175,7 @@ class Trial:
             raise BatchscaleError(f"the background loader delivered step {ready_step} for step "
                                   f"{step}: refusing to train on the wrong rows")
         if isinstance(batches, DataFailure):  # the workload's data failed in a loader worker
-            raise self.data_error(batches, batches.error, READING, "train")
+            raise usererror.data_error(self, batches, batches.error, READING, "train")
         return [to_device(batch, self.d.device) for batch in batches]
 
     def train_step(self, step: int) -> float:
@@ -282,7 +185,7 @@ class Trial:
             batches = self.read_batches(step, parts)
         except Exception as err:
             if failure_of(err) is not None:  # not a loader that died: that is no user error
-                self.fail_if_user(err, "", READING, "")
+                usererror.fail_if_user(self, err, "", READING, "")
             raise
         lr = self.schedule.at(step)
         if lr != self.lr_set:  # constant after warm-up: no per-step Python loop over groups
@@ -302,14 +205,14 @@ class Trial:
                     try:
                         loss = self.loss(self.model, batch)
                     except Exception as err:
-                        self._loss_failed(err, step, len(part), batch)
+                        usererror.loss_failed(self, err, len(part), batch)
                         raise
                 try:
                     (loss if len(parts) == 1 else loss * weight).backward()
                 except Exception as err:
                     if self.d.world_size == 1:  # with DDP, a dead peer fails here too
-                        self.fail_if_user(
-                            err, "the backward pass of Workload.loss's result",
+                        usererror.fail_if_user(
+                            self, err, "the backward pass of Workload.loss's result",
                             "training (the backward pass)", "The loss Workload.loss returns must "
                             "be differentiable (loss.backward())")
                     raise
@@ -327,15 +230,6 @@ class Trial:
                                     rows)
         self.opt.step()
         return loss_value
-
-    def _loss_failed(self, err: Exception, step: int, rows: int, batch) -> None:
-        """Raise UserCodeError when the model's forward or the loss failed on a training batch
-        (the workload's own code); return otherwise."""
-        self.fail_if_user(
-            err, "Workload.loss (the model's forward and the loss)",
-            f"training, on a micro-batch of {rows} examples {describe_batch(batch)}",
-            "The model and the loss must accept every batch the data make (the check before "
-            f"the trials runs a batch of {CHECK_EXAMPLES} examples only)")
 
     def _reduce_with_noise(self) -> None:
         """DDP: each rank's local gradient (before all-reduce) is the small batch B/W; the
@@ -356,37 +250,26 @@ class Trial:
     def evaluate(self) -> dict[str, float]:
         """Every metric the workload measures: the validation split's, and train_loss on the
         fixed training subset. Every rank computes the same numbers (same model, same data)."""
-        model, device = self._bare_model(), self.d.device
+        model, device = self.bare_model(), self.d.device
         try:
             val = self.val.evaluate(model, device, self.autocast)
         except Exception as err:
-            self._evaluation_failed(err, "val", f"evaluating the validation split ({len(self.val)} "
-                                    "examples)")
+            usererror.evaluation_failed(self, err, "val", "evaluating the validation split "
+                                        f"({len(self.val)} examples)")
             raise
         try:
             metrics = {f"val_{name}": float(value) for name, value in val.items()}
         except (TypeError, ValueError, AttributeError) as err:
-            raise self.user_error("Workload.evaluate", error_text(err),
+            raise usererror.user_error(self, "Workload.evaluate", error_text(err),
                                   "reading the metrics it returned", "It must return a dict of "
                                   "numbers (keys without the val_ prefix)") from None
         try:
             metrics["train_loss"] = self.train_eval.loss_metric(model, device, self.autocast)
         except Exception as err:
-            self._evaluation_failed(err, "train", f"measuring train_loss on the first "
-                                    f"{len(self.train_eval)} training examples")
+            usererror.evaluation_failed(self, err, "train", "measuring train_loss on the first "
+                                        f"{len(self.train_eval)} training examples")
             raise
         return metrics
-
-    def _evaluation_failed(self, err: Exception, split: str, doing: str) -> None:
-        """Raise UserCodeError when the workload's code failed in an evaluation (its data,
-        `evaluate`, or the model's forward and the loss at the evaluation batch size)."""
-        size = self.contract.eval_batch_size
-        member = ("Workload.evaluate" if self.contract.evaluate is not None
-                  else "Workload.loss (the model's forward and the loss, in evaluation)")
-        self.fail_if_user(
-            err, member, f"{doing} in batches of up to Workload.eval_batch_size={size}",
-            f"The model must accept batches of up to eval_batch_size ({size}) examples in "
-            "eval mode without gradients: lower Workload.eval_batch_size if it cannot", split)
 
     def record_eval(self) -> RunStatus | None:
         """Evaluate (not timed), append a curve row, note the targets reached; the trial's
@@ -431,7 +314,7 @@ class Trial:
         """Train until finished and return the summary. With `pause_at_step` (a successive
         halving rung), stop at the first evaluation from that step on with a checkpoint and
         return None while not finished."""
-        self.maybe_resume()
+        trialstate.resume(self)
         if self.finished is not None:
             return self.finished
         s = self.state
@@ -486,16 +369,16 @@ class Trial:
                   or s.step >= self.settings.max_steps):
                 status = self.record_eval()
                 if status is None and pause_at_step is not None and s.step >= pause_at_step:
-                    self.save_checkpoint()
+                    trialstate.save(self)
                     return None
                 if status is None and s.step % self.spec.checkpoint_every_steps == 0:
-                    self.save_checkpoint()
+                    trialstate.save(self)
         return status
 
     def stop_pruned(self) -> dict:
         """End a paused trial as pruned (successive halving): its summary from the state its
         last checkpoint holds."""
-        self.maybe_resume()
+        trialstate.resume(self)
         if self.finished is not None:
             return self.finished
         self.log(f"pruned at step {self.state.step} (successive halving)")
@@ -507,7 +390,7 @@ class Trial:
         summary = {"rows": self.summary_rows(status),
                    "cpu_wait_share": contention.share(self.d) if contention else None,
                    "allreduce": trialenv.allreduce_probe(self.d, self.params)}
-        self.save_checkpoint(summary)
+        trialstate.save(self, summary)
         return summary
 
     def summary_rows(self, status: RunStatus) -> list[dict]:

@@ -17,11 +17,13 @@ import json
 import os
 from pathlib import Path
 
-from batchscale.datasplit import error_text
+from batchscale.contract_check import CHECK_EXAMPLES, describe_batch
+from batchscale.datasplit import DataFailure, error_text, failure_of
 from batchscale.errors import BadInput, BatchscaleError
 
-__all__ = ["UserCodeError", "error_text", "is_user_error", "read_error_file",
-           "restarted_after_user_error", "write_error_file"]
+__all__ = ["UserCodeError", "data_error", "error_text", "evaluation_failed", "fail_if_user",
+           "is_user_error", "loss_failed", "read_error_file", "restarted_after_user_error",
+           "user_error", "write_error_file"]
 
 ERROR_FILE_ENV = "BATCHSCALE_USER_ERROR_FILE"
 """Where a rank writes a user error for its launcher (unset: nowhere, e.g. a TrainJob)."""
@@ -93,3 +95,67 @@ def restarted_after_user_error() -> bool:
     path = error_file()
     restarted = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
     return bool(path is not None and restarted and path.exists())
+
+
+# -- the messages of a trial (train.Trial) ------------------------------------------------------
+def user_error(trial, member: str, error: str, doing: str, hint: str,
+               where: str = "") -> UserCodeError:
+    """One message: the Workload member, on what it failed, the trial (batch size, seed, step),
+    what the trial was doing, the original error (type and text, shortened) and what is
+    expected instead."""
+    t = trial.t
+    on = f" on {where}" if where else ""
+    return UserCodeError(
+        f"workload {trial.contract.name!r}: {member} failed{on} in trial {t.trial_id} "
+        f"(batch size {t.batch_size}, seed {t.seed}) at step {trial.state.step}, {doing}: "
+        f"{error}. {hint}")
+
+
+def data_error(trial, failure: DataFailure, error: str, doing: str,
+               split: str) -> UserCodeError:
+    """A user error of the data (an item, collate) of `split` ("train", "val")."""
+    data = trial.train if split == "train" else trial.val
+    if failure.member == data.collate_member:
+        hint = ("Workload.collate must make a batch of any list of the dataset's items "
+                f"(the check before the trials collates the first {CHECK_EXAMPLES} only)")
+    else:
+        n = len(data.dataset)
+        hint = (f"The dataset must give an item for every index from 0 to {n - 1} (its "
+                f"__len__ is {n}); the check before the trials reads the first "
+                f"{CHECK_EXAMPLES} only")
+    return user_error(trial, failure.member, error, doing, hint, failure.where)
+
+
+def fail_if_user(trial, err: Exception, member: str, doing: str, hint: str,
+                 split: str = "train") -> None:
+    """Raise UserCodeError when `err` is the workload's own failure (is_user_error); a failure
+    of its data is named by its member (datasplit.DataFailure), else `member` is. Otherwise
+    return: the caller re-raises `err` as it was (a crash, an OOM, a dead peer)."""
+    if not is_user_error(err):
+        return
+    failure = failure_of(err)
+    if failure is not None:
+        raise data_error(trial, failure, error_text(err), doing, split) from None
+    raise user_error(trial, member, error_text(err), doing, hint) from None
+
+
+def loss_failed(trial, err: Exception, rows: int, batch) -> None:
+    """Raise UserCodeError when the model's forward or the loss failed on a training batch (the
+    workload's own code); return otherwise."""
+    fail_if_user(
+        trial, err, "Workload.loss (the model's forward and the loss)",
+        f"training, on a micro-batch of {rows} examples {describe_batch(batch)}",
+        "The model and the loss must accept every batch the data make (the check before "
+        f"the trials runs a batch of {CHECK_EXAMPLES} examples only)")
+
+
+def evaluation_failed(trial, err: Exception, split: str, doing: str) -> None:
+    """Raise UserCodeError when the workload's code failed in an evaluation (its data,
+    `evaluate`, or the model's forward and the loss at the evaluation batch size)."""
+    size = trial.contract.eval_batch_size
+    member = ("Workload.evaluate" if trial.contract.evaluate is not None
+              else "Workload.loss (the model's forward and the loss, in evaluation)")
+    fail_if_user(
+        trial, err, member, f"{doing} in batches of up to Workload.eval_batch_size={size}",
+        f"The model must accept batches of up to eval_batch_size ({size}) examples in "
+        "eval mode without gradients: lower Workload.eval_batch_size if it cannot", split)
