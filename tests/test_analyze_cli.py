@@ -91,7 +91,9 @@ def test_batchscale_tables_give_the_pipelines_analysis(tmp_path, capsys, origina
     assert code == 0, stderr
     table = read_table_file(out / "analysis.parquet")
     pd.testing.assert_frame_equal(analysis_frame(table), expected)
-    assert set(table.column("workload").to_pylist()) == {"external"}
+    # a table batchscale wrote says where it was measured; the analysis keeps that label
+    for name in ("workload", "experiment", "device_name", "torch_version"):
+        assert set(table.column(name).to_pylist()) == {"orig"}, name
     run_id = table.column("run_id")[0].as_py()
     assert run_id.startswith(RUN_ID_PREFIX)
     summary = json.loads((out / "summary.json").read_text())
@@ -391,3 +393,13 @@ def test_runs_an_adaptive_search_chose_are_read_at_its_level(tmp_path, capsys):
                                    str(tmp_path / "bad")], capsys)
     assert code == 2 and "decisions.parquet beside the runs table cannot be read" in stderr
     assert "Traceback" not in stderr
+
+
+def test_tables_that_do_not_say_where_they_were_measured_are_labelled_external():
+    """measured_env: a column absent, null or with several values leaves the field unknown."""
+    from batchscale.external.stage import measured_env
+
+    mixed = pa.table({"workload": ["a", "b"], "device_name": [None, None],
+                      "experiment": ["e", "e"], "torch_version": [2, 2]})
+    assert measured_env(mixed) == {"experiment": "e"}  # a number is not a version label
+    assert measured_env(pa.table({"steps_to_target": [1, 2]})) == {}

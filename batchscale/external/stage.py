@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -46,6 +46,8 @@ from batchscale.storage.files import parse_parquet
 FILE_TYPES = (".parquet", ".csv")
 EXTERNAL = "external"
 """workload, experiment and device_name of an analysis of tables batchscale did not measure."""
+MEASURED_ENV_FIELDS = ("experiment", "workload", "device_name", "torch_version")
+"""Environment columns an input table may state of itself (external_env's "external" ones)."""
 RUN_ID_PREFIX = "external-"
 RUN_ID_DIGEST_CHARS = 12
 ANALYSIS_FILE = "analysis.parquet"
@@ -70,6 +72,9 @@ class ExternalInputs:
     searched: bool = False
     """An adaptive search chose these trials: its decisions table (with rows) lies beside the
     runs table, as `batchscale converge --strategy adaptive` writes them."""
+    measured_env: dict = field(default_factory=dict)
+    """What the runs table says of where it was measured (MEASURED_ENV_FIELDS with one value
+    over its rows: a table batchscale wrote), used instead of "external"."""
 
     @property
     def notes(self) -> list[str]:
@@ -149,7 +154,22 @@ def read_inputs(runs_path: str, sweep_path: str | None,
     runs = complete_runs(raw["runs"].renamed(mapping_for(mapping, "runs")))
     sweep = complete_sweep(raw["sweep"].renamed(mapping_for(mapping, "sweep"))) \
         if sweep_path else None
-    return ExternalInputs(runs, sweep, mapping, searched=_searched(Path(runs_path)))
+    return ExternalInputs(runs, sweep, mapping, searched=_searched(Path(runs_path)),
+                          measured_env=measured_env(raw["runs"].table))
+
+
+def measured_env(table: pa.Table) -> dict:
+    """MEASURED_ENV_FIELDS the table holds with exactly one value over its rows (a runs table
+    batchscale wrote has them all), so its analysis is labelled with its workload and device
+    rather than "external"; fields absent, null or mixed stay unknown."""
+    known = {}
+    for name in MEASURED_ENV_FIELDS:
+        if name not in table.column_names or not pa.types.is_string(table.schema.field(name).type):
+            continue
+        values = {v for v in table.column(name).to_pylist() if v}
+        if len(values) == 1:
+            known[name] = values.pop()
+    return known
 
 
 def _searched(runs_path: Path) -> bool:
@@ -244,7 +264,7 @@ def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
     from batchscale.analysis.stage import settings_for
     from batchscale.report.render import render_html
 
-    env = external_env(run_id, config.config_hash)
+    env = {**external_env(run_id, config.config_hash), **inputs.measured_env}
     runs = schemas.make_table("runs", inputs.runs.rows, env).to_pandas()
     sweep = (schemas.make_table("sweep", inputs.sweep.rows, env).to_pandas()
              if inputs.sweep else None)
