@@ -60,6 +60,7 @@ from benchmarks.stats import (
     Goal,
     clopper_pearson,
     history_coverage,
+    next_run_coverage,
     share_figure,
     verdict,
 )
@@ -198,10 +199,11 @@ def lake_residuals() -> tuple[dict[str, np.ndarray], str]:
     return found, f"local lake: {len(found)} cells with ≥ {MIN_LAKE_RUNS} comparable runs"
 
 
-def real_sweeps() -> tuple[dict[str, np.ndarray], dict, str]:
+def real_sweeps() -> tuple[dict[str, np.ndarray], dict, str, dict]:
     """REAL_SWEEPS production-default sweeps measured now: each cell's relative residuals over
     its MIN_REAL_ROWS or more vouched-for rows; the rerun interval coverage of the next sweep
-    (bench_sweep.coverage_figures); and the source line."""
+    (bench_sweep.coverage_figures) and the history's (history_figures); the source line; the
+    sweeps' samples/s and rerun intervals as measured."""
     from benchmarks.bench_sweep import (
         coverage_figures,
         repeat_sweeps,
@@ -221,21 +223,32 @@ def real_sweeps() -> tuple[dict[str, np.ndarray], dict, str]:
                 cells[f"{workload} B={batch}"] = rates / np.median(rates) - 1.0
     source = (f"{REAL_SWEEPS} real sweeps per workload measured now: {len(cells)} cells with "
               f"≥ {MIN_REAL_ROWS} vouched-for rows")
-    return cells, {**coverage_figures(runs, intervals), **history_figures(runs)}, source
+    figures = {**coverage_figures(runs, intervals), **history_figures(runs, intervals)}
+    raw = {"samples_per_s": runs, "rerun_intervals": intervals}  # figures can be recomputed
+    return cells, figures, source, raw
 
 
-def history_figures(runs: dict[str, list[dict[int, float]]]) -> dict:
+def history_figures(runs: dict[str, list[dict[int, float]]],
+                    intervals: dict[str, list[dict[int, tuple[float, float]]]]) -> dict:
     """How often a sweep fell inside the prediction interval of the sweeps before it
-    (stats.history_coverage), per workload and pooled, keyed "history, <workload>"."""
+    (stats.history_coverage, keyed "history, <workload>"), and how often the next sweep fell
+    inside the lake's next-run interval (stats.next_run_coverage: "next-run, ..." with the
+    row's own interval, "steps alone, ..." without), per workload and pooled."""
     from benchmarks.bench_sweep import RERUN_COVERAGE_GOAL
 
-    checks = {w: history_coverage(r, MIN_HISTORY_SWEEPS) for w, r in runs.items()}
-    checks["pooled"] = (sum(c[0] for c in checks.values()), sum(c[1] for c in checks.values()),
-                        [w for c in checks.values() for w in c[2]])
-    return {f"history, {name}": {
-        "figure": share_figure(covered, checked, RERUN_COVERAGE_GOAL) if checked else None,
-        "median_half_width": statistics.median(widths) if widths else None}
-        for name, (covered, checked, widths) in checks.items()}
+    kinds = {"history": {w: history_coverage(r, MIN_HISTORY_SWEEPS) for w, r in runs.items()},
+             "next-run": {w: next_run_coverage(r, intervals[w]) for w, r in runs.items()},
+             "steps alone": {w: next_run_coverage(r) for w, r in runs.items()}}
+    figures = {}
+    for kind, checks in kinds.items():
+        checks["pooled"] = (sum(c[0] for c in checks.values()),
+                            sum(c[1] for c in checks.values()),
+                            [w for c in checks.values() for w in c[2]])
+        figures.update({f"{kind}, {name}": {
+            "figure": share_figure(covered, checked, RERUN_COVERAGE_GOAL) if checked else None,
+            "median_half_width": statistics.median(widths) if widths else None}
+            for name, (covered, checked, widths) in checks.items()})
+    return figures
 
 
 def print_figures(title: str, figures: dict[str, Figure]) -> None:
@@ -247,13 +260,13 @@ def print_figures(title: str, figures: dict[str, Figure]) -> None:
 
 def real_sweep_figures(results: dict) -> None:
     """The check on histories resampled from real sweeps, and the rows' rerun coverage."""
-    cells, coverage, source = real_sweeps()
+    cells, coverage, source, raw = real_sweeps()
     results["real_sweeps"] = source
+    results["real_sweeps_raw"] = raw
     print(f"  {source}")
     for name, entry in coverage.items():
         if entry["figure"] is not None:
-            what = (f"inside the prediction interval of the sweeps before it, {name[9:]}"
-                    if name.startswith("history, ") else f"inside the rerun interval, {name}")
+            what = _coverage_words(name)
             results[f"next sweep {what}"] = entry
             print(f"    next sweep {what}: {entry['figure'].text(digits=3)}; median "
                   f"half-width {entry['median_half_width']:.3f}")
@@ -263,6 +276,14 @@ def real_sweep_figures(results: dict) -> None:
         figures = figures_for(resampled_noise(residuals))
         results[label] = figures
         print_figures(label, figures)
+
+
+def _coverage_words(name: str) -> str:
+    kind, _, workload = name.partition(", ")
+    return {"history": f"inside the prediction interval of the sweeps before it, {workload}",
+            "next-run": f"inside the lake's next-run interval, {workload}",
+            "steps alone": f"inside the run-to-run step interval alone, {workload}",
+            }.get(kind, f"inside the rerun interval, {name}")
 
 
 def run() -> dict:

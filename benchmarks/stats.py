@@ -304,3 +304,28 @@ def rerun_coverage(runs: list[dict[int, float]],
                 covered += low <= after[batch] <= high
                 widths.append((high - low) / 2 / before[batch])
     return covered, checked, widths
+
+
+def next_run_coverage(runs: list[dict[int, float]],
+                      intervals: list[dict[int, tuple[float, float]]] | None = None
+                      ) -> tuple[int, int, list[float]]:
+    """(covered, checked, relative half-widths) of the lake's next-run interval
+    (batchscale.lake.next_run.next_run_interval): for each sweep i and batch, the interval from
+    the sweeps up to i that vouch for the batch (with sweep i's own rerun interval when
+    `intervals` is given; history alone otherwise), checked against sweep i+1's value. Only
+    intervals the history widens or gives are checked, from next_run.MIN_STEPS steps on."""
+    from batchscale.lake.next_run import next_run_interval, successive_half_width
+
+    covered = checked = 0
+    widths = []
+    for i, (now, after) in enumerate(zip(runs, runs[1:], strict=False)):
+        for batch, value in now.items():
+            series = [r[batch] for r in runs[:i + 1] if batch in r]
+            if batch not in after or successive_half_width(series) is None:
+                continue
+            own = intervals[i].get(batch) if intervals is not None else None
+            low, high, _ = next_run_interval(series, own)
+            checked += 1
+            covered += low <= after[batch] <= high
+            widths.append((high - low) / 2 / value)
+    return covered, checked, widths

@@ -121,7 +121,8 @@ def regression_rows() -> list[dict]:
     return [
         {**cell, "batch_size": 4, "samples_per_s": 1000.0, "history_runs": 3,
          "history_median": 1010.0, "history_mad": 5.0, "allowed_drop": 101.0,
-         "change": -0.0099, "verdict": "ok", "fingerprint": "threads=2"},
+         "change": -0.0099, "verdict": "ok", "fingerprint": "threads=2",
+         "next_run_low": 940.0, "next_run_high": 1064.0, "next_run_basis": "history of 4 runs"},
         {**cell, "batch_size": 16, "samples_per_s": 4000.0, "history_runs": 1,
          "verdict": "insufficient_history", "reason": "1 comparable earlier run (3 needed)"},
         {**cell, "batch_size": 64, "samples_per_s": 900.0, "history_runs": 3,

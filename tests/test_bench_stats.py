@@ -170,3 +170,16 @@ def test_the_history_interval_predicts_from_earlier_sweeps_only():
     logs = [math.log(v) for v in (100.0, 102.0, 98.0)]
     half = 2.919986 * statistics.stdev(logs) * math.sqrt(4 / 3)
     assert widths[0] == pytest.approx(math.sinh(half), rel=1e-4)
+
+
+def test_next_run_coverage_checks_the_lake_interval_against_the_following_sweep():
+    """benchmarks/stats.next_run_coverage: from next_run.MIN_STEPS steps of history on, each
+    sweep's next-run interval (history, or the wider rounds interval) against the next sweep."""
+    steady = [{16: v} for v in (100.0, 102.0, 98.0, 101.0, 99.0, 100.0)]
+    covered, checked, widths = stats.next_run_coverage(steady)
+    assert (covered, checked) == (2, 2)  # sweeps 4 and 5 predict 5 and 6
+    jump = steady[:5] + [{16: 160.0}]
+    assert stats.next_run_coverage(jump)[:2] == (1, 2)
+    wide = [{16: (50.0, 200.0)} for _ in jump]  # rounds wide enough to hold the jump
+    assert stats.next_run_coverage(jump, wide)[:2] == (2, 2)
+    assert widths[0] > 0

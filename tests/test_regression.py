@@ -356,7 +356,9 @@ def test_a_blip_is_suspected_then_cleared_and_fails_nothing(tmp_path):
     assert set(table["verdict"]) == {NO_REGRESSION}
     assert set(table["history_runs"]) == {4}  # the blip stays in the (median's) baseline
     lines = verdict_lines(table)
-    assert lines == ["regressions: none confirmed in 3 cells judged against history"]
+    assert lines[0] == "regressions: none confirmed in 3 cells judged against history"
+    # the blip stays in the run-to-run steps too: the next run is held to a wide range
+    assert lines[1:] and lines[1].startswith("  next run: ") and "±96%" in lines[1]
 
 
 # ------------------------------------------------------------ the regressions table's suite
@@ -410,3 +412,32 @@ def test_the_regressions_suite_passes_real_verdicts_and_catches_bad_ones(
     assert "history_runs" in message  # a regression on one earlier run
     assert "attribution" in message and "first_bad_run_id" in message  # confirmed, unnamed
     assert "runs_below" in message  # confirmed on one run below
+
+
+def test_each_timed_cell_gets_the_interval_its_next_run_is_held_to():
+    """next_run_low/high: centred on this run, from the cell's run-to-run steps when it has
+    history, from the row's own rounds when those are wider or there is no history; said in
+    the summary and the report; null for a cell that did not time."""
+    from batchscale.lake.next_run import next_run_interval
+
+    rng = np.random.default_rng(11)
+    history = noisy_history(rng, batches=(4, 64, 256))
+    now = sweep_frame("now", {4: MEAN_RATE, 64: MEAN_RATE, 256: MEAN_RATE})
+    now.loc[now["batch_size"] == 64, ["samples_per_s_low", "samples_per_s_high"]] = (
+        0.5 * MEAN_RATE, 2.0 * MEAN_RATE)  # rounds far apart: wider than any history step
+    now.loc[now["batch_size"] == 256, ["status", "samples_per_s"]] = ("oom", None)
+    table = check_regressions(now, history, HISTORY).set_index("batch_size")
+    series = list(history[history["batch_size"] == 4]["samples_per_s"]) + [MEAN_RATE]
+    low, high, basis = next_run_interval(series)
+    assert (table.loc[4, "next_run_low"], table.loc[4, "next_run_high"]) == pytest.approx(
+        (low, high))
+    assert table.loc[4, "next_run_basis"] == basis == f"history of {HISTORY + 1} runs"
+    assert low < MEAN_RATE < high and high / MEAN_RATE - 1 < 0.15  # 2 % noise: a few percent
+    assert (table.loc[64, "next_run_low"], table.loc[64, "next_run_high"]) == pytest.approx(
+        (0.5 * MEAN_RATE, 2.0 * MEAN_RATE))
+    assert table.loc[64, "next_run_basis"] == "this run's rounds"
+    assert pd.isna(table.loc[256, "next_run_low"]) and pd.isna(table.loc[256, "next_run_basis"])
+    regressions_table(table.reset_index())  # the schema takes it
+    [line] = [x for x in verdict_lines(table.reset_index()) if x.startswith("  next run:")]
+    assert "median over 2 cells" in line and "1 set by the cells' run-to-run history" in line
+    assert "Next run: the next comparable run" in regressions_markdown(table.reset_index())

@@ -49,6 +49,8 @@ ATTRIBUTION_FIELDS = ("git_commit", "batchscale_version", *SOFTWARE_FIELDS)
 """What a confirmed regression names as changed between its last good and first bad run."""
 RUN_FIELDS = ("date",)
 """The run's date partition, where the rows came from the lake."""
+ROW_INTERVAL_COLUMNS = ("samples_per_s_low", "samples_per_s_high")
+"""A sweep row's own rerun interval (sweep/rounds.py), carried to its cell's next-run interval."""
 DISTURBED = "measurement disturbed"
 CELL_KEYS = ("workload", "device_name", "precision", "input_mode", "batch_size")
 """A cell of the throughput sweep; its runs' figures form its series."""
@@ -141,7 +143,7 @@ def per_run_cells(sweep: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, cell), in the order of `sweep`: status ok if any row timed;
     samples_per_s the median of the stable timed rows, or of all timed rows when every one is
     unstable (`trusted` false, `quality_reason` the first reason); the fingerprint and
-    attribution fields and the date."""
+    attribution fields, the date, and the first row's own rerun interval where recorded."""
     sweep = with_measurement_columns(sweep)
     timed, unstable = timed_rows(sweep), unstable_rows(sweep)
     rates = pd.to_numeric(sweep["samples_per_s"], errors="coerce")
@@ -149,7 +151,8 @@ def per_run_cells(sweep: pd.DataFrame) -> pd.DataFrame:
                          stable_rate=rates.where(timed & ~unstable), timed_rate=rates.where(timed),
                          unstable_reason=sweep["quality_reason"].where(unstable))
     grouped = frame.groupby(["run_id", *CELL_KEYS], sort=False, dropna=False)
-    cells = grouped.agg(
+    own = {c: (c, "first") for c in ROW_INTERVAL_COLUMNS if c in frame}  # absent before them
+    cells = grouped.agg(**own,
         ok=("ok", "any"), trusted=("trusted", "any"), stable_rate=("stable_rate", "median"),
         timed_rate=("timed_rate", "median"), status=("status", "first"),
         quality_reason=("unstable_reason", "first"),

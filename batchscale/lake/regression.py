@@ -60,6 +60,7 @@ from batchscale.lake.comparable import (
     with_measurement_columns,
 )
 from batchscale.lake.lake import read_lake_table
+from batchscale.lake.next_run import next_run_interval
 from batchscale.lake.verdicts import (
     ENVIRONMENT_CHANGED,
     JUDGED,
@@ -157,11 +158,32 @@ def judge_cell(cell: dict, past: pd.DataFrame | None, history_runs: int,
             software := differences(last, cell, SOFTWARE_FIELDS)):
         row["reason"] = (f"{', '.join(software)} since run {last['run_id']}: compared across "
                          "the change" + (f"; {row['reason']}" if row["reason"] else ""))
+    row.update(_next_run(series if not changed else series.iloc[0:0], cell,
+                         row["verdict"] != NOT_JUDGED))
     if row["verdict"] != CONFIRMED:
         row.update(runs_below=row["runs_below"] if row["verdict"] in JUDGED else None,
                    **dict.fromkeys(("last_good_run_id", "last_good_commit", "first_bad_run_id",
                                     "first_bad_commit", "attribution")))
     return row
+
+
+def _next_run(series: pd.DataFrame, cell: dict, judged: bool) -> dict:
+    """The cell's next-run interval (next_run.py) from its timed comparable history and this
+    run, with the row's own rerun interval; null for a cell measured badly or not timed."""
+    empty = dict.fromkeys(("next_run_low", "next_run_high", "next_run_basis"))
+    if not judged or cell["status"] != TrialStatus.OK:
+        return empty
+    rates = [r for r in (_rate(c) for c in series.to_dict("records")) if math.isfinite(r)]
+    low, high = cell.get("samples_per_s_low"), cell.get("samples_per_s_high")
+    own = (float(low), float(high)) if _finite(low) and _finite(high) else None
+    found = next_run_interval([*rates, _rate(cell)], own)
+    if found is None:
+        return empty
+    return dict(zip(("next_run_low", "next_run_high", "next_run_basis"), found, strict=True))
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
 
 
 def _same_cell(past: pd.DataFrame | None, cell: dict) -> pd.DataFrame:

@@ -160,6 +160,23 @@ SUSPECTED_NOTE = ("one run below the baseline; not failing, confirmed if the nex
                   "below too")
 
 
+def next_run_text(frame: pd.DataFrame) -> str | None:
+    """"the next comparable run should land within ±6 % of this one's samples/s (median over
+    5 cells, 90 %; 3 set by the cells' history, 2 by this run's rounds)", or None where no cell
+    has a next-run interval (tables before it, or nothing timed well)."""
+    if "next_run_low" not in frame:
+        return None
+    rows = frame.dropna(subset=["next_run_low", "next_run_high", "samples_per_s"])
+    if rows.empty:
+        return None
+    half = ((rows["next_run_high"] - rows["next_run_low"]) / 2 / rows["samples_per_s"]).median()
+    from_history = int(rows["next_run_basis"].str.startswith("history").sum())
+    return (f"the next comparable run should land within ±{half:.0%} of this one's samples/s "
+            f"(median over {_count(len(rows), 'cell')}, 90 %; {from_history} set by the cells' "
+            f"run-to-run history, {len(rows) - from_history} by this run's rounds alone; each "
+            "cell's range: next_run_low/high in the regressions table)")
+
+
 def verdict_lines(frame: pd.DataFrame) -> list[str]:
     """The run summary's lines about the regression check (`batchscale run`, `report`)."""
     disturbed = disturbed_reason(frame)
@@ -178,7 +195,8 @@ def verdict_lines(frame: pd.DataFrame) -> list[str]:
         lines += [f"  suspected ({SUSPECTED_NOTE}):", *(f"    {line}" for line in suspected)]
     lines += [f"  environment changed: {line}" for line in environment_changes(frame)]
     lines += [f"  not judged: {line}" for line in unstable_cells(frame)]
-    return lines
+    upcoming = next_run_text(frame)
+    return lines + ([f"  next run: {upcoming}"] if upcoming else [])
 
 
 def rule_text() -> str:
@@ -223,4 +241,7 @@ def regressions_markdown(frame: pd.DataFrame) -> str:
     unjudged = int(frame["verdict"].eq(INSUFFICIENT_HISTORY).sum())
     if judged and unjudged:
         lines += ["", f"{_count(unjudged, 'cell')} had too little comparable history to judge."]
+    upcoming = next_run_text(frame)
+    if upcoming:
+        lines += ["", f"Next run: {upcoming}."]
     return "\n".join([*lines, "", rule_text()]) + "\n"

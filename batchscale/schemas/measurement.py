@@ -232,6 +232,14 @@ REGRESSIONS = pa.schema(
         pa.field("first_bad_run_id", pa.string()),
         pa.field("first_bad_commit", pa.string()),
         pa.field("attribution", pa.string()),
+        # Where the next comparable run of the cell should land, at 90 % (batchscale/lake/
+        # next_run.py): centred on this run's samples/s, as wide as the wider of the row's
+        # own rerun interval and the run-to-run steps of the cell's history; the basis says
+        # which ("history of N runs", "this run's rounds"). Null where the cell did not time
+        # well, or in older tables.
+        pa.field("next_run_low", pa.float64()),
+        pa.field("next_run_high", pa.float64()),
+        pa.field("next_run_basis", pa.string()),
     ]
 )
 """One row per cell of this run's sweep; `verdict` is confirmed, suspected, ok,
