@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -339,6 +340,20 @@ def test_history_table_marks_suspected_and_confirmed_runs():
     assert marked[STEP_RUNS[4]].rstrip().endswith("6,100!")
     assert marked[STEP_RUNS[5]].rstrip().endswith("9,000")
     assert lines[-1].strip().startswith("? suspected")
+
+
+def test_history_table_says_where_the_next_run_should_land():
+    """The latest run's next-run range (its regression row) closes the series' table; a run
+    whose rows have none (older tables) adds no line."""
+    history = step_history()
+    assert not any("next run" in line for line in throughput_lines(history))
+    latest = history.verdicts["run_id"].eq(STEP_RUNS[-1])
+    verdicts = history.verdicts.assign(next_run_low=np.where(latest, 7000.0, np.nan),
+                                       next_run_high=np.where(latest, 11500.0, np.nan))
+    lines = throughput_lines(History(WORKLOAD, history.throughput, history.critical, verdicts))
+    [line] = [x for x in lines if "next run" in x]
+    assert line == "  next run should land in (90 %, docs/lake.md): B=64 7,000–11,500"
+    assert STEP_RUNS[-1] in lines[lines.index(line) - 1]  # right under the latest run
 
 
 def test_history_table_marks_figures_measured_unstably():

@@ -39,8 +39,10 @@ ANALYSIS_COLUMNS = ["run_id", "date", "lr_rule", "b_crit", "b_crit_low", "b_crit
 """The analysis columns history shows; the bound columns are absent from partitions published
 before B_crit could be a bound, and read as no bound there."""
 VERDICT_COLUMNS = ["run_id", "device_name", "precision", "input_mode", "batch_size", "verdict",
-                   "history_median", "allowed_drop", "first_bad_run_id"]
-"""The regressions columns history shows (first_bad_run_id is null in older tables)."""
+                   "history_median", "allowed_drop", "first_bad_run_id", "next_run_low",
+                   "next_run_high"]
+"""The regressions columns history shows (first_bad_run_id and the next-run range are null in
+older tables)."""
 VERDICT_MARKS = {"suspected": "?", "confirmed": "!", "regression": "!"}
 """How the text table marks a run's figure; "regression" is the verdict of older tables."""
 UNSTABLE_MARK = "~"
@@ -173,6 +175,8 @@ def throughput_lines(history: History) -> list[str]:
             lines.append(f"  {_run_label(row)}" + "".join(
                 f"{_number(values[b]) + marks.get((row.run_id, *series, b), ' '):>12s}"
                 for b in batches))
+        upcoming = next_run_line(history, series, table["run_id"].iloc[-1])
+        lines += [upcoming] if upcoming else []
     if set(marks.values()) & set(VERDICT_MARKS.values()):
         lines.append("  ? suspected (one run below its baseline), ! confirmed regression "
                      "(two or more in a row), as the regression check judged each run")
@@ -180,6 +184,23 @@ def throughput_lines(history: History) -> list[str]:
         lines.append(f"  {UNSTABLE_MARK} measured unstably (rounds disagreed, or its trials "
                      "waited for a CPU): not judged, not part of any baseline")
     return lines
+
+
+def next_run_line(history: History, series: tuple, run_id: str) -> str | None:
+    """"  next run, 90 %: B=16 9,100–12,400; ..." from the regression check of the series'
+    latest run (lake/next_run.py); None where it gave no range (older tables, nothing timed
+    well)."""
+    frame = history.verdicts
+    if not {"next_run_low", "next_run_high"} <= set(frame.columns):
+        return None
+    mine = frame[frame["run_id"].eq(run_id) & np.logical_and.reduce(
+        [frame[k].eq(v).to_numpy() for k, v in zip(SERIES_KEYS, series, strict=True)])]
+    mine = mine.dropna(subset=["next_run_low", "next_run_high"]).sort_values("batch_size")
+    if mine.empty:
+        return None
+    ranges = "; ".join(f"B={r.batch_size} {_number(r.next_run_low)}–{_number(r.next_run_high)}"
+                       for r in mine.itertuples(index=False))
+    return f"  next run should land in (90 %, docs/lake.md): {ranges}"
 
 
 def critical_lines(history: History) -> list[str]:
