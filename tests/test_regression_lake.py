@@ -59,6 +59,11 @@ def test_lake_history_confirms_the_drop_fails_the_gate_after_publishing(
     report = next(o["key"] for o in manifest["objects"] if o["key"].endswith(".html"))
     page = object_store.get_bytes(report).decode()
     assert "<h2>Regressions</h2>" in page and "1 of 2 judged cells regressed" in page
+    # where the next run should land, from the published history: stored and said
+    steady = verdict_table.set_index("batch_size").loc[4]
+    assert steady["next_run_low"] <= steady["samples_per_s"] <= steady["next_run_high"]
+    assert steady["next_run_basis"] == "history of 8 runs"  # 6 earlier, drop1 and this one
+    assert "Next run: the next comparable run should land within" in page
     verdict_file = str(tmp_path / run_id / "out" / "regressions.parquet")
     capsys.readouterr()
     gate_stage(config_json(fail_on_regression=False), verdict_file)

@@ -110,8 +110,9 @@ def load_history(store: ObjectStore, workload: str, device: str | None = None,
 
 
 def _verdicts(verdicts: pd.DataFrame | None) -> pd.DataFrame:
+    # reindex: a frame given in memory may lack the newer columns, read as null there
     return (pd.DataFrame(columns=VERDICT_COLUMNS) if verdicts is None
-            else verdicts[VERDICT_COLUMNS].reset_index(drop=True))
+            else verdicts.reindex(columns=VERDICT_COLUMNS).reset_index(drop=True))
 
 
 def lake_workloads(store: ObjectStore) -> list[str]:
