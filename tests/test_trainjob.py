@@ -27,6 +27,7 @@ from pytest_httpserver import HTTPServer
 from batchscale.config import parse_config
 from batchscale.convergence import runner, trainjob
 from batchscale.convergence.trainjob_wait import RUNNING, WaitLimits, poll_status
+from batchscale.convergence.usererror import UserCodeError
 from batchscale.data.prep import prepare
 from batchscale.errors import BadInput, BatchscaleError
 from trainer_rules import schema_problems, webhook_problems, world_size
@@ -206,6 +207,32 @@ def test_failed_trainjob_fails_the_step_with_its_reason(cluster, digits_dir, cap
     assert f"warning: the log of TrainJob {name} was still open 2 s after the job ended" in log
     assert deleted(cluster, name)
     assert time.monotonic() - started < 60
+
+
+def test_the_workloads_own_failure_in_a_node_is_bad_input_with_its_message(
+        cluster, monkeypatch, capfd):
+    """A user's workload whose loss refuses training batches over 16 examples passes the
+    checks before the job (two examples) and fails in the node at step 0: the step raises
+    UserCodeError (exit 2) with the node's one-line message, read back from node-0's log
+    (no error file reaches the launcher from a pod), not "TrainJob failed"."""
+    tests_dir = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", tests_dir)  # the nodes import the workload, as an image
+    monkeypatch.syspath_prepend(tests_dir)
+    cfg = parse_config({"workload": "user_code_error_workloads:small_train_batches",
+                        "convergence": {**SETTINGS, "target_val_accuracy": None,
+                                        "max_steps": 20}})
+    with pytest.raises(UserCodeError) as err:
+        trainjob.run_on_kubeflow(cfg, [64], data_dir="unused", run_id="k8s-user",
+                                 workers=1, limits=FAST)
+    name = created_job(cluster)["metadata"]["name"]
+    assert err.value.exit_code == 2
+    assert str(err.value).startswith(
+        f"TrainJob {name} failed on the workload's own code: workload 'small-train-batches': "
+        "Workload.loss (the model's forward and the loss) failed in trial b64-sqrt-s0-w1 "
+        "(batch size 64, seed 0) at step 0")
+    assert deleted(cluster, name)
+    assert "Traceback" not in str(err.value)
+    capfd.readouterr()
 
 
 def test_local_checkpoint_path_is_refused_with_kubeflow(cluster, digits_dir):

@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from batchscale.convergence.usererror import UserCodeError, user_error_in_log
 from batchscale.deadline import DeadlinePassed, call_within
 from batchscale.errors import BatchscaleError
 
@@ -131,6 +132,8 @@ class LogCopy:
 
     def __init__(self, client, name: str):
         self.name = name
+        self.user_error: str | None = None
+        """The first user error (usererror.UserCodeError) node-0 printed, if any."""
         self.thread = threading.Thread(target=self._copy, args=(client,), daemon=True,
                                        name=f"log-{name}")
         self.thread.start()
@@ -139,6 +142,7 @@ class LogCopy:
         try:
             for line in client.get_job_logs(self.name, follow=True):
                 print(f"[{self.name}] {line}", file=sys.stderr, flush=True)
+                self.user_error = self.user_error or user_error_in_log(str(line))
         except Exception as err:  # noqa: BLE001 - the log is a courtesy; the status decides
             warn(f"the log of TrainJob {self.name} stopped: {err}")
 
@@ -223,6 +227,9 @@ def await_job(client, job, *, until: float, limits: WaitLimits) -> None:
             f"was created, past its activeDeadlineSeconds ({job.spec.active_deadline_seconds} s, "
             f"from convergence.timeout_s) and {limits.trainer_grace_s:.0f} s for Trainer to end "
             "it: check that the Trainer controller is running (kubeflow-system)")
+    if seen.status == FAILED and logs.user_error:  # the workload's own code: bad input
+        raise UserCodeError(f"TrainJob {name} failed on the workload's own code: "
+                            f"{logs.user_error}")
     if seen.status == FAILED:
         reason = failed_conditions(client, name, limits.api_timeout_s)
         events = job_events(client, name, limits.api_timeout_s)

@@ -8,13 +8,16 @@ restart: the trial raises `UserCodeError`, one message naming the Workload membe
 traceback. Under a launcher that watches for it (runner.launch_local sets ERROR_FILE_ENV), the
 failing rank also writes the message to a small JSON file in the cell's work directory; the
 launcher stops the torchrun group as soon as the file appears (no restart re-runs the trial),
-and a rank of a group restarted before that stops at once.
+and a rank of a group restarted before that stops at once. A TrainJob's pods reach the launcher
+through nothing but the object store and the log: there the launcher finds the message in
+node-0's log (`user_error_in_log`, trainjob_wait.py) and raises it as the same error.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from batchscale.contract_check import CHECK_EXAMPLES, describe_batch
@@ -23,7 +26,7 @@ from batchscale.errors import BadInput, BatchscaleError
 
 __all__ = ["UserCodeError", "data_error", "error_text", "evaluation_failed", "fail_if_user",
            "is_user_error", "loss_failed", "read_error_file", "restarted_after_user_error",
-           "user_error", "write_error_file"]
+           "user_error", "user_error_in_log", "write_error_file"]
 
 ERROR_FILE_ENV = "BATCHSCALE_USER_ERROR_FILE"
 """Where a rank writes a user error for its launcher (unset: nowhere, e.g. a TrainJob)."""
@@ -34,6 +37,11 @@ _NOT_THE_USERS = ("gloo", "nccl", "connection closed by peer", "connection reset
                   "processgroup", "c10d")
 """Words of a distributed failure (a peer rank died): not the workload's code, whichever call
 of it was running."""
+
+
+LOG_LINE = re.compile(r"error: (workload '.*?': \S.* failed .*)")
+"""How a rank prints a UserCodeError (train.main: "error: " and its message), found again in a
+node's log where no launcher watches an error file (a TrainJob)."""
 
 
 class UserCodeError(BadInput):
@@ -87,6 +95,12 @@ def read_error_file(path: Path) -> UserCodeError | None:
         return UserCodeError(str(record["message"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def user_error_in_log(line: str) -> str | None:
+    """The message of a user error a rank printed on `line` of its log; None otherwise."""
+    found = LOG_LINE.search(line.strip())
+    return found.group(1) if found else None
 
 
 def restarted_after_user_error() -> bool:
