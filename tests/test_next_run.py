@@ -7,7 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from batchscale.lake.next_run import MIN_STEPS, next_run_interval, successive_half_width
+from batchscale.lake.next_run import (
+    MIN_STEPS,
+    ROUNDS_ALONE,
+    next_run_interval,
+    successive_half_width,
+)
 from batchscale.tdist import t_quantile
 
 
@@ -40,13 +45,17 @@ def test_the_wider_of_the_rounds_and_the_history_sets_the_width():
     quiet_history = [100.0, 100.5, 99.8, 100.2, 100.0]
     wide_rounds = (80.0, 125.0)
     low, high, source = next_run_interval(quiet_history, wide_rounds)
-    assert source == "this run's rounds"
+    assert source == "this run's rounds, wider than its history of 5 runs"
     assert (low, high) == pytest.approx((80.0, 125.0))  # symmetric in log around 100
     noisy_history = [100.0, 130.0, 90.0, 120.0, 100.0]
     low, high, source = next_run_interval(noisy_history, (98.0, 102.0))
     assert source == "history of 5 runs"
     assert low < 98.0 and high > 102.0
     assert math.log(100.0 / low) == pytest.approx(math.log(high / 100.0))
+    # too little history: the rounds alone, said as such
+    low, high, source = next_run_interval([100.0, 101.0], (98.0, 102.0))
+    assert source == ROUNDS_ALONE  # the wider side of the rounds, both ways in log
+    assert (low, high) == pytest.approx((98.0, 101.0**2 / 98.0))
 
 
 def test_coverage_is_near_its_level_on_a_stationary_series():

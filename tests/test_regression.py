@@ -418,7 +418,7 @@ def test_each_timed_cell_gets_the_interval_its_next_run_is_held_to():
     """next_run_low/high: centred on this run, from the cell's run-to-run steps when it has
     history, from the row's own rounds when those are wider or there is no history; said in
     the summary and the report; null for a cell that did not time."""
-    from batchscale.lake.next_run import next_run_interval
+    from batchscale.lake.next_run import ROUNDS_ALONE, next_run_interval
 
     rng = np.random.default_rng(11)
     history = noisy_history(rng, batches=(4, 64, 256))
@@ -435,9 +435,17 @@ def test_each_timed_cell_gets_the_interval_its_next_run_is_held_to():
     assert low < MEAN_RATE < high and high / MEAN_RATE - 1 < 0.15  # 2 % noise: a few percent
     assert (table.loc[64, "next_run_low"], table.loc[64, "next_run_high"]) == pytest.approx(
         (0.5 * MEAN_RATE, 2.0 * MEAN_RATE))
-    assert table.loc[64, "next_run_basis"] == "this run's rounds"
+    assert table.loc[64, "next_run_basis"] == (
+        f"this run's rounds, wider than its history of {HISTORY + 1} runs")
     assert pd.isna(table.loc[256, "next_run_low"]) and pd.isna(table.loc[256, "next_run_basis"])
     regressions_table(table.reset_index())  # the schema takes it
     [line] = [x for x in verdict_lines(table.reset_index()) if x.startswith("  next run:")]
-    assert "median over 2 cells" in line and "1 set by the cells' run-to-run history" in line
+    assert "within ±" in line and "median over 2 cells, 90 %" in line and "alone" not in line
     assert "Next run: the next comparable run" in regressions_markdown(table.reset_index())
+    # no history yet: the rounds alone, and the summary does not promise the next run
+    first = check_regressions(now.assign(run_id="first"), None, HISTORY)
+    assert set(first["next_run_basis"].dropna()) == {ROUNDS_ALONE}
+    [line] = [x for x in verdict_lines(first) if x.startswith("  next run:")]
+    assert "should land" not in line
+    assert "1 cell with under 4 runs of history: only this run's rounds, ±" in line
+    assert "which the next run may leave" in line

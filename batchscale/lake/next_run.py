@@ -33,6 +33,11 @@ MIN_STEPS = 3
 anything; with fewer the interval is the row's own."""
 
 
+ROUNDS_ALONE = f"this run's rounds alone (under {MIN_STEPS + 1} runs of history)"
+"""The basis of a range with no history to widen it: the rows' own interval, which covers the
+next sweep less often than it claims (docs/benchmarks.md)."""
+
+
 def successive_half_width(values: Sequence[float], level: float = NEXT_RUN_LEVEL) -> float | None:
     """The half-width, in log units, of the successive-difference interval over `values` (a
     cell's samples/s in run order, this run last); None under MIN_STEPS steps or with a value
@@ -50,7 +55,7 @@ def next_run_interval(values: Sequence[float], own: tuple[float, float] | None =
     """(low, high, source) for the next run's samples/s, centred on `values[-1]` (this run),
     as wide as the wider of the row's own interval `own` (its rounds) and the successive-
     difference interval of `values`; `source` says which set the width ("history of N runs",
-    "this run's rounds"). None when neither can be given."""
+    "this run's rounds, wider than …", or ROUNDS_ALONE). None when neither can be given."""
     if not values or values[-1] <= 0:
         return None
     now = values[-1]
@@ -59,8 +64,9 @@ def next_run_interval(values: Sequence[float], own: tuple[float, float] | None =
     if history is not None:
         widths.append((history, f"history of {len(values)} runs"))
     if own is not None and own[0] > 0 and own[1] > 0:
-        widths.append((max(math.log(now / own[0]), math.log(own[1] / now), 0.0),
-                       "this run's rounds"))
+        rounds = (f"this run's rounds, wider than its history of {len(values)} runs"
+                  if history is not None else ROUNDS_ALONE)
+        widths.append((max(math.log(now / own[0]), math.log(own[1] / now), 0.0), rounds))
     if not widths:
         return None
     half, source = max(widths)

@@ -19,6 +19,7 @@ from batchscale.lake.changepoints import (
     SUSPECTED,
 )
 from batchscale.lake.comparable import DISTURBED, FINGERPRINT_FIELDS, value_text
+from batchscale.lake.next_run import MIN_STEPS, ROUNDS_ALONE
 from batchscale.schemas import TrialStatus
 
 NOT_JUDGED = "not_judged"
@@ -161,20 +162,27 @@ SUSPECTED_NOTE = ("one run below the baseline; not failing, confirmed if the nex
 
 
 def next_run_text(frame: pd.DataFrame) -> str | None:
-    """"the next comparable run should land within ±6 % of this one's samples/s (median over
-    5 cells, 90 %; 3 set by the cells' history, 2 by this run's rounds)", or None where no cell
-    has a next-run interval (tables before it, or nothing timed well)."""
+    """Where the next comparable run should land: the median half-width over the cells whose
+    range saw their history ("within ±6 % … (median over 5 cells, 90 %)"), then the cells with
+    too little history, whose range is their rounds' alone and may be left; None where no cell
+    has a range (tables before it, nothing timed well)."""
     if "next_run_low" not in frame:
         return None
     rows = frame.dropna(subset=["next_run_low", "next_run_high", "samples_per_s"])
     if rows.empty:
         return None
-    half = ((rows["next_run_high"] - rows["next_run_low"]) / 2 / rows["samples_per_s"]).median()
-    from_history = int(rows["next_run_basis"].str.startswith("history").sum())
-    return (f"the next comparable run should land within ±{half:.0%} of this one's samples/s "
-            f"(median over {_count(len(rows), 'cell')}, 90 %; {from_history} set by the cells' "
-            f"run-to-run history, {len(rows) - from_history} by this run's rounds alone; each "
-            "cell's range: next_run_low/high in the regressions table)")
+    half = (rows["next_run_high"] - rows["next_run_low"]) / 2 / rows["samples_per_s"]
+    alone = rows["next_run_basis"].eq(ROUNDS_ALONE).to_numpy()
+    parts = []
+    if (~alone).any():
+        parts.append(f"the next comparable run should land within ±{half[~alone].median():.0%} "
+                     f"of this one's samples/s (median over {_count(int((~alone).sum()), 'cell')}"
+                     ", 90 %, from their run-to-run history and this run's rounds)")
+    if alone.any():
+        parts.append(f"{_count(int(alone.sum()), 'cell')} with under {MIN_STEPS + 1} runs of "
+                     f"history: only this run's rounds, ±{half[alone].median():.0%}, which the "
+                     "next run may leave")
+    return "; ".join(parts) + " (each cell's range: next_run_low/high, regressions table)"
 
 
 def verdict_lines(frame: pd.DataFrame) -> list[str]:
