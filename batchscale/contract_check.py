@@ -187,7 +187,8 @@ def _check_loss(contract, model, train, device: str) -> None:
     except Exception as err:
         raise BadInput(f"{where}: Workload.loss failed on a batch of {len(idx)} training "
                        f"examples {describe_batch(batch)}; the model must accept the batches "
-                       f"its data make: {type(err).__name__}: {err}") from None
+                       f"its data make: {type(err).__name__}: {err}"
+                       f"{transposed_list_hint(batch, len(idx))}") from None
     if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()
             and loss.requires_grad):
         raise BadInput(f"{where}: Workload.loss returned {_shown(loss)}; expected a scalar "
@@ -245,6 +246,30 @@ def describe_batch(batch: Batch) -> str:
     if isinstance(batch, list | tuple):
         return "(" + ", ".join(describe_batch(v) for v in batch) + ")"
     return type(batch).__name__
+
+
+def transposed_list_hint(batch: Batch, rows: int) -> str:
+    """Why a field of the batch is a list of per-position tensors, when one is: a Python list
+    in each item, which torch's default_collate turns into one tensor per list position (each
+    `rows` long) instead of one [rows, n] tensor; "" otherwise."""
+    fields = batch.items() if isinstance(batch, dict) else (
+        enumerate(batch) if isinstance(batch, list | tuple) else ())
+    for name, value in fields:
+        if _per_position(value, rows):
+            field = repr(name) if isinstance(name, str) else f"at position {name}"
+            return (f". The field {field} came out as {len(value)} tensors of {rows} values, "
+                    "one per list position: each item holds a Python list (or tuple) there, "
+                    "and the default collate stacks it position by position; return a tensor "
+                    "from __getitem__ (torch.tensor(...)) or give Workload.collate")
+    return ""
+
+
+def _per_position(value: object, rows: int) -> bool:
+    import torch
+
+    return (isinstance(value, list | tuple) and len(value) >= 2 and rows >= 2
+            and all(isinstance(v, torch.Tensor) and v.dim() == 1 and len(v) == rows
+                    for v in value))
 
 
 def _shown(value: object) -> str:

@@ -74,6 +74,21 @@ def image_model() -> nn.Module:
 
 
 wrong_input = dataclasses.replace(good, name="wrong-input", model=image_model)
+
+
+class ListPoints(Points):
+    """Items as {"x": [two floats], "y": label}: a Python list, which the default collate
+    turns into one tensor per list position."""
+
+    def __getitem__(self, i: int):
+        x, y = super().__getitem__(i)
+        return {"x": [float(v) for v in x], "y": y}
+
+
+list_features = dataclasses.replace(
+    good, name="list-features", train_data=lambda: ListPoints(600, 0),
+    val_data=lambda: ListPoints(200, 1),
+    loss=lambda model, batch: F.cross_entropy(model(batch["x"]), batch["y"]))
 vector_loss = dataclasses.replace(
     good, name="vector-loss",
     loss=lambda model, batch: F.cross_entropy(model(batch[0]), batch[1], reduction="none"))

@@ -149,6 +149,9 @@ def _leaves(batch) -> list:
 @pytest.mark.parametrize(("name", "sizes", "message"), [
     ("wrong_input", (), r"Workload.loss failed on a batch of 2 training examples "
                         r"\(tensor \[2, 2\] float32, tensor \[2\] int64\)"),
+    ("list_features", (), r"linear\(\): argument 'input' .* must be Tensor, not list\. The "
+                          r"field 'x' came out as 2 tensors of 2 values, one per list position"
+                          r".* return a tensor from __getitem__"),
     ("vector_loss", (), "expected a scalar floating-point tensor"),
     ("nan_loss", (), "expected a finite value"),
     ("no_accuracy", (), "must return accuracy"),
@@ -284,3 +287,18 @@ def test_a_killed_contract_trial_resumes_to_the_identical_curve(tmp_path, monkey
     resumed = curve(tmp_path / "killed", kill=True)
     assert [row[0] for row in plain] == list(range(0, 61, 5))
     assert resumed == plain
+
+
+def test_the_list_hint_names_only_a_field_collated_position_by_position():
+    """transposed_list_hint: a list of equal 1-D tensors, one per list position, each as long
+    as the batch; not a batch of whole tensors, nor a list of one."""
+    from batchscale.contract_check import transposed_list_hint
+
+    rows = torch.zeros(4)
+    assert "field 'x' came out as 3 tensors of 4" in transposed_list_hint(
+        {"x": [rows, rows, rows], "y": rows}, 4)
+    assert "field at position 0" in transposed_list_hint(([rows, rows], rows), 4)
+    assert transposed_list_hint((torch.zeros(4, 2), rows), 4) == ""
+    assert transposed_list_hint({"x": [rows]}, 4) == ""
+    assert transposed_list_hint({"x": [torch.zeros(3), torch.zeros(3)]}, 4) == ""
+    assert transposed_list_hint(torch.zeros(4, 2), 4) == ""
