@@ -207,3 +207,21 @@ def test_the_cell_server_raises_a_user_error_instead_of_falling_back(tmp_path, m
         assert not (out / runner.TORCHRUN_LOG).exists()  # no torchrun launched after it
     finally:
         server.close()
+
+
+def test_a_loss_failing_in_a_trial_on_a_field_stacked_per_list_position_says_why():
+    """usererror.loss_failed adds the contract check's hint when the batch that failed has a
+    field collated position by position (items past the two checked holding a Python list)."""
+    from types import SimpleNamespace
+
+    from batchscale.convergence import usererror
+
+    trial = SimpleNamespace(t=SimpleNamespace(trial_id="b4-sqrt-s0-w1", batch_size=4, seed=0),
+                            contract=SimpleNamespace(name="mine"),
+                            state=SimpleNamespace(step=7))
+    column = torch.zeros(4)
+    batch = {"x": [column, column], "y": column}
+    with pytest.raises(UserCodeError, match=r"at step 7, training, on a micro-batch of 4 "
+                       r"examples .* TypeError: not a list.*The field 'x' came out as 2 "
+                       r"tensors of 4 values"):
+        usererror.loss_failed(trial, TypeError("not a list"), 4, batch)

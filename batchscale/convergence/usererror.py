@@ -20,7 +20,7 @@ import os
 import re
 from pathlib import Path
 
-from batchscale.contract_check import CHECK_EXAMPLES, describe_batch
+from batchscale.contract_check import CHECK_EXAMPLES, describe_batch, transposed_list_hint
 from batchscale.datasplit import DataFailure, error_text, failure_of
 from batchscale.errors import BadInput, BatchscaleError
 
@@ -160,7 +160,8 @@ def loss_failed(trial, err: Exception, rows: int, batch) -> None:
         trial, err, "Workload.loss (the model's forward and the loss)",
         f"training, on a micro-batch of {rows} examples {describe_batch(batch)}",
         "The model and the loss must accept every batch the data make (the check before "
-        f"the trials runs a batch of {CHECK_EXAMPLES} examples only)")
+        f"the trials runs a batch of {CHECK_EXAMPLES} examples only)"
+        f"{transposed_list_hint(batch, rows)}")
 
 
 def evaluation_failed(trial, err: Exception, split: str, doing: str) -> None:
