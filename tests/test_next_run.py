@@ -28,6 +28,9 @@ def test_too_few_runs_or_a_non_positive_value_give_no_history_width():
     assert successive_half_width([100.0, 0.0, 100.0, 100.0]) is None
     assert next_run_interval([100.0, 101.0]) is None  # neither history nor rounds
     assert next_run_interval([]) is None
+    # an own interval not recorded (null, NaN: a table before it) is no interval
+    assert next_run_interval([100.0, 101.0], (None, 102.0)) is None
+    assert next_run_interval([100.0, 101.0], (math.nan, 102.0)) is None
 
 
 def test_a_slow_drift_costs_the_interval_nothing_unlike_a_spread_around_the_mean():

@@ -164,7 +164,8 @@ def measured_env(table: pa.Table) -> dict:
     rather than "external"; fields absent, null or mixed stay unknown."""
     known = {}
     for name in MEASURED_ENV_FIELDS:
-        if name not in table.column_names or not pa.types.is_string(table.schema.field(name).type):
+        kind = table.schema.field(name).type if name in table.column_names else None
+        if kind is None or not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
             continue
         values = {v for v in table.column(name).to_pylist() if v}
         if len(values) == 1:

@@ -50,12 +50,14 @@ def successive_half_width(values: Sequence[float], level: float = NEXT_RUN_LEVEL
     return t_quantile(0.5 + level / 2, len(steps) - 1) * rms
 
 
-def next_run_interval(values: Sequence[float], own: tuple[float, float] | None = None,
+def next_run_interval(values: Sequence[float],
+                      own: tuple[float | None, float | None] | None = None,
                       level: float = NEXT_RUN_LEVEL) -> tuple[float, float, str] | None:
     """(low, high, source) for the next run's samples/s, centred on `values[-1]` (this run),
-    as wide as the wider of the row's own interval `own` (its rounds) and the successive-
-    difference interval of `values`; `source` says which set the width ("history of N runs",
-    "this run's rounds, wider than …", or ROUNDS_ALONE). None when neither can be given."""
+    as wide as the wider of the row's own interval `own` (its rounds; ignored unless both ends
+    are positive numbers: not recorded, or a table before it) and the successive-difference
+    interval of `values`; `source` says which set the width ("history of N runs", "this run's
+    rounds, wider than …", or ROUNDS_ALONE). None when neither can be given."""
     if not values or values[-1] <= 0:
         return None
     now = values[-1]
@@ -63,7 +65,7 @@ def next_run_interval(values: Sequence[float], own: tuple[float, float] | None =
     history = successive_half_width(values, level)
     if history is not None:
         widths.append((history, f"history of {len(values)} runs"))
-    if own is not None and own[0] > 0 and own[1] > 0:
+    if own is not None and all(_positive(end) for end in own):
         rounds = (f"this run's rounds, wider than its history of {len(values)} runs"
                   if history is not None else ROUNDS_ALONE)
         widths.append((max(math.log(now / own[0]), math.log(own[1] / now), 0.0), rounds))
@@ -71,3 +73,7 @@ def next_run_interval(values: Sequence[float], own: tuple[float, float] | None =
         return None
     half, source = max(widths)
     return now * math.exp(-half), now * math.exp(half), source
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0

@@ -158,8 +158,8 @@ def judge_cell(cell: dict, past: pd.DataFrame | None, history_runs: int,
             software := differences(last, cell, SOFTWARE_FIELDS)):
         row["reason"] = (f"{', '.join(software)} since run {last['run_id']}: compared across "
                          "the change" + (f"; {row['reason']}" if row["reason"] else ""))
-    row.update(_next_run(series if not changed else series.iloc[0:0], cell,
-                         row["verdict"] != NOT_JUDGED))
+    earlier = [] if changed else [_rate(r) for r in series.to_dict("records")]
+    row.update(_next_run(earlier, cell, row["verdict"] != NOT_JUDGED))
     if row["verdict"] != CONFIRMED:
         row.update(runs_below=row["runs_below"] if row["verdict"] in JUDGED else None,
                    **dict.fromkeys(("last_good_run_id", "last_good_commit", "first_bad_run_id",
@@ -167,23 +167,16 @@ def judge_cell(cell: dict, past: pd.DataFrame | None, history_runs: int,
     return row
 
 
-def _next_run(series: pd.DataFrame, cell: dict, judged: bool) -> dict:
-    """The cell's next-run interval (next_run.py) from its timed comparable history and this
-    run, with the row's own rerun interval; null for a cell measured badly or not timed."""
-    empty = dict.fromkeys(("next_run_low", "next_run_high", "next_run_basis"))
+def _next_run(earlier: list[float], cell: dict, judged: bool) -> dict:
+    """The cell's next-run interval (next_run.py) from the comparable earlier runs' samples/s
+    (those that did not time are skipped) and this run's, with the row's own rerun interval;
+    null for a cell measured badly or not timed."""
+    columns = ("next_run_low", "next_run_high", "next_run_basis")
     if not judged or cell["status"] != TrialStatus.OK:
-        return empty
-    rates = [r for r in (_rate(c) for c in series.to_dict("records")) if math.isfinite(r)]
-    low, high = cell.get("samples_per_s_low"), cell.get("samples_per_s_high")
-    own = (float(low), float(high)) if _finite(low) and _finite(high) else None
-    found = next_run_interval([*rates, _rate(cell)], own)
-    if found is None:
-        return empty
-    return dict(zip(("next_run_low", "next_run_high", "next_run_basis"), found, strict=True))
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
+        return dict.fromkeys(columns)
+    found = next_run_interval([*(r for r in earlier if math.isfinite(r)), _rate(cell)],
+                              (cell.get("samples_per_s_low"), cell.get("samples_per_s_high")))
+    return dict(zip(columns, found, strict=True)) if found else dict.fromkeys(columns)
 
 
 def _same_cell(past: pd.DataFrame | None, cell: dict) -> pd.DataFrame:
