@@ -188,9 +188,9 @@ def throughput_lines(history: History) -> list[str]:
 
 
 def next_run_line(history: History, series: tuple, run_id: str) -> str | None:
-    """"  next run, 90 %: B=16 9,100–12,400; ..." from the regression check of the series'
-    latest run (lake/next_run.py); None where it gave no range (older tables, nothing timed
-    well)."""
+    """"  next run should land in (90 %, …): B=16 9,100–12,400; ..." from the regression
+    check of the series' latest run (lake/next_run.py); None where it gave no range (older
+    tables, nothing timed well, a History built without those columns)."""
     frame = history.verdicts
     if not {"next_run_low", "next_run_high"} <= set(frame.columns):
         return None
