@@ -6,6 +6,7 @@ process, and nothing left running once the server is closed."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -41,6 +42,20 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+
+
+def _gone_within(pids: set[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(_alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _children(pid: int) -> set[int]:
+    return {int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()}
 
 
 def test_cells_train_in_one_process_and_write_what_torchrun_writes(tmp_path, digits_dir):
@@ -83,3 +98,27 @@ def test_a_cell_past_its_limit_is_stopped_with_the_server(tmp_path, digits_dir):
     # the same words as a torchrun launch's timeout, naming where the finished trials are
     assert f"finished trials are kept in {tmp_path / 'b4' / 'trials'}" in str(raised.value)
     assert server.proc is None
+
+
+def test_two_worker_cells_train_in_one_process_group(tmp_path, digits_dir):
+    """A search of two-worker cells: one torchrun group of two ranks trains every cell, and no
+    cell starts a torchrun of its own (whose log a launch leaves in the cell's directory)."""
+    with CellServer(runner.torchrun_env(2), workers=2) as server:
+        tables = {}
+        for batch in (16, 64):
+            cfg, where = _cell(tmp_path, digits_dir, batch)
+            tables[batch] = runner.run_convergence(cfg, [batch], workers=2, server=server,
+                                                   **where)
+            if batch == 16:
+                pid = server.proc.pid
+                ranks = _children(pid)
+        assert server.proc.pid == pid
+        assert len(ranks) == 2 and _children(pid) == ranks  # the same two ranks throughout
+    assert not _alive(pid)  # closed with the block, its ranks at once after it
+    assert _gone_within(ranks, seconds=5.0)
+    for batch, (curves, runs) in tables.items():
+        (row,) = runs.to_pylist()
+        assert (row["batch_size"], row["workers"], row["world_size"], row["status"]) == (
+            batch, 2, 2, "reached")
+        assert curves.num_rows > 0
+        assert not (tmp_path / f"b{batch}" / runner.TORCHRUN_LOG).exists()

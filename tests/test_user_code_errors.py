@@ -190,19 +190,23 @@ def test_a_loader_worker_names_the_item_it_could_not_read(tmp_path, monkeypatch)
         trial.run()
 
 
-def test_the_cell_server_raises_a_user_error_instead_of_falling_back(tmp_path, monkeypatch):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_cell_server_raises_a_user_error_instead_of_falling_back(tmp_path, monkeypatch,
+                                                                   workers):
     monkeypatch.chdir(TESTS_DIR)  # the server imports the workload from here
+    batch = 32 * workers  # each rank's batch is 32: more than the model takes
     cfg = parse_config({"workload": f"{MODULE}:small_train_batches", "convergence": {
-        "batch_sizes": [32], "lr_rules": ["sqrt"], "seeds": [0], "max_steps": 20}})
-    out = tmp_path / "b32"
-    server = CellServer(runner.torchrun_env(1))
+        "batch_sizes": [batch], "lr_rules": ["sqrt"], "seeds": [0], "max_steps": 20}})
+    out = tmp_path / f"b{batch}"
+    server = CellServer(runner.torchrun_env(workers), workers)
     try:
         with pytest.raises(UserCodeError, match=r"Workload.loss \(the model's forward and the "
-                           r"loss\) failed in trial b32-sqrt-s0-w1 .*ValueError: training "
+                           r"loss\) failed in trial "
+                           rf"b{batch}-sqrt-s0-w{workers} .*ValueError: training "
                            r"batches of at most 16 examples, got 32\. .*; finished trials "
                            rf"are kept in {re.escape(str(out / 'trials'))}$"):
-            runner.run_convergence(cfg, [32], data_dir="unused", out_dir=str(out),
-                                   run_id="served", server=server)
+            runner.run_convergence(cfg, [batch], data_dir="unused", out_dir=str(out),
+                                   run_id="served", workers=workers, server=server)
         assert server.proc is None
         assert not (out / runner.TORCHRUN_LOG).exists()  # no torchrun launched after it
     finally:

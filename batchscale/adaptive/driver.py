@@ -304,8 +304,8 @@ def run_adaptive(cfg: ExperimentConfig, *, data_dir: str, run_id: str,
     cells train under `work_root` (runner.work_dir)."""
     c = cfg.convergence
     search = Search(cfg, run_id, str(data_dir), workers or c.workers, echo, work_root)
-    if search.workers == 1 and c.launcher != "kubeflow":
-        search.server = CellServer(torchrun_env(1))
+    if c.launcher != "kubeflow":
+        search.server = CellServer(torchrun_env(search.workers), search.workers)
     try:
         return _search(search, largest_batch)
     finally:

@@ -1,15 +1,18 @@
-"""One process that trains one-worker convergence cells one after another, so a caller that runs
-many small cells (the adaptive search) pays Python's and torch's start-up once instead of one
-torchrun per cell (docs/architecture.md, "Adaptive search").
+"""One process group that trains convergence cells one after another, so a caller that runs
+many small cells (the adaptive search) pays Python's, torch's and the group's start-up once
+instead of one torchrun per cell (docs/architecture.md, "Adaptive search").
 
-The caller writes a spec path per line on the server's stdin; the server trains that spec as a
-one-rank torchrun worker would (`train.run_spec`: the same trial code, files and checkpoints)
-and answers one JSON line on stdout: {"spec": path, "ok": true} or {"spec": path, "ok": false,
-"error": message}. A failed cell ends the server; the caller then launches that cell with
-torchrun as before, whose restarts and messages are the ones a user knows, except when the
-workload's own code failed (usererror.UserCodeError, answered with "user_error": true): that
-would fail the same way under torchrun, so the caller raises it (exit 2). The server dies with
-its caller (stopping.die_with_parent), and a cell past its time limit is stopped with its group.
+One worker: a plain process. Several: one `torchrun --standalone` group of that many ranks,
+which keeps its process group between cells; rank 0 reads the caller's lines and broadcasts
+each to the other ranks. The caller writes a spec path per line on the server's stdin; every
+rank trains that spec as a torchrun worker would (`train.run_spec`: the same trial code, files
+and checkpoints) and rank 0 answers one JSON line on stdout: {"spec": path, "ok": true} or
+{"spec": path, "ok": false, "error": message}. A failed cell ends the server; the caller then
+launches that cell with torchrun as before, whose restarts and messages are the ones a user
+knows, except when the workload's own code failed (usererror.UserCodeError, answered with
+"user_error": true): that would fail the same way under torchrun, so the caller raises it
+(exit 2). The server dies with its caller (stopping.die_with_parent), and a cell past its time
+limit is stopped with its group.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import signal
 import subprocess
 import sys
 import traceback
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -31,11 +35,20 @@ MODULE = "batchscale.convergence.cell_server"
 
 
 class CellServer:
-    """The caller's side: started on the first cell, stopped on `close` (or a failure)."""
+    """The caller's side: started on the first cell, stopped on `close` (or a failure). It
+    trains cells of `workers` workers; the caller launches others with torchrun."""
 
-    def __init__(self, env: dict):
+    def __init__(self, env: dict, workers: int = 1):
         self.env = env
+        self.workers = workers
         self.proc: subprocess.Popen | None = None
+
+    def command(self) -> list[str]:
+        if self.workers == 1:
+            return [sys.executable, "-m", MODULE]
+        # No restarts: a failed cell is handed back, and torchrun's launch has its own.
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={self.workers}", "--max-restarts=0", "-m", MODULE]
 
     def run(self, spec_path: Path, timeout_s: float) -> bool:
         """Train the spec at `spec_path`; False when the server failed on it (it is stopped:
@@ -44,7 +57,7 @@ class CellServer:
         with where the finished trials are)."""
         if self.proc is None:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", MODULE], env=self.env, stdin=subprocess.PIPE,
+                self.command(), env=self.env, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, text=True, start_new_session=True,
                 preexec_fn=partial(die_with_parent, signal.SIGKILL))
         try:
@@ -73,7 +86,7 @@ class CellServer:
         line = self.proc.stdout.readline()
         try:
             return json.loads(line) if line else None
-        except ValueError:
+        except ValueError:  # not an answer: the server is not what it should be
             return None
 
     def close(self) -> None:
@@ -88,14 +101,37 @@ class CellServer:
         self.close()
 
 
+def spec_paths(lines) -> Iterator[str]:
+    """The spec paths to train: the lines rank 0 reads, each broadcast to the group's other
+    ranks (which do not read their input), until rank 0's input ends."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        yield from (line.strip() for line in lines)
+        return
+    import torch.distributed as dist
+
+    from batchscale.convergence.distributed import init_distributed
+
+    reader = iter(lines) if init_distributed(world).is_main else iter(())
+    while True:
+        box = [next(reader, None)]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is None:
+            return
+        yield box[0].strip()
+
+
 def serve(lines, reply) -> int:
-    """Train the spec of each line until one fails (returns 1) or the input ends (0)."""
+    """Train the spec of each line until one fails (returns 1) or the input ends (0). In a
+    group every rank trains it and only rank 0 replies; a rank that fails ends, and torchrun
+    then stops the group, so the caller reads no answer and launches the cell itself."""
     from batchscale.convergence.spec import read_spec
     from batchscale.convergence.train import run_spec
     from batchscale.convergence.usererror import UserCodeError
 
-    for line in lines:
-        path = line.strip()
+    if int(os.environ.get("RANK", "0")) != 0:
+        reply = _no_reply
+    for path in spec_paths(lines):
         try:
             run_spec(read_spec(path))
         except UserCodeError as err:  # the same under torchrun: the caller raises it
@@ -112,8 +148,12 @@ def serve(lines, reply) -> int:
     return 0
 
 
+def _no_reply(message: dict) -> None:
+    """A rank other than 0: rank 0 answers for the group."""
+
+
 def main() -> int:
-    die_with_parent()
+    die_with_parent()  # with its caller, or (a rank) with its torchrun agent
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what the trials print goes to stderr, never into the answers
 

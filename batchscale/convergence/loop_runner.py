@@ -169,5 +169,3 @@ def run_loop_spec(spec: ConvergenceSpec, d: Dist, loop, out: Location, env: dict
             out.put_table(run_name, make_table("runs", [{**r, **labels}
                                                         for r in outcome.rows(status)], env))
         barrier(d)
-    if dist.is_initialized():
-        dist.destroy_process_group()

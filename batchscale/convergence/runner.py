@@ -306,8 +306,9 @@ def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
     or a TrainJob on the cluster with `launcher: kubeflow` (`out_dir` is then unused: the
     TrainJob's pods write to the object store). The run id (a directory and a key part) and
     a user model (built once) are checked before any process starts. `prune_at_step`: the
-    adaptive search's bound (TrialSpec.prune_at_step). `server`: a one-worker cell trains in
-    that long-lived process instead of its own torchrun (torchrun again if the server fails).
+    adaptive search's bound (TrialSpec.prune_at_step). `server`: a cell of the server's worker
+    count trains in that long-lived group instead of its own torchrun (torchrun again if the
+    server fails).
     `probe`: the trials are the adaptive search's probes (TrialSpec.probe)."""
     check_run_id(run_id)
     if workers is not None and workers < 1:
@@ -330,7 +331,7 @@ def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
         # timeout_s is per batch size: a cell of several batch sizes gets one limit per size.
         timeout_s = c.timeout_s * len(batch_sizes)
         try:
-            served = (server is not None and spec.training.workers == 1
+            served = (server is not None and spec.training.workers == server.workers
                       and server.run(write_spec(spec), timeout_s))
             if not served:
                 launch_local(spec, timeout_s, c.max_restarts)

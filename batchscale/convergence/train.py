@@ -463,8 +463,6 @@ def run_spec(spec: ConvergenceSpec) -> None:
         if not out.exists(trial_files(group[0].trial_id)[1]):
             runner = start(group[0])
             keep(group[0], runner, runner.run())
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -477,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
         return UserCodeError.exit_code
     try:
         run_spec(read_spec(args.spec))
+        if dist.is_initialized():  # the group is the spec's alone (cell_server keeps its own)
+            dist.destroy_process_group()
     except UserCodeError as err:  # the launcher reads it back; no traceback, no restart
         write_error_file(err)
         print(f"error: {err}", file=sys.stderr)
