@@ -22,7 +22,7 @@ from batchscale.config import parse_config
 LAUNCH_S = 0.05
 
 
-def _search(budget_s: float | None, tmp_path) -> pd.DataFrame:
+def _search(budget_s: float | None, tmp_path, echo=lambda line: None) -> pd.DataFrame:
     cfg = parse_config({"convergence": {
         "strategy": "adaptive", "lr_rules": ["sqrt"], "seeds": SEEDS, "batch_sizes": BATCHES,
         "target_interval_ratio": 1.01, "target_val_accuracy": 0.9, "max_steps": 2000,
@@ -37,7 +37,7 @@ def _search(budget_s: float | None, tmp_path) -> pd.DataFrame:
             mock.patch.object(driver, "_environment", lambda search, runs: {}), \
             mock.patch.object(driver, "make_table", lambda kind, rows, env: rows):
         _, _, decisions = driver.run_adaptive(cfg, data_dir="simulated", run_id="held",
-                                              work_root=tmp_path, echo=lambda line: None)
+                                              work_root=tmp_path, echo=echo)
     return pd.DataFrame(decisions)
 
 
@@ -85,3 +85,14 @@ def test_each_seed_of_a_batch_size_keeps_its_own_held_time(tmp_path):
     assert driver.held_wall_s(cell_dir, 1, 0.2) == 0.2
     assert driver.held_wall_s(cell_dir, 0, 9.0) == 5.0
     assert driver.held_wall_s(cell_dir, 1, 9.0) == 0.2
+
+
+def test_the_stop_line_says_the_level_its_interval_was_read_at(tmp_path):
+    """The search narrows the 90 % interval but reports the stopped one read at 98 %: the
+    progress line says so beside the wider interval, the lines before it do not."""
+    lines = []
+    decisions = _search(None, tmp_path, lines.append)
+    assert len(lines) == len(decisions)
+    assert decisions.iloc[-1]["action"] == "stop" and "stop" in lines[-1]
+    assert "(×" in lines[-1] and ", read at 98%)" in lines[-1], lines[-1]
+    assert not any("read at" in line for line in lines[:-1])

@@ -37,7 +37,7 @@ from batchscale.adaptive.choice import (
     predict_b_crit,
     prune_step,
 )
-from batchscale.analysis.critical import cut_sides, read_level
+from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE, cut_sides, read_level
 from batchscale.config import ExperimentConfig
 from batchscale.convergence.cell_server import CellServer
 from batchscale.convergence.probe import b_simple_stable
@@ -188,7 +188,10 @@ class Search:
                 float(sum(self.held_s.values())))
 
     def record(self, action: str, cell: Cell | None, reason: str, state: IntervalState,
-               prediction: NoisePrediction, expected_ratio: float = math.nan) -> None:
+               prediction: NoisePrediction, expected_ratio: float = math.nan,
+               read_at: float = BOOTSTRAP_CONFIDENCE) -> None:
+        """One decision row, and its progress line; `read_at`: the level the row's interval
+        was read at, said in the line when it is not the 90 % the search narrows."""
         examples, device_s, held_s = self.spent() if self.trained() else (0, 0.0, 0.0)
         best = optimum(state, self.step_line() if self.cells else NO_LINE)
         row = {"decision": len(self.decisions), "action": action,
@@ -209,7 +212,7 @@ class Search:
         self.decisions.append(row)
         self.echo(f"adaptive {row['decision']:>2} {action:<7} "
                   f"{'' if cell is None else f'b={cell.batch_size} seed={cell.seed} '}"
-                  f"{reason}; B_crit {_interval_words(state)}{_b_star_words(best)}; "
+                  f"{reason}; B_crit {_interval_words(state, read_at)}{_b_star_words(best)}; "
                   f"{examples:,} examples, {held_s:,.1f} device-seconds held")
 
 
@@ -223,9 +226,11 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _interval_words(state: IntervalState) -> str:
+def _interval_words(state: IntervalState, read_at: float = BOOTSTRAP_CONFIDENCE) -> str:
     if math.isfinite(state.ratio):
-        return f"{state.b_crit:.3g} [{state.low:.3g}, {state.high:.3g}] (×{state.ratio:.2f})"
+        level = "" if read_at == BOOTSTRAP_CONFIDENCE else f", read at {read_at:.0%}"
+        return (f"{state.b_crit:.3g} [{state.low:.3g}, {state.high:.3g}] "
+                f"(×{state.ratio:.2f}{level})")
     if state.reason:
         return f"not estimated: {state.reason}"
     return (f"{state.b_crit:.3g}, no interval yet" if math.isfinite(state.b_crit)
@@ -389,7 +394,7 @@ def _refine(search: Search, allowed: list[int], prediction: NoisePrediction) -> 
             level = read_level(search.cfg.analysis, adaptive=True)
             search.record("stop", None, stop, interval_state(runs, search.rule,
                                                              SEARCH_BOOTSTRAP_SAMPLES, level),
-                          prediction)
+                          prediction, read_at=level)
             return
         pruning = search.run_cell(cell, search.prune_bound(cell, state))
         after = interval_state(search.target_runs(), search.rule, SEARCH_BOOTSTRAP_SAMPLES)
