@@ -22,7 +22,7 @@ venv: $(STAMP)
 local-run: venv
 	$(VENV)/bin/batchscale run $(if $(CONFIG),--config $(CONFIG))
 
-# Two phases: the tests that measure time or assert a time bound (marked `serial`) run alone;
+# Two phases: the tests that measure time or assert a tight time bound (marked `serial`) run alone;
 # the rest run on TEST_WORKERS processes, one test file per process at a time (module
 # fixtures such as test_pipeline's run are made once). Both print their slowest tests.
 # The parallel phase runs torch single-threaded: each worker (and each torchrun rank it starts)

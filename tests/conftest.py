@@ -19,10 +19,11 @@ from batchscale.storage import ObjectStore
 # first, the short files fill in beside it (longest-processing-time-first scheduling). The list
 # is by measured duration (CI's --durations); a file not in it keeps its place after them.
 LONGEST_FILES = ("test_contract.py", "test_pipeline.py", "test_reliability_runs.py",
-                 "test_fault_tolerance.py", "test_loop.py", "test_domains.py",
-                 "test_corrupt_inputs.py", "test_history.py", "test_regression_lake.py",
-                 "test_checks.py", "test_localstore.py", "test_stopping.py",
-                 "test_adaptive_driver.py", "test_convergence.py", "test_user_code_errors.py")
+                 "test_fault_tolerance.py", "test_network_waits.py", "test_loop.py",
+                 "test_domains.py", "test_corrupt_inputs.py", "test_history.py",
+                 "test_regression_lake.py", "test_checks.py", "test_localstore.py",
+                 "test_stopping.py", "test_adaptive_driver.py", "test_convergence.py",
+                 "test_user_code_errors.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
