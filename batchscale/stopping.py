@@ -19,7 +19,9 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 EXIT_SIGTERM = 143
 """Exit status after SIGTERM (128 + 15, as a shell reports a process the signal ended)."""
@@ -103,6 +105,36 @@ def stop_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S,
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def child_pids(pid: int) -> list[int]:
+    """The children of process `pid` (Linux /proc; elsewhere, or once it is gone, none)."""
+    try:
+        return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+                for child in (task / "children").read_text().split()]
+    except OSError:
+        return []
+
+
+def kill_groups(leaders: Iterable[int], wait_s: float = STOP_GRACE_S) -> None:
+    """SIGKILL the process groups these processes lead (each started its own session), and
+    wait up to `wait_s` until they are gone: for a launcher's children that outlive it, which
+    its own group's signal does not reach."""
+    leaders = list(leaders)
+    for leader in leaders:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(leader, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while any(map(_running, leaders)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie (ended, waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def exit_process(code: int) -> None:

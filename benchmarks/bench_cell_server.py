@@ -11,7 +11,7 @@ the search in one group ÷ one torchrun per cell, paired per round, median with 
 90 % interval; each search's held device-seconds ÷ the grid's of its round; and in how many
 rounds both ways trained the same cells (they should: same seeds, same decisions).
 
-Run: `python -m benchmarks.run bench_cell_server` (about 2 minutes per round on 2 CPU cores;
+Run: `python -m benchmarks.run bench_cell_server` (about 1 minute per round on 2 CPU cores;
 BENCH_QUICK=1: two rounds).
 """
 

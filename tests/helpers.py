@@ -84,3 +84,17 @@ def task_config(task: dict):
     sections = {name.removesuffix(SECTION_INPUT_SUFFIX): value
                 for name, value in constants.items() if name.endswith(SECTION_INPUT_SUFFIX)}
     return StageConfig(constants[EXPERIMENT_INPUT], **sections)
+
+
+def processes_marked(marker: str) -> list[int]:
+    """Live processes whose environment holds `marker` (the server's, inherited by its ranks)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            state = (proc / "status").read_text().split("State:")[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker.encode() in environ and state != "Z":
+            found.append(int(proc.name))
+    return found

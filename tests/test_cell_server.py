@@ -1,7 +1,8 @@
-"""One-worker cells trained one after another in one long-lived process (the adaptive search's
-cells): the same trial files as a torchrun launch, one process for every cell, a failed cell
-handed back (the caller launches it with torchrun), a cell past its limit stopped with its
-process, and nothing left running once the server is closed."""
+"""Cells trained one after another in one long-lived process, or one torchrun group of two
+ranks (the adaptive search's cells): the same trial files as a torchrun launch, one process (or
+the same ranks) for every cell, a failed cell handed back (the caller launches it with
+torchrun), a cell past its limit stopped with its process and its ranks, and nothing left
+running once the server is closed."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from batchscale.convergence import runner
 from batchscale.convergence.cell_server import CellServer
 from batchscale.data.prep import prepare
 from batchscale.errors import BatchscaleError
+from helpers import processes_marked
 
 pytestmark = pytest.mark.slow
 FAST = {"target_val_accuracy": 0.8, "max_steps": 200, "eval_every_steps": 10,
@@ -89,15 +91,18 @@ def test_a_cell_the_server_fails_on_goes_to_torchrun(tmp_path, digits_dir):
     server.close()
 
 
-def test_a_cell_past_its_limit_is_stopped_with_the_server(tmp_path, digits_dir):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_cell_past_its_limit_is_stopped_with_the_server(tmp_path, digits_dir, workers):
     cfg, where = _cell(tmp_path, digits_dir, 4, target_val_accuracy=0.999, max_steps=100_000,
                        patience_evals=100_000, timeout_s=3.0)
-    server = CellServer(runner.torchrun_env(1))
+    server = CellServer({**runner.torchrun_env(workers), "BATCHSCALE_TEST_MARK": str(tmp_path)},
+                        workers)
     with pytest.raises(BatchscaleError, match="timed out after 3 s") as raised:
-        runner.run_convergence(cfg, [4], server=server, **where)
+        runner.run_convergence(cfg, [4], workers=workers, server=server, **where)
     # the same words as a torchrun launch's timeout, naming where the finished trials are
     assert f"finished trials are kept in {tmp_path / 'b4' / 'trials'}" in str(raised.value)
     assert server.proc is None
+    assert not processes_marked(f"BATCHSCALE_TEST_MARK={tmp_path}")  # the ranks went with it
 
 
 def test_two_worker_cells_train_in_one_process_group(tmp_path, digits_dir):

@@ -26,7 +26,7 @@ from batchscale.convergence.usererror import UserCodeError
 from batchscale.datasplit import _SeededSteps, failure_of
 from batchscale.location import LocalLocation
 from batchscale.workloads import get_workload
-from helpers import BATCHSCALE, cli_env, run_cli
+from helpers import BATCHSCALE, cli_env, processes_marked, run_cli
 
 pytestmark = pytest.mark.slow
 TESTS_DIR = Path(__file__).parent
@@ -211,6 +211,27 @@ def test_the_cell_server_raises_a_user_error_instead_of_falling_back(tmp_path, m
         assert not (out / runner.TORCHRUN_LOG).exists()  # no torchrun launched after it
     finally:
         server.close()
+
+
+def test_a_user_error_on_rank_one_alone_is_raised_by_the_cell_server(tmp_path, monkeypatch):
+    """Rank 0 hears of it only as its peer dying (or is stopped by torchrun first): the
+    message comes from the file rank 1 left, with no torchrun launched after it and no rank
+    left running."""
+    monkeypatch.chdir(TESTS_DIR)
+    cfg = parse_config({"workload": f"{MODULE}:rank_one_fails", "convergence": {
+        "batch_sizes": [32], "lr_rules": ["sqrt"], "seeds": [0], "max_steps": 20}})
+    out = tmp_path / "b32"
+    marked = {**runner.torchrun_env(2), "BATCHSCALE_TEST_MARK": str(tmp_path)}
+    with CellServer(marked, 2) as server:
+        with pytest.raises(UserCodeError, match=r"failed in trial b32-sqrt-s0-w2 .*rank 1 "
+                           r"cannot read its share of this batch.*; finished trials are kept "
+                           rf"in {re.escape(str(out / 'trials'))}$"):
+            runner.run_convergence(cfg, [32], data_dir="unused", out_dir=str(out),
+                                   run_id="served", workers=2, server=server)
+        assert server.proc is None
+    assert not (out / runner.TORCHRUN_LOG).exists()
+    assert not processes_marked(f"BATCHSCALE_TEST_MARK={tmp_path}")  # agent and both ranks
+
 
 
 def test_a_loss_failing_in_a_trial_on_a_field_stacked_per_list_position_says_why():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch.distributed as dist
 from contract_workloads import Points, good
 from torch import nn
 
@@ -45,9 +46,20 @@ class NoBigTrainingBatches(SmallBatchesOnly):
         return self.net(x)
 
 
+class FailsOnRankOne(SmallBatchesOnly):
+    """Trains on rank 0 of a group; on rank 1 every training batch fails, as a bad item in one
+    rank's share of the data would."""
+
+    def forward(self, x):
+        if self.training and dist.is_initialized() and dist.get_rank() == 1:
+            raise ValueError("rank 1 cannot read its share of this batch")
+        return self.net(x)
+
+
 bad_index = dataclasses.replace(good, name="bad-index", train_data=lambda: ShortPoints(600, 0))
 big_eval = dataclasses.replace(good, name="big-eval", model=SmallBatchesOnly,
                                val_data=lambda: Points(300, 1))
 small_train_batches = dataclasses.replace(good, name="small-train-batches",
                                           model=NoBigTrainingBatches)
 slow = dataclasses.replace(good, name="slow", targets=(("val_accuracy", 1.0),))
+rank_one_fails = dataclasses.replace(good, name="rank-one-fails", model=FailsOnRankOne)

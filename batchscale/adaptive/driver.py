@@ -77,8 +77,8 @@ class Search:
     """Probes on `adaptive_probe_budget_examples`: their own trials (trial ids ending in
     runner.PROBE_SUFFIX), in the tables and the cost, never in the fit."""
     server: CellServer | None = None
-    """Where one-worker cells train, one after another in one process (None: a torchrun or a
-    TrainJob each)."""
+    """Where the cells train, one after another in one process group (None: a TrainJob
+    each)."""
 
     @property
     def rule(self) -> str:

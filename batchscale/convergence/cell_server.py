@@ -25,13 +25,23 @@ import subprocess
 import sys
 import traceback
 from collections.abc import Iterator
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
+from batchscale.convergence.usererror import (
+    ERROR_FILE_NAME,
+    UserCodeError,
+    read_error_file,
+    write_error_file,
+)
 from batchscale.errors import BatchscaleError
-from batchscale.stopping import die_with_parent, stop_group
+from batchscale.stopping import child_pids, die_with_parent, kill_groups, stop_group
 
 MODULE = "batchscale.convergence.cell_server"
+CONTROL_TIMEOUT = timedelta(days=1)
+"""How long the ranks of a group wait for the next cell's spec path: as long as the caller
+takes to choose it."""
 
 
 class CellServer:
@@ -53,8 +63,10 @@ class CellServer:
     def run(self, spec_path: Path, timeout_s: float) -> bool:
         """Train the spec at `spec_path`; False when the server failed on it (it is stopped:
         the caller launches the cell another way). A cell past `timeout_s` raises, as a
-        torchrun launch does, and so does an error of the workload's own code (UserCodeError,
-        with where the finished trials are)."""
+        torchrun launch does, and so does an error of the workload's own code on any rank
+        (UserCodeError, with where the finished trials are)."""
+        error_file = spec_path.parent / ERROR_FILE_NAME
+        error_file.unlink(missing_ok=True)  # an earlier launch's: this one starts afresh
         if self.proc is None:
             self.proc = subprocess.Popen(
                 self.command(), env=self.env, stdin=subprocess.PIPE,
@@ -64,17 +76,18 @@ class CellServer:
             self.proc.stdin.write(f"{spec_path}\n")
             self.proc.stdin.flush()
             answer = self._answer(timeout_s, spec_path.parent / "trials")
-        except (BrokenPipeError, OSError):
+        except (BrokenPipeError, OSError, ValueError):
             answer = None
-        if answer is None or not answer.get("ok"):
-            self.close()
-            if answer is not None and answer.get("user_error"):
-                from batchscale.convergence.usererror import UserCodeError
-
-                raise UserCodeError(f"{answer.get('error')}; finished trials are kept in "
-                                    f"{spec_path.parent / 'trials'}")
-            return False
-        return True
+        if answer is not None and answer.get("ok"):
+            return True
+        self.close()
+        # A rank that failed on the workload's code wrote why before it ended (any rank: the
+        # others then fail on the group or are stopped by torchrun, without that message).
+        user_error = read_error_file(error_file)
+        if user_error is not None:
+            raise UserCodeError(f"{user_error}; finished trials are kept in "
+                                f"{spec_path.parent / 'trials'}")
+        return False
 
     def _answer(self, timeout_s: float, trials: Path) -> dict | None:
         with selectors.DefaultSelector() as selector:
@@ -90,8 +103,12 @@ class CellServer:
             return None
 
     def close(self) -> None:
+        """Stop the server; a group's ranks too, which torchrun started in sessions of their
+        own (their parent-death signal would stop them, but only after this returns)."""
         if self.proc is not None:
+            ranks = child_pids(self.proc.pid) if self.workers > 1 else []
             stop_group(self.proc, first=signal.SIGKILL)
+            kill_groups(ranks)
             self.proc = None
 
     def __enter__(self) -> CellServer:
@@ -103,7 +120,9 @@ class CellServer:
 
 def spec_paths(lines) -> Iterator[str]:
     """The spec paths to train: the lines rank 0 reads, each broadcast to the group's other
-    ranks (which do not read their input), until rank 0's input ends."""
+    ranks (which do not read their input), until rank 0's input ends. The broadcast goes over
+    a gloo group of its own: between cells the ranks wait on the CPU, however long the caller
+    takes, not in the training group's (NCCL's) collective and its timeout."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         yield from (line.strip() for line in lines)
@@ -113,9 +132,10 @@ def spec_paths(lines) -> Iterator[str]:
     from batchscale.convergence.distributed import init_distributed
 
     reader = iter(lines) if init_distributed(world).is_main else iter(())
+    control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     while True:
         box = [next(reader, None)]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=control)
         if box[0] is None:
             return
         yield box[0].strip()
@@ -123,18 +143,19 @@ def spec_paths(lines) -> Iterator[str]:
 
 def serve(lines, reply) -> int:
     """Train the spec of each line until one fails (returns 1) or the input ends (0). In a
-    group every rank trains it and only rank 0 replies; a rank that fails ends, and torchrun
-    then stops the group, so the caller reads no answer and launches the cell itself."""
+    group every rank trains it and only rank 0 replies; a rank that fails on the workload's
+    code also leaves its message in the cell's directory (ERROR_FILE_NAME), and a rank that
+    ends makes torchrun stop the group, so the caller reads that file or no answer at all."""
     from batchscale.convergence.spec import read_spec
     from batchscale.convergence.train import run_spec
-    from batchscale.convergence.usererror import UserCodeError
 
-    if int(os.environ.get("RANK", "0")) != 0:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "0")) != 0:
         reply = _no_reply
     for path in spec_paths(lines):
         try:
             run_spec(read_spec(path))
         except UserCodeError as err:  # the same under torchrun: the caller raises it
+            write_error_file(err, Path(path).parent / ERROR_FILE_NAME)
             reply({"spec": path, "ok": False, "error": str(err), "user_error": True})
             return 1
         except BatchscaleError as err:

@@ -74,9 +74,10 @@ def error_file() -> Path | None:
     return Path(path) if path else None
 
 
-def write_error_file(err: UserCodeError) -> None:
-    """Tell the launcher (when one watches): the file appears whole or not at all."""
-    path = error_file()
+def write_error_file(err: UserCodeError, path: Path | None = None) -> None:
+    """Tell the launcher (when one watches: `path`, else ERROR_FILE_ENV's): the file appears
+    whole or not at all."""
+    path = path or error_file()
     if path is None:
         return
     from batchscale.storage import write_bytes_atomic
