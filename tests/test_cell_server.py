@@ -108,7 +108,8 @@ def test_a_cell_past_its_limit_is_stopped_with_the_server(tmp_path, digits_dir, 
 def test_two_worker_cells_train_in_one_process_group(tmp_path, digits_dir):
     """A search of two-worker cells: one torchrun group of two ranks trains every cell, and no
     cell starts a torchrun of its own (whose log a launch leaves in the cell's directory)."""
-    with CellServer(runner.torchrun_env(2), workers=2) as server:
+    # A user's PET_TEE (torchrun's --tee) would prefix the ranks' stdout, the answers' pipe.
+    with CellServer({**runner.torchrun_env(2), "PET_TEE": "3"}, workers=2) as server:
         tables = {}
         for batch in (16, 64):
             cfg, where = _cell(tmp_path, digits_dir, batch)

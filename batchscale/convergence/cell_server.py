@@ -56,9 +56,11 @@ class CellServer:
     def command(self) -> list[str]:
         if self.workers == 1:
             return [sys.executable, "-m", MODULE]
-        # No restarts: a failed cell is handed back, and torchrun's launch has its own.
+        # No restarts: a failed cell is handed back, and torchrun's launch has its own. The
+        # ranks' stdout stays the answers' pipe even where PET_REDIRECTS or PET_TEE are set.
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={self.workers}", "--max-restarts=0", "-m", MODULE]
+                f"--nproc-per-node={self.workers}", "--max-restarts=0", "--redirects=0",
+                "--tee=0", "-m", MODULE]
 
     def run(self, spec_path: Path, timeout_s: float) -> bool:
         """Train the spec at `spec_path`; False when the server failed on it (it is stopped:
