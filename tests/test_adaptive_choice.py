@@ -295,7 +295,9 @@ def test_b_stars_interval_covers_the_truth_on_simulated_searches():
     assert covered / searches >= 0.85
 
 
-def test_the_search_narrows_b_star_when_asked_and_reads_the_line_from_its_trials():
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_search_narrows_b_star_when_asked_and_reads_the_line_from_its_trials(workers):
+    """At any worker count: a search of two-worker cells reads B* from their step times."""
     import pyarrow as pa
 
     from batchscale.adaptive.driver import Search
@@ -303,7 +305,8 @@ def test_the_search_narrows_b_star_when_asked_and_reads_the_line_from_its_trials
 
     def cell(batch: int) -> tuple[pa.Table, pa.Table]:
         steps = 100
-        row = {"trial_id": f"b{batch}", "batch_size": batch, "workers": 1, "lr_rule": "sqrt",
+        row = {"trial_id": f"b{batch}", "batch_size": batch, "workers": workers,
+               "lr_rule": "sqrt",
                "steps_run": steps, "train_time_s": steps * (1e-3 + 1e-5 * batch)}
         return pa.table({"trial_id": [f"b{batch}"]}), pa.Table.from_pylist([row])
 
@@ -312,7 +315,7 @@ def test_the_search_narrows_b_star_when_asked_and_reads_the_line_from_its_trials
     for objective in ("b_crit", "b_star"):
         cfg = parse_config({"convergence": {"strategy": "adaptive",
                                             "adaptive_objective": objective}})
-        search = Search(cfg, "t", "data", 1, echo=lambda line: None)
+        search = Search(cfg, "t", "data", workers, echo=lambda line: None)
         # Three batch sizes on an exact line: α/β pinned, B*'s interval is B_crit's through
         # the square root (two would leave α/β, and so B*, open).
         search.cells = {Cell(b, 0): cell(b) for b in (16, 64, 256)}

@@ -162,13 +162,14 @@ class Search:
         return runs[keep]
 
     def step_line(self) -> StepTimeFit:
-        """One device's step-time line (α, β, with how well its points pin α/β) from the
-        search's own one-worker trials (train time per step, the analysis's first source); NaN
-        before two batch sizes ran."""
+        """The step-time line (α, β, with how well its points pin α/β) at the search's worker
+        count, from its own trials (train time per step, the analysis's first source): B* is
+        the batch that reaches the target soonest on those workers. NaN before two batch sizes
+        ran."""
         from batchscale.analysis.timetotarget import convergence_step_times
 
         _, runs = self.tables()
-        times = convergence_step_times(runs[runs["workers"] == 1])
+        times = convergence_step_times(runs)
         return fit_step_time(list(times), list(times.values()))
 
     def objective_ratio(self, state: IntervalState) -> float:
