@@ -18,6 +18,7 @@ from batchscale.convergence import runner
 from batchscale.convergence.cell_server import CellServer
 from batchscale.data.prep import prepare
 from batchscale.errors import BatchscaleError
+from batchscale.stopping import child_pids
 from helpers import processes_marked
 
 pytestmark = pytest.mark.slow
@@ -53,11 +54,6 @@ def _gone_within(pids: set[int], seconds: float) -> bool:
             return False
         time.sleep(0.05)
     return True
-
-
-def _children(pid: int) -> set[int]:
-    return {int(child) for task in Path(f"/proc/{pid}/task").iterdir()
-            for child in (task / "children").read_text().split()}
 
 
 def test_cells_train_in_one_process_and_write_what_torchrun_writes(tmp_path, digits_dir):
@@ -117,9 +113,9 @@ def test_two_worker_cells_train_in_one_process_group(tmp_path, digits_dir):
                                                    **where)
             if batch == 16:
                 pid = server.proc.pid
-                ranks = _children(pid)
+                ranks = set(child_pids(pid))
         assert server.proc.pid == pid
-        assert len(ranks) == 2 and _children(pid) == ranks  # the same two ranks throughout
+        assert len(ranks) == 2 and set(child_pids(pid)) == ranks  # the same two ranks throughout
     assert not _alive(pid)  # closed with the block, its ranks at once after it
     assert _gone_within(ranks, seconds=5.0)
     for batch, (curves, runs) in tables.items():

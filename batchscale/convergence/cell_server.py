@@ -9,10 +9,10 @@ rank trains that spec as a torchrun worker would (`train.run_spec`: the same tri
 and checkpoints) and rank 0 answers one JSON line on stdout: {"spec": path, "ok": true} or
 {"spec": path, "ok": false, "error": message}. A failed cell ends the server; the caller then
 launches that cell with torchrun as before, whose restarts and messages are the ones a user
-knows, except when the workload's own code failed (usererror.UserCodeError, answered with
-"user_error": true): that would fail the same way under torchrun, so the caller raises it
-(exit 2). The server dies with its caller (stopping.die_with_parent), and a cell past its time
-limit is stopped with its group.
+knows, except when the workload's own code failed on any rank (usererror.UserCodeError, whose
+message the rank leaves in the cell's ERROR_FILE_NAME, as under torchrun): that would fail the
+same way under torchrun, so the caller raises it (exit 2). The server dies with its caller
+(stopping.die_with_parent), and a cell past its time limit is stopped with its group.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def serve(lines, reply) -> int:
             run_spec(read_spec(path))
         except UserCodeError as err:  # the same under torchrun: the caller raises it
             write_error_file(err, Path(path).parent / ERROR_FILE_NAME)
-            reply({"spec": path, "ok": False, "error": str(err), "user_error": True})
+            reply({"spec": path, "ok": False, "error": str(err)})
             return 1
         except BatchscaleError as err:
             reply({"spec": path, "ok": False, "error": str(err)})
