@@ -20,7 +20,8 @@ interval over the repeats:
 - B_crit, search ÷ grid, goal within ±20 %, with how many repeats met it (exact interval), and
   how often the grid's B_crit lay inside the search's interval;
 - the grid's own interval (high/low): where it is wider than ×2 the grid cannot pin B_crit, and
-  the B_crit goal is not judged.
+  the B_crit goal is not judged; how often the search stopped saying so itself
+  ("even the full grid … is not expected to pin B_crit"), where the grid did and did not.
 
 Each repeat also runs the search with budgeted probes (`adaptive_probe_budget_examples` =
 PROBE_BUDGET_EXAMPLES: each probe stops at its first evaluation past that many examples and only
@@ -44,6 +45,7 @@ import pyarrow as pa
 
 from batchscale.adaptive.choice import interval_state
 from batchscale.adaptive.driver import run_adaptive
+from batchscale.adaptive.futility import STOP_FUTILE
 from batchscale.config import parse_config
 from batchscale.convergence.runner import run_convergence
 from batchscale.data.prep import prepare
@@ -194,9 +196,22 @@ def summarize(outcomes: list[dict], prefix: str = "") -> dict:
                                                           [1.0] * len(compared))
         figures["grid_inside_search_interval"] = share_figure(
             sum(o["grid_inside"] for o in compared), len(compared))
+    figures.update(_futility(outcomes))
     if pinned:
         figures["b_crit_within_20pct_where_grid_pins_it"] = share_figure(
             sum(abs(o["b_crit"] - 1) <= AGREEMENT for o in pinned), len(pinned))
+    return figures
+
+
+def _futility(outcomes: list[dict]) -> dict:
+    """How often the search stopped saying the grid cannot pin B_crit (adaptive/futility.py),
+    split by whether this repeat's grid did pin it (its interval within ×2)."""
+    figures = {}
+    for side, repeats in (("pins", [o for o in outcomes if o["grid_ratio"] <= GRID_PINS]),
+                          ("cannot", [o for o in outcomes if o["grid_ratio"] > GRID_PINS])):
+        if repeats:
+            futile = sum(o["stop_reason"].startswith(STOP_FUTILE) for o in repeats)
+            figures[f"futile_where_grid_{side}"] = share_figure(futile, len(repeats))
     return figures
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import time
+from collections import Counter
 from dataclasses import dataclass
 from unittest import mock
 
@@ -29,6 +30,7 @@ import pandas as pd
 import pyarrow as pa
 
 from batchscale.adaptive import driver
+from batchscale.adaptive.futility import STOP_FUTILE
 from batchscale.analysis.critical import ADAPTIVE_READ_LEVEL, bootstrap_critical_batch
 from batchscale.config import parse_config
 from benchmarks import scaled
@@ -59,9 +61,26 @@ class Setting:
 SETTINGS = (Setting("B_crit 8, σ 0.1", 8.0, 0.1), Setting("B_crit 32, σ 0.05", 32.0, 0.05),
             Setting("B_crit 32, σ 0.1", 32.0, 0.1), Setting("B_crit 32, σ 0.2", 32.0, 0.2),
             Setting("B_crit 32, σ 0.1, 2 seeds", 32.0, 0.1, (0, 1)),
-            Setting("B_crit 128, σ 0.1", 128.0, 0.1), Setting("B_crit 512, σ 0.1", 512.0, 0.1))
+            Setting("B_crit 128, σ 0.1", 128.0, 0.1), Setting("B_crit 512, σ 0.1", 512.0, 0.1),
+            Setting("B_crit 32, σ 0.3", 32.0, 0.3), Setting("B_crit 32, σ 0.45", 32.0, 0.45),
+            Setting("B_crit 512, σ 0.3", 512.0, 0.3))
 """True B_crit inside and near both edges of the allowed batch sizes 4…1,024, seed noise 5 % to
-20 %, three seeds or two."""
+20 % (where the grid of 9 batch sizes × 3 seeds pins B_crit to ×2 most of the time) and 30 % to
+45 % (where it mostly cannot: the search should say so early), three seeds or two."""
+BATCHES = [2**k for k in range(2, 11)]
+TARGET_RATIO = 2.0
+
+
+def drawn_steps(setting: Setting, batch: int, rng: np.random.Generator) -> int:
+    steps = S_MIN * (1 + setting.b_crit / batch) * math.exp(rng.normal(0, setting.sigma))
+    return int(math.ceil(steps / EVAL_EVERY) * EVAL_EVERY)
+
+
+def run_row(batch: int, seed: int, steps: int, rule: str = "sqrt") -> dict:
+    return {"trial_id": f"b{batch}-s{seed}", "batch_size": batch, "seed": seed, "workers": 1,
+            "lr_rule": rule, "lr": 0.1, "status": "reached", "steps_to_target": steps,
+            "steps_run": steps, "train_time_s": steps * (1e-3 + 1e-5 * batch),
+            "target_metric": "val_accuracy", "target_value": 0.9, "device_name": "simulated"}
 
 
 def simulated_cell(setting: Setting, rng: np.random.Generator, trials: list[dict]):
@@ -71,20 +90,14 @@ def simulated_cell(setting: Setting, rng: np.random.Generator, trials: list[dict
     def run(cfg, batch_sizes, **_):
         (batch,), seed = batch_sizes, cfg.convergence.seeds[0]
         target = cfg.convergence.resolved_targets()[0]
-        steps = S_MIN * (1 + setting.b_crit / batch) * math.exp(rng.normal(0, setting.sigma))
-        steps = int(math.ceil(steps / EVAL_EVERY) * EVAL_EVERY)
+        steps = drawn_steps(setting, batch, rng)
         trial = f"b{batch}-s{seed}"
-        run_row = {"trial_id": trial, "batch_size": batch, "seed": seed, "workers": 1,
-                   "lr_rule": cfg.convergence.lr_rules[0], "lr": 0.1, "status": "reached",
-                   "steps_to_target": steps, "steps_run": steps,
-                   "train_time_s": steps * (1e-3 + 1e-5 * batch),
-                   "target_metric": target.metric, "target_value": target.value,
-                   "device_name": "simulated"}
+        run_row_ = run_row(batch, seed, steps, cfg.convergence.lr_rules[0])
         evals = [{"trial_id": trial, "step": s, "val_accuracy": target.value * s / steps,
                   "b_simple": setting.b_crit * math.exp(rng.normal(0, B_SIMPLE_SCATTER))}
                  for s in range(EVAL_EVERY, steps + 1, EVAL_EVERY)]
-        trials.append(run_row)
-        return pa.Table.from_pylist(evals), pa.Table.from_pylist([run_row])
+        trials.append(run_row_)
+        return pa.Table.from_pylist(evals), pa.Table.from_pylist([run_row_])
 
     return run
 
@@ -93,7 +106,7 @@ def one_study(setting: Setting, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     cfg = parse_config({"convergence": {
         "strategy": "adaptive", "lr_rules": ["sqrt"], "seeds": list(setting.seeds),
-        "batch_sizes": [2**k for k in range(2, 11)], "target_interval_ratio": 2.0,
+        "batch_sizes": BATCHES, "target_interval_ratio": TARGET_RATIO,
         "target_val_accuracy": 0.9, "eval_every_steps": EVAL_EVERY}})
     trials: list[dict] = []
     with mock.patch.object(driver, "run_convergence", simulated_cell(setting, rng, trials)), \
@@ -108,7 +121,14 @@ def one_study(setting: Setting, seed: int) -> dict:
                                              driver.SEARCH_BOOTSTRAP_SAMPLES,
                                              confidence=level, seeds_needed=True)
              for level in OTHER_LEVELS}
+    grid = pd.DataFrame([run_row(b, s, drawn_steps(setting, b, rng))
+                         for b in BATCHES for s in setting.seeds])
+    grid_low, grid_high = bootstrap_critical_batch(grid, "sqrt", driver.SEARCH_BOOTSTRAP_SAMPLES)
     return {"covered": bounded and low <= setting.b_crit <= high, "bounded": bounded,
+            "futile": last["reason"].startswith(STOP_FUTILE),
+            "grid_pins": grid_low > 0 and grid_high / grid_low <= TARGET_RATIO,
+            "share_of_grid": last["examples_spent"] / float(
+                (grid["steps_to_target"] * grid["batch_size"]).sum()),
             **{f"covered_at_{level}": lo <= setting.b_crit <= hi
                for level, (lo, hi) in wider.items()},
             "cells": sum(d["action"] in ("probe", "place", "refine") for d in decisions),
@@ -137,11 +157,41 @@ def _figures(outcomes: list[dict], wall_s: float) -> dict:
                "unbounded": sum(not o["bounded"] for o in outcomes),
                "median_cells": float(np.median([o["cells"] for o in outcomes])),
                "median_examples": float(np.median([o["examples"] for o in outcomes])),
-               "wall_s": wall_s}
+               "wall_s": wall_s,
+               **_futility_figures(outcomes)}
     for level in OTHER_LEVELS:
         figures[f"coverage_at_{level}"] = share_figure(
             sum(o[f"covered_at_{level}"] for o in outcomes), len(outcomes), COVERAGE_GOAL)
     return figures
+
+
+def _share(k: int, n: int):
+    return share_figure(k, n) if n else None
+
+
+def _text(figure) -> str:
+    return figure.text() if figure is not None else "no such search"
+
+
+def _futility_figures(outcomes: list[dict]) -> dict:
+    """How often a search stopped as futile where a grid on the same truth pinned B_crit (a
+    false call) and where it did not, and the share of that grid's examples a futile stop
+    spent. A fresh grid per search: the grid's own draws, not the search's."""
+    pins = [o for o in outcomes if o["grid_pins"]]
+    cannot = [o for o in outcomes if not o["grid_pins"]]
+    futile = [o for o in outcomes if o["futile"]]
+    return {"grid_pins": len(pins),
+            "futile_where_grid_pins": _share(sum(o["futile"] for o in pins), len(pins)),
+            "futile_where_grid_cannot": _share(sum(o["futile"] for o in cannot), len(cannot)),
+            "futile_share_of_grid": (float(np.median([o["share_of_grid"] for o in futile]))
+                                     if futile else math.nan),
+            "share_of_grid": float(np.median([o["share_of_grid"] for o in outcomes])),
+            "stops": dict(Counter(_stop_kind(o["reason"]) for o in outcomes).most_common())}
+
+
+def _stop_kind(reason: str) -> str:
+    """A stop reason without its figures: futile stops name their own."""
+    return "futile (the grid cannot pin it)" if reason.startswith(STOP_FUTILE) else reason
 
 
 def _line(setting: Setting, figures: dict, n: int) -> str:
@@ -150,4 +200,10 @@ def _line(setting: Setting, figures: dict, n: int) -> str:
             f"without a bounded interval; median {figures['median_cells']:.0f} cells, "
             f"{figures['median_examples']:,.0f} examples; the same trials read at "
             + ", ".join(f"{level:.0%}: {figures[f'coverage_at_{level}'].text()}"
-                        for level in OTHER_LEVELS))
+                        for level in OTHER_LEVELS)
+            + f"; a grid on the same truth pinned B_crit in {figures['grid_pins']} of {n}; "
+            f"stopped as futile where it did {_text(figures['futile_where_grid_pins'])}, "
+            f"where it did not {_text(figures['futile_where_grid_cannot'])}, at a median "
+            f"{figures['futile_share_of_grid']:.2f} of the grid's examples (all searches: "
+            f"{figures['share_of_grid']:.2f}); stops: "
+            + ", ".join(f"{kind} {count}" for kind, count in figures["stops"].items()))

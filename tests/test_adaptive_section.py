@@ -85,3 +85,16 @@ def test_no_section_for_a_grid_and_no_plot_without_an_interval():
     assert section.plot.image_uri is None
     assert any("without a B_crit interval" in s for s in section.sentences)
     assert any("cannot be estimated" in s for s in section.sentences)
+
+
+def test_a_search_that_stopped_as_futile_says_what_would_narrow_b_crit():
+    reason = ("even the full grid (8 cells) is not expected to pin B_crit to ×2: 4% of grids "
+              "simulated from these trials would (their steps scatter ±45% about the fit)")
+    decisions = study_decisions()
+    decisions.loc[decisions.index[-1], "reason"] = reason
+    text = " ".join(adaptive_section(decisions, study_runs(), BATCHES, 2).sentences)
+    assert f"stopped ({reason}) with B_crit 29.2" in text
+    assert "More seeds per batch size (`convergence.seeds`; the stop reason says how many" in text
+    # A search that stopped for another reason gives no such advice.
+    plain = " ".join(adaptive_section(study_decisions(), study_runs(), BATCHES, 2).sentences)
+    assert "More seeds per batch size" not in plain

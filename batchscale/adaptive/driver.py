@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -37,6 +38,7 @@ from batchscale.adaptive.choice import (
     predict_b_crit,
     prune_step,
 )
+from batchscale.adaptive.futility import grid_pin_chance
 from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE, cut_sides, read_level
 from batchscale.config import ExperimentConfig
 from batchscale.convergence.cell_server import CellServer
@@ -367,6 +369,12 @@ def _stop_reason(search: Search, state: IntervalState, runs: pd.DataFrame,
     at_edge = edge_stop(cut, [cell.batch_size for cell in search.cells], allowed)
     if at_edge:
         return at_edge
+    if c.adaptive_objective == "b_crit" and c.adaptive_futile_chance and not any(cut):
+        forecast = grid_pin_chance(runs, search.rule, allowed, len(c.seeds),
+                                   (state.low, state.high), c.target_interval_ratio,
+                                   np.random.default_rng(len(search.cells)))
+        if forecast.futile(c.adaptive_futile_chance):
+            return forecast.words(c.target_interval_ratio)
     examples, _, held_s = search.spent()
     if c.adaptive_budget_examples and examples >= c.adaptive_budget_examples:
         return STOP_BUDGET

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from batchscale.adaptive.futility import STOP_FUTILE
 from batchscale.analysis.critical import (
     ADAPTIVE_READ_LEVEL,
     DEFAULT_RANGE_FACTOR,
@@ -157,8 +158,19 @@ def _final_sentence(last: pd.Series, runs: pd.DataFrame | None, range_factor: fl
                 + (f"; {note}" if note else "") + f". That interval is read at the "
                 f"{read_level:.0%} level: {_reading(read_level)}."
                 + _b_star_sentence(last, cut=runs is not None and any(
-                    cut_sides(runs, last["lr_rule"], (low, high), range_factor=range_factor))))
+                    cut_sides(runs, last["lr_rule"], (low, high), range_factor=range_factor)))
+                + _futile_sentence(last))
     return f"The search stopped ({last['reason']}) without a B_crit interval."
+
+
+def _futile_sentence(last: pd.Series) -> str:
+    """What to do when the search stopped because no grid is expected to pin B_crit."""
+    if not str(last["reason"]).startswith(STOP_FUTILE):
+        return ""
+    return (" Running the grid would not be expected to narrow it: the steps to target scatter "
+            "too much between seeds and about the fit. More seeds per batch size "
+            "(`convergence.seeds`; the stop reason says how many the forecast needs) average "
+            "that scatter down; or accept this interval (`convergence.target_interval_ratio`).")
 
 
 def _b_star_sentence(last: pd.Series, cut: bool) -> str:

@@ -141,20 +141,26 @@ def fieller_interval(fits: LineFits, confidence: float) -> tuple[float, float]:
     (S_min² > t²·var(S_min)); otherwise (low, +inf), or (0, +inf) when no positive B above
     some low is excluded.
     """
-    t = t_quantile(0.5 + confidence / 2, int(fits.dof))
-    s, e = float(fits.s_min), float(fits.e_min)
-    a = s * s - t * t * float(fits.var_s)
-    b = -2.0 * (s * e - t * t * float(fits.cov_se))
-    c = e * e - t * t * float(fits.var_e)
+    low, high = fieller_bounds(fits, t_quantile(0.5 + confidence / 2, int(fits.dof)))
+    return float(low), float(high)
+
+
+def fieller_bounds(fits: LineFits, t: float) -> tuple[np.ndarray, np.ndarray]:
+    """`fieller_interval`'s (low, high) for every fit of a stack, at the Student-t quantile `t`
+    (one for all: the fits of a stack share their degrees of freedom)."""
+    a = fits.s_min**2 - t * t * fits.var_s
+    b = -2.0 * (fits.s_min * fits.e_min - t * t * fits.cov_se)
+    c = fits.e_min**2 - t * t * fits.var_e
     disc = b * b - 4 * a * c
-    if disc < 0 or a == 0 or not math.isfinite(disc):
-        return 0.0, math.inf
-    low, high = sorted(((-b - math.sqrt(disc)) / (2 * a), (-b + math.sqrt(disc)) / (2 * a)))
-    if a > 0:  # the B between the roots
-        return max(low, 0.0), high
-    # S_min not clearly positive: the B outside the roots, so unbounded above; from 0 when the
-    # lower part reaches positive B
-    return (0.0 if low > 0 else max(high, 0.0)), math.inf
+    with np.errstate(invalid="ignore", divide="ignore"):
+        root = np.sqrt(np.maximum(disc, 0.0))
+        first, second = (-b - root) / (2 * a), (-b + root) / (2 * a)
+    low, high = np.minimum(first, second), np.maximum(first, second)
+    open_ended = (disc < 0) | (a == 0) | ~np.isfinite(disc)
+    between = a > 0  # the B between the roots; else outside them, so unbounded above
+    outside_low = np.where(low > 0, 0.0, np.maximum(high, 0.0))
+    return (np.where(open_ended, 0.0, np.where(between, np.maximum(low, 0.0), outside_low)),
+            np.where(open_ended | ~between, math.inf, high))
 
 
 def seed_cells(
