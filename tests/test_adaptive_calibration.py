@@ -39,17 +39,17 @@ def test_the_stopped_searchs_interval_covers_the_true_b_crit(name):
     assert not any(o["futile"] for o in outcomes if o["grid_pins"])
 
 
-FUTILE_SEARCHES = 20
+FUTILE_SEARCHES = 12
 
 
 def test_a_search_where_no_grid_can_pin_b_crit_says_so_early():
     """Seed noise 45 %: a grid of 9 batch sizes × 3 seeds pinned B_crit to ×2 in 0 of 200
     simulated truths (`make bench BENCH=bench_adaptive_calibration`), and the full run
     stopped 148 of 200 searches as futile, at a median 0.14 of the grid's examples. At a true
-    rate of 0.74, fewer than 8 of 20 has a chance of 0.03 %."""
+    rate of 0.74, fewer than 5 of 12 has a chance of 0.4 %."""
     setting = next(s for s in SETTINGS if s.name == "B_crit 32, σ 0.45")
     seeds = np.random.SeedSequence([20261205, 9]).generate_state(FUTILE_SEARCHES)
     outcomes = [one_study(setting, int(seed)) for seed in seeds]
     futile = [o for o in outcomes if o["futile"]]
-    assert len(futile) >= 8, [o["reason"] for o in outcomes]
+    assert len(futile) >= 5, [o["reason"] for o in outcomes]
     assert np.median([o["share_of_grid"] for o in futile]) <= 0.3

@@ -74,13 +74,16 @@ def test_cells_train_in_one_process_and_write_what_torchrun_writes(tmp_path, dig
         assert pq.read_table(next(files.glob("*.run.parquet"))).num_rows == 1
 
 
-def test_a_cell_the_server_fails_on_goes_to_torchrun(tmp_path, digits_dir):
-    """A spec the server cannot read makes it hand the cell back and stop."""
+def test_a_cell_the_server_fails_on_goes_to_torchrun(tmp_path, digits_dir, capsys):
+    """A spec the server cannot read makes it hand the cell back and stop, saying why."""
     bad = tmp_path / "bad.json"
     bad.write_text("{not a spec")
     server = CellServer(runner.torchrun_env(1))
     assert server.run(bad, timeout_s=120) is False
     assert server.proc is None
+    said = capsys.readouterr().err
+    assert f"the cell server failed on {tmp_path.name} (" in said
+    assert "that cell trains in a torchrun launch of its own" in said
     cfg, where = _cell(tmp_path, digits_dir, 32)
     _, runs = runner.run_convergence(cfg, [32], server=server, **where)
     assert runs.column("status").to_pylist() == ["reached"]

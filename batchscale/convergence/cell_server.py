@@ -89,6 +89,10 @@ class CellServer:
         if user_error is not None:
             raise UserCodeError(f"{user_error}; finished trials are kept in "
                                 f"{spec_path.parent / 'trials'}")
+        # not the workload's fault: say why, so a cell that keeps falling back is explained
+        why = (answer or {}).get("error") or "it ended without an answer"
+        print(f"batchscale: the cell server failed on {spec_path.parent.name} ({why}); that "
+              "cell trains in a torchrun launch of its own", file=sys.stderr, flush=True)
         return False
 
     def _answer(self, timeout_s: float, trials: Path) -> dict | None:
