@@ -10,8 +10,13 @@ the bootstrap ∪ Fieller interval, the stop rule — is the search's real code.
 is how often the stopped search's interval — its claim of 90 %, read at the level the search
 reports it at (critical.ADAPTIVE_READ_LEVEL) — holds the true B_crit, with its exact binomial
 interval; beside it, the same final trials read at 90 % and 95 %, and the cells and examples
-the search spent. Settings: true B_crit 8 to 512 within the allowed 4…1,024, σ 0.05 to 0.2,
+the search spent. Settings: true B_crit 8 to 512 within the allowed 4…1,024, σ 0.05 to 0.45,
 three seeds or two; 200 searches each.
+
+The futility stop (adaptive/futility.py): after each search a grid of every batch size × every
+seed is drawn on the same truth; how often the search stopped as futile where that grid pinned
+B_crit to ×2 (a false call) and where it did not, and, replaying the two noisiest settings'
+searches with the stop off, what it saved.
 
 Run: `python -m benchmarks.run bench_adaptive_calibration` (BENCH_QUICK=1 for a short look).
 """
@@ -56,6 +61,11 @@ class Setting:
     b_crit: float
     sigma: float
     seeds: tuple[int, ...] = (0, 1, 2)
+    futile_chance: float | None = 0.10
+    """convergence.adaptive_futile_chance of the searches (None: no futility stop)."""
+    draws: int | None = None
+    """Which setting's searches (by position) this one replays; None: its own. A setting that
+    replays another's with the futility stop off shows what the stop saved, search by search."""
 
 
 SETTINGS = (Setting("B_crit 8, σ 0.1", 8.0, 0.1), Setting("B_crit 32, σ 0.05", 32.0, 0.05),
@@ -63,7 +73,10 @@ SETTINGS = (Setting("B_crit 8, σ 0.1", 8.0, 0.1), Setting("B_crit 32, σ 0.05",
             Setting("B_crit 32, σ 0.1, 2 seeds", 32.0, 0.1, (0, 1)),
             Setting("B_crit 128, σ 0.1", 128.0, 0.1), Setting("B_crit 512, σ 0.1", 512.0, 0.1),
             Setting("B_crit 32, σ 0.3", 32.0, 0.3), Setting("B_crit 32, σ 0.45", 32.0, 0.45),
-            Setting("B_crit 512, σ 0.3", 512.0, 0.3))
+            Setting("B_crit 512, σ 0.3", 512.0, 0.3),
+            Setting("B_crit 32, σ 0.3, no futility stop", 32.0, 0.3, futile_chance=None, draws=7),
+            Setting("B_crit 32, σ 0.45, no futility stop", 32.0, 0.45, futile_chance=None,
+                    draws=8))
 """True B_crit inside and near both edges of the allowed batch sizes 4…1,024, seed noise 5 % to
 20 % (where the grid of 9 batch sizes × 3 seeds pins B_crit to ×2 most of the time) and 30 % to
 45 % (where it mostly cannot: the search should say so early), three seeds or two."""
@@ -107,7 +120,8 @@ def one_study(setting: Setting, seed: int) -> dict:
     cfg = parse_config({"convergence": {
         "strategy": "adaptive", "lr_rules": ["sqrt"], "seeds": list(setting.seeds),
         "batch_sizes": BATCHES, "target_interval_ratio": TARGET_RATIO,
-        "target_val_accuracy": 0.9, "eval_every_steps": EVAL_EVERY}})
+        "target_val_accuracy": 0.9, "eval_every_steps": EVAL_EVERY,
+        "adaptive_futile_chance": setting.futile_chance}})
     trials: list[dict] = []
     with mock.patch.object(driver, "run_convergence", simulated_cell(setting, rng, trials)), \
             mock.patch.object(driver, "_environment", lambda search, runs: {}), \
@@ -144,7 +158,8 @@ def run() -> dict:
     with multiprocessing.get_context("spawn").Pool(WORKERS) as pool:
         for k, setting in enumerate(SETTINGS):
             started = time.perf_counter()
-            seeds = np.random.SeedSequence([20261204, k]).generate_state(SEARCHES)
+            draws = k if setting.draws is None else setting.draws
+            seeds = np.random.SeedSequence([20261204, draws]).generate_state(SEARCHES)
             outcomes = pool.map(_one, [(setting, int(seed)) for seed in seeds])
             results[setting.name] = _figures(outcomes, time.perf_counter() - started)
             print(_line(setting, results[setting.name], len(outcomes)), flush=True)
