@@ -89,7 +89,7 @@ def drawn_steps(setting: Setting, batch: int, rng: np.random.Generator) -> int:
     return int(math.ceil(steps / EVAL_EVERY) * EVAL_EVERY)
 
 
-def run_row(batch: int, seed: int, steps: int, rule: str = "sqrt") -> dict:
+def trial_row(batch: int, seed: int, steps: int, rule: str = "sqrt") -> dict:
     return {"trial_id": f"b{batch}-s{seed}", "batch_size": batch, "seed": seed, "workers": 1,
             "lr_rule": rule, "lr": 0.1, "status": "reached", "steps_to_target": steps,
             "steps_run": steps, "train_time_s": steps * (1e-3 + 1e-5 * batch),
@@ -105,12 +105,12 @@ def simulated_cell(setting: Setting, rng: np.random.Generator, trials: list[dict
         target = cfg.convergence.resolved_targets()[0]
         steps = drawn_steps(setting, batch, rng)
         trial = f"b{batch}-s{seed}"
-        run_row_ = run_row(batch, seed, steps, cfg.convergence.lr_rules[0])
+        row = trial_row(batch, seed, steps, cfg.convergence.lr_rules[0])
         evals = [{"trial_id": trial, "step": s, "val_accuracy": target.value * s / steps,
                   "b_simple": setting.b_crit * math.exp(rng.normal(0, B_SIMPLE_SCATTER))}
                  for s in range(EVAL_EVERY, steps + 1, EVAL_EVERY)]
-        trials.append(run_row_)
-        return pa.Table.from_pylist(evals), pa.Table.from_pylist([run_row_])
+        trials.append(row)
+        return pa.Table.from_pylist(evals), pa.Table.from_pylist([row])
 
     return run
 
@@ -135,7 +135,7 @@ def one_study(setting: Setting, seed: int) -> dict:
                                              driver.SEARCH_BOOTSTRAP_SAMPLES,
                                              confidence=level, seeds_needed=True)
              for level in OTHER_LEVELS}
-    grid = pd.DataFrame([run_row(b, s, drawn_steps(setting, b, rng))
+    grid = pd.DataFrame([trial_row(b, s, drawn_steps(setting, b, rng))
                          for b in BATCHES for s in setting.seeds])
     grid_low, grid_high = bootstrap_critical_batch(grid, "sqrt", driver.SEARCH_BOOTSTRAP_SAMPLES)
     return {"covered": bounded and low <= setting.b_crit <= high, "bounded": bounded,

@@ -53,6 +53,10 @@ def test_trials_that_scatter_widely_mostly_expect_no_grid_to_pin_b_crit():
     assert not result.futile(None)  # adaptive_futile_chance: null never stops for it
     words = result.words(2.0)
     assert "even the full grid (27 cells)" in words and "×2" in words
+    # σ̂ from seven trials is rough, and the words say how rough
+    low, high = result.scatter_interval
+    assert low < result.scatter < high
+    assert f"90 % interval ±{low:.0%}–{high:.0%} from 7 trials" in words
     # what would pin it: more seeds, as many as the forecast needs, or a plain "not even"
     assert "seeds per batch size" in words
 

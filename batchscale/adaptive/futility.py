@@ -51,6 +51,10 @@ class GridForecast:
     the trials cannot forecast it."""
     scatter: float = math.nan
     """σ̂: the trials' relative scatter about the current fit (0.3: ±30 %)."""
+    scatter_interval: tuple[float, float] = (math.nan, math.nan)
+    """σ's 90 % interval (the 5th and 95th percentiles of the σ drawn for the forecast)."""
+    trials: int = 0
+    """Trials σ̂ was read from."""
     cells: int = 0
     """Trials a grid runs: every allowed batch size × every seed."""
     seeds: int = 0
@@ -67,9 +71,11 @@ class GridForecast:
         more = (f"with {self.seeds_to_pin} seeds per batch size half of them would"
                 if self.seeds_to_pin else f"even with {MORE_SEEDS_FACTOR * self.seeds} seeds "
                 "per batch size fewer than half would")
+        low, high = self.scatter_interval
         return (f"{STOP_FUTILE} ({self.cells} cells) is not expected to pin B_crit to "
                 f"×{target_ratio:g}: {self.chance:.0%} of grids simulated from these trials "
-                f"would (their steps scatter ±{self.scatter:.0%} about the fit); {more}")
+                f"would (their steps scatter ±{self.scatter:.0%} about the fit, 90 % interval "
+                f"±{low:.0%}–{high:.0%} from {self.trials} trials); {more}")
 
 
 NO_FORECAST = GridForecast(math.nan)
@@ -107,11 +113,17 @@ def grid_pin_chance(runs: pd.DataFrame, rule: str, allowed: Sequence[int], seeds
     sigma = scatter * np.sqrt(dof / rng.chisquare(dof, FORECAST_DRAWS))
     b_crit = np.exp(rng.uniform(math.log(low), math.log(high), FORECAST_DRAWS))
     batches = np.asarray(sorted(set(allowed)), float)
-    chance = float(np.mean(_grid_ratios(batches, seeds, b_crit, sigma, rng) <= target_ratio))
-    more = next((n for n in range(seeds + 1, MORE_SEEDS_FACTOR * seeds + 1)
-                 if chance < 0.5 and np.mean(
-                     _grid_ratios(batches, n, b_crit, sigma, rng) <= target_ratio) >= 0.5), None)
-    return GridForecast(chance, scatter, batches.size * seeds, seeds, more)
+
+    def pinned(n: int) -> float:
+        return float(np.mean(_grid_ratios(batches, n, b_crit, sigma, rng) <= target_ratio))
+
+    chance = pinned(seeds)
+    more = None if chance >= 0.5 else next(
+        (n for n in range(seeds + 1, MORE_SEEDS_FACTOR * seeds + 1) if pinned(n) >= 0.5), None)
+    spread = tuple(float(v) for v in np.percentile(sigma, [5, 95]))
+    return GridForecast(chance, scatter=scatter, scatter_interval=spread,
+                        trials=int(reached.sum()), cells=batches.size * seeds, seeds=seeds,
+                        seeds_to_pin=more)
 
 
 def _grid_ratios(batches: np.ndarray, seeds: int, b_crit: np.ndarray, sigma: np.ndarray,
