@@ -71,6 +71,16 @@ def _cast_error(column: pa.ChunkedArray, target: pa.DataType) -> str | None:
     return None
 
 
+def with_added_columns(kind: str, table: pa.Table) -> pa.Table:
+    """`table` with the nullable columns its schema gained since it was written, all null (a
+    file from an older layout, as the lake reads its old partitions); a missing required
+    column stays missing for `check_schema` to name."""
+    for f in schema_for(kind):
+        if f.nullable and f.name not in table.column_names:
+            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+    return table
+
+
 def check_schema(kind: str, table: pa.Table, allow_nulls: bool = False) -> pa.Table:
     """Refuse a table whose columns or types differ from the schema of `kind` (see
     `column_problems` for what converts). With `allow_nulls`, nulls in required columns pass

@@ -102,3 +102,14 @@ def test_an_adaptive_search_killed_midway_resumes_and_reuses_finished_cells(tmp_
         [(r["action"], r["batch_size"], r["seed"], r["b_crit"]) for r in rows]
     # The device time each cell held is kept beside it, not the moment a replay reads it back.
     assert [r["device_s_held"] for r in replayed] == held
+    assert {(tuple(r["grid_batch_sizes"]), r["grid_seeds"]) for r in rows} == \
+        {((8, 16, 32, 64, 128, 256), 3)}
+
+    # The search's output analysed on its own: the same "Adaptive search" section as the
+    # pipeline's report, its cost against the grid its decisions record.
+    analyzed = run_cli(["analyze", str(out / "runs.parquet"), "--out", str(tmp_path / "an")],
+                       cwd=tmp_path, timeout_s=300)
+    assert analyzed.returncode == 0, analyzed.stderr[-3000:]
+    assert "## Adaptive search" in analyzed.stdout
+    assert "a grid of 6 batch sizes × 3 seeds" in analyzed.stdout
+    assert "<h2>Adaptive search</h2>" in (tmp_path / "an" / "report.html").read_text()

@@ -33,6 +33,9 @@ def test_a_searchs_decisions_pass_their_suite():
                      interval_ratio=None, expected_ratio=None), decision(1),
             decision(2, action="stop", batch_size=None, seed=None)]
     assert validate_table("decisions", make_table("decisions", rows, ENV)).success
+    grid = {"grid_batch_sizes": [4, 16, 64, 256], "grid_seeds": 3}  # layout 6 on
+    assert validate_table("decisions", make_table("decisions", [r | grid for r in rows],
+                                                  ENV)).success
 
 
 @pytest.mark.parametrize("changes, needle", [
@@ -42,6 +45,9 @@ def test_a_searchs_decisions_pass_their_suite():
     ({"examples_spent": -1}, "examples_spent"),
     ({"prediction_method": "magic"}, "prediction_method"),
     ({"decision": 0}, "decision"),
+    ({"grid_seeds": 0}, "grid_seeds"),
+    ({"grid_batch_sizes": [16, 64]}, "grid_batch_sizes_len"),
+    ({"grid_batch_sizes": [0, 16, 64]}, "grid_batch_sizes_min"),
 ])
 def test_the_suite_refuses_what_a_search_cannot_write(changes, needle):
     rows = [decision(0), decision(1, **changes)]

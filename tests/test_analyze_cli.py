@@ -380,19 +380,59 @@ def test_runs_an_adaptive_search_chose_are_read_at_its_level(tmp_path, capsys):
                                         str(BOOTSTRAP), "--out", str(grid)], capsys)
     assert code == 0, stderr
     assert "read at the 98% level" not in stdout
-    write_table_atomic(tmp_path / "decisions.parquet", pa.table({"step": [0, 1]}))
+    # (the search's rule and target: the runs' own, so its section reads their fit)
+    write_table_atomic(tmp_path / "decisions.parquet", search_decisions(runs, grid_recorded=True))
     code, stdout, stderr = run_analyze([str(tmp_path / "runs.parquet"), "--bootstrap-samples",
                                         str(BOOTSTRAP), "--out", str(tmp_path / "s")], capsys)
     assert code == 0, stderr
     assert "an adaptive search chose these trials, so B_crit's interval is read at 98%" in stderr
     assert "read at the 98% level" in stdout
-    settings = json.loads((tmp_path / "s" / "summary.json").read_text())["analysis_settings"]
-    assert settings["b_crit_read_level"] == 0.98
-    (tmp_path / "decisions.parquet").write_bytes(b"not parquet")
-    code, _, stderr = run_analyze([str(tmp_path / "runs.parquet"), "--out",
-                                   str(tmp_path / "bad")], capsys)
-    assert code == 2 and "decisions.parquet beside the runs table cannot be read" in stderr
-    assert "Traceback" not in stderr
+    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert summary["analysis_settings"]["b_crit_read_level"] == 0.98
+    # The search's own section, its cost against the grid its decisions record.
+    assert "## Adaptive search" in stdout and "a grid of 7 batch sizes × 3 seeds" in stdout
+    assert any("a grid of 7 batch sizes × 3 seeds" in s for s in summary["adaptive_search"])
+    assert "<h2>Adaptive search</h2>" in (tmp_path / "s" / "report.html").read_text()
+
+    # Decisions written before they recorded their grid: the batch sizes and seeds that ran.
+    write_table_atomic(tmp_path / "decisions.parquet", search_decisions(runs, grid_recorded=False))
+    code, stdout, stderr = run_analyze([str(tmp_path / "runs.parquet"), "--bootstrap-samples",
+                                        str(BOOTSTRAP), "--out", str(tmp_path / "old")], capsys)
+    ran = runs.to_pandas()
+    assert code == 0, stderr
+    assert (f"a grid of {ran['batch_size'].nunique()} batch sizes × {ran['seed'].nunique()} seeds"
+            in stdout)
+
+    for content, needle in ((pa.table({"step": [0, 1]}), "missing columns"), (None, "Parquet")):
+        path = tmp_path / "decisions.parquet"
+        path.unlink()
+        if content is None:
+            path.write_bytes(b"not parquet")
+        else:
+            write_table_atomic(path, content)
+        code, _, stderr = run_analyze([str(tmp_path / "runs.parquet"), "--out",
+                                       str(tmp_path / "bad")], capsys)
+        assert code == 2 and "decisions.parquet beside the runs table cannot be read" in stderr
+        assert needle in stderr and "move it away" in stderr and "Traceback" not in stderr
+        assert not (tmp_path / "bad").exists()
+
+
+def search_decisions(runs: pa.Table, grid_recorded: bool) -> pa.Table:
+    """A search's decisions over `runs`'s rule and target as `converge --strategy adaptive`
+    writes them: probe, place, stop (in a table of the layout before the grid columns when not
+    `grid_recorded`)."""
+    from test_adaptive_tables import ENV as SEARCH_ENV
+    from test_adaptive_tables import decision
+
+    first = runs.slice(0, 1).to_pylist()[0]
+    grid = {"grid_batch_sizes": [4, 8, 16, 32, 64, 128, 256], "grid_seeds": 3,
+            "lr_rule": first["lr_rule"], "target_metric": "val_accuracy",
+            "target_value": first["target_val_accuracy"]}
+    rows = [decision(0, action="probe", batch_size=16, seed=0), decision(1, action="place"),
+            decision(2, action="stop", batch_size=None, seed=None,
+                     reason="interval narrow enough at 90 %")]
+    table = schemas.make_table("decisions", [r | grid for r in rows], SEARCH_ENV)
+    return table if grid_recorded else table.drop_columns(["grid_batch_sizes", "grid_seeds"])
 
 
 def test_tables_that_do_not_say_where_they_were_measured_are_labelled_external():

@@ -449,3 +449,23 @@ def test_each_timed_cell_gets_the_interval_its_next_run_is_held_to():
     assert "should land" not in line
     assert "1 cell with under 4 runs of history: only this run's rounds, ±" in line
     assert "which the next run may leave" in line
+
+
+def test_a_cell_timed_in_several_rows_of_a_run_spans_their_intervals():
+    """per_run_cells: a run that timed one cell in several rows gets their median rate and
+    the span of those rows' own rerun intervals (not the first row's alone); an unstable row
+    is left out of both while a stable one exists."""
+    from batchscale.lake.comparable import per_run_cells
+
+    now = pd.concat([sweep_frame("now", {64: rate}) for rate in (1000.0, 1200.0, 400.0)],
+                    ignore_index=True)
+    now[["samples_per_s_low", "samples_per_s_high"]] = [(900.0, 1100.0), (1050.0, 1400.0),
+                                                        (100.0, 2000.0)]
+    now.loc[2, ["quality", "quality_reason"]] = ("unstable", "rounds disagree")
+    [cell] = per_run_cells(now).to_dict("records")
+    assert cell["samples_per_s"] == 1100.0 and cell["trusted"]
+    assert (cell["samples_per_s_low"], cell["samples_per_s_high"]) == (900.0, 1400.0)
+    only_unstable = per_run_cells(now.iloc[[2]]).to_dict("records")[0]
+    assert not only_unstable["trusted"]
+    assert (only_unstable["samples_per_s_low"], only_unstable["samples_per_s_high"]) == (
+        100.0, 2000.0)

@@ -87,3 +87,17 @@ def test_a_plain_pyarrow_dataset_read_with_todays_schema_sees_every_run(
         versions.setdefault(row["run_id"], set()).add(row["schema_version"])
     assert versions == {OLD_RUN: {None}, **{r: {SCHEMA_VERSION} for r in NEW_RUNS}}
     assert table.column("steps_to_target").null_count == 0
+
+
+def test_every_suite_accepts_todays_layout_and_no_later_one():
+    """A suite's schema_version range ends at SCHEMA_VERSION: a table written today passes it,
+    one claiming a layout this code does not know does not."""
+    from batchscale.checks.suites import load_suite
+    from batchscale.schemas import TABLES
+
+    highest = {}
+    for kind in TABLES:
+        for e in load_suite(kind)["expectations"]:
+            if e["kwargs"].get("column") == "schema_version":
+                highest[kind] = e["kwargs"]["max_value"]
+    assert len(highest) >= 10 and set(highest.values()) == {SCHEMA_VERSION}, highest

@@ -211,7 +211,9 @@ class Search:
                "expected_ratio": _finite(expected_ratio), "examples_spent": examples,
                "b_star": _finite(best.b_star), "b_star_low": _finite(best.low),
                "b_star_high": _finite(best.high),
-               "device_s_spent": device_s, "device_s_held": held_s, "workers": self.workers}
+               "device_s_spent": device_s, "device_s_held": held_s, "workers": self.workers,
+               "grid_batch_sizes": list(self.cfg.convergence.batch_sizes),
+               "grid_seeds": len(self.cfg.convergence.seeds)}
         self.decisions.append(row)
         self.echo(f"adaptive {row['decision']:>2} {action:<7} "
                   f"{'' if cell is None else f'b={cell.batch_size} seed={cell.seed} '}"

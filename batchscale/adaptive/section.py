@@ -25,6 +25,9 @@ from batchscale.analysis.critical import (
     steps_to_result,
 )
 from batchscale.analysis.figures import Plot, make_plot, new_axes
+from batchscale.analysis.targets import row_targets, same_target
+from batchscale.fits import ensure_columns
+from batchscale.schemas import RUNS
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -92,16 +95,34 @@ def _final_fit(decisions: pd.DataFrame, runs: pd.DataFrame | None):
     return fit if math.isfinite(fit.b_crit) else None
 
 
+def search_grid(decisions: pd.DataFrame, runs: pd.DataFrame | None) -> tuple[list[int], int]:
+    """(batch sizes, seeds per batch size) of the grid the search chose its cells from, as its
+    decisions record it; for a table written before they did, the batch sizes and the number
+    of seeds its trials ran (a grid no larger than the real one, so the search's share of it
+    reads high rather than low)."""
+    recorded = decisions.get("grid_batch_sizes", pd.Series(dtype=object)).dropna()
+    seeds = pd.to_numeric(decisions.get("grid_seeds", pd.Series(dtype=float)),
+                          errors="coerce").dropna()
+    if len(recorded) and len(seeds):
+        return sorted(int(b) for b in recorded.iloc[-1]), int(seeds.iloc[-1])
+    if runs is None or runs.empty:
+        return [], 1
+    return sorted(int(b) for b in set(runs["batch_size"])), max(1, int(runs["seed"].nunique()))
+
+
 def adaptive_section(decisions: pd.DataFrame | None, runs: pd.DataFrame | None,
-                  batch_sizes: list[int], seeds: int,
-                  range_factor: float = DEFAULT_RANGE_FACTOR,
-                  read_level: float = ADAPTIVE_READ_LEVEL) -> AdaptiveSection | None:
-    """The section, or None when the run was not an adaptive search; `range_factor` is
-    analysis.b_crit_range_factor, where an interval is cut to a bound; `read_level`: the level
-    the search's final interval was read at (critical.read_level)."""
+                     batch_sizes: list[int] | None = None, seeds: int | None = None,
+                     range_factor: float = DEFAULT_RANGE_FACTOR,
+                     read_level: float = ADAPTIVE_READ_LEVEL) -> AdaptiveSection | None:
+    """The section, or None when the run was not an adaptive search. Its cost is compared with
+    a grid of `batch_sizes` × `seeds` (None: the grid the decisions record, `search_grid`);
+    `range_factor` is analysis.b_crit_range_factor, where an interval is cut to a bound;
+    `read_level`: the level the search's final interval was read at (critical.read_level)."""
     if decisions is None or decisions.empty:
         return None
     decisions = decisions.sort_values("decision")
+    if batch_sizes is None or seeds is None:
+        batch_sizes, seeds = search_grid(decisions, runs)
     last = decisions.iloc[-1]
     sentences = [_prediction_sentence(decisions), _placement_sentence(decisions),
                  _final_sentence(last, _target_runs(decisions, runs), range_factor, read_level),
@@ -137,13 +158,16 @@ def _placement_sentence(decisions: pd.DataFrame) -> str:
 
 
 def _target_runs(decisions: pd.DataFrame, runs: pd.DataFrame | None) -> pd.DataFrame | None:
-    """The trials of the search's rule and target (a trial has a row per target)."""
+    """The trials of the search's rule and target (a trial has a row per target); None when
+    the runs have none (a runs table that is not this search's)."""
     if runs is None or runs.empty:
         return None
     last = decisions.iloc[-1]
-    return runs[(runs["lr_rule"] == last["lr_rule"])
-                & (runs["target_metric"] == last["target_metric"])
-                & (runs["target_value"] == last["target_value"])]
+    searched = (str(last["target_metric"]), float(last["target_value"]))
+    targets = row_targets(ensure_columns(runs, RUNS))  # a layout 1 row: its target_val_accuracy
+    of_target = np.array([same_target(t, searched) for t in targets], dtype=bool)
+    rows = runs[of_target & (runs["lr_rule"] == last["lr_rule"]).to_numpy()]
+    return rows if len(rows) else None
 
 
 def _final_sentence(last: pd.Series, runs: pd.DataFrame | None, range_factor: float,

@@ -220,5 +220,7 @@ DERIVED_COLUMNS: dict[str, Callable[[pa.Table], pa.Array]] = {
     "class_histogram_len": _list_len("class_histogram"),
     "class_histogram_sum": _list_reduce("class_histogram", sum),
     "class_histogram_min": _list_reduce("class_histogram", min),
+    "grid_batch_sizes_len": _list_len("grid_batch_sizes"),
+    "grid_batch_sizes_min": _list_reduce("grid_batch_sizes", min),
     **{f"{column}_finite_or_last": _finite_or_last(column) for column in LOSS_COLUMNS},
 }

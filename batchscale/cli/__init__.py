@@ -88,7 +88,9 @@ sweep table, one row per batch size:
 
 Columns with other names: --column NAME=SOURCE (sweep.NAME=SOURCE for the sweep only).
 Each (lr_rule, batch_size, lr, seed, workers) appears once. Tables written by batchscale are
-read as they are.
+read as they are. An adaptive search's output (`converge --strategy adaptive --out DIR`):
+analyze DIR/runs.parquet; its decisions.parquet beside it adds the report's "Adaptive search"
+section and reads B_crit's interval at the search's level.
 
 Flags named after an analysis config field (--bootstrap-samples for
 analysis.bootstrap_samples) replace that field's value in --config.

@@ -69,12 +69,17 @@ class ExternalInputs:
     sweep: UserTable | None
     mapping: dict[str, str]
     """Our column name → the user's, as given with --column."""
-    searched: bool = False
-    """An adaptive search chose these trials: its decisions table (with rows) lies beside the
-    runs table, as `batchscale converge --strategy adaptive` writes them."""
+    decisions: pa.Table | None = None
+    """The decisions of the adaptive search that chose these trials, when its table (with rows)
+    lies beside the runs table, as `batchscale converge --strategy adaptive` writes them."""
     measured_env: dict = field(default_factory=dict)
     """What the runs table says of where it was measured (MEASURED_ENV_FIELDS with one value
     over its rows: a table batchscale wrote), used instead of "external"."""
+
+    @property
+    def searched(self) -> bool:
+        """An adaptive search chose these trials (its decisions lie beside the runs)."""
+        return self.decisions is not None
 
     @property
     def notes(self) -> list[str]:
@@ -154,7 +159,7 @@ def read_inputs(runs_path: str, sweep_path: str | None,
     runs = complete_runs(raw["runs"].renamed(mapping_for(mapping, "runs")))
     sweep = complete_sweep(raw["sweep"].renamed(mapping_for(mapping, "sweep"))) \
         if sweep_path else None
-    return ExternalInputs(runs, sweep, mapping, searched=_searched(Path(runs_path)),
+    return ExternalInputs(runs, sweep, mapping, decisions=search_decisions(Path(runs_path)),
                           measured_env=measured_env(raw["runs"].table))
 
 
@@ -173,19 +178,20 @@ def measured_env(table: pa.Table) -> dict:
     return known
 
 
-def _searched(runs_path: Path) -> bool:
-    """Whether the decisions table of an adaptive search, with rows, lies beside the runs."""
-    decisions = runs_path.with_name(SEARCH_DECISIONS_FILE)
-    if not decisions.is_file():
-        return False
-    import pyarrow.parquet as pq
-
+def search_decisions(runs_path: Path) -> pa.Table | None:
+    """The decisions table of an adaptive search, with rows, beside the runs, held to its
+    schema (columns added since it was written read as null); None when there is none."""
+    path = runs_path.with_name(SEARCH_DECISIONS_FILE)
+    if not path.is_file():
+        return None
+    move_away = "; move it away to analyze the runs as a grid"
     try:
-        return pq.ParquetFile(decisions).metadata.num_rows > 0
-    except (OSError, pa.ArrowException) as err:
-        raise BadInput(f"{decisions} beside the runs table cannot be read as the adaptive "
-                       f"search's decisions ({type(err).__name__}: {err}); move it away to "
-                       "analyze the runs as a grid") from None
+        table = schemacheck.with_added_columns("decisions", parse_parquet(str(path), str(path)))
+        table = schemacheck.check_schema("decisions", table, allow_nulls=True)
+    except BadInput as err:
+        raise BadInput(f"{path} beside the runs table cannot be read as the adaptive search's "
+                       f"decisions: {err}{move_away}") from None
+    return table if table.num_rows else None
 
 
 def _check_mapping_sources(mapping: dict[str, str], raw: dict[str, UserTable]) -> None:
@@ -276,8 +282,9 @@ def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
     table = schemas.make_table("analysis", result.rows, env)
     plan, plan_missing = what_if_plan(sweep, runs, result.rows)
     title = f"batchscale analyze: {inputs.runs.path.name} ({run_id})"
+    search = _search_section(inputs, runs, config)
     page = render_html(result, sweep, runs, None, title=title, plan=plan,
-                       plan_missing=plan_missing)
+                       plan_missing=plan_missing, adaptive=search)
     summary = {
         "run_id": run_id,
         "inputs": {"runs": inputs.runs.describe(),
@@ -289,11 +296,30 @@ def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
         "metrics": result.metrics,
         "markdown": result.markdown,
         "plan": plan_missing or "in report.html and plan.parquet",
+        "adaptive_search": list(search.sentences) if search else None,
     }
     from batchscale.planner.table import table_rows
 
     plan_table = schemas.make_table("plan", table_rows(plan) if plan else [], env)
-    return ExternalAnalysis(run_id, table, summary, result.markdown, page, plan_table)
+    markdown = result.markdown + (_search_markdown(search) if search else "")
+    return ExternalAnalysis(run_id, table, summary, markdown, page, plan_table)
+
+
+def _search_section(inputs: ExternalInputs, runs: pd.DataFrame, config: ExperimentConfig):
+    """The report's "Adaptive search" section when a search chose the trials: its cost against
+    the grid its decisions record, its interval read as the analysis reads it."""
+    if inputs.decisions is None:
+        return None
+    from batchscale.adaptive.section import adaptive_section
+    from batchscale.analysis.critical import read_level
+
+    return adaptive_section(inputs.decisions.to_pandas(), runs,
+                            range_factor=config.analysis.b_crit_range_factor,
+                            read_level=read_level(config.analysis, adaptive=True))
+
+
+def _search_markdown(section) -> str:
+    return "\n\n## Adaptive search\n\n" + "\n\n".join(section.sentences) + "\n"
 
 
 def what_if_plan(sweep: pd.DataFrame | None, runs: pd.DataFrame, rows: list[dict]):

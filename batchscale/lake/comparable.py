@@ -143,15 +143,22 @@ def per_run_cells(sweep: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, cell), in the order of `sweep`: status ok if any row timed;
     samples_per_s the median of the stable timed rows, or of all timed rows when every one is
     unstable (`trusted` false, `quality_reason` the first reason); the fingerprint and
-    attribution fields, the date, and the first row's own rerun interval where recorded."""
+    attribution fields, the date, and the rows' own rerun interval where recorded: the span of
+    the intervals of the rows the median was taken over (one row: its own)."""
     sweep = with_measurement_columns(sweep)
     timed, unstable = timed_rows(sweep), unstable_rows(sweep)
     rates = pd.to_numeric(sweep["samples_per_s"], errors="coerce")
-    frame = sweep.assign(ok=timed, trusted=timed & ~unstable,
-                         stable_rate=rates.where(timed & ~unstable), timed_rate=rates.where(timed),
-                         unstable_reason=sweep["quality_reason"].where(unstable))
+    kept = {"stable": timed & ~unstable, "timed": timed}
+    frame = sweep.assign(ok=timed, trusted=kept["stable"],
+                         unstable_reason=sweep["quality_reason"].where(unstable),
+                         **{f"{k}_rate": rates.where(mask) for k, mask in kept.items()})
+    own = {}  # the interval columns are absent in rows written before them
+    for column, how in zip(ROW_INTERVAL_COLUMNS, ("min", "max"), strict=True):
+        if column in frame:
+            bound = pd.to_numeric(frame[column], errors="coerce")
+            frame = frame.assign(**{f"{k}_{column}": bound.where(m) for k, m in kept.items()})
+            own |= {f"{k}_{column}": (f"{k}_{column}", how) for k in kept}
     grouped = frame.groupby(["run_id", *CELL_KEYS], sort=False, dropna=False)
-    own = {c: (c, "first") for c in ROW_INTERVAL_COLUMNS if c in frame}  # absent before them
     cells = grouped.agg(**own,
         ok=("ok", "any"), trusted=("trusted", "any"), stable_rate=("stable_rate", "median"),
         timed_rate=("timed_rate", "median"), status=("status", "first"),
@@ -160,8 +167,10 @@ def per_run_cells(sweep: pd.DataFrame) -> pd.DataFrame:
                                                    *RUN_FIELDS)) if f not in CELL_KEYS},
     ).reset_index()
     cells["status"] = cells["status"].where(~cells["ok"], TrialStatus.OK)
-    cells["samples_per_s"] = cells["stable_rate"].where(cells["trusted"], cells["timed_rate"])
-    return cells.drop(columns=["ok", "stable_rate", "timed_rate"])
+    for name in ("samples_per_s", *(c for c in ROW_INTERVAL_COLUMNS if c in frame)):
+        source = "rate" if name == "samples_per_s" else name
+        cells[name] = cells[f"stable_{source}"].where(cells["trusted"], cells[f"timed_{source}"])
+    return cells.drop(columns=["ok", *(c for c in cells if c.startswith(("stable_", "timed_")))])
 
 
 def baseline_cells(history: pd.DataFrame | None, max_unstable_share: float | None,

@@ -314,22 +314,18 @@ def print_run_summary(store: ObjectStore, run_id: str, local_dir: Path) -> None:
 
 def _adaptive(manifest: dict, tables: dict, runs):
     """The adaptive search's section of a rebuilt report, when the run published decisions;
-    its cost is compared with the grid the run's config described (older manifests: the batch
-    sizes and seeds its trials ran)."""
-    import pandas as pd
-
+    its cost is compared with the grid the run's config described (older manifests: the grid
+    its decisions record, `search_grid`)."""
     from batchscale.adaptive.section import adaptive_section
     from batchscale.analysis.critical import read_level
 
     if "decisions" not in tables:
         return None
     grid = manifest.get("convergence_grid") or {}
-    ran = runs if runs is not None else pd.DataFrame({"batch_size": [], "seed": []})
-    batch_sizes = grid.get("batch_sizes") or sorted(set(ran["batch_size"]))
-    seeds = grid.get("seeds") or max(1, ran["seed"].nunique())
     settings = analysis_config(manifest)
-    return adaptive_section(tables["decisions"].to_pandas(), runs, list(batch_sizes), int(seeds),
-                            settings.b_crit_range_factor, read_level(settings, adaptive=True))
+    return adaptive_section(tables["decisions"].to_pandas(), runs, grid.get("batch_sizes"),
+                            grid.get("seeds"), settings.b_crit_range_factor,
+                            read_level(settings, adaptive=True))
 
 
 def _what_if(manifest: dict, frames: dict, analysis_rows: list[dict]):

@@ -41,5 +41,10 @@ DECISIONS = pa.schema(
         # and training) × workers, cumulative; null in rows written before it was recorded.
         pa.field("device_s_held", pa.float64()),
         pa.field("workers", pa.int64(), nullable=False),
+        # The grid the search chose its cells from (convergence.batch_sizes × its seeds), so
+        # that its cost can be compared with that grid's wherever the table is read; null in
+        # rows written before layout 6.
+        pa.field("grid_batch_sizes", pa.list_(pa.int64())),
+        pa.field("grid_seeds", pa.int64()),
     ]
 )
