@@ -4,6 +4,7 @@ DuckDB's S3 support is the httpfs extension, which it downloads on first use).""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from batchscale.lake.history import (
 from batchscale.lake.lake import PARTITIONING, lake_path
 from batchscale.lake.publish import run_manifest_key, table_key
 from batchscale.schemas import make_table
-from batchscale.storage import parquet_bytes
+from batchscale.storage import ObjectStore, parquet_bytes
 from helpers import run_cli, store_env
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -35,16 +36,29 @@ RATES = [{4: 1000.0, 64: 9000.0}, {4: 1010.0, 64: 9100.0}, {4: 990.0, 64: 8900.0
 B_CRITS = [60.0, 64.0, 70.0, 66.0]
 
 
-@pytest.fixture
-def lake(object_store, monkeypatch, tmp_path):
+def publish_lake(store, monkeypatch, tmp_path):
     """Four runs of the workload on one device, the last one slower at batch 64, plus one run
     on another device."""
     for run_id, rates, b_crit in zip(RUN_IDS, RATES, B_CRITS, strict=True):
-        publish_synthetic_run(object_store, monkeypatch, tmp_path, run_id, rates,
+        publish_synthetic_run(store, monkeypatch, tmp_path, run_id, rates,
                               b_crit=b_crit, history_runs=3)
-    publish_synthetic_run(object_store, monkeypatch, tmp_path, "20260601T000009Z-gpu",
+    publish_synthetic_run(store, monkeypatch, tmp_path, "20260601T000009Z-gpu",
                           {4: 50_000.0}, device="NVIDIA H200")
-    return object_store
+    return store
+
+
+@pytest.fixture(scope="module")
+def lake(seaweed, tmp_path_factory):
+    """The lake, published once for the tests that only read it (five publishes take ~10 s)."""
+    store = ObjectStore(seaweed.settings(prefix=f"test-{uuid.uuid4().hex[:12]}"), max_attempts=2)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return publish_lake(store, monkeypatch, tmp_path_factory.mktemp("lake"))
+
+
+@pytest.fixture
+def own_lake(object_store, monkeypatch, tmp_path):
+    """The same lake, of the test's own, for tests that add objects to it."""
+    return publish_lake(object_store, monkeypatch, tmp_path)
 
 
 def test_history_lists_runs_in_publication_order_with_throughput_and_b_crit(lake):
@@ -153,26 +167,26 @@ def assert_history_unchanged(store) -> None:
 
 
 def test_stray_objects_under_a_table_are_skipped_with_a_warning_naming_them(
-        lake, tmp_path, capsys):
+        own_lake, tmp_path, capsys):
     strays = {
-        lake.key("sweep", f"date={DATE}", f"run_id={RUN_IDS[1]}", "notes.txt"): b"not parquet",
-        lake.key("sweep", f"date={DATE}", f"run_id={RUN_IDS[2]}", "empty.parquet"): b"",
-        lake.key("sweep", "README.md"): b"# the sweep table",
-        lake.key("analysis", f"date={DATE}", f"run_id={RUN_IDS[3]}", "a-foreign.parquet"):
+        own_lake.key("sweep", f"date={DATE}", f"run_id={RUN_IDS[1]}", "notes.txt"): b"not parquet",
+        own_lake.key("sweep", f"date={DATE}", f"run_id={RUN_IDS[2]}", "empty.parquet"): b"",
+        own_lake.key("sweep", "README.md"): b"# the sweep table",
+        own_lake.key("analysis", f"date={DATE}", f"run_id={RUN_IDS[3]}", "a-foreign.parquet"):
             parquet_bytes(pa.table({"run_id": [RUN_IDS[3]], "b_crit": ["high"]})),
     }
     for key, data in strays.items():
-        lake.put_bytes(key, data)
+        own_lake.put_bytes(key, data)
     capsys.readouterr()
-    assert_history_unchanged(lake)
+    assert_history_unchanged(own_lake)
     warnings = capsys.readouterr().err
     for key in strays:
-        assert f"warning: s3://{lake.settings.bucket}/{key} " in warnings
+        assert f"warning: s3://{own_lake.settings.bucket}/{key} " in warnings
     result = run_cli(["history", "--workload", WORKLOAD, "--plot", "h.png"], cwd=tmp_path,
-                     env=store_env(lake))
+                     env=store_env(own_lake))
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
-    assert all(f"s3://{lake.settings.bucket}/{key}" in result.stderr for key in strays)
+    assert all(f"s3://{own_lake.settings.bucket}/{key}" in result.stderr for key in strays)
     assert all(run_id in result.stdout for run_id in RUN_IDS)
 
 
@@ -181,16 +195,16 @@ DAMAGED_MANIFESTS = {"20260601T000007Z-notjson": b"{not json",
                      "20260601T000009Z-binary": b"\xff\xfe\x00"}
 
 
-def test_a_damaged_run_manifest_makes_its_run_incomplete_with_a_warning(lake, tmp_path, capsys):
+def test_a_damaged_run_manifest_makes_its_run_incomplete_with_a_warning(own_lake, tmp_path, capsys):
     for run_id, manifest in DAMAGED_MANIFESTS.items():
         table = make_table("sweep", [sweep_row(64, 1.0)], env_columns(run_id))
-        lake.put_bytes(table_key(lake, "sweep", DATE, run_id), parquet_bytes(table))
-        lake.put_bytes(run_manifest_key(lake, run_id), manifest)
+        own_lake.put_bytes(table_key(own_lake, "sweep", DATE, run_id), parquet_bytes(table))
+        own_lake.put_bytes(run_manifest_key(own_lake, run_id), manifest)
     capsys.readouterr()
-    assert_history_unchanged(lake)
+    assert_history_unchanged(own_lake)
     warnings = capsys.readouterr().err
     for run_id in DAMAGED_MANIFESTS:
-        assert (f"warning: s3://{lake.settings.bucket}/{run_manifest_key(lake, run_id)}"
+        assert (f"warning: s3://{own_lake.settings.bucket}/{run_manifest_key(own_lake, run_id)}"
                 in warnings)
     assert "counts as incomplete" in warnings
 
@@ -274,7 +288,7 @@ def test_run_summary_states_bounds_edge_cases_and_quality():
         " flagged; load average up to 1.8 on 2 usable CPUs."]
 
 
-def test_columns_added_since_an_old_partition_are_read_from_the_newer_ones(lake):
+def test_columns_added_since_an_old_partition_are_read_from_the_newer_ones(own_lake):
     """A partition written before a column existed, read first, must not drop that column from
     the newer files (a dataset takes its schema from its first file): old rows get nulls."""
     from batchscale.lake.lake import read_lake_table
@@ -282,9 +296,9 @@ def test_columns_added_since_an_old_partition_are_read_from_the_newer_ones(lake)
     old = pa.table({"run_id": [RUN_IDS[0]], "workload": [WORKLOAD], "device_name": ["test cpu"],
                     "input_mode": ["synthetic"], "batch_size": [2], "status": ["ok"],
                     "samples_per_s": [500.0]})
-    key = lake.key("sweep", f"date={DATE}", f"run_id={RUN_IDS[0]}", "a-old-format.parquet")
-    lake.put_bytes(key, parquet_bytes(old))
-    frame = read_lake_table(lake, "sweep")
+    key = own_lake.key("sweep", f"date={DATE}", f"run_id={RUN_IDS[0]}", "a-old-format.parquet")
+    own_lake.put_bytes(key, parquet_bytes(old))
+    frame = read_lake_table(own_lake, "sweep")
     old_rows = frame[frame["batch_size"] == 2]
     assert len(old_rows) == 1 and old_rows["threads"].isna().all()
     newer = frame[(frame["run_id"] == RUN_IDS[1]) & (frame["batch_size"] == 64)]
@@ -292,7 +306,7 @@ def test_columns_added_since_an_old_partition_are_read_from_the_newer_ones(lake)
     assert "cpu_wait_share" in frame.columns  # today's schema, null where never written
 
 
-def test_rows_written_with_the_old_lr_rule_name_are_read_under_the_new_one(lake):
+def test_rows_written_with_the_old_lr_rule_name_are_read_under_the_new_one(own_lake):
     """The tuned rule was called "grid" before: a partition written then reads as `tuned`, as
     the same rows would from a run published today (read_lake_table; load_run does the same
     to whole tables)."""
@@ -301,9 +315,9 @@ def test_rows_written_with_the_old_lr_rule_name_are_read_under_the_new_one(lake)
 
     old = pa.table({"run_id": [RUN_IDS[0]], "workload": [WORKLOAD], "lr_rule": ["grid"],
                     "batch_size": [64], "b_crit": [40.0]})
-    key = lake.key("analysis", f"date={DATE}", f"run_id={RUN_IDS[0]}", "a-old-rule.parquet")
-    lake.put_bytes(key, parquet_bytes(old))
-    frame = read_lake_table(lake, "analysis")
+    key = own_lake.key("analysis", f"date={DATE}", f"run_id={RUN_IDS[0]}", "a-old-rule.parquet")
+    own_lake.put_bytes(key, parquet_bytes(old))
+    frame = read_lake_table(own_lake, "analysis")
     assert "grid" not in set(frame["lr_rule"])
     assert frame.loc[frame["b_crit"] == 40.0, "lr_rule"].tolist() == ["tuned"]
     table = current_lr_rules(pa.table({"lr_rule": ["grid", "sqrt", None]}))
