@@ -88,6 +88,11 @@ def test_a_probe_that_stops_short_is_extrapolated_and_says_so():
 def test_too_few_evaluations_give_no_prediction_and_a_reason():
     p = predict_b_crit(curves({0.0: 2, 0.2: 3}), "val_accuracy", 0.9)
     assert math.isnan(p.b_crit) and p.method == "none" and "fewer than 3" in p.reason
+    # No noise scale at all (a one-process TrainingLoop): the reason says why and what helps.
+    silent = curves({0.0: 2, 0.5: 3, 0.9: 4, 1.0: 5}).assign(b_simple=float("nan"))
+    p = predict_b_crit(silent, "val_accuracy", 0.9)
+    assert p.method == "none" and "no gradient noise scale" in p.reason
+    assert "two or more workers" in p.reason
 
 
 def test_a_loss_target_counts_progress_downwards():
@@ -343,3 +348,28 @@ def test_the_pipelines_search_is_clipped_at_the_sweeps_memory_boundary(tmp_path)
     write_table_atomic(path, make_table("sweep", rows[:2], env))
     assert largest_batch(str(path)) is None  # nothing ran out of memory: nothing to clip at
     assert largest_batch(None) is None
+
+
+def test_without_an_interval_the_next_cell_is_named_for_what_it_is():
+    """unsupported_next: past a bound while batch sizes beyond it are allowed; where none is,
+    the cell it takes lies the other way and the reason says so, not "a smaller batch"."""
+    from batchscale.adaptive.choice import IntervalState, candidate_cells, unsupported_next
+
+    allowed, seeds = [4, 8, 16, 32, 64, 128], [0, 1]
+    below = IntervalState(math.nan, math.nan, math.nan, "below", "no batch size saved steps")
+    done = [Cell(b, 0) for b in (16, 32, 64)]
+    cell, why = unsupported_next(below, done, candidate_cells(done, allowed, seeds), math.nan)
+    assert cell == Cell(4, 0) and why == "no batch saved steps: a smaller batch"
+    done = [Cell(b, 0) for b in (4, 8, 16, 32)]
+    cell, why = unsupported_next(below, done, candidate_cells(done, allowed, seeds), math.nan)
+    assert cell == Cell(64, 0)
+    assert why == ("no batch saved steps: no smaller batch is allowed, so batch 64, to see "
+                   "whether that holds over more batch sizes")
+    above = IntervalState(math.nan, math.nan, math.nan, "above", "steps fall like 1/B")
+    done = [Cell(b, 0) for b in (32, 64, 128)]
+    cell, why = unsupported_next(above, done, candidate_cells(done, allowed, seeds), math.nan)
+    assert cell == Cell(16, 0) and "no larger batch is allowed, so batch 16" in why
+    unclear = IntervalState(math.nan, math.nan, math.nan, "", "the fall is not clear")
+    done = [Cell(b, 0) for b in allowed]
+    cell, why = unsupported_next(unclear, done, candidate_cells(done, allowed, seeds), math.nan)
+    assert cell.seed == 1 and why == "no B_crit yet: another seed"

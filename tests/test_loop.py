@@ -118,3 +118,31 @@ def test_the_own_loop_example_converges_and_is_analyzed(tmp_path):
                         str(tmp_path / "analysis")], cwd=work)
     assert analysis.returncode == 0, analysis.stderr
     assert "B_crit = E_min/S_min" in analysis.stdout and "**Batch size:" in analysis.stdout
+
+
+def test_the_adaptive_search_runs_a_users_own_loop_and_analyze_reports_it(tmp_path):
+    """examples/own_loop under `--strategy adaptive` (docs/your-model.md): the search runs the
+    user's loop cell by cell, says why the noise scale predicts nothing on one process, stops
+    with an interval, and `analyze` of its output carries the "Adaptive search" section."""
+    from batchscale.checks import validate_table
+    from batchscale.storage import read_table_file
+
+    work = tmp_path / "own_loop"
+    shutil.copytree(EXAMPLE_DIR, work)
+    result, runs = converge(tmp_path, "train_digits:loop", "--config", "config.yaml",
+                            "--strategy", "adaptive", "--batch-sizes", "8", "16", "32", "64",
+                            "128", "256", "--seeds", "0", "1", "2", cwd=work)
+    assert result.returncode == 0, result.stderr[-3000:]
+    decisions = read_table_file(tmp_path / "out" / "decisions.parquet")
+    assert validate_table("decisions", decisions).success
+    rows = decisions.to_pylist()
+    predicted = next(r for r in rows if r["action"] == "predict")
+    assert predicted["prediction_method"] == "none"
+    assert "no gradient noise scale" in predicted["reason"]
+    assert rows[-1]["action"] == "stop" and rows[-1]["b_crit_low"] is not None
+    assert set(runs["status"]) <= {"reached", "not_reached", "pruned"}
+    analysis = run_cli(["analyze", str(tmp_path / "out" / "runs.parquet"), "--out",
+                        str(tmp_path / "analysis")], cwd=work)
+    assert analysis.returncode == 0, analysis.stderr
+    assert "## Adaptive search" in analysis.stdout
+    assert "a grid of 6 batch sizes × 3 seeds" in analysis.stdout

@@ -67,6 +67,10 @@ class NoisePrediction:
     reason: str = ""
 
 
+NO_NOISE_SCALE = ("the probe recorded no gradient noise scale (a TrainingLoop on one process "
+                  "records none: its B_simple needs two or more workers, `--workers 2`)")
+
+
 def predict_b_crit(curves: pd.DataFrame, metric: str, target: float) -> NoisePrediction:
     """B_crit ≈ B_simple near the target (McCandlish et al. 2018, Fig. 4), from the probe
     trials' evaluations (curves rows with b_simple and the metric). Evaluations of several
@@ -91,6 +95,8 @@ def predict_b_crit(curves: pd.DataFrame, metric: str, target: float) -> NoisePre
         low, mid, high = np.percentile(near_values, [25, 50, 75])
         return NoisePrediction(float(mid), float(low), float(high), "near target",
                                int(near_values.size))
+    if not pd.to_numeric(curves["b_simple"], errors="coerce").notna().any():
+        return NoisePrediction(math.nan, math.nan, math.nan, "none", 0, NO_NOISE_SCALE)
     if not progress_all or np.concatenate(progress_all).size < MIN_NEAR_EVALUATIONS:
         return NoisePrediction(math.nan, math.nan, math.nan, "none", 0,
                                "the probe recorded fewer than "
@@ -275,20 +281,34 @@ def unsupported_next(state: IntervalState, done: Sequence[Cell], candidates: Seq
     none (the interval needs two seeds somewhere)."""
     if not candidates:
         return None, STOP_EXHAUSTED
-    new = [c for c in candidates if c.batch_size not in {d.batch_size for d in done}]
+    measured = {d.batch_size for d in done}
+    new = [c for c in candidates if c.batch_size not in measured]
     if state.bound == "above" and new:
-        return max(new, key=lambda c: c.batch_size), "steps still fall like 1/B: a larger batch"
+        cell = max(new, key=lambda c: c.batch_size)
+        return cell, "steps still fall like 1/B: " + _beyond(cell, measured, "larger")
     if state.bound == "below" and new:
-        return min(new, key=lambda c: c.batch_size), "no batch saved steps: a smaller batch"
+        cell = min(new, key=lambda c: c.batch_size)
+        return cell, "no batch saved steps: " + _beyond(cell, measured, "smaller")
     if math.isfinite(state.b_crit):
         centre = state.b_crit
         pool, why = [c for c in candidates if c not in new] or list(candidates), \
             "a second seed nearest B_crit: the interval needs seeds to resample"
     else:
         centre = predicted if math.isfinite(predicted) and predicted > 0 else 1.0
-        pool, why = new or list(candidates), "too few batch sizes reached the target: another"
+        pool, why = new or list(candidates), ("no B_crit yet: another batch size" if new
+                                              else "no B_crit yet: another seed")
     cell = min(pool, key=lambda c: (abs(math.log(c.batch_size / centre)), c.seed))
     return cell, why
+
+
+def _beyond(cell: Cell, measured: set[int], side: str) -> str:
+    """Whether `cell` is past the batch sizes measured on `side`, or (none being allowed there)
+    the other way, to see whether the bound holds."""
+    past = cell.batch_size > max(measured) if side == "larger" else cell.batch_size < min(measured)
+    if past:
+        return f"a {side} batch"
+    return (f"no {side} batch is allowed, so batch {cell.batch_size:,}, to see whether that "
+            "holds over more batch sizes")
 
 
 def choose_next(runs: pd.DataFrame, rule: str, done: Sequence[Cell], candidates: Sequence[Cell],
