@@ -99,3 +99,10 @@ def test_the_stop_line_says_the_level_its_interval_was_read_at(tmp_path):
     assert decisions.iloc[-1]["action"] == "stop" and "stop" in lines[-1]
     assert "(×" in lines[-1] and ", read at 98%)" in lines[-1], lines[-1]
     assert not any("read at" in line for line in lines[:-1])
+
+
+def test_a_progress_lines_interval_ratio_keeps_few_digits_however_wide():
+    """An early B* interval on a step-time line of one degree of freedom spans ×3e5: the line
+    prints ×3.24e+05, not ×323847.09; a usual ratio keeps its two decimals."""
+    assert driver._ratio(1.92) == "1.92" and driver._ratio(99.5) == "99.50"
+    assert driver._ratio(323847.09) == "3.24e+05"

@@ -224,7 +224,12 @@ class Search:
 def _b_star_words(best) -> str:
     if not math.isfinite(best.ratio):
         return ""
-    return f"; B* {best.b_star:.3g} [{best.low:.3g}, {best.high:.3g}] (×{best.ratio:.2f})"
+    return f"; B* {best.b_star:.3g} [{best.low:.3g}, {best.high:.3g}] (×{_ratio(best.ratio)})"
+
+
+def _ratio(value: float) -> str:
+    """An interval's high/low: two decimals where they mean something, 3 digits past ×100."""
+    return f"{value:.2f}" if value < 100 else f"{value:.3g}"
 
 
 def _finite(value: float | None) -> float | None:
@@ -235,7 +240,7 @@ def _interval_words(state: IntervalState, read_at: float = BOOTSTRAP_CONFIDENCE)
     if math.isfinite(state.ratio):
         level = "" if read_at == BOOTSTRAP_CONFIDENCE else f", read at {read_at:.0%}"
         return (f"{state.b_crit:.3g} [{state.low:.3g}, {state.high:.3g}] "
-                f"(×{state.ratio:.2f}{level})")
+                f"(×{_ratio(state.ratio)}{level})")
     if state.reason:
         return f"not estimated: {state.reason}"
     return (f"{state.b_crit:.3g}, no interval yet" if math.isfinite(state.b_crit)
