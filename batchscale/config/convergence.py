@@ -256,11 +256,12 @@ class ConvergenceConfig(_Strict):
     """The adaptive search (objective b_crit) stops early, saying the grid cannot pin B_crit
     either, when fewer than this share of grids (every batch size x every seed) simulated from
     its trials so far would give a 90 % interval at most `target_interval_ratio` wide (the
-    scatter drawn from its own uncertainty, an optimistic interval: adaptive/futility.py). On
-    simulated searches 0.10 stopped 148 of 200 at 45 % seed noise (where no grid pinned B_crit),
-    at a median 0.14 of the grid's examples, and 17 of 1,353 where a grid on the same truth did
-    pin it (12 of them at 30 % noise, where a grid pins it 1 time in 8)
-    (bench_adaptive_calibration). None: never stop for that."""
+    scatter drawn from its own uncertainty, the interval the grid would report:
+    adaptive/futility.py). On simulated searches 0.10 stopped 164 of 200 at 45 % seed noise
+    (where no grid pinned B_crit), at a median 0.12 of the grid's examples, and 32 of 1,348
+    where a grid on the same truth did pin it (13 at 20 % noise, where a grid pins it 65 % of
+    the time; 19 at 30 %, where it pins it 1 time in 8) (bench_adaptive_calibration). None:
+    never stop for that."""
     adaptive_prune_factor: float | None = Field(3.0, gt=1.0, allow_inf_nan=False)
     """The adaptive search stops a new cell's trials as `pruned` (kept in the tables, left out
     of the fit) when they have not reached the target after this many times the steps its
