@@ -403,7 +403,12 @@ def test_runs_an_adaptive_search_chose_are_read_at_its_level(tmp_path, capsys):
     assert (f"a grid of {ran['batch_size'].nunique()} batch sizes × {ran['seed'].nunique()} seeds"
             in stdout)
 
-    for content, needle in ((pa.table({"step": [0, 1]}), "missing columns"), (None, "Parquet")):
+    written = search_decisions(runs, grid_recorded=True)
+    spent = written.schema.get_field_index("examples_spent")
+    holed = written.set_column(spent, pa.field("examples_spent", pa.int64()),
+                               pa.array([None, 2000, 3000], pa.int64()))
+    for content, needle in ((pa.table({"step": [0, 1]}), "missing columns"), (None, "Parquet"),
+                            (holed, "examples_spent")):
         path = tmp_path / "decisions.parquet"
         path.unlink()
         if content is None:

@@ -184,13 +184,12 @@ def search_decisions(runs_path: Path) -> pa.Table | None:
     path = runs_path.with_name(SEARCH_DECISIONS_FILE)
     if not path.is_file():
         return None
-    move_away = "; move it away to analyze the runs as a grid"
     try:
         table = schemacheck.with_added_columns("decisions", parse_parquet(str(path), str(path)))
-        table = schemacheck.check_schema("decisions", table, allow_nulls=True)
+        table = schemacheck.check_schema("decisions", table)
     except BadInput as err:
         raise BadInput(f"{path} beside the runs table cannot be read as the adaptive search's "
-                       f"decisions: {err}{move_away}") from None
+                       f"decisions: {err}; move it away to analyze the runs as a grid") from None
     return table if table.num_rows else None
 
 
