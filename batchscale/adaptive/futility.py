@@ -32,7 +32,12 @@ import numpy as np
 import pandas as pd
 
 from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE, steps_to_result, trial_steps
-from batchscale.analysis.interval import b_crit_or_limit, fieller_bounds, fit_lines
+from batchscale.analysis.interval import (
+    b_crit_or_limit,
+    fieller_bounds,
+    fit_lines,
+    percentile_bounds,
+)
 from batchscale.fits import positive_pairs
 from batchscale.tdist import t_quantile
 
@@ -160,7 +165,5 @@ def _bootstrap_bounds(batches: np.ndarray, trials: np.ndarray,
     draws, _, seeds = trials.shape
     pick = rng.integers(seeds, size=(draws, GRID_BOOTSTRAP, batches.size, seeds))
     resampled = np.median(np.take_along_axis(trials[:, None], pick, -1), -1)
-    estimates = b_crit_or_limit(fit_lines(batches, resampled))
-    tail = 100.0 * (1.0 - BOOTSTRAP_CONFIDENCE) / 2.0
-    low, high = np.percentile(estimates, [tail, 100.0 - tail], axis=1, method="inverted_cdf")
-    return low, high
+    return percentile_bounds(b_crit_or_limit(fit_lines(batches, resampled)),
+                             BOOTSTRAP_CONFIDENCE, axis=1)

@@ -219,6 +219,13 @@ def _reduce_seeds(drawn: np.ndarray, reduce: str) -> np.ndarray:
 def percentile_interval(estimates: np.ndarray, confidence: float) -> tuple[float, float]:
     """Equal-tailed percentiles of a bootstrap distribution, without interpolation (0 and +inf
     are valid values: refits below / above every batch)."""
-    tail = 100.0 * (1.0 - confidence) / 2.0
-    low, high = np.percentile(estimates, [tail, 100.0 - tail], method="inverted_cdf")
+    low, high = percentile_bounds(estimates, confidence)
     return float(low), float(high)
+
+
+def percentile_bounds(estimates: np.ndarray, confidence: float,
+                      axis: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`percentile_interval`'s (low, high) along `axis` of a stack of bootstrap distributions."""
+    tail = 100.0 * (1.0 - confidence) / 2.0
+    low, high = np.percentile(estimates, [tail, 100.0 - tail], axis=axis, method="inverted_cdf")
+    return low, high

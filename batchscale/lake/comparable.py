@@ -147,30 +147,24 @@ def per_run_cells(sweep: pd.DataFrame) -> pd.DataFrame:
     the intervals of the rows the median was taken over (one row: its own)."""
     sweep = with_measurement_columns(sweep)
     timed, unstable = timed_rows(sweep), unstable_rows(sweep)
-    rates = pd.to_numeric(sweep["samples_per_s"], errors="coerce")
-    kept = {"stable": timed & ~unstable, "timed": timed}
-    frame = sweep.assign(ok=timed, trusted=kept["stable"],
-                         unstable_reason=sweep["quality_reason"].where(unstable),
-                         **{f"{k}_rate": rates.where(mask) for k, mask in kept.items()})
-    own = {}  # the interval columns are absent in rows written before them
-    for column, how in zip(ROW_INTERVAL_COLUMNS, ("min", "max"), strict=True):
-        if column in frame:
-            bound = pd.to_numeric(frame[column], errors="coerce")
-            frame = frame.assign(**{f"{k}_{column}": bound.where(m) for k, m in kept.items()})
-            own |= {f"{k}_{column}": (f"{k}_{column}", how) for k in kept}
-    grouped = frame.groupby(["run_id", *CELL_KEYS], sort=False, dropna=False)
-    cells = grouped.agg(**own,
-        ok=("ok", "any"), trusted=("trusted", "any"), stable_rate=("stable_rate", "median"),
-        timed_rate=("timed_rate", "median"), status=("status", "first"),
-        quality_reason=("unstable_reason", "first"),
+    keys = ["run_id", *CELL_KEYS]
+    stable = pd.Series(timed & ~unstable, index=sweep.index)
+    trusted = stable.groupby([sweep[k] for k in keys], sort=False, dropna=False).transform("any")
+    used = stable | (~trusted & timed)  # the rows the cell's figures are taken over
+    own = {c: pd.to_numeric(sweep[c], errors="coerce").where(used)
+           for c in ROW_INTERVAL_COLUMNS if c in sweep}  # absent in rows written before them
+    frame = sweep.assign(ok=timed, trusted=trusted, **own,
+                         rate=pd.to_numeric(sweep["samples_per_s"], errors="coerce").where(used),
+                         unstable_reason=sweep["quality_reason"].where(unstable))
+    cells = frame.groupby(keys, sort=False, dropna=False).agg(
+        **{c: (c, "min" if c.endswith("_low") else "max") for c in own},
+        ok=("ok", "any"), trusted=("trusted", "any"), samples_per_s=("rate", "median"),
+        status=("status", "first"), quality_reason=("unstable_reason", "first"),
         **{f: (f, "first") for f in dict.fromkeys((*FINGERPRINT_FIELDS, *ATTRIBUTION_FIELDS,
                                                    *RUN_FIELDS)) if f not in CELL_KEYS},
     ).reset_index()
     cells["status"] = cells["status"].where(~cells["ok"], TrialStatus.OK)
-    for name in ("samples_per_s", *(c for c in ROW_INTERVAL_COLUMNS if c in frame)):
-        source = "rate" if name == "samples_per_s" else name
-        cells[name] = cells[f"stable_{source}"].where(cells["trusted"], cells[f"timed_{source}"])
-    return cells.drop(columns=["ok", *(c for c in cells if c.startswith(("stable_", "timed_")))])
+    return cells.drop(columns=["ok"])
 
 
 def baseline_cells(history: pd.DataFrame | None, max_unstable_share: float | None,
