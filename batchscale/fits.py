@@ -66,6 +66,9 @@ class StepTimeFit:
     positive α and β or without degrees of freedom (two batch sizes fit any line exactly)."""
     dof: int = 0
     """Points fitted minus the line's two parameters (none for two points)."""
+    covariance: tuple[float, float, float] = (math.nan, math.nan, math.nan)
+    """(var α, var β, cov(α, β)) of the weighted fit, σ²(XᵀWX)⁻¹ with σ² the weighted residual
+    variance over `dof`; NaN without degrees of freedom."""
 
     def predict(self, batch: float) -> float:
         """Step time at `batch` from the line; NaN where the line is unusable or non-positive."""
@@ -240,20 +243,30 @@ def fit_step_time(batch: Iterable, step_time: Iterable) -> StepTimeFit:
         return StepTimeFit(math.nan, math.nan, math.nan, "fewer than two timed batch sizes")
     alpha, beta, r2 = weighted_line(b, t, 1.0 / t**2)
     dof = b.size - 2
-    return StepTimeFit(alpha, beta, r2, log_ratio_se=_log_ratio_se(b, t, alpha, beta, dof),
-                       dof=dof)
+    covariance = _line_covariance(b, t, alpha, beta, dof)
+    return StepTimeFit(alpha, beta, r2, log_ratio_se=_log_ratio_se(covariance, alpha, beta),
+                       dof=dof, covariance=covariance)
 
 
-def _log_ratio_se(b: np.ndarray, t: np.ndarray, alpha: float, beta: float, dof: int) -> float:
-    """se of log(α/β) by the delta method on the weighted fit's covariance σ²(XᵀWX)⁻¹, σ² the
-    weighted residual variance over `dof` = points − 2 degrees of freedom."""
-    if dof < 1 or not (alpha > 0 and beta > 0):
-        return math.nan
+def _line_covariance(b: np.ndarray, t: np.ndarray, alpha: float, beta: float,
+                     dof: int) -> tuple[float, float, float]:
+    """(var α, var β, cov(α, β)) of the 1/t²-weighted fit: σ²(XᵀWX)⁻¹, σ² the weighted residual
+    variance over `dof` = points − 2 degrees of freedom; NaN without degrees of freedom."""
+    if dof < 1:
+        return math.nan, math.nan, math.nan
     w = 1.0 / t**2
     design = np.column_stack([np.ones_like(b), b])
     sigma2 = float(np.sum(w * (t - alpha - beta * b) ** 2)) / dof
     cov = sigma2 * np.linalg.inv(design.T @ (w[:, None] * design))
-    var = cov[0, 0] / alpha**2 + cov[1, 1] / beta**2 - 2 * cov[0, 1] / (alpha * beta)
+    return float(cov[0, 0]), float(cov[1, 1]), float(cov[0, 1])
+
+
+def _log_ratio_se(covariance: tuple[float, float, float], alpha: float, beta: float) -> float:
+    """se of log(α/β) by the delta method on the fit's covariance."""
+    var_alpha, var_beta, cov = covariance
+    if not (math.isfinite(var_alpha) and alpha > 0 and beta > 0):
+        return math.nan
+    var = var_alpha / alpha**2 + var_beta / beta**2 - 2 * cov / (alpha * beta)
     return math.sqrt(max(var, 0.0))
 
 

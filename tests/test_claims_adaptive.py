@@ -155,12 +155,16 @@ def test_every_search_claim_agrees_with_its_decisions(name):
         if outside:
             assert int(outside.group(1)) == round(100 * (1 - device_s / held_s)), text
 
-    share = re.search(r"so the search spent (\d+)% of its examples", text)
+    share = re.search(r"so the search spent (\d+)% \(([^)]*)\) of its examples", text)
     grid = grid_examples_estimate(decisions, runs, BATCHES, len(SEEDS))
     if share:
-        assert int(share.group(1)) == round(100 * examples / grid), text
+        assert int(share.group(1)) == round(100 * examples / grid.value), text
+        if math.isfinite(grid.low):  # the share's interval is the grid estimate's, inverted
+            assert share.group(2) == (f"{examples / grid.high:.0%}–"
+                                      f"{examples / grid.low:.0%}"), text
+            assert grid.low < grid.value < grid.high
     else:
-        assert not math.isfinite(grid) and "cannot be estimated" in text, text
+        assert not math.isfinite(grid.value) and "cannot be estimated" in text, text
 
     predicted = re.search(r"predicted B_crit ≈ ([\d.e+]+) \(interquartile range ([\d.e+]+)–"
                           r"([\d.e+]+)\)", text)

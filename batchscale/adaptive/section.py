@@ -25,9 +25,11 @@ from batchscale.analysis.critical import (
     steps_to_result,
 )
 from batchscale.analysis.figures import Plot, make_plot, new_axes
+from batchscale.analysis.interval import LineFits, fit_lines
 from batchscale.analysis.targets import row_targets, same_target
-from batchscale.fits import ensure_columns
+from batchscale.fits import ensure_columns, positive_pairs
 from batchscale.schemas import RUNS
+from batchscale.tdist import t_quantile
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -58,41 +60,100 @@ def _number(value: object) -> float:
     return number
 
 
+GRID_LEVEL = 0.9
+"""Level of the interval on a grid's estimated cost."""
+
+
+@dataclass(frozen=True)
+class GridEstimate:
+    """A grid's cost by the search's final fit, with its GRID_LEVEL interval: the fit's own
+    uncertainty (S_min and E_min; for device time also the step-time line's α and β) carried by
+    the delta method with Student's t over the fit's degrees of freedom. It is the interval of
+    the cost the fit expects; a grid's own trials would scatter about that. NaN where there is
+    no estimate, or no interval (`low` NaN: the fit does not bound the cost away from zero)."""
+
+    value: float
+    low: float = math.nan
+    high: float = math.nan
+
+
+NO_ESTIMATE = GridEstimate(math.nan)
+
+
 def grid_examples_estimate(decisions: pd.DataFrame, runs: pd.DataFrame | None,
-                           batch_sizes: list[int], seeds: int) -> float:
+                           batch_sizes: list[int], seeds: int) -> GridEstimate:
     """Examples a grid of `batch_sizes` × `seeds` would have spent, by the search's final fit
-    S(B) = S_min + E_min/B from its own trials (NaN without a B_crit number)."""
-    fit = _final_fit(decisions, runs)
-    if fit is None:
-        return math.nan
-    return float(sum((fit.s_min + fit.e_min / b) * b for b in batch_sizes) * seeds)
+    S(B) = S_min + E_min/B from its own trials: seeds × Σ (S_min·B + E_min)."""
+    lines = _final_lines(decisions, runs)
+    if lines is None:
+        return NO_ESTIMATE
+    b = np.asarray(batch_sizes, dtype=float)
+    gradient = seeds * np.array([b.sum(), b.size])  # d cost / d (S_min, E_min)
+    return _linear_estimate(gradient @ _fit_parameters(lines), [(gradient, _fit_cov(lines))],
+                            int(lines.dof))
 
 
 def grid_device_s_estimate(decisions: pd.DataFrame, runs: pd.DataFrame | None,
-                           batch_sizes: list[int], seeds: int) -> float:
+                           batch_sizes: list[int], seeds: int) -> GridEstimate:
     """Device-seconds of training the grid would have spent: seeds × S(B) × t(B) summed over
     `batch_sizes`, S from the final fit and t = α + βB from the search's own one-worker trials
-    (training time per step, as `device_s_spent` counts it); NaN without either."""
+    (training time per step, as `device_s_spent` counts it). The interval carries both fits'
+    uncertainty (independent data: their variances add), at the fewer degrees of freedom."""
     from batchscale.analysis.timetotarget import convergence_step_times
     from batchscale.fits import fit_step_time
 
-    fit = _final_fit(decisions, runs)
-    if fit is None or "train_time_s" not in runs.columns:
-        return math.nan
+    lines = _final_lines(decisions, runs)
+    if lines is None or "train_time_s" not in runs.columns:
+        return NO_ESTIMATE
     times = convergence_step_times(runs[runs["workers"] == 1])
     line = fit_step_time(list(times), list(times.values()))
-    costs = [(fit.s_min + fit.e_min / b) * line.predict(b) for b in batch_sizes]
-    return float(sum(costs) * seeds) if all(math.isfinite(c) for c in costs) else math.nan
+    b = np.asarray(batch_sizes, dtype=float)
+    step_s = line.alpha_s + line.beta_s * b
+    steps = lines.s_min + lines.e_min / b
+    if not (np.all(np.isfinite(step_s) & (step_s > 0)) and np.all(np.isfinite(steps))):
+        return NO_ESTIMATE
+    var_alpha, var_beta, cov = line.covariance
+    line_cov = np.array([[var_alpha, cov], [cov, var_beta]])
+    by_fit = seeds * np.array([step_s.sum(), (step_s / b).sum()])  # d / d (S_min, E_min)
+    by_line = seeds * np.array([steps.sum(), (steps * b).sum()])  # d / d (α, β)
+    return _linear_estimate(seeds * float((steps * step_s).sum()),
+                            [(by_fit, _fit_cov(lines)), (by_line, line_cov)],
+                            min(int(lines.dof), line.dof))
 
 
-def _final_fit(decisions: pd.DataFrame, runs: pd.DataFrame | None):
-    """S(B) fitted to the search rule's trials of its target; None without a B_crit number."""
+def _linear_estimate(value: float, parts: list[tuple[np.ndarray, np.ndarray]],
+                     dof: int) -> GridEstimate:
+    """`value` ± t·sqrt(Σ gᵀCg) over the (gradient, covariance) parts; no interval without
+    degrees of freedom, a finite variance, or a low end above zero."""
+    variance = sum(float(g @ c @ g) for g, c in parts)
+    if dof < 1 or not math.isfinite(variance):
+        return GridEstimate(value)
+    half = t_quantile(0.5 + GRID_LEVEL / 2, dof) * math.sqrt(max(variance, 0.0))
+    if value - half <= 0:
+        return GridEstimate(value, math.nan, value + half)
+    return GridEstimate(value, value - half, value + half)
+
+
+def _fit_parameters(lines: LineFits) -> np.ndarray:
+    return np.array([float(lines.s_min), float(lines.e_min)])
+
+
+def _fit_cov(lines: LineFits) -> np.ndarray:
+    var_s, var_e, cov = float(lines.var_s), float(lines.var_e), float(lines.cov_se)
+    return np.array([[var_s, cov], [cov, var_e]])
+
+
+def _final_lines(decisions: pd.DataFrame, runs: pd.DataFrame | None) -> LineFits | None:
+    """The line S(B) = S_min + E_min/B fitted to the search rule's trials of its target, as
+    `fit_critical_batch` fits it; None when that gives no B_crit number."""
     rows = _target_runs(decisions, runs)
     if rows is None:
         return None
     table = steps_to_result(rows, by=(), reduce="median")
     fit = fit_critical_batch(table["batch_size"], table["steps_to_target"])
-    return fit if math.isfinite(fit.b_crit) else None
+    if not math.isfinite(fit.b_crit):
+        return None
+    return fit_lines(*positive_pairs(table["batch_size"], table["steps_to_target"]))
 
 
 def search_grid(decisions: pd.DataFrame, runs: pd.DataFrame | None) -> tuple[list[int], int]:
@@ -221,24 +282,53 @@ def _cost_sentence(decisions: pd.DataFrame, runs: pd.DataFrame | None, batch_siz
                    "launch wall time × workers: start-up, data loading and evaluation included"
                    + _outside_training(spent_s, held_s) + ")")
     grid = grid_examples_estimate(decisions, runs, batch_sizes, seeds)
-    if not math.isfinite(grid) or grid <= 0:
+    if not math.isfinite(grid.value) or grid.value <= 0:
         return (f"It trained on {spent:,} examples{device}; a grid's cost cannot be estimated "
                 "without a B_crit fit.")
-    rounded = round(grid, 2 - math.floor(math.log10(grid)))  # 3 significant digits
     text = (f"It trained on {spent:,} examples{device}; a grid of {len(batch_sizes)} batch sizes "
-            f"× {seeds} seeds would have needed about {rounded:,.0f} examples by the search's "
-            f"final fit (an estimate: the grid was not run), so the search spent {spent / grid:.0%}"
-            " of its examples")
+            f"× {seeds} seeds would have needed about {_sig3(grid.value)} examples "
+            f"{_estimate_interval(grid, _sig3)} by the search's final fit (an estimate: the grid "
+            f"was not run; the interval is the fit's, and a grid's own trials would scatter "
+            f"about it), so the search spent {_share(spent, grid)} of its examples")
     grid_s = grid_device_s_estimate(decisions, runs, batch_sizes, seeds)
-    if math.isfinite(spent_s) and math.isfinite(grid_s) and grid_s > 0:
-        text += (f" and {spent_s / grid_s:.0%} of its training device time (about "
-                 f"{grid_s:,.1f} device-seconds, with the search's own step-time line)")
+    if math.isfinite(spent_s) and math.isfinite(grid_s.value) and grid_s.value > 0:
+        text += (f" and {_share(spent_s, grid_s)} of its training device time (about "
+                 f"{grid_s.value:,.1f} device-seconds "
+                 f"{_estimate_interval(grid_s, lambda v: f'{v:,.1f}')}, with the search's own "
+                 "step-time line)")
     if math.isfinite(held_s) and held_s > 0:
         text += ("; the time held has no grid estimate: start-up is paid once per launch, "
                  "and a grid launches once per worker count locally and once per batch size on "
                  "a cluster, the search once for all its one-worker cells locally and once per "
                  "cell otherwise")
     return text + "."
+
+
+def _sig3(value: float) -> str:
+    """`value` to 3 significant digits, with thousands separators."""
+    return f"{round(value, 2 - math.floor(math.log10(value))):,.0f}" if value >= 100 else \
+        f"{value:.3g}"
+
+
+def _estimate_interval(estimate: GridEstimate, show) -> str:
+    """"(90 % interval low–high)", or why there is none."""
+    level = f"{GRID_LEVEL:.0%}"
+    if math.isfinite(estimate.low):
+        return f"({level} interval {show(estimate.low)}–{show(estimate.high)})"
+    if math.isfinite(estimate.high):
+        return (f"(at most {show(estimate.high)} at {level}; the fit does not bound it from "
+                "below)")
+    return "(no interval: the fit has no degrees of freedom left)"
+
+
+def _share(spent: float, estimate: GridEstimate) -> str:
+    """spent ÷ the estimate, with the interval the estimate's gives it."""
+    share = f"{spent / estimate.value:.0%}"
+    if math.isfinite(estimate.low):
+        return f"{share} ({spent / estimate.high:.0%}–{spent / estimate.low:.0%})"
+    if math.isfinite(estimate.high):
+        return f"{share} (at least {spent / estimate.high:.0%})"
+    return f"{share} (no interval)"
 
 
 def _outside_training(spent_s: float, held_s: float) -> str:
