@@ -208,35 +208,49 @@ def vouched_intervals(rows: list[dict]) -> dict[int, tuple[float, float]]:
 REPEAT_PLANS = {"digits-mlp": REPEAT_MLP_BATCHES, "resnet18": REPEAT_RESNET_BATCHES}
 
 
-def repeat_sweeps(out_dir: Path, count: int) -> dict[str, list[list[dict]]]:
-    """`count` production-default sweeps per workload of REPEAT_PLANS, alternating workloads
-    (so drift lands on both alike); each sweep's rows, per workload, in order."""
-    sweeps: dict[str, list[list[dict]]] = {w: [] for w in REPEAT_PLANS}
+REPEAT_THREADS = (None, 1)
+"""The repeatability sweeps' `sweep.threads`: torch's default (one per usable CPU) and one."""
+
+
+def plan_label(workload: str, threads: int | None) -> str:
+    return workload if threads is None else f"{workload}, {threads} thread"
+
+
+def repeat_sweeps(out_dir: Path, count: int,
+                  threads: tuple[int | None, ...] = (None,)) -> dict[str, list[list[dict]]]:
+    """`count` production-default sweeps per workload of REPEAT_PLANS and per `threads`
+    setting, alternating workloads and settings (so drift lands on all alike); each sweep's
+    rows, per plan (`plan_label`), in order."""
+    plans = [(w, t) for w in REPEAT_PLANS for t in threads]
+    sweeps: dict[str, list[list[dict]]] = {plan_label(w, t): [] for w, t in plans}
     for i in range(count):
-        for workload, batches in REPEAT_PLANS.items():
-            cfg = SweepConfig(batch_sizes=batches, input_modes=["synthetic"],
-                              image_size_px=RESNET_IMAGE_PX)
-            sweeps[workload].append(sweep(cfg, workload, _env(workload),
-                                          out_dir / f"r{i}.parquet", log=_quiet))
+        for workload, setting in plans if i % 2 == 0 else reversed(plans):
+            cfg = SweepConfig(batch_sizes=REPEAT_PLANS[workload], input_modes=["synthetic"],
+                              image_size_px=RESNET_IMAGE_PX, threads=setting)
+            label = plan_label(workload, setting)
+            sweeps[label].append(sweep(cfg, workload, _env(workload),
+                                       out_dir / f"r{i}.parquet", log=_quiet))
         _log(f"   repeated sweep {i + 1}/{count} done")
     return sweeps
 
 
 def repeatability(out_dir: Path) -> dict:
-    """REPEAT_SWEEPS production-default sweeps per workload, alternating workloads; per batch,
-    the CV of samples/s across sweeps with its interval (rows flagged unstable are left out,
-    as the analysis leaves them out, and counted)."""
-    sweeps = repeat_sweeps(out_dir, REPEAT_SWEEPS)
+    """REPEAT_SWEEPS production-default sweeps per workload and REPEAT_THREADS setting,
+    alternating; per batch, the CV of samples/s across sweeps with its interval (rows flagged
+    unstable are left out, as the analysis leaves them out, and counted)."""
+    sweeps = repeat_sweeps(out_dir, REPEAT_SWEEPS, REPEAT_THREADS)
     runs = {w: [vouched_rates(rows) for rows in s] for w, s in sweeps.items()}
     intervals = {w: [vouched_intervals(rows) for rows in s] for w, s in sweeps.items()}
     unstable = {w: sum(r.get("quality") == Quality.UNSTABLE for rows in s for r in rows)
                 for w, s in sweeps.items()}
     figures = {}
     for workload, batches in REPEAT_PLANS.items():
-        for b in batches:
-            values = [run[b] for run in runs[workload] if b in run]
-            figures[f"{workload} B={b}"] = (cv_figure(values, REPEATABILITY_GOAL)
-                                            if len(values) >= 2 else None)
+        for setting in REPEAT_THREADS:
+            label = plan_label(workload, setting)
+            for b in batches:
+                values = [run[b] for run in runs[label] if b in run]
+                figures[f"{label} B={b}"] = (cv_figure(values, REPEATABILITY_GOAL)
+                                             if len(values) >= 2 else None)
     return {"figures": figures, "unstable_rows": unstable, "sweeps": REPEAT_SWEEPS,
             "runs": runs, "rerun_coverage": coverage_figures(runs, intervals)}
 
@@ -325,13 +339,13 @@ def _print_repeatability(rep: dict) -> Figure | None:
     print(f"repeatability: CV of samples/s over {rep['sweeps']} production-default sweeps "
           f"[chi-square 90 % interval]; goal {REPEATABILITY_GOAL}")
     for name, fig in rep["figures"].items():
-        print(f"  {name:18s} " + (fig.text() if fig else "fewer than 2 trusted rows: no CV"))
+        print(f"  {name:28s} " + (fig.text() if fig else "fewer than 2 trusted rows: no CV"))
     print(f"  rows flagged unstable (left out): {rep['unstable_rows']}")
     print(f"rerun interval coverage: the next sweep's samples/s inside the previous sweep's "
           f"90 % rerun interval; goal {RERUN_COVERAGE_GOAL}")
     for workload, cov in rep["rerun_coverage"].items():
         fig = cov["figure"]
-        print(f"  {workload:18s} " + (f"{fig.text()}; median half-width "
+        print(f"  {workload:28s} " + (f"{fig.text()}; median half-width "
                                       f"{cov['median_half_width']:.1%}" if fig
                                       else "no consecutive sweeps with intervals"))
     figures = [f for f in rep["figures"].values() if f is not None]

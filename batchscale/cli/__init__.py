@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(sw, None, ["workload"])
     add_config_flags(sw, "sweep", ["batch_sizes", "device", "precision", "channels_last",
                                    "torch_compile", "memory_limit_bytes", "image_size_px",
-                                   "max_batch_size", "time_budget_s"])
+                                   "max_batch_size", "time_budget_s", "threads"])
     sw.add_argument("--dataset", metavar="NAME",
                     help="the config's dataset.name (see `batchscale datasets`): the dataset "
                     "the workload is for (e.g. shapes for a detector); with --dataset-dir its "

@@ -172,6 +172,7 @@ def quality_summary(rows: list[dict]) -> dict:
                                  if _finite(r.get("process_cpu_per_wall"))), default=None),
         "cpu_wait_share_max": _largest(r.get("cpu_wait_share") for r in timed),
         "oversubscribed": any(r.get("threads_oversubscribed") for r in rows),
+        "threads": max((r["threads"] for r in rows if r.get("threads")), default=None),
     }
 
 
@@ -200,8 +201,17 @@ def quality_lines(summary: dict) -> list[str]:
         lines.append(f"sub-millisecond steps at batch {', '.join(map(str, short))}: the timer "
                      "and dispatch weigh on each step, so another sweep of these rows may land "
                      "further away than of slower ones; compare them only through their rerun "
-                     "intervals (docs/sweep.md)")
+                     "intervals (docs/sweep.md)" + _threads_hint(summary.get("threads")))
     return [*lines, _conditions_line(summary)]
+
+
+def _threads_hint(threads: int | None) -> str:
+    """On several threads, short steps also wait for each other's CPUs (docs/sweep.md)."""
+    if not threads or threads < 2:
+        return ""
+    return (f". On {threads} threads such steps also swing with whether the other CPUs are "
+            "running (a shared virtual machine): `sweep.threads: 1` times them repeatably, "
+            "on one CPU")
 
 
 def _conditions_line(summary: dict) -> str:

@@ -249,6 +249,8 @@ class _Sweep:
         measured = measured_columns(cell, cfg.max_round_spread, cfg.max_cv, self.peak_flops)
         tokens = self.workload.tokens_per_sample
         return {
+            # the trials' threads, over the environment's (this process's)
+            "threads": self.threads,
             "precision": cfg.precision, "peak_flops_per_s": self.peak_flops,
             "memory_cap_bytes": self.cap_bytes, "channels_last": cfg.channels_last,
             "compiled": cfg.torch_compile,
@@ -334,7 +336,7 @@ def sweep(cfg: SweepConfig, workload_name: str, env: dict, out_path: str | Path,
     cap = memory_cap_bytes(device, cfg)
     grid = cfg.batch_sizes != "auto"
     run = _Sweep(cfg, workload, device, env, Path(out_path), dataset_dir, log,
-                 torch.get_num_threads(), cap, peak,
+                 cfg.threads or torch.get_num_threads(), cap, peak,
                  len(modes) * len(cfg.batch_sizes) * cfg.rounds if grid else None, modes)
     log(f"sweep {workload.name} on {device} ({cfg.precision}, {run.threads} threads); peak "
         f"{peak / 1e9:.1f} GFLOP/s ({peak_source}); memory cap "
