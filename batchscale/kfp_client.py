@@ -250,11 +250,15 @@ def scheduled_config(cfg: ExperimentConfig) -> ExperimentConfig:
     its alerts show it, instead of a green run with a warning nobody reads; a sweep disturbed
     by a busy node does not (it publishes, unjudged, with a warning): it is not a regression.
     No one waits for a recurring run, so before re-measuring a disturbed row it waits longer for
-    the neighbour to go (SCHEDULED_IDLE_WAIT_S)."""
+    the neighbour to go (SCHEDULED_IDLE_WAIT_S). Its point is to compare with the last run, so
+    its trials run on one thread unless the config names a count (sweep.threads: on a shared
+    virtual machine two threads swung whole sweeps between two speeds, and the check missed
+    its goals where one thread met them; docs/sweep.md)."""
     data = cfg.model_dump(mode="json")
     data["publish"]["fail_on_regression"] = True
     data["sweep"]["unstable_fails"] = False
     data["sweep"]["idle_wait_s"] = max(data["sweep"]["idle_wait_s"], SCHEDULED_IDLE_WAIT_S)
+    data["sweep"]["threads"] = data["sweep"]["threads"] or 1
     return parse_config(data, "scheduled config")
 
 

@@ -4,7 +4,8 @@ publish judges them run by run, with `publish.history_runs` = HISTORY_RUNS.
 
 Run-to-run noise comes from measured figures, said in the output (`noise_source`):
 - real sweeps, measured here: REAL_SWEEPS production-default sweeps in a row (the rows of
-  bench_sweep's repeatability part: digits-mlp and resnet18 at 32 px, alternating). Each
+  bench_sweep's repeatability part: digits-mlp and resnet18 at 32 px, each on torch's default
+  threads and on one thread (`sweep.threads`), alternating). Each
   cell's vouched-for rows give its relative residuals (x / median − 1), resampled with
   replacement. The sweeps also give how often the next sweep fell inside a row's rerun
   interval (the interval's coverage, on the same rows), and how often a sweep fell inside the
@@ -205,6 +206,7 @@ def real_sweeps() -> tuple[dict[str, np.ndarray], dict, str, dict]:
     (bench_sweep.coverage_figures) and the history's (history_figures); the source line; the
     sweeps' samples/s and rerun intervals as measured."""
     from benchmarks.bench_sweep import (
+        REPEAT_THREADS,
         coverage_figures,
         repeat_sweeps,
         vouched_intervals,
@@ -212,7 +214,7 @@ def real_sweeps() -> tuple[dict[str, np.ndarray], dict, str, dict]:
     )
 
     with tempfile.TemporaryDirectory() as tmp:
-        sweeps = repeat_sweeps(Path(tmp), REAL_SWEEPS)
+        sweeps = repeat_sweeps(Path(tmp), REAL_SWEEPS, REPEAT_THREADS)
     runs = {w: [vouched_rates(rows) for rows in s] for w, s in sweeps.items()}
     intervals = {w: [vouched_intervals(rows) for rows in s] for w, s in sweeps.items()}
     cells = {}

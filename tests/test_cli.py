@@ -80,7 +80,7 @@ def test_help_lists_every_command(tmp_path):
 
 # ------------------------------------------------------------ flags named after config fields
 SWEEP_FIELDS = ("batch_sizes", "device", "precision", "channels_last", "torch_compile",
-                "memory_limit_bytes", "image_size_px", "max_batch_size", "time_budget_s")
+                "memory_limit_bytes", "image_size_px", "max_batch_size", "time_budget_s", "threads")
 
 
 def parse(argv: list[str]) -> ExperimentConfig:
@@ -110,6 +110,7 @@ def test_flags_replace_the_config_values_and_no_flag_keeps_the_config():
     assert (cfg.sweep.torch_compile, cfg.sweep.channels_last) == (True, False)
     assert cfg.sweep.memory_limit_bytes == 2 * 2**30
     assert (cfg.sweep.time_budget_s, cfg.sweep.image_size_px, cfg.sweep.device) == (0.5, 64, "cpu")
+    assert parse(["sweep", "--out", "x", "--threads", "1"]).sweep.threads == 1
     assert parse(["sweep", "--out", "x", "--batch-sizes", "auto"]).sweep.batch_sizes == "auto"
     assert parse(["run", "--fail-on-regression"]).publish.fail_on_regression is True
     converge = parse(["converge", "--out", "x", "--lr-rules", "sqrt,tuned", "--lr-candidates",

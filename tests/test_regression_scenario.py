@@ -7,8 +7,8 @@ trials in their own processes, as in the pipeline), published through the publis
 entry point:
 
 1-4. the model as it is (commit `good`): the baseline;
-5.   the same, beside a process spinning on one of the sweep's CPUs (started and stopped here,
-     time-limited): no confirmed regression, and the verdicts say why;
+5.   the same, beside a process spinning on each of the sweep's CPUs (started and stopped
+     here, time-limited): no confirmed regression, and the verdicts say why;
 6.   quiet again, and settled (every cell within its baseline; a quiet run that dips below a
      baseline of a few runs is suspected, and repeated): the busy run starts no "two in a row";
 7-8. a code change makes the model about 13x heavier (commit `heavy`) under the same workload
@@ -88,11 +88,12 @@ def write_model(folder: Path, width: int, depth: int) -> None:
 
 
 def run_sweep(folder: Path, run_id: str, commit: str, idle_wait_s: float) -> Path:
-    """One real `batchscale sweep` of the user model, pinned to at most two CPUs; before
-    re-measuring a disturbed row it waits up to `idle_wait_s` for them to be idle."""
+    """One real `batchscale sweep` of the user model, pinned to at most two CPUs, its trials
+    on one thread as a scheduled run's are (`scheduled_config`); before re-measuring a
+    disturbed row it waits up to `idle_wait_s` for them to be idle."""
     out = folder / f"{run_id}.parquet"
     config = folder / f"{run_id}.yaml"
-    config.write_text(f"sweep:\n  idle_wait_s: {idle_wait_s}\n")
+    config.write_text(f"sweep:\n  idle_wait_s: {idle_wait_s}\n  threads: 1\n")  # as scheduled
     env = {**os.environ, "PYTHONPATH": str(folder), "BATCHSCALE_GIT_COMMIT": commit}
     cpus = ",".join(map(str, sweep_cpus()))
     command = ["taskset", "-c", cpus, str(Path(sys.executable).with_name("batchscale")), "sweep",
@@ -150,17 +151,20 @@ class Scenario:
     def run(self, commit: str, neighbour: bool = False) -> tuple[str, Path, str]:
         self.count += 1
         run_id = f"20260601T{self.count:06d}Z-scen{self.count:02d}"
-        spinner = (subprocess.Popen([sys.executable, "-c", SPIN, str(sweep_cpus()[0]),
-                                     str(NEIGHBOUR_LIMIT_S)]) if neighbour else None)
+        # One spinner per CPU of the sweep's: its trials run on one thread, which the kernel
+        # would move to a CPU left free.
+        spinners = [subprocess.Popen([sys.executable, "-c", SPIN, str(cpu),
+                                      str(NEIGHBOUR_LIMIT_S)])
+                    for cpu in (sweep_cpus() if neighbour else [])]
         try:
-            if spinner:
-                time.sleep(0.3)  # let it start spinning
+            if spinners:
+                time.sleep(0.3)  # let them start spinning
             # A scheduled run waits for a neighbour to go before re-measuring; this test's
             # neighbour stays, so its run does not wait for it.
             sweep = run_sweep(self.folder, run_id, commit,
                               0 if neighbour else SCHEDULED_IDLE_WAIT_S)
         finally:
-            if spinner:
+            for spinner in spinners:
                 spinner.kill()
                 spinner.wait()
         path, text = publish(self.store, self.monkeypatch, self.folder, run_id, sweep)

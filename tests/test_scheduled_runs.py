@@ -24,6 +24,9 @@ def test_a_scheduled_run_fails_only_on_a_confirmed_regression():
     assert cfg.sweep.idle_wait_s == 120 > parse_config({}).sweep.idle_wait_s == 0
     longer = scheduled_config(parse_config({"sweep": {"idle_wait_s": 600}}))
     assert longer.sweep.idle_wait_s == 600  # a longer wait of the user's is kept
+    # one thread unless the user names a count (an ad-hoc run keeps torch's default)
+    assert cfg.sweep.threads == 1 and parse_config({}).sweep.threads is None
+    assert scheduled_config(parse_config({"sweep": {"threads": 4}})).sweep.threads == 4
     assert not parse_config({}).sweep.unstable_fails  # an ad-hoc run gets its answer too
     assert parse_config({"sweep": {"unstable_fails": True}}).sweep.unstable_fails
 
