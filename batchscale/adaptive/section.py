@@ -293,9 +293,9 @@ def _cost_sentence(decisions: pd.DataFrame, runs: pd.DataFrame | None, batch_siz
     grid_s = grid_device_s_estimate(decisions, runs, batch_sizes, seeds)
     if math.isfinite(spent_s) and math.isfinite(grid_s.value) and grid_s.value > 0:
         text += (f" and {_share(spent_s, grid_s)} of its training device time (about "
-                 f"{grid_s.value:,.1f} device-seconds "
-                 f"{_estimate_interval(grid_s, lambda v: f'{v:,.1f}')}, with the search's own "
-                 "step-time line)")
+                 f"{grid_s.value:,.1f} device-seconds, "
+                 f"{_estimate_interval(grid_s, lambda v: f'{v:,.1f}')[1:-1]}, with the search's "
+                 "own step-time line)")
     if math.isfinite(held_s) and held_s > 0:
         text += ("; the time held has no grid estimate: start-up is paid once per launch, "
                  "and a grid launches once per worker count locally and once per batch size on "
