@@ -196,6 +196,10 @@ def test_schedule_creates_one_at_a_time_recurring_run_that_fails_on_regression(
     assert body["display_name"] == "batchscale tiny"
     assert body["experiment_id"] in kfp_api.experiments
     assert _gate_config(body).publish.fail_on_regression is True
+    # the sweep's trials on one thread, as recurring runs time (its point is to compare)
+    tasks = body["pipeline_spec"]["pipeline_spec"]["root"]["dag"]["tasks"]
+    assert task_config(tasks["throughput-sweep"]).sweep.threads == 1
+    assert "the sweep's trials on 1 thread (sweep.threads)" in result.stdout
     assert not any(t.get("cachingOptions", {}).get("enableCache") for t in _tasks(body))
     assert all(r.headers.get("authorization") == "Bearer projected-sa-token-1"
                for r in kfp_api.requests)

@@ -35,7 +35,7 @@ def cmd_submit(args) -> int:
 
 def cmd_schedule(args) -> int:
     from batchscale.cron import check_cron
-    from batchscale.kfp_client import create_schedule, kfp_errors
+    from batchscale.kfp_client import create_schedule, kfp_errors, scheduled_config
 
     cfg = load_config(args.config)
     cron = check_cron(args.cron)
@@ -43,8 +43,10 @@ def cmd_schedule(args) -> int:
     with kfp_errors(args.host):
         job, replaced = create_schedule(_kfp_client(args), cfg, args.experiment, name, cron,
                                         args.namespace, replace=args.replace)
+    threads = scheduled_config(cfg).sweep.threads
     print(f"created recurring run {job.recurring_run_id} ({name}): cron '{cron}', one run at a "
-          "time, no catch-up, caching off, a throughput regression fails the run"
+          "time, no catch-up, caching off, a throughput regression fails the run, the sweep's "
+          f"trials on {threads} thread{'s' if threads > 1 else ''} (sweep.threads)"
           + "".join(f"; replaced {old}" for old in replaced))
     return 0
 
