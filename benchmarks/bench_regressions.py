@@ -31,7 +31,8 @@ Figures, each with its exact binomial (Clopper-Pearson) 95 % interval:
 - the earlier single-run rule on the same histories (a run more than
   max(3 · 1.4826 · MAD, 10 % of the median) below the median regressed), for comparison.
 The histories are deterministic (fixed seed); the real sweeps are measured anew on each run,
-which takes about 3 minutes on 2 CPU cores (the replays about a minute more).
+on torch's default threads and on one: the whole benchmark took 6 min 34 s on 2 CPU cores,
+most of it those sweeps.
 
 Run: `make bench BENCH=bench_regressions` (or `python -m benchmarks.run bench_regressions`).
 """

@@ -123,11 +123,11 @@ def test_an_estimate_not_bounded_away_from_zero_is_given_as_an_upper_end_only():
 
     wide = _linear_estimate(100.0, [(np.array([1.0]), np.array([[10000.0]]))], dof=5)
     assert math.isnan(wide.low) and wide.high > 100
-    assert _estimate_interval(wide, str) == (f"(at most {wide.high} at 90%; the fit does not "
-                                             "bound it from below)")
+    assert _estimate_interval(wide, str) == (f"at most {wide.high} at 90%; the fit does not "
+                                             "bound it from below")
     assert _share(50.0, wide) == f"50% (at least {50 / wide.high:.0%})"
     narrow = _linear_estimate(100.0, [(np.array([1.0]), np.array([[1.0]]))], dof=5)
     assert narrow.low == pytest.approx(100 - 2.015, abs=0.01)  # t(0.95, 5) × 1
     assert _share(50.0, narrow) == "50% (49%–51%)"
     none = _linear_estimate(100.0, [(np.array([1.0]), np.array([[1.0]]))], dof=0)
-    assert _estimate_interval(none, str) == "(no interval: the fit has no degrees of freedom left)"
+    assert _estimate_interval(none, str) == "no interval: the fit has no degrees of freedom left"

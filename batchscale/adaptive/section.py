@@ -287,14 +287,14 @@ def _cost_sentence(decisions: pd.DataFrame, runs: pd.DataFrame | None, batch_siz
                 "without a B_crit fit.")
     text = (f"It trained on {spent:,} examples{device}; a grid of {len(batch_sizes)} batch sizes "
             f"× {seeds} seeds would have needed about {_sig3(grid.value)} examples "
-            f"{_estimate_interval(grid, _sig3)} by the search's final fit (an estimate: the grid "
+            f"({_estimate_interval(grid, _sig3)}) by the search's final fit (an estimate: the grid "
             f"was not run; the interval is the fit's, and a grid's own trials would scatter "
             f"about it), so the search spent {_share(spent, grid)} of its examples")
     grid_s = grid_device_s_estimate(decisions, runs, batch_sizes, seeds)
     if math.isfinite(spent_s) and math.isfinite(grid_s.value) and grid_s.value > 0:
         text += (f" and {_share(spent_s, grid_s)} of its training device time (about "
                  f"{grid_s.value:,.1f} device-seconds, "
-                 f"{_estimate_interval(grid_s, lambda v: f'{v:,.1f}')[1:-1]}, with the search's "
+                 f"{_estimate_interval(grid_s, lambda v: f'{v:,.1f}')}, with the search's "
                  "own step-time line)")
     if math.isfinite(held_s) and held_s > 0:
         text += ("; the time held has no grid estimate: start-up is paid once per launch, "
@@ -311,14 +311,13 @@ def _sig3(value: float) -> str:
 
 
 def _estimate_interval(estimate: GridEstimate, show) -> str:
-    """"(90 % interval low–high)", or why there is none."""
+    """"90 % interval low–high", or why there is none (`show` formats a bound)."""
     level = f"{GRID_LEVEL:.0%}"
     if math.isfinite(estimate.low):
-        return f"({level} interval {show(estimate.low)}–{show(estimate.high)})"
+        return f"{level} interval {show(estimate.low)}–{show(estimate.high)}"
     if math.isfinite(estimate.high):
-        return (f"(at most {show(estimate.high)} at {level}; the fit does not bound it from "
-                "below)")
-    return "(no interval: the fit has no degrees of freedom left)"
+        return f"at most {show(estimate.high)} at {level}; the fit does not bound it from below"
+    return "no interval: the fit has no degrees of freedom left"
 
 
 def _share(spent: float, estimate: GridEstimate) -> str:

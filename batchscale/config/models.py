@@ -208,8 +208,9 @@ class SweepConfig(_Strict):
     """torch intra-op threads of each trial (torch.set_num_threads; the rows' `threads`).
     null: torch's default, one per usable CPU (or OMP_NUM_THREADS). On a shared virtual
     machine, steps of a few milliseconds or less on two or more threads swing with whether the
-    other virtual CPUs are running: on our 2-core machine digits-mlp's rows scattered 11-22 %
-    between sweeps on 2 threads and 1-3 % on 1 at three of four batch sizes (docs/sweep.md).
+    other virtual CPUs are running: on our 2-core machine digits-mlp's rows scattered 10-22 %
+    between sweeps on 2 threads in 6 of 8 (batch size, run) pairs over two runs, and 0.6-2.8 %
+    on 1 in 7 of 8 (docs/sweep.md).
     1 measures one CPU, not the machine, but repeatably: for runs whose point is to compare."""
     precision: Literal["fp32", "bf16"] = "fp32"
     """Compute precision (bf16 via autocast)."""
