@@ -18,7 +18,10 @@ slower in our probes, the size of the reported gap; it compared a wall-clock mea
 harness's median step time; and it compared the best of 5 runs of each side, not pairs. All
 three are gone here; the allocator figure measures the first on every run.
 
-Run: `python -m benchmarks.run bench_sweep` (about 6-8 minutes on 2 CPU cores).
+Run: `python -m benchmarks.run bench_sweep`. On 2 CPU cores its parts took, run alone: the
+overhead comparison on both thread settings 8 min 17 s with resnet18 timed for 0.5 s (its
+resnet18 1-thread part alone 3 min 32 s with 2 s timed), the repeatability
+part 7 min at 10 sweeps on both settings (the default is 5); expect 15-20 minutes in all.
 """
 
 from __future__ import annotations
@@ -65,8 +68,11 @@ MLP_BATCHES = [1, 4, 16, 64, 256, 1024]
 RESNET_BATCHES = [2, 4, 16, 64]
 RESNET_IMAGE_PX = 32
 # Both sides time the same fixed number of steps per batch size: about this long, within bounds
-# (found by one untimed calibration trial, which also starts the forkserver).
+# (found by one untimed calibration trial, which also starts the forkserver). resnet18's steps
+# take 40-190 ms, so half a second is its 10-step floor, and 8 rounds of that left the ratio's
+# interval up to 17 % wide; 2 s gives it 10-47 steps (docs/benchmarks.md).
 OVERHEAD_TIMED_S = 0.5
+OVERHEAD_TIMED_S_BY_WORKLOAD = {"resnet18": 2.0}
 OVERHEAD_MIN_STEPS = 10
 OVERHEAD_MAX_STEPS = 2000
 OVERHEAD_WARMUP_STEPS = 5
@@ -110,10 +116,12 @@ def _env(workload: str) -> dict:
 
 # ----------------------------------------------------------------------------- overhead
 def harness_step_seconds(workload: str, batch_size: int, image_px: int,
-                         cfg: SweepConfig) -> tuple[float, ...]:
-    """Step times of one sweep trial, built and run exactly as the sweep does it."""
-    spec = SweepTrial(workload, "synthetic", batch_size, "cpu", cfg, torch.get_num_threads(),
-                     memory_cap_bytes("cpu", cfg), None, False)
+                         cfg: SweepConfig, threads: int | None = None) -> tuple[float, ...]:
+    """Step times of one sweep trial, built and run exactly as the sweep does it, on `threads`
+    torch threads (None: this process's count, as the sweep's default)."""
+    spec = SweepTrial(workload, "synthetic", batch_size, "cpu", cfg,
+                      threads or torch.get_num_threads(), memory_cap_bytes("cpu", cfg), None,
+                      False)
     preload = ("torchvision",) if get_workload(workload).uses_torchvision else ()
     result = run_isolated(spec, preload)
     if not result.seconds:
@@ -129,11 +137,12 @@ def _fixed_steps_cfg(batch_size: int, image_px: int, steps: int) -> SweepConfig:
 
 
 def calibrated_steps(workload: str, batch_size: int, image_px: int,
-                     timed_s: float = OVERHEAD_TIMED_S) -> int:
+                     timed_s: float = OVERHEAD_TIMED_S, threads: int | None = None) -> int:
     """Timed steps for about `timed_s` of work, from one untimed harness trial."""
     cfg = SweepConfig(batch_sizes=[batch_size], input_modes=["synthetic"],
                       image_size_px=image_px, **CALIBRATION_TIMING)
-    step_s = statistics.median(harness_step_seconds(workload, batch_size, image_px, cfg))
+    step_s = statistics.median(harness_step_seconds(workload, batch_size, image_px, cfg,
+                                                    threads))
     return max(OVERHEAD_MIN_STEPS, min(OVERHEAD_MAX_STEPS, round(timed_s / step_s)))
 
 
@@ -142,18 +151,21 @@ def _sps(batch_size: int, seconds) -> float:
     return batch_size / statistics.median(seconds)
 
 
-def overhead(workload: str, batches: list[int], image_px: int) -> dict:
+def overhead(workload: str, batches: list[int], image_px: int,
+             threads: int | None = None) -> dict:
     """Per round, harness and bare loop at every batch size (batch order and which side goes
-    first alternate between rounds); per batch, the median ratio with its interval."""
-    steps = {b: calibrated_steps(workload, b, image_px) for b in batches}
-    threads = torch.get_num_threads()
+    first alternate between rounds), both on `threads` torch threads (None: torch's default);
+    per batch, the median ratio with its interval."""
+    threads = threads or torch.get_num_threads()
+    timed_s = OVERHEAD_TIMED_S_BY_WORKLOAD.get(workload, OVERHEAD_TIMED_S)
+    steps = {b: calibrated_steps(workload, b, image_px, timed_s, threads) for b in batches}
     pairs: dict[int, list[tuple]] = {b: [] for b in batches}
     for r in range(OVERHEAD_ROUNDS):
         for b in batches if r % 2 == 0 else batches[::-1]:
             cfg = _fixed_steps_cfg(b, image_px, steps[b])
             bare = BareSpec(workload, b, image_px, threads, OVERHEAD_WARMUP_STEPS, steps[b])
             pairs[b].append(paired_round(
-                r, lambda cfg=cfg, b=b: harness_step_seconds(workload, b, image_px, cfg),
+                r, lambda cfg=cfg, b=b: harness_step_seconds(workload, b, image_px, cfg, threads),
                 lambda bare=bare: run_bare(bare)))
         _log(f"   {workload} overhead round {r + 1}/{OVERHEAD_ROUNDS} done")
     return {b: _overhead_figures(b, steps[b], pairs[b]) for b in batches}
@@ -379,19 +391,40 @@ def _as_dicts(value):
     return value
 
 
+OVERHEAD_THREADS = (None, 1)
+"""The overhead comparison's torch threads, both sides alike: torch's default and one (what
+`sweep.threads: 1` and recurring runs time on)."""
+
+
+def overhead_plans() -> list[tuple[str, str, str, list[int], int | None]]:
+    """(result key, workload, printed name, batch sizes, threads) of every overhead
+    comparison."""
+    plans = []
+    for threads in OVERHEAD_THREADS:
+        suffix = "" if threads is None else f"_{threads}_thread"
+        label = "" if threads is None else f", {threads} thread"
+        plans += [(f"digits_mlp{suffix}", "digits-mlp", f"digits-mlp{label}", MLP_BATCHES,
+                   threads),
+                  (f"resnet18_32px{suffix}", "resnet18",
+                   f"resnet18 at {RESNET_IMAGE_PX}x{RESNET_IMAGE_PX}{label}", RESNET_BATCHES,
+                   threads)]
+    return plans
+
+
 def run() -> dict:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        mlp = overhead("digits-mlp", MLP_BATCHES, RESNET_IMAGE_PX)
-        resnet = overhead("resnet18", RESNET_BATCHES, RESNET_IMAGE_PX)
+        overheads = {key: (name, overhead(workload, batches, RESNET_IMAGE_PX, threads))
+                     for key, workload, name, batches, threads in overhead_plans()}
         allocator = allocator_effect()
         rep = repeatability(out)
         search = search_trials(out)
         detection = detection_shape(out)
-    _print_overhead("digits-mlp", mlp)
-    _print_overhead(f"resnet18 at {RESNET_IMAGE_PX}x{RESNET_IMAGE_PX}", resnet)
-    worst_ratio = worst_figure([f["ratio"] for f in (*mlp.values(), *resnet.values())])
+    for name, per_batch in overheads.values():
+        _print_overhead(name, per_batch)
+    worst_ratio = worst_figure([f["ratio"] for _, per_batch in overheads.values()
+                                for f in per_batch.values()])
     print(f"overhead, worst batch: {worst_ratio.text()}")
     print(f"allocator state alone (resnet18 B={ALLOCATOR_BATCH}, fresh process, trial malloc "
           f"settings ÷ defaults): {allocator.text()}")
@@ -405,7 +438,7 @@ def run() -> dict:
         "repeatability_worst_cv": worst_cv,
         "allocator_effect_ratio": allocator,
         "search_within_bound": MET if all(s["verdict"] == MET for s in search) else MISSED,
-        "digits_mlp": mlp, "resnet18_32px": resnet, "repeatability": rep,
-        "search": search, "detection": detection,
+        **{key: per_batch for key, (_, per_batch) in overheads.items()},
+        "repeatability": rep, "search": search, "detection": detection,
         "wall_s": time.perf_counter() - started,
     })

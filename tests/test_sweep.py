@@ -224,8 +224,8 @@ def test_summary_of_one_batch_says_why_there_is_no_memory_model(tmp_path):
 
 def test_the_trials_run_on_the_configured_threads_and_the_rows_say_so(tmp_path):
     """`sweep.threads` reaches the trials and their rows (over the environment's, which is
-    this process's: 1 in the parallel test phase); a sub-millisecond row timed on several
-    threads gets the summary's hint to time it on one, and a 1-thread row does not."""
+    this process's: 1 in the parallel test phase); a CPU sweep on several threads gets the
+    summary's hint to time it on one, while a 1-thread or a CUDA sweep does not."""
     from pydantic import ValidationError
 
     out = tmp_path / "threads.parquet"
@@ -233,10 +233,12 @@ def test_the_trials_run_on_the_configured_threads_and_the_rows_say_so(tmp_path):
     rows = sweep(cfg, "digits-mlp", ENV, out, log=quiet)
     assert rows[0]["threads"] == 2 and table_rows(out)[0]["threads"] == 2
     assert rows[0]["step_time_median_s"] < 1e-3  # digits-mlp at batch 4: sub-millisecond
-    hint = "On 2 threads such steps also swing with whether the other CPUs are running"
+    hint = "threads: the trials ran on 2 CPU threads; on a shared virtual machine a whole sweep"
     assert hint in "\n".join(summary_lines(summarize(rows)))
     one = "\n".join(summary_lines(summarize([{**rows[0], "threads": 1}])))
-    assert "sub-millisecond steps at batch 4" in one and "threads such steps" not in one
+    assert "sub-millisecond steps at batch 4" in one and "CPU threads" not in one
+    cuda = "\n".join(summary_lines(summarize([{**rows[0], "cuda_version": "12.8"}])))
+    assert "measurement quality" in cuda and "CPU threads" not in cuda
     with pytest.raises(ValidationError, match="greater than 0"):
         SweepConfig(threads=0)
 

@@ -173,6 +173,7 @@ def quality_summary(rows: list[dict]) -> dict:
         "cpu_wait_share_max": _largest(r.get("cpu_wait_share") for r in timed),
         "oversubscribed": any(r.get("threads_oversubscribed") for r in rows),
         "threads": max((r["threads"] for r in rows if r.get("threads")), default=None),
+        "on_cpu": bool(rows) and all(r.get("cuda_version") is None for r in rows),
     }
 
 
@@ -201,17 +202,23 @@ def quality_lines(summary: dict) -> list[str]:
         lines.append(f"sub-millisecond steps at batch {', '.join(map(str, short))}: the timer "
                      "and dispatch weigh on each step, so another sweep of these rows may land "
                      "further away than of slower ones; compare them only through their rerun "
-                     "intervals (docs/sweep.md)" + _threads_hint(summary.get("threads")))
+                     "intervals (docs/sweep.md)")
+    if hint := _threads_hint(summary):
+        lines.append(hint)
     return [*lines, _conditions_line(summary)]
 
 
-def _threads_hint(threads: int | None) -> str:
-    """On several threads, short steps also wait for each other's CPUs (docs/sweep.md)."""
-    if not threads or threads < 2:
+def _threads_hint(summary: dict) -> str:
+    """A CPU trial on several threads runs at the pace of its slowest thread's CPU; on a shared
+    virtual machine whole sweeps then land at one of two speeds, which a row's rerun interval,
+    from one sweep's rounds, cannot see (docs/sweep.md, "Threads, and rows that repeat")."""
+    threads = summary.get("threads")
+    if not summary.get("on_cpu") or not threads or threads < 2:
         return ""
-    return (f". On {threads} threads such steps also swing with whether the other CPUs are "
-            "running (a shared virtual machine): `sweep.threads: 1` times them repeatably, "
-            "on one CPU")
+    return (f"threads: the trials ran on {threads} CPU threads; on a shared virtual machine "
+            "a whole sweep can then run at one of two speeds (whether the other CPUs are "
+            "running), which the rerun intervals, from one sweep's rounds, do not see. "
+            "`sweep.threads: 1` times rows repeatably, on one CPU (docs/sweep.md)")
 
 
 def _conditions_line(summary: dict) -> str:
