@@ -225,7 +225,8 @@ def test_summary_of_one_batch_says_why_there_is_no_memory_model(tmp_path):
 def test_the_trials_run_on_the_configured_threads_and_the_rows_say_so(tmp_path):
     """`sweep.threads` reaches the trials and their rows (over the environment's, which is
     this process's: 1 in the parallel test phase); a CPU sweep on several threads gets the
-    summary's hint to time it on one, while a 1-thread or a CUDA sweep does not."""
+    summary's hint to time it on one, while a 1-thread or a CUDA sweep does not; a row whose
+    trials spent 5 % or more of their timed span in Python's garbage collector is named."""
     from pydantic import ValidationError
 
     out = tmp_path / "threads.parquet"
@@ -239,6 +240,13 @@ def test_the_trials_run_on_the_configured_threads_and_the_rows_say_so(tmp_path):
     assert "sub-millisecond steps at batch 4" in one and "CPU threads" not in one
     cuda = "\n".join(summary_lines(summarize([{**rows[0], "cuda_version": "12.8"}])))
     assert "measurement quality" in cuda and "CPU threads" not in cuda
+    collected = "\n".join(summary_lines(summarize(
+        [{**rows[0], "gc_share": 0.3, "step_time_cv": 6.2, "step_time_cv_outside_gc": 0.21}])))
+    assert "garbage collection: Python's collector ran" in collected
+    assert "synthetic batch 4 30%" in collected and "gc.freeze()" in collected
+    assert "CV at most 0.21 outside garbage-collection steps" in collected
+    little = "\n".join(summary_lines(summarize([{**rows[0], "gc_share": 0.01}])))
+    assert "garbage collection" not in little
     with pytest.raises(ValidationError, match="greater than 0"):
         SweepConfig(threads=0)
 

@@ -205,6 +205,25 @@ def test_a_single_step_cannot_be_judged_for_scatter():
     assert judge(combined, max_round_spread=0.15, max_cv=1e-9) == ("ok", None)
 
 
+def test_steps_paused_by_garbage_collection_alone_do_not_flag_a_row():
+    """A full collection's pause is the loop's own, in every round: the scatter check looks
+    past the steps it ran in, where the clock can tell them, and still sees a disturbance."""
+    quiet = [0.001] * 150 + [0.0011] * 150
+    quiet[100] = 0.2  # the step a 199 ms collection ran in
+    paused = StepTimes(tuple(quiet), 0.3, 0.5, 0.0, gc_s=0.199, gc_steps=(100,))
+    combined = combine([paused, paused])
+    assert combined.cv > 0.5 and combined.gc_share == pytest.approx(0.398)
+    assert judge(combined, max_round_spread=0.15, max_cv=0.5) == ("ok", None)
+    untold = StepTimes(tuple(quiet), 0.3, 0.5, 0.0, gc_s=0.199, gc_steps=None)
+    quality, reason = judge(combine([untold, untold]), max_round_spread=0.15, max_cv=0.5)
+    assert quality == "unstable" and reason == f"step times scatter: CV {combined.cv:.2f} (> 0.50)"
+    disturbed = [s * (1 + 3 * (i % 2)) for i, s in enumerate(quiet)]  # 1 and 4 ms steps
+    noisy = StepTimes(tuple(disturbed), 0.3, 0.5, 0.0, gc_s=0.199, gc_steps=(100,))
+    quality, reason = judge(combine([noisy, noisy]), max_round_spread=0.15, max_cv=0.5)
+    assert quality == "unstable"
+    assert reason.startswith("step times scatter: CV 0.6") and "garbage collector" in reason
+
+
 def test_a_rows_budget_and_step_cap_are_split_over_its_rounds():
     share = trial_share(SweepConfig(time_budget_s=2.0, max_timed_steps=2000, rounds=2))
     assert (share.time_budget_s, share.max_timed_steps) == (1.0, 1000)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
 import time
@@ -185,3 +186,46 @@ def test_a_step_sharing_its_cpu_with_a_busy_process_reports_the_wait():
     assert shared.cpu_wait_share > 0.2  # CPU_WAIT_SHARE is 0.1; fair sharing gives about 0.5
     assert StepTimes((1.0,), process_cpu_s=1.0).cpu_wait_share is None
     assert StepTimes((1.0,), 1.0, 2.0, 1.0).cpu_wait_share == pytest.approx(0.5)
+
+
+def test_full_garbage_collections_are_timed_and_their_steps_named():
+    """gc.callbacks see each collection: a step that runs a full one on every 5th call is
+    named, the collections' time counted, and the CV outside those steps leaves them out."""
+    step = CountingStep()
+
+    def collecting() -> None:
+        step()
+        if step.calls % 5 == 0:
+            gc.collect()  # a full (generation 2) collection of this whole test process
+
+    gc.disable()  # no automatic collection: only the step's own are timed
+    try:
+        times = time_steps(collecting, untimed_steps=2, min_steps=20, max_steps=20)
+    finally:
+        gc.enable()
+    # Calls 3..22 are timed steps 0..19; calls 5, 10, 15, 20 collected.
+    assert times.gc_steps == (2, 7, 12, 17)
+    assert 0 < times.gc_s <= times.wall_s and times.gc_share == times.gc_s / times.wall_s
+    assert times.cv_outside_gc < times.cv
+    untold = StepTimes(times.seconds, gc_s=times.gc_s, gc_steps=None)
+    assert untold.cv_outside_gc == untold.cv
+
+
+def test_the_garbage_of_set_up_and_warm_up_is_collected_before_the_timed_steps():
+    """One full collection runs after the warm-up steps and before the first timed step, so
+    the collection set-up made due is not timed as a step."""
+    step = CountingStep()
+    full_at_call: list[int] = []
+
+    def watch(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full_at_call.append(step.calls)
+
+    gc.callbacks.append(watch)
+    gc.disable()  # only the helper's own collection
+    try:
+        times = time_steps(step, untimed_steps=3, min_steps=5, max_steps=5)
+    finally:
+        gc.enable()
+        gc.callbacks.remove(watch)
+    assert full_at_call == [3] and times.gc_steps == ()

@@ -239,7 +239,8 @@ class SweepConfig(_Strict):
     re-measured, then flagged unstable."""
     max_cv: float = Field(0.5, gt=0.0)
     """A row whose step-time coefficient of variation exceeds this is re-measured, then flagged
-    unstable."""
+    unstable. Judged without the steps a full garbage collection ran in, where the clock can
+    tell them (CPU): those pauses come with the training loop (docs/sweep.md)."""
     max_retries: Annotated[NonNegativeInt, Field(le=10)] = 2
     """Re-measurements of a disagreeing or scattered row before it is kept as unstable."""
     idle_wait_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 0.0

@@ -40,6 +40,10 @@ SWEEP = pa.schema(
         pa.field("step_time_p10_s", pa.float64()),
         pa.field("step_time_p90_s", pa.float64()),
         pa.field("step_time_cv", pa.float64()),
+        # The same CV over the steps no full garbage collection ran in (the scatter check's;
+        # equal to step_time_cv where none ran or the clock cannot tell: CUDA); null in rows
+        # written before it was recorded.
+        pa.field("step_time_cv_outside_gc", pa.float64()),
         pa.field("samples_per_s", pa.float64()),
         # The range a rerun of the row would report, at 90 % (sweep/rounds.py, rerun_interval);
         # null when fewer than two trials or half-trials of two steps were timed.
@@ -72,6 +76,9 @@ SWEEP = pa.schema(
         pa.field("usable_cpus", pa.int64()),
         pa.field("process_cpu_per_wall", pa.float64()),
         pa.field("cpu_wait_share", pa.float64()),
+        # The share of the timed steps' span Python's garbage collector ran, the row's trials
+        # pooled (timing.GcPauses); null in rows written before it was recorded.
+        pa.field("gc_share", pa.float64()),
         pa.field("threads_oversubscribed", pa.bool_()),
         pa.field("gpu_other_processes", pa.int64()),
         pa.field("gpu_sm_clock_mhz", pa.float64()),

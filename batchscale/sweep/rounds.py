@@ -31,7 +31,8 @@ retries):
   repeats say little about a third. How often the next sweep lands inside it is measured in
   `make bench` (bench_sweep, "rerun interval coverage"; docs/sweep.md).
 
-`judge` then calls a row unstable when its trials disagree, its steps scatter, or most of its
+`judge` then calls a row unstable when its trials disagree, its steps scatter (judged without
+the steps a full garbage collection ran in: `_scatter_reason`), or most of its
 trials ran while other processes kept every usable CPU busy (conditions.OTHERS_LOAD_SHARE) or
 starved its threads of CPU (conditions.CPU_WAIT_SHARE): the case where steps are steadily slow
 in every round, which neither figure can see.
@@ -115,6 +116,11 @@ class Combined:
     """The lowest over the trials: the one that got the least CPU."""
     cpu_wait_share: float | None = None
     """The highest over the trials: the one whose threads waited longest for a CPU."""
+    gc_share: float | None = None
+    """The share of the trials' timed spans Python's garbage collector ran, pooled: a trial
+    stops once its steps settle, so its own span may hold one full collection or none."""
+    cv_outside_gc: float = math.nan
+    """Like `cv`, over the steps no full garbage collection ran in (StepTimes.cv_outside_gc)."""
     rerun_low_s: float | None = None
     rerun_high_s: float | None = None
     """`rerun_interval`'s bounds on the median step time; None when it cannot be computed."""
@@ -127,6 +133,7 @@ def combine(trials: Sequence[StepTimes]) -> Combined:
     medians = [t.median_s for t in trials]
     cpu = [t.cpu_per_wall for t in trials if t.cpu_per_wall is not None]
     waits = [t.cpu_wait_share for t in trials if t.cpu_wait_share is not None]
+    collected = [(t.gc_s, t.wall_s) for t in trials if t.gc_s is not None and t.wall_s]
     median_s = statistics.median(medians)
     rerun = rerun_interval(trials, median_s)
     return Combined(
@@ -139,6 +146,9 @@ def combine(trials: Sequence[StepTimes]) -> Combined:
         round_spread=majority_spread(medians),
         cpu_per_wall=min(cpu) if cpu else None,
         cpu_wait_share=max(waits) if waits else None,
+        gc_share=(min(1.0, sum(g for g, _ in collected) / sum(w for _, w in collected))
+                  if collected else None),
+        cv_outside_gc=_median_of_finite([t.cv_outside_gc for t in trials]),
         rerun_low_s=rerun[0] if rerun else None,
         rerun_high_s=rerun[1] if rerun else None,
     )
@@ -185,19 +195,33 @@ class Overload:
     cpu_wait_share: float = 0.0
 
 
+def _scatter_reason(combined: Combined, max_cv: float) -> str | None:
+    """Steps scatter beyond `max_cv`, judged without the steps a full garbage collection ran
+    in: those pauses come from the loop's own garbage, in every round alike, and would flag a
+    steady row (their time is the row's `gc_share`)."""
+    cv, outside = combined.cv, combined.cv_outside_gc
+    if math.isfinite(outside) and math.isfinite(cv) and outside < cv:
+        return (f"step times scatter: CV {outside:.2f} outside the steps Python's garbage "
+                f"collector ran in (> {max_cv:.2f})" if outside > max_cv else None)
+    if math.isfinite(cv) and cv > max_cv:
+        return f"step times scatter: CV {cv:.2f} (> {max_cv:.2f})"
+    return None
+
+
 def judge(combined: Combined, *, max_round_spread: float, max_cv: float,
           overload: Overload = Overload()) -> tuple[str, str | None]:
     """(quality, reason): "unstable" with the figures in plain words when the trials disagree by
-    more than `max_round_spread`, the steps scatter with a CV above `max_cv`, or most trials ran
-    on an overloaded machine or starved of CPU (steady but slow steps that agree across rounds:
-    see conditions.OTHERS_LOAD_SHARE, conditions.CPU_WAIT_SHARE); else "ok". A figure that
+    more than `max_round_spread`, the steps scatter with a CV above `max_cv`
+    (`_scatter_reason`), or most trials ran on an overloaded machine or starved of CPU (steady
+    but slow steps that agree across rounds: see conditions.OTHERS_LOAD_SHARE,
+    conditions.CPU_WAIT_SHARE); else "ok". A figure that
     cannot be computed (one trial; fewer than two steps) does not flag a row."""
     reasons = []
     spread = combined.round_spread
     if spread is not None and spread > max_round_spread:
         reasons.append(f"rounds disagree by {spread:.0%} (> {max_round_spread:.0%})")
-    if math.isfinite(combined.cv) and combined.cv > max_cv:
-        reasons.append(f"step times scatter: CV {combined.cv:.2f} (> {max_cv:.2f})")
+    if (scatter := _scatter_reason(combined, max_cv)) is not None:
+        reasons.append(scatter)
     if 2 * overload.trials > combined.trials:
         reasons.append(f"other processes kept all {overload.usable_cpus} usable CPUs busy in "
                        f"{overload.trials} of {combined.trials} trials (load beyond this "

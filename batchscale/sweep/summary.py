@@ -147,6 +147,12 @@ def _measured_wall_line(summary: dict) -> str:
 
 
 # ------------------------------------------------------------------------------ quality
+GC_NOTE_SHARE = 0.05
+"""The summary names rows whose trials spent at least this share of their timed spans in
+Python's garbage collector; the young generations alone took about 4 % in a loop of a small
+tabular `Dataset` here, a full collection every ~1,100 steps 13-17 % (docs/sweep.md)."""
+
+
 def quality_summary(rows: list[dict]) -> dict:
     """How far the timed rows can be trusted: unstable rows with their reasons, rounds and
     retries, the largest round spread and CV among the stable rows, the worst conditions."""
@@ -161,7 +167,11 @@ def quality_summary(rows: list[dict]) -> dict:
         "rounds": sorted({r["rounds"] for r in timed if r.get("rounds") is not None}),
         "retried_rows": sum(bool(r.get("retries")) for r in timed),
         "largest_round_spread": _largest(r.get("round_spread") for r in stable),
-        "largest_cv": _largest(r.get("step_time_cv") for r in stable),
+        "largest_cv": _largest(_judged_cv(r) for r in stable),
+        "cv_outside_gc": any(_finite(r.get("step_time_cv_outside_gc"))
+                             and _finite(r.get("step_time_cv"))
+                             and r["step_time_cv_outside_gc"] < r["step_time_cv"]
+                             for r in stable),
         "short_step_batches": sorted({r["batch_size"] for r in stable
                                       if _finite(r.get("step_time_median_s"))
                                       and r["step_time_median_s"] < SHORT_STEP_S}),
@@ -174,7 +184,16 @@ def quality_summary(rows: list[dict]) -> dict:
         "oversubscribed": any(r.get("threads_oversubscribed") for r in rows),
         "threads": max((r["threads"] for r in rows if r.get("threads")), default=None),
         "on_cpu": bool(rows) and all(r.get("cuda_version") is None for r in rows),
+        "gc_rows": sorted(((r["gc_share"], r["input_mode"], r["batch_size"]) for r in timed
+                           if _finite(r.get("gc_share")) and r["gc_share"] >= GC_NOTE_SHARE),
+                          reverse=True),
     }
+
+
+def _judged_cv(row: dict) -> float | None:
+    """The CV the scatter check judged: outside garbage-collection steps where recorded."""
+    outside = row.get("step_time_cv_outside_gc")
+    return outside if _finite(outside) else row.get("step_time_cv")
 
 
 def _largest(values) -> float | None:
@@ -197,7 +216,8 @@ def quality_lines(summary: dict) -> list[str]:
     lines.append(f"rounds: {rounds} per row, {summary['retried_rows']} row(s) re-measured; "
                  f"stable rows: rounds agree within "
                  f"{'n/a' if spread is None else f'{spread:.1%}'}, CV at most "
-                 f"{'n/a' if cv is None else f'{cv:.2f}'}")
+                 f"{'n/a' if cv is None else f'{cv:.2f}'}"
+                 f"{' outside garbage-collection steps' if summary.get('cv_outside_gc') else ''}")
     if short := summary.get("short_step_batches"):
         lines.append(f"sub-millisecond steps at batch {', '.join(map(str, short))}: the timer "
                      "and dispatch weigh on each step, so another sweep of these rows may land "
@@ -205,7 +225,21 @@ def quality_lines(summary: dict) -> list[str]:
                      "intervals (docs/sweep.md)")
     if hint := _threads_hint(summary):
         lines.append(hint)
+    if gc_rows := summary.get("gc_rows"):
+        lines.append(_gc_line(gc_rows))
     return [*lines, _conditions_line(summary)]
+
+
+def _gc_line(gc_rows: list[tuple[float, str, int]]) -> str:
+    """Where Python's garbage collector took a visible share of the timed steps."""
+    rows = ", ".join(f"{mode} batch {batch} {share:.0%}" for share, mode, batch in gc_rows)
+    return ("garbage collection: Python's collector ran for a share of the timed steps' span "
+            f"(a row's trials pooled; rough: a short span holds one full collection or none): "
+            f"{rows}. Its full collections rescan every object the process "
+            "holds (torch's and yours) and stop a step for tens to hundreds of milliseconds; "
+            "the median step time leaves them out, a training loop that allocates like this "
+            "one pays them. `gc.freeze()` once the model and data are built exempts those "
+            "objects (docs/sweep.md)")
 
 
 def _threads_hint(summary: dict) -> str:

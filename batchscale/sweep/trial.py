@@ -85,6 +85,9 @@ class TrialResult:
     wall_s: float | None = None
     cpu_wait_s: float | None = None
     """CPU, wall and run-queue wait seconds of the timed span (timing.StepTimes)."""
+    gc_s: float | None = None
+    gc_steps: tuple[int, ...] | None = None
+    """Garbage collection over the timed span (timing.StepTimes)."""
     gpu_conditions: dict = field(default_factory=dict)
     """On CUDA, conditions.gpu_conditions read right after the timed steps."""
 
@@ -92,7 +95,8 @@ class TrialResult:
     def times(self) -> StepTimes | None:
         if not self.seconds:
             return None
-        return StepTimes(self.seconds, self.process_cpu_s, self.wall_s, self.cpu_wait_s)
+        return StepTimes(self.seconds, self.process_cpu_s, self.wall_s, self.cpu_wait_s,
+                         self.gc_s, self.gc_steps)
 
 
 def is_oom(err: BaseException) -> bool:
@@ -241,7 +245,8 @@ def _measure(spec: SweepTrial, memory: PeakMemory) -> TrialResult:
            if memory.is_cuda else {})
     return TrialResult(TrialStatus.OK, times.seconds, flops, memory.peak_bytes(), memory.source,
                        process_cpu_s=times.process_cpu_s, wall_s=times.wall_s,
-                       cpu_wait_s=times.cpu_wait_s, gpu_conditions=gpu)
+                       cpu_wait_s=times.cpu_wait_s, gc_s=times.gc_s, gc_steps=times.gc_steps,
+                       gpu_conditions=gpu)
 
 
 def steady_state_malloc() -> None:
