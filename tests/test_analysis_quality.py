@@ -165,7 +165,8 @@ def test_a_cell_whose_step_times_disagree_is_flagged():
     flagged = {r["batch_size"] for r in result.rows if r["timing_flag"]}
     assert flagged == {16}
     row = next(r for r in result.rows if r["batch_size"] == 16)
-    assert "10× the sweep's" in row["timing_flag"]
+    # make_sweep's real input takes 1.2× the device's time: the slow side is judged against it
+    assert "8.33× the sweep's 1.24 ms (real-input measurement)" in row["timing_flag"]
     assert "more than the 2× allowed" in row["timing_flag"]
     assert row["step_time_s"] == pytest.approx(10 * line(16))
     assert [flag.batch_size for flag in result.summary.quality.timing_flags] == [16]
@@ -174,6 +175,26 @@ def test_a_cell_whose_step_times_disagree_is_flagged():
     strict = analyze(make_sweep(), runs, None,
                      AnalysisConfig(bootstrap_samples=20, step_time_disagreement_factor=20))
     assert not any(r["timing_flag"] for r in strict.rows)
+
+
+def test_a_step_that_reads_its_data_is_judged_against_the_sweeps_real_input():
+    """A trial reads its data in the step, as the sweep's real input does: convergence steps
+    2.5× the device's time (synthetic) but 1.04× real input's are no disagreement; without
+    real-input rows the same steps are flagged, naming the input pipeline as a cause; and a
+    step faster than the device's own by more than the factor is flagged either way."""
+    line = sweep_line()
+    reading = make_sweep().assign(step_time_median_s=lambda t: t["step_time_median_s"].where(
+        t["input_mode"] == "synthetic", 2.4 * t["step_time_median_s"] / 1.2))
+    runs = make_runs(seeds=(0, 1), step_time=lambda b: 2.5 * line(b))
+    assert not any(r["timing_flag"] for r in analyze(reading, runs, None, SETTINGS).rows)
+    device_only = reading[reading["input_mode"] != "real"]
+    flags = [r["timing_flag"] for r in analyze(device_only, runs, None, SETTINGS).rows]
+    assert all("2.5× the sweep's" in f and "(synthetic-input " in f
+               and "or the input pipeline" in f for f in flags)
+    fast = make_runs(seeds=(0, 1), step_time=lambda b: line(b) / 3)
+    flags = [r["timing_flag"] for r in analyze(reading, fast, None, SETTINGS).rows]
+    assert all("3× less than the sweep's" in f and "(synthetic-input " in f
+               for f in flags)
 
 
 def test_convergence_step_time_pools_rules_and_seeds_with_the_fewest_workers():

@@ -6,7 +6,9 @@ Two measurements of t(B) exist. The convergence runs time the very steps that re
 The throughput sweep times steps on a quiet, synchronized window with synthetic input; its
 line α + βB is what B* uses (the convergence runs time only the batches they trained) and is
 shown beside T's step time, with a flag where the two disagree by more than
-`analysis.step_time_disagreement_factor`, or where the convergence trials' threads waited for a
+`analysis.step_time_disagreement_factor` (a convergence step lies between the device's own time,
+synthetic input, and the sweep's real-input time, which reads the data in the step as a trial
+without loader workers does: `timing_flag`), or where the convergence trials' threads waited for a
 CPU for at least `analysis.max_cpu_wait_share` of their runnable time (a busy machine slowed
 them: docs/architecture.md, "Measurement rules").
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from enum import StrEnum
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -198,10 +201,12 @@ def _fewest_workers(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["workers"].eq(fewest) | fewest.isna()]
 
 
-def sweep_step_times(sweep: pd.DataFrame, batches: Iterable) -> tuple[np.ndarray, np.ndarray]:
+def sweep_step_times(sweep: pd.DataFrame, batches: Iterable,
+                     mode: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The sweep's seconds per step at each of `batches` and which (`StepTimeSource`): the
-    stable measured median, else its line α + βB; NaN and None when the sweep timed nothing."""
-    mode = timing_mode(sweep)
+    stable measured median, else its line α + βB; NaN and None when the sweep timed nothing.
+    `mode`: the input mode (None: `timing_mode`'s, the device's own where timed)."""
+    mode = mode or timing_mode(sweep)
     batches = as_floats(batches)
     if mode is None:
         return np.full(batches.size, math.nan), np.full(batches.size, None, dtype=object)
@@ -240,10 +245,13 @@ def cell_step_times(
     converged = convergence_step_times(runs)
     waits = convergence_cpu_waits(runs) if max_cpu_wait_share is not None else {}
     swept, swept_source = sweep_step_times(sweep, batches)
+    reading, reading_source = _reading_step_times(sweep, batches)
+    device_mode = timing_mode(sweep)
     columns: dict[str, list] = {
         "step_time_s": [], "step_time_source": [], "sweep_step_time_s": [], "timing_flag": []
     }
-    for batch, sweep_time, sweep_source in zip(batches, swept, swept_source, strict=True):
+    for batch, sweep_time, sweep_source, read_time, read_source in zip(
+            batches, swept, swept_source, reading, reading_source, strict=True):
         own = converged.get(batch, math.nan)
         if math.isfinite(own):
             time, source = own, StepTimeSource.CONVERGENCE.value
@@ -254,7 +262,8 @@ def cell_step_times(
         columns["sweep_step_time_s"].append(sweep_time)
         flags = [
             starved_flag(waits.get(batch), max_cpu_wait_share) if math.isfinite(own) else None,
-            timing_flag(own, sweep_time, sweep_source, disagreement_factor),
+            timing_flag(own, SweepTime(sweep_time, sweep_source, device_mode),
+                        SweepTime(read_time, read_source, "real"), disagreement_factor),
         ]
         columns["timing_flag"].append("; ".join(f for f in flags if f) or None)
     # object Series keep None as None (a text column of the analysis table: null, not NaN)
@@ -278,26 +287,53 @@ def starved_flag(wait_share: float | None, max_share: float | None) -> str | Non
     )
 
 
-def timing_flag(
-    convergence_s: float, sweep_s: float, sweep_source: str | None, factor: float
-) -> str | None:
-    """Plain words when the two step times differ by more than `factor` either way, else None."""
-    if not (math.isfinite(convergence_s) and math.isfinite(sweep_s) and sweep_s > 0):
+class SweepTime(NamedTuple):
+    """One of the sweep's step times at a batch: seconds, `StepTimeSource`, input mode."""
+
+    seconds: float
+    source: str | None
+    mode: str | None
+
+
+def _reading_step_times(sweep: pd.DataFrame | None,
+                        batches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sweep's real-input step times at `batches` where the device's own (synthetic) were
+    timed too; NaN where there are none to add."""
+    if timing_mode(sweep) != "synthetic":
+        return np.full(batches.size, math.nan), np.full(batches.size, None, dtype=object)
+    return sweep_step_times(sweep, batches, "real")
+
+
+def timing_flag(convergence_s: float, device: SweepTime, reading: SweepTime,
+                factor: float) -> str | None:
+    """Plain words when the convergence runs' step time lies outside what the sweep allows,
+    give or take `factor`, else None. At most `factor` × the real-input time `reading` (a trial
+    reads its data in the step, as the sweep's real input does; loader workers can only hide
+    that reading), or × the `device` time where real input was not timed; at least the device
+    time ÷ `factor` (no input pipeline makes a step faster than the device's own)."""
+    if not (math.isfinite(convergence_s) and math.isfinite(device.seconds)
+            and device.seconds > 0):
         return None
-    ratio = convergence_s / sweep_s
-    if 1.0 / factor <= ratio <= factor:
-        return None
-    what = "line" if sweep_source == StepTimeSource.SWEEP_FIT else "measurement"
-    if ratio > 1:
-        comparison = f"{ratio:.3g}× the sweep's {_ms(sweep_s)} ({what})"
-        cause = "training was slowed (a busy machine, or the input pipeline)"
-    else:
-        comparison = f"{1 / ratio:.3g}× less than the sweep's {_ms(sweep_s)} ({what})"
+    upper = reading if math.isfinite(reading.seconds) and reading.seconds > 0 else device
+    if convergence_s > factor * upper.seconds:
+        comparison = f"{convergence_s / upper.seconds:.3g}× the sweep's {_sweep_text(upper)}"
+        cause = ("training was slowed (a busy machine)" if upper is reading else
+                 "training was slowed (a busy machine, or the input pipeline)")
+    elif convergence_s < device.seconds / factor:
+        comparison = (f"{device.seconds / convergence_s:.3g}× less than the sweep's "
+                      f"{_sweep_text(device)}")
         cause = "the sweep was slowed (a busy machine while it timed this batch)"
+    else:
+        return None
     return (
         f"the convergence runs took {_ms(convergence_s)} per step, {comparison}: more than the"
         f" {factor:g}× allowed, so one of them is off, most likely {cause}"
     )
+
+
+def _sweep_text(time: SweepTime) -> str:
+    what = "line" if time.source == StepTimeSource.SWEEP_FIT else "measurement"
+    return f"{_ms(time.seconds)} ({time.mode or 'synthetic'}-input {what})"
 
 
 def _ms(seconds: float) -> str:

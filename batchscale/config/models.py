@@ -298,8 +298,10 @@ class AnalysisConfig(_Strict):
     the truth 79-88.5 % of the time, read at 0.98 95-98.5 %; docs/benchmarks.md,
     bench_adaptive_calibration)."""
     step_time_disagreement_factor: float = Field(2.0, gt=1.0)
-    """Flag a cell whose step time measured in the convergence runs differs from the sweep's by
-    more than this factor (either way)."""
+    """Flag a cell whose step time measured in the convergence runs lies outside the sweep's by
+    more than this factor: above its real-input time (a trial reads its data in the step, as
+    real input does; the device's time where real input was not timed), or below the device's
+    own time (synthetic input)."""
     max_cpu_wait_share: float | None = Field(0.1, gt=0.0, lt=1.0)
     """Flag a cell's time to target, and the worker recommendation, when its convergence
     trials' threads waited for a CPU at least this share of their runnable time (a busy machine;
