@@ -252,7 +252,8 @@ def _threads_hint(summary: dict) -> str:
     return (f"threads: the trials ran on {threads} CPU threads; on a shared virtual machine "
             "a whole sweep can then run at one of two speeds (whether the other CPUs are "
             "running), which the rerun intervals, from one sweep's rounds, do not see. "
-            "`sweep.threads: 1` times rows repeatably, on one CPU (docs/sweep.md)")
+            "`sweep.threads: 1` (`--threads 1`) times rows repeatably, on one CPU "
+            "(docs/sweep.md)")
 
 
 def _conditions_line(summary: dict) -> str:
