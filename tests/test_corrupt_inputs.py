@@ -195,7 +195,7 @@ SIGNED = {"b_simple", "measured_slope", "fit_slope", "change", "slope", "slope_l
           "slope_high"}
 NAN_MEANS_NOT_MEASURED = {
     "dataset": set(), "manifest": set(),
-    "sweep": {"step_time_cv"},
+    "sweep": {"step_time_cv", "step_time_cv_outside_gc"},
     "curves": {"b_simple"},
     "runs": {"b_simple"},
     "analysis": {"steps_to_target", "examples_to_target", "step_time_s", "time_to_target_s",
