@@ -1,14 +1,13 @@
 """The one timing helper. Every samples/s figure in batchscale comes from `time_steps`.
 
-Rules: warm-up steps are excluded, and the garbage that set-up and warm-up left is collected
-before timing (a long run pays that collection once); the device is synchronized at the edges
-of every timed window (never inside one, so the host may queue work ahead as a real training
-loop does); per-step times are kept, with the process's CPU time and its threads' run-queue
-wait over the timed span (a trial that did not get the CPU it asked for shows it), and the
-time Python's garbage collector ran, with the steps its full collections fell in (`GcPauses`:
-a collection that rescans every object of a process with torch imported stops the step for
-tens of milliseconds, a property of the training loop, not a disturbance); timing repeats
-until the coefficient of variation is below a target or the budget is spent. On CUDA, steps
+Rules: warm-up steps are excluded; the device is synchronized at the edges of every timed
+window (never inside one, so the host may queue work ahead as a real training loop does);
+per-step times are kept, with the process's CPU time and its threads' run-queue wait over the
+timed span (a trial that did not get the CPU it asked for shows it), and the time Python's
+garbage collector ran, with the steps its full collections fell in (`GcPauses`: a collection
+that rescans every object of a process with torch imported stops the step for tens of
+milliseconds, a property of the training loop, not a disturbance); timing repeats until the
+coefficient of variation is below a target or the budget is spent. On CUDA, steps
 are delimited by CUDA events recorded on the stream, so a step's time is the device's time
 between its edges, free of host launch jitter.
 """
@@ -235,19 +234,15 @@ def time_steps(
     min_time_s: float = MIN_TIMED_S,
     on_window: Callable[[int], None] | None = None,
 ) -> StepTimes:
-    """Run `step` untimed_steps times untimed, collect garbage, then time it in synchronized
-    windows until at least `min_steps` were timed and either the CV of the latest
-    CV_WINDOW_STEPS (or `min_steps`, if more) is at most `target_cv` after at least
-    `min_time_s` (capped by the budget), or `max_steps` or `time_budget_s` is reached.
+    """Run `step` untimed_steps times untimed, then time it in synchronized windows until at
+    least `min_steps` were timed and either the CV of the latest CV_WINDOW_STEPS (or
+    `min_steps`, if more) is at most `target_cv` after at least `min_time_s` (capped by the
+    budget), or `max_steps` or `time_budget_s` is reached.
     `on_window(steps_timed)` is called between windows (outside the timed region)."""
     clock = clock_for(device)
     for _ in range(untimed_steps):
         step()
     clock.sync()
-    # The objects set-up and warm-up left make a full collection due soon; run it now, as a
-    # long run pays it once, so it does not land in the timed steps (about 85 ms at the
-    # ~230,000 objects of a process with torch imported).
-    gc.collect()
     seconds: list[float] = []
     cpu_started = time.process_time()  # all threads of this process
     wait_started = run_queue_wait_s()

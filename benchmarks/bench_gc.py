@@ -33,6 +33,7 @@ def measure(frozen: bool) -> dict:
     from batchscale.workloads import get_workload
 
     torch.set_num_threads(1)
+    gc.collect()  # what the imports left, as the sweep's trial server does (sweep/settle_gc.py)
     contract = get_workload("benchmarks.tabular_workload:workload").contract_for(None)
     split = load_split(contract, "train")
     model = contract.model()

@@ -233,15 +233,15 @@ def test_the_trials_run_on_the_configured_threads_and_the_rows_say_so(tmp_path):
     cfg = SweepConfig(batch_sizes=[4], input_modes=["synthetic"], threads=2, **FAST)
     rows = sweep(cfg, "digits-mlp", ENV, out, log=quiet)
     assert rows[0]["threads"] == 2 and table_rows(out)[0]["threads"] == 2
-    assert rows[0]["step_time_median_s"] < 1e-3  # digits-mlp at batch 4: sub-millisecond
     hint = "threads: the trials ran on 2 CPU threads; on a shared virtual machine a whole sweep"
     assert hint in "\n".join(summary_lines(summarize(rows)))
     one = "\n".join(summary_lines(summarize([{**rows[0], "threads": 1}])))
-    assert "sub-millisecond steps at batch 4" in one and "CPU threads" not in one
+    assert "measurement quality" in one and "CPU threads" not in one
     cuda = "\n".join(summary_lines(summarize([{**rows[0], "cuda_version": "12.8"}])))
     assert "measurement quality" in cuda and "CPU threads" not in cuda
     collected = "\n".join(summary_lines(summarize(
-        [{**rows[0], "gc_share": 0.3, "step_time_cv": 6.2, "step_time_cv_outside_gc": 0.21}])))
+        [{**rows[0], "quality": "ok", "gc_share": 0.3, "step_time_cv": 6.2,
+          "step_time_cv_outside_gc": 0.21}])))
     assert "garbage collection: Python's collector ran" in collected
     assert "synthetic batch 4 30%" in collected and "gc.freeze()" in collected
     assert "CV at most 0.21 outside garbage-collection steps" in collected

@@ -224,6 +224,36 @@ def test_steps_paused_by_garbage_collection_alone_do_not_flag_a_row():
     assert reason.startswith("step times scatter: CV 0.6") and "garbage collector" in reason
 
 
+def test_the_trial_server_collects_its_imports_garbage_once_it_has_loaded_them():
+    """The forkserver's last preload runs one full collection, so trials forked from it do not
+    inherit one already due (it landed in their first timed steps)."""
+    import gc
+    import importlib
+    import sys
+
+    from batchscale.sweep import isolation
+
+    full: list[int] = []
+
+    def watch(phase: str, info: dict) -> None:
+        if phase == "start":
+            full.append(info["generation"])
+
+    sys.modules.pop(isolation.SETTLE_GC, None)
+    gc.callbacks.append(watch)
+    gc.disable()  # only the module's own collection
+    try:
+        importlib.import_module(isolation.SETTLE_GC)
+    finally:
+        gc.enable()
+        gc.callbacks.remove(watch)
+    assert full == [2]
+    import multiprocessing.forkserver
+
+    isolation._context(("torchvision",))  # what the server will preload, in order
+    assert multiprocessing.forkserver._forkserver._preload_modules[-1] == isolation.SETTLE_GC
+
+
 def test_a_rows_budget_and_step_cap_are_split_over_its_rounds():
     share = trial_share(SweepConfig(time_budget_s=2.0, max_timed_steps=2000, rounds=2))
     assert (share.time_budget_s, share.max_timed_steps) == (1.0, 1000)

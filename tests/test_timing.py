@@ -210,22 +210,3 @@ def test_full_garbage_collections_are_timed_and_their_steps_named():
     untold = StepTimes(times.seconds, gc_s=times.gc_s, gc_steps=None)
     assert untold.cv_outside_gc == untold.cv
 
-
-def test_the_garbage_of_set_up_and_warm_up_is_collected_before_the_timed_steps():
-    """One full collection runs after the warm-up steps and before the first timed step, so
-    the collection set-up made due is not timed as a step."""
-    step = CountingStep()
-    full_at_call: list[int] = []
-
-    def watch(phase: str, info: dict) -> None:
-        if phase == "start" and info["generation"] == 2:
-            full_at_call.append(step.calls)
-
-    gc.callbacks.append(watch)
-    gc.disable()  # only the helper's own collection
-    try:
-        times = time_steps(step, untimed_steps=3, min_steps=5, max_steps=5)
-    finally:
-        gc.enable()
-        gc.callbacks.remove(watch)
-    assert full_at_call == [3] and times.gc_steps == ()

@@ -35,6 +35,8 @@ from batchscale.sweep.trial import (
 # so its memory belongs in every trial's baseline.
 FORKSERVER_PRELOAD = ("batchscale.sweep.trial", "torch._dynamo",
                       "torch.utils.flop_counter", "tqdm")
+# Last in the preload list: collects what the imports left (sweep/settle_gc.py).
+SETTLE_GC = "batchscale.sweep.settle_gc"
 # How often the parent checks a CPU trial's resident memory against the cap. Reading
 # /proc/<pid>/status takes tens of microseconds: at this rate the cost is far below noise.
 WATCH_INTERVAL_S = 0.02
@@ -50,7 +52,7 @@ def _context(preload: tuple[str, ...]):
     CUDA in every process forked from it."""
     os.environ.setdefault(NVML_CUDA_CHECK, "1")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([*FORKSERVER_PRELOAD, *preload])
+    ctx.set_forkserver_preload([*FORKSERVER_PRELOAD, *preload, SETTLE_GC])
     return ctx
 
 

@@ -150,7 +150,7 @@ def _measured_wall_line(summary: dict) -> str:
 GC_NOTE_SHARE = 0.05
 """The summary names rows whose trials spent at least this share of their timed spans in
 Python's garbage collector; the young generations alone took about 4 % in a loop of a small
-tabular `Dataset` here, with its full collections 12 % (benchmarks/bench_gc.py)."""
+tabular `Dataset` here, with its full collections 16 % (benchmarks/bench_gc.py)."""
 
 
 def quality_summary(rows: list[dict]) -> dict:
