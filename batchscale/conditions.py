@@ -22,6 +22,7 @@ Everything here is best effort: what this machine cannot tell is None, never a g
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import time
 from collections.abc import Collection
@@ -325,3 +326,61 @@ def busy_warning(conditions: dict, threads: int) -> str | None:
         return None
     return (f"warning: the machine is busy before measuring ({'; '.join(reasons)}): timings "
             f"will be disturbed and rows may be flagged unstable; {WHAT_TO_DO}")
+
+
+# ------------------------------------------------------------------------------ notes
+# Said wherever a sweep's rows are shown (the sweep's summary, the analysis report): neither
+# makes a row untrustworthy, but each bounds what its figures can say.
+GC_NOTE_SHARE = 0.05
+"""Rows whose trials spent at least this share of their timed spans in Python's garbage
+collector are named; the young generations alone took about 4 % in a loop of a small tabular
+`Dataset` here, with its full collections 16 % (benchmarks/bench_gc.py)."""
+
+
+def gc_note(gc_rows: Collection[tuple[float, str, int]]) -> str:
+    """Where Python's garbage collector took a visible share of the timed steps, from
+    (gc_share, input mode, batch size) per row."""
+    rows = ", ".join(f"{mode} batch {batch} {share:.0%}" for share, mode, batch in gc_rows)
+    return ("Python's collector ran for a share of the timed steps' span "
+            f"(a row's trials pooled; rough: a short span holds one full collection or none): "
+            f"{rows}. Its full collections rescan every object the process "
+            "holds (torch's and yours) and stop a step for tens to hundreds of milliseconds; "
+            "the median step time leaves them out, a training loop that allocates like this "
+            "one pays them. `gc.freeze()` once the model and data are built exempts those "
+            "objects (docs/sweep.md)")
+
+
+def threads_note(cpu_threads: int | None) -> str:
+    """A CPU trial on several threads runs at the pace of its slowest thread's CPU; on a shared
+    virtual machine whole sweeps then land at one of two speeds, which a row's rerun interval,
+    from one sweep's rounds, cannot see (docs/sweep.md, "Threads, and rows that repeat").
+    `cpu_threads` as `cpu_threads_of` gives it; "" on one thread or on a GPU (None)."""
+    if not cpu_threads or cpu_threads < 2:
+        return ""
+    return (f"the trials ran on {cpu_threads} CPU threads; on a shared virtual machine "
+            "a whole sweep can then run at one of two speeds (whether the other CPUs are "
+            "running), which the rerun intervals, from one sweep's rounds, do not see. "
+            "`sweep.threads: 1` (`--threads 1`) times rows repeatably, on one CPU "
+            "(docs/sweep.md)")
+
+
+def gc_rows_of(rows: Collection[dict]) -> list[tuple[float, str, int]]:
+    """(gc_share, input mode, batch size) of the rows at or above GC_NOTE_SHARE, largest
+    first."""
+    return sorted(((float(r["gc_share"]), r["input_mode"], int(r["batch_size"])) for r in rows
+                   if _finite(r.get("gc_share")) and r["gc_share"] >= GC_NOTE_SHARE),
+                  reverse=True)
+
+
+def cpu_threads_of(rows: Collection[dict]) -> int | None:
+    """The most torch threads a row's trials ran on, when every row ran on the CPU (no
+    cuda_version); None on a GPU or when not recorded."""
+    if not rows or any(isinstance(r.get("cuda_version"), str) for r in rows):
+        return None
+    return max((int(r["threads"]) for r in rows if _finite(r.get("threads"))), default=None)
+
+
+def _finite(value: Any) -> bool:
+    """A number (numpy's included) that is neither NaN nor infinite; None and text are not."""
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and math.isfinite(value))

@@ -13,7 +13,7 @@ import pytest
 from test_analyze import make_runs, make_sweep, run_row, sweep_line
 
 from batchscale.analysis.analyze import analyze
-from batchscale.analysis.quality import headline
+from batchscale.analysis.quality import headline, note_items, quality_lines
 from batchscale.analysis.summary import ExcludedRow
 from batchscale.analysis.timetotarget import cell_step_times, convergence_step_times
 from batchscale.config import AnalysisConfig
@@ -128,6 +128,43 @@ def test_no_box_on_clean_data_only_a_line():
     old = report_page(measured_sweep(False, flagged=False), runs)
     assert 'class="quality"' not in old
     assert "Measurement quality was not recorded" in old
+
+
+def test_a_cpu_sweep_on_two_threads_and_a_collecting_row_are_noted_not_flagged():
+    """Neither makes a row untrustworthy, so the line stays "look stable"; but the rerun
+    intervals cannot see a whole sweep's speed shift on several CPU threads, and the median
+    leaves garbage-collection pauses out, so the box below the answer says both."""
+    runs = untimed_runs()
+    sweep = measured_sweep(False).assign(threads=2, cuda_version=None, gc_share=0.01)
+    collecting = (sweep["input_mode"] == "real") & (sweep["batch_size"] == 64)
+    sweep.loc[collecting, "gc_share"] = 0.12
+    result = analyze(sweep, runs, None, SETTINGS)
+    assert not result.summary.quality.flagged
+    assert result.summary.quality.cpu_threads == 2
+    assert result.summary.quality.gc_rows == ((0.12, "real", 64),)
+    page = render_html(result, sweep, runs, None)
+    line = page[page.index('<p class="quality-ok">'):]
+    assert "Measurements look stable" in line[:line.index("</p>")]
+    assert "notes below the recommendation" in line[:line.index("</p>")]
+    box = page[page.index('<section class="quality"'):]
+    box = box[:box.index("</section>")]
+    assert page.index("<h2>Recommendation</h2>") < page.index(box)
+    assert "ran on 2 CPU threads" in box and "sweep.threads: 1" in box
+    assert "real batch 64 12%" in box and "gc.freeze()" in box
+    lines = quality_lines(result.summary.quality)
+    assert lines[0].startswith("measurement quality: Measurements look stable")
+    assert [line.split(":")[0] for line in lines[1:]] == ["  threads", "  garbage collection"]
+
+
+def test_one_thread_or_a_gpu_gets_no_threads_note():
+    runs = untimed_runs()
+    for extra in ({"threads": 1, "cuda_version": None},
+                  {"threads": 8, "cuda_version": "12.8"}):
+        sweep = measured_sweep(False).assign(**extra)
+        quality = analyze(sweep, runs, None, SETTINGS).summary.quality
+        assert quality.cpu_threads in (1, None) and not note_items(quality), extra
+        assert 'class="quality"' not in render_html(
+            analyze(sweep, runs, None, SETTINGS), sweep, runs, None)
 
 
 def test_a_busy_machine_is_flagged_even_when_rows_agree():

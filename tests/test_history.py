@@ -283,9 +283,10 @@ def test_run_summary_states_bounds_edge_cases_and_quality():
     assert "rerun on a quiet node" in lines[-1].lower() and "Guaranteed QoS" in lines[-1]
     quiet = make_table("sweep", [{**r, "quality": "ok", "load_avg_1m": 1.8}
                                  for r in sweep_rows[1:]], env)
-    assert quality_lines({"sweep": quiet}) == [
-        "measurement quality: Measurements look stable: none of the 2 timed sweep rows"
-        " flagged; load average up to 1.8 on 2 usable CPUs."]
+    stable, threads = quality_lines({"sweep": quiet})
+    assert stable == ("measurement quality: Measurements look stable: none of the 2 timed sweep"
+                      " rows flagged; load average up to 1.8 on 2 usable CPUs.")
+    assert threads.startswith("  threads: the trials ran on 2 CPU threads")  # a CPU sweep
 
 
 def test_columns_added_since_an_old_partition_are_read_from_the_newer_ones(own_lake):

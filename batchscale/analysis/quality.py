@@ -17,6 +17,7 @@ import pandas as pd
 
 from batchscale import schemas
 from batchscale.analysis.summary import ExcludedRow, MeasurementQuality, TimingFlag
+from batchscale.conditions import cpu_threads_of, gc_note, gc_rows_of, threads_note
 from batchscale.fits import ensure_columns, matches, numeric_column, unstable_rows
 from batchscale.schemas import TrialStatus
 
@@ -68,6 +69,8 @@ def measurement_quality(sweep: pd.DataFrame | None, cells: pd.DataFrame) -> Meas
             _extreme(np.nanmax, numeric_column(timed, "gpu_temperature_c")),
         ),
         timing_flags=_timing_flags(cells),
+        gc_rows=tuple(gc_rows_of(timed.to_dict("records"))),
+        cpu_threads=cpu_threads_of(timed.to_dict("records")),
     )
 
 
@@ -228,10 +231,29 @@ def quality_items(quality: MeasurementQuality) -> list[tuple[str, str]]:
     return items
 
 
+def note_items(quality: MeasurementQuality) -> list[tuple[str, str]]:
+    """(label, sentence) pairs of what bounds the figures without flagging them: the threads
+    a CPU sweep ran on (its rerun intervals cannot see whole-sweep speed shifts) and the rows
+    Python's garbage collector took a visible share of."""
+    items = []
+    if threads := threads_note(quality.cpu_threads):
+        items.append(("Threads", threads))
+    if quality.gc_rows:
+        items.append(("Garbage collection", gc_note(quality.gc_rows)))
+    return items
+
+
+def box_items(quality: MeasurementQuality) -> list[tuple[str, str]]:
+    """What was flagged, then the notes, then what to do (when anything was flagged)."""
+    flagged, notes = quality_items(quality), note_items(quality)
+    return [*flagged[:-1], *notes, *flagged[-1:]] if flagged else notes
+
+
 def quality_box_markdown(quality: MeasurementQuality) -> str:
-    """The report's quality box: the headline, then one item per flagged aspect; "" when
-    nothing is flagged (the report then shows `stable_sentence` as a plain line)."""
-    items = quality_items(quality)
+    """The report's quality box: the headline, then one item per flagged aspect, then the
+    notes (`note_items`); "" when there is neither (the report then shows `stable_sentence`
+    as a plain line)."""
+    items = box_items(quality)
     if not items:
         return ""
     body = "\n".join(f"- **{label}.** {markdown_text(text)}" for label, text in items)
@@ -248,12 +270,8 @@ def markdown_text(text: str) -> str:
 
 def quality_lines(quality: MeasurementQuality) -> list[str]:
     """Plain-text lines for a terminal (`batchscale run`, `batchscale report`)."""
-    items = quality_items(quality)
-    if not items:
-        return [f"measurement quality: {stable_sentence(quality)}"]
-    return [f"measurement quality: {headline(quality)}"] + [
-        f"  {label.lower()}: {text}" for label, text in items
-    ]
+    items = [f"  {label.lower()}: {text}" for label, text in box_items(quality)]
+    return [f"measurement quality: {headline(quality)}", *items]
 
 
 def _capital(text: str) -> str:

@@ -184,6 +184,11 @@ class MeasurementQuality:
     gpu_clock_temperature: tuple[float, float]
     """Lowest SM clock (MHz) and highest temperature (°C) over the timed rows (NaN: unknown)."""
     timing_flags: tuple[TimingFlag, ...]
+    gc_rows: tuple[tuple[float, str, int], ...] = ()
+    """(gc_share, input mode, batch size) of the timed rows whose trials spent at least
+    conditions.GC_NOTE_SHARE of their timed spans in Python's garbage collector."""
+    cpu_threads: int | None = None
+    """The most torch threads a CPU sweep's trials ran on; None on a GPU or not recorded."""
 
     @property
     def flagged(self) -> bool:

@@ -98,6 +98,7 @@ def render_html(
         title=title,
         quality_box=markdown_html(box) if box else None,
         quality_line=headline(summary.quality),
+        quality_flagged=summary.quality.flagged,
         recommendation=markdown_html(recommendation_list(
             summary.recommendation, summary.target, summary.target_reason,
             evidence_links=True) + (f"\n- {schedule.answer}" if schedule and schedule.answer

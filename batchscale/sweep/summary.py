@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import math
 
-from batchscale.conditions import WHAT_TO_DO
+from batchscale.conditions import (
+    WHAT_TO_DO,
+    cpu_threads_of,
+    gc_note,
+    gc_rows_of,
+    threads_note,
+)
 from batchscale.fits import mfu_text
 from batchscale.schemas import Quality, TrialStatus
 
@@ -147,12 +153,6 @@ def _measured_wall_line(summary: dict) -> str:
 
 
 # ------------------------------------------------------------------------------ quality
-GC_NOTE_SHARE = 0.05
-"""The summary names rows whose trials spent at least this share of their timed spans in
-Python's garbage collector; the young generations alone took about 4 % in a loop of a small
-tabular `Dataset` here, with its full collections 16 % (benchmarks/bench_gc.py)."""
-
-
 def quality_summary(rows: list[dict]) -> dict:
     """How far the timed rows can be trusted: unstable rows with their reasons, rounds and
     retries, the largest round spread and CV among the stable rows, the worst conditions."""
@@ -182,11 +182,8 @@ def quality_summary(rows: list[dict]) -> dict:
                                  if _finite(r.get("process_cpu_per_wall"))), default=None),
         "cpu_wait_share_max": _largest(r.get("cpu_wait_share") for r in timed),
         "oversubscribed": any(r.get("threads_oversubscribed") for r in rows),
-        "threads": max((r["threads"] for r in rows if r.get("threads")), default=None),
-        "on_cpu": bool(rows) and all(r.get("cuda_version") is None for r in rows),
-        "gc_rows": sorted(((r["gc_share"], r["input_mode"], r["batch_size"]) for r in timed
-                           if _finite(r.get("gc_share")) and r["gc_share"] >= GC_NOTE_SHARE),
-                          reverse=True),
+        "cpu_threads": cpu_threads_of(rows),
+        "gc_rows": gc_rows_of(timed),
     }
 
 
@@ -223,37 +220,11 @@ def quality_lines(summary: dict) -> list[str]:
                      "and dispatch weigh on each step, so another sweep of these rows may land "
                      "further away than of slower ones; compare them only through their rerun "
                      "intervals (docs/sweep.md)")
-    if hint := _threads_hint(summary):
-        lines.append(hint)
+    if hint := threads_note(summary.get("cpu_threads")):
+        lines.append(f"threads: {hint}")
     if gc_rows := summary.get("gc_rows"):
-        lines.append(_gc_line(gc_rows))
+        lines.append(f"garbage collection: {gc_note(gc_rows)}")
     return [*lines, _conditions_line(summary)]
-
-
-def _gc_line(gc_rows: list[tuple[float, str, int]]) -> str:
-    """Where Python's garbage collector took a visible share of the timed steps."""
-    rows = ", ".join(f"{mode} batch {batch} {share:.0%}" for share, mode, batch in gc_rows)
-    return ("garbage collection: Python's collector ran for a share of the timed steps' span "
-            f"(a row's trials pooled; rough: a short span holds one full collection or none): "
-            f"{rows}. Its full collections rescan every object the process "
-            "holds (torch's and yours) and stop a step for tens to hundreds of milliseconds; "
-            "the median step time leaves them out, a training loop that allocates like this "
-            "one pays them. `gc.freeze()` once the model and data are built exempts those "
-            "objects (docs/sweep.md)")
-
-
-def _threads_hint(summary: dict) -> str:
-    """A CPU trial on several threads runs at the pace of its slowest thread's CPU; on a shared
-    virtual machine whole sweeps then land at one of two speeds, which a row's rerun interval,
-    from one sweep's rounds, cannot see (docs/sweep.md, "Threads, and rows that repeat")."""
-    threads = summary.get("threads")
-    if not summary.get("on_cpu") or not threads or threads < 2:
-        return ""
-    return (f"threads: the trials ran on {threads} CPU threads; on a shared virtual machine "
-            "a whole sweep can then run at one of two speeds (whether the other CPUs are "
-            "running), which the rerun intervals, from one sweep's rounds, do not see. "
-            "`sweep.threads: 1` (`--threads 1`) times rows repeatably, on one CPU "
-            "(docs/sweep.md)")
 
 
 def _conditions_line(summary: dict) -> str:
