@@ -215,15 +215,26 @@ def timing_mode(sweep: pd.DataFrame) -> str | None:
 
 
 def input_pipeline_share(sweep: pd.DataFrame) -> pd.DataFrame:
-    """Per batch: share of synthetic-input throughput lost with real input (1 − real/synthetic).
+    """Per batch: share of synthetic-input throughput lost with real input (1 − real/synthetic),
+    with `share_low`, `share_high` from the two rows' rerun intervals (the real row's slow end
+    against the synthetic row's fast end, and the reverse: each row's 90 % interval at once, so
+    the range is at least as wide as one ratio's; NaN where a row has none).
 
-    Near 0 the input pipeline keeps up; a large share means the device waits for data.
+    Near 0 the input pipeline keeps up; a large share means the device waits for data. Below 0
+    real input was timed faster, which reading data cannot make a step: the rows then differ by
+    the machine's speed between their trials.
     """
-    synthetic = throughput_curve(sweep, "synthetic").set_index("batch_size")["samples_per_s"]
-    real = throughput_curve(sweep, "real").set_index("batch_size")["samples_per_s"]
-    both = pd.DataFrame({"synthetic": synthetic, "real": real}).dropna()
-    both["share"] = 1.0 - both["real"] / both["synthetic"]
-    return both.reset_index(names="batch_size")
+    columns = ["samples_per_s", "samples_per_s_low", "samples_per_s_high"]
+    synthetic = throughput_curve(sweep, "synthetic").set_index("batch_size")[columns]
+    real = throughput_curve(sweep, "real").set_index("batch_size")[columns]
+    both = synthetic.join(real, how="inner", suffixes=("_synthetic", "_real"))
+    both = both.dropna(subset=["samples_per_s_synthetic", "samples_per_s_real"])
+    out = pd.DataFrame({"synthetic": both["samples_per_s_synthetic"],
+                        "real": both["samples_per_s_real"]})
+    out["share"] = 1.0 - out["real"] / out["synthetic"]
+    out["share_low"] = 1.0 - both["samples_per_s_high_real"] / both["samples_per_s_low_synthetic"]
+    out["share_high"] = 1.0 - both["samples_per_s_low_real"] / both["samples_per_s_high_synthetic"]
+    return out.reset_index(names="batch_size")
 
 
 # --------------------------------------------------------------------------- step time, memory

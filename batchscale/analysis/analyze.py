@@ -187,7 +187,10 @@ def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSumm
     best_batch = int(best["batch_size"])
     smallest = int(curve["batch_size"].min())
     saturation, reason = find_saturation(sweep, tolerance, mode)
-    share = input_pipeline_share(sweep).set_index("batch_size")["share"]
+    shares = input_pipeline_share(sweep).set_index("batch_size")
+    at_best = (shares.loc[float(best_batch)] if float(best_batch) in shares.index
+               else pd.Series({"share": math.nan, "share_low": math.nan,
+                               "share_high": math.nan}))
     return ThroughputSummary(
         timing_input_mode=mode,
         saturation_batch=saturation,
@@ -198,7 +201,8 @@ def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSumm
         best_batch=best_batch,
         mfu_at_best=float(best["mfu"]),
         smallest_timed_batch=smallest,
-        input_pipeline_share=float(share.get(float(best_batch), math.nan)),
+        input_pipeline_share=float(at_best["share"]),
+        input_pipeline_share_range=(float(at_best["share_low"]), float(at_best["share_high"])),
         best_rerun_interval=(float(best["samples_per_s_low"]),
                              float(best["samples_per_s_high"])),
     )

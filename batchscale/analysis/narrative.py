@@ -235,11 +235,34 @@ def _throughput_text(throughput: ThroughputSummary, step: StepTimeSummary) -> st
             f" Step time t(B) ≈ {1e3 * step.alpha_s:.3g} ms + "
             f"{1e6 * step.beta_s:.3g} µs × B (R² {step.r2:.2f})."
         )
-    share = throughput.input_pipeline_share
-    if math.isfinite(share):
-        text += f" Real input reaches {1 - share:.0%} of synthetic throughput at batch {best}"
-        text += ": the input pipeline is a bottleneck." if share > INPUT_BOTTLENECK_SHARE else "."
-    return text
+    return text + _input_text(throughput)
+
+
+def _input_text(throughput: ThroughputSummary) -> str:
+    """Real input against synthetic at the best batch, with the range the two rows' rerun
+    intervals allow. Real input timed faster is no finding: reading data cannot make a step
+    faster, so the rows were timed at different machine speeds."""
+    share, best = throughput.input_pipeline_share, throughput.best_batch
+    if not math.isfinite(share):
+        return ""
+    low, high = throughput.input_pipeline_share_range
+    known = math.isfinite(low) and math.isfinite(high)
+    ratio = (f" ({1 - high:.0%}–{1 - low:.0%} from the two rows' rerun intervals)" if known
+             else " (no rerun intervals recorded)")
+    if share < 0:
+        cause = ("the two rows were timed at different machine speeds, outside both rows' "
+                 "intervals" if known and high < 0 else
+                 "the two rows differ by their timing noise")
+        return (f" Real input was timed at {1 - share:.0%} of synthetic throughput at batch {best}"
+                f"{ratio}; reading data cannot make a step faster, so {cause}, and the input "
+                "pipeline's cost is not resolved (a sweep on one thread, `sweep.threads: 1`, "
+                "times rows more alike).")
+    text = f" Real input reaches {1 - share:.0%} of synthetic throughput at batch {best}{ratio}"
+    if share <= INPUT_BOTTLENECK_SHARE:
+        return text + "."
+    if known and low <= INPUT_BOTTLENECK_SHARE:
+        return text + ": the input pipeline may be a bottleneck (the range allows either)."
+    return text + ": the input pipeline is a bottleneck."
 
 
 def _memory_text(memory: MemorySummary) -> str:

@@ -31,7 +31,11 @@ class ThroughputSummary:
     mfu_at_best: float
     smallest_timed_batch: int | None
     input_pipeline_share: float
-    """Share of synthetic-input samples/s lost with real input at `best_batch` (NaN: unknown)."""
+    """Share of synthetic-input samples/s lost with real input at `best_batch` (NaN: unknown;
+    below 0: real input was timed faster, which reading data cannot make it)."""
+    input_pipeline_share_range: tuple[float, float] = (math.nan, math.nan)
+    """That share's range from the two rows' rerun intervals (fits.input_pipeline_share);
+    NaN: a row has none."""
     best_rerun_interval: tuple[float, float] = (math.nan, math.nan)
     """The best row's 90 % rerun interval of samples/s (sweep/rounds.py); NaN: none recorded."""
 
@@ -296,7 +300,11 @@ class AnalysisSummary:
             "saturation_batch": self.throughput.saturation_batch,
             "best_samples_per_s": self.throughput.best_samples_per_s,
             "mfu_at_best": self.throughput.mfu_at_best,
-            "input_pipeline_share": self.throughput.input_pipeline_share,
+            # below 0 (real input timed faster) it is no share: the narrative says why
+            "input_pipeline_share": (self.throughput.input_pipeline_share
+                                     if self.throughput.input_pipeline_share >= 0 else None),
+            "input_pipeline_share_low": self.throughput.input_pipeline_share_range[0],
+            "input_pipeline_share_high": self.throughput.input_pipeline_share_range[1],
             "step_time_alpha_s": self.step_time.alpha_s,
             "step_time_beta_s": self.step_time.beta_s,
             "step_time_r2": self.step_time.r2,

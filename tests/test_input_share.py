@@ -1,0 +1,70 @@
+"""Real input against synthetic in the analysis: the share lost to the input pipeline carries
+the range of the two rows' rerun intervals, and real input timed faster than synthetic (which
+reading data cannot make a step) is said to be timing noise, never a finding
+(batchscale.fits.input_pipeline_share, batchscale.analysis.narrative)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from test_analyze import make_runs, make_sweep
+
+from batchscale.analysis.analyze import analyze
+from batchscale.config import AnalysisConfig
+from batchscale.fits import input_pipeline_share
+
+SETTINGS = AnalysisConfig(bootstrap_samples=20)
+
+
+def sweep_with(real_factor: float, half_width: float) -> pd.DataFrame:
+    """make_sweep's synthetic rows, real rows at `real_factor` × their samples/s, each row with
+    a rerun interval of ± `half_width` (a share of its samples/s)."""
+    sweep = make_sweep()
+    real = sweep["input_mode"] == "real"
+    synthetic_speed = sweep.loc[~real & (sweep["status"] == "ok")].set_index("batch_size")[
+        "samples_per_s"]
+    sweep.loc[real, "samples_per_s"] = (
+        sweep.loc[real, "batch_size"].map(synthetic_speed) * real_factor)
+    sweep.loc[real, "step_time_median_s"] = (
+        sweep.loc[real, "batch_size"] / sweep.loc[real, "samples_per_s"])
+    sweep["samples_per_s_low"] = sweep["samples_per_s"] * (1 - half_width)
+    sweep["samples_per_s_high"] = sweep["samples_per_s"] * (1 + half_width)
+    return sweep
+
+
+def test_the_share_range_takes_each_rows_interval_at_its_far_end():
+    shares = input_pipeline_share(sweep_with(0.7, 0.1)).set_index("batch_size")
+    row = shares.loc[64]
+    assert row["share"] == pytest.approx(0.3)
+    assert row["share_low"] == pytest.approx(1 - 0.7 * 1.1 / 0.9)
+    assert row["share_high"] == pytest.approx(1 - 0.7 * 0.9 / 1.1)
+
+
+def test_rows_without_rerun_intervals_give_no_range():
+    sweep = sweep_with(0.7, 0.1).drop(columns=["samples_per_s_low", "samples_per_s_high"])
+    row = input_pipeline_share(sweep).set_index("batch_size").loc[64]
+    assert row["share"] == pytest.approx(0.3)
+    assert math.isnan(row["share_low"]) and math.isnan(row["share_high"])
+
+
+@pytest.mark.parametrize(("factor", "width", "words", "not_words"), [
+    (0.7, 0.02, "reaches 70% of synthetic throughput", "may be"),
+    (0.7, 0.02, "the input pipeline is a bottleneck", "not resolved"),
+    (0.7, 0.2, "the input pipeline may be a bottleneck (the range allows either)", " is a bottle"),
+    (0.95, 0.02, "reaches 95% of synthetic throughput at batch 1024 (91%–99%", "bottleneck"),
+    (1.25, 0.3, "the two rows differ by their timing noise", "reaches"),
+    (1.25, 0.02, "different machine speeds, outside both rows' intervals", "reaches"),
+])
+def test_the_narrative_states_the_share_with_its_range(factor, width, words, not_words):
+    result = analyze(sweep_with(factor, width), make_runs(), None, SETTINGS)
+    text = result.markdown
+    assert words in text and not_words not in text.split("**Memory")[0], text
+    metrics = result.summary.metrics()
+    if factor > 1:
+        assert "cannot make a step faster" in text
+        assert "input_pipeline_share" not in metrics  # no share below 0 is stored
+        assert metrics["input_pipeline_share_low"] < 0
+    else:
+        assert metrics["input_pipeline_share"] == pytest.approx(1 - factor)
