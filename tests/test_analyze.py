@@ -269,8 +269,15 @@ def test_a_supported_b_crit_is_a_number_with_no_bound():
          "only 2 of 4 batch sizes reached the target (4, 8): B_crit needs 3 or more"),
         (runs_following(lambda b: 100, status="diverged"),
          "every trial diverged (18 trials at 9 batch sizes)"),
+        (pd.concat([runs_following(lambda b: 6400 / b, batches=[4, 8]),
+                    runs_following(lambda b: 90, batches=[16, 32], seeds=(0,)),
+                    runs_following(lambda b: 90, batches=[16, 32], seeds=(1,),
+                                   status="not_reached")]),
+         "only 2 of 4 batch sizes reached the target (4, 8): B_crit needs 3 or more; some trials"
+         " reached it at 16 in 1 of 2 trials and 32 in 1 of 2 trials, too few to count: S(B) is"
+         " the median over the seeds at a learning rate"),
     ],
-    ids=["one-batch-size", "two-reached", "all-diverged"],
+    ids=["one-batch-size", "two-reached", "all-diverged", "half-the-seeds-reached"],
 )
 def test_edge_cases_say_why_there_is_no_b_crit(runs, words):
     result = analyze_runs(runs)

@@ -69,8 +69,26 @@ def edge_case_reason(rule_runs: pd.DataFrame, cells: pd.DataFrame) -> str:
         return (
             f"only {len(reached)} of {len(run_batches)} batch sizes reached the target"
             f" ({', '.join(map(str, reached))}): B_crit needs {MIN_CRITICAL_FIT_BATCHES} or more"
+            + _partly_reached(rule_runs, reached)
         )
     return ""
+
+
+def _partly_reached(rule_runs: pd.DataFrame, reached: list[int]) -> str:
+    """The batch sizes some trials reached the target at, though too few to count: S(B) is the
+    median over seeds, so a batch reached in half its seeds or fewer is not reached."""
+    hit = matches(rule_runs, "status", RunStatus.REACHED)
+    counts = pd.DataFrame({"batch_size": numeric_column(rule_runs, "batch_size"), "hit": hit})
+    by_batch = counts.groupby("batch_size")["hit"].agg(["sum", "size"])
+    partly = by_batch[(by_batch["sum"] > 0) & ~by_batch.index.isin(reached)]
+    if partly.empty:
+        return ""
+    listed = [f"{int(b)} in {int(row['sum'])} of {int(row['size'])} trials"
+              for b, row in partly.iterrows()]
+    listed = ", ".join(listed[:-1]) + " and " + listed[-1] if len(listed) > 1 else listed[0]
+    return (f"; some trials reached it at {listed}, too few to count: S(B) is the median over"
+            " the seeds at a learning rate, so a batch size counts once more than half of its"
+            " seeds at one learning rate reach the target")
 
 
 def _fit(rule_runs: pd.DataFrame, cells: pd.DataFrame, range_factor: float) -> CriticalBatchFit:
