@@ -272,10 +272,15 @@ def test_a_supported_b_crit_is_a_number_with_no_bound():
         (pd.concat([runs_following(lambda b: 6400 / b, batches=[4, 8]),
                     runs_following(lambda b: 90, batches=[16, 32], seeds=(0,)),
                     runs_following(lambda b: 90, batches=[16, 32], seeds=(1,),
-                                   status="not_reached")]),
+                                   status="not_reached").assign(
+                        stop_reason=["stalled: no target metric improved …",
+                                     "ran convergence.max_steps (90 steps) …"])]),
          "only 2 of 4 batch sizes reached the target (4, 8): B_crit needs 3 or more; some trials"
          " reached it at 16 in 1 of 2 trials and 32 in 1 of 2 trials, too few to count: S(B) is"
-         " the median over the seeds at a learning rate"),
+         " the median over the seeds at a learning rate, so a batch size counts once more than"
+         " half of its seeds at one learning rate reach the target; of the trials that stopped"
+         " short, 1 stalled (convergence.patience_evals), 1 ran out of steps"
+         " (convergence.max_steps)"),
     ],
     ids=["one-batch-size", "two-reached", "all-diverged", "half-the-seeds-reached"],
 )

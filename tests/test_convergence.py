@@ -198,11 +198,28 @@ def test_a_huge_learning_rate_is_a_diverged_result_not_a_crash(tmp_path, digits_
     _, summary = run_in_process(tmp_path, digits_dir, lr_rules=["constant"], base_lr=50.0)
     assert summary["status"] == "diverged"
     assert summary["steps_to_target"] is None
+    assert summary["stop_reason"].startswith("the training batches' loss")
+    assert ("more than 10x its first value" in summary["stop_reason"]
+            or "became nan" in summary["stop_reason"]), summary["stop_reason"]
 
 
 def test_a_spent_step_budget_is_not_reached(tmp_path, digits_dir):
     _, summary = run_in_process(tmp_path, digits_dir, max_steps=10, target_val_accuracy=1.0)
     assert (summary["status"], summary["steps_run"]) == ("not_reached", 10)
+    assert summary["stop_reason"] == ("ran convergence.max_steps (10 steps) without reaching "
+                                      "every target")
+
+
+def test_a_stalled_trial_says_so_with_its_best_value(tmp_path, digits_dir):
+    trial, summary = run_in_process(tmp_path, digits_dir, patience_evals=2,
+                                    target_val_accuracy=1.0)
+    assert summary["status"] == "not_reached" and summary["steps_run"] < 300
+    best = trial.state.best["val_accuracy"]
+    assert summary["stop_reason"] == (
+        "stalled: no target metric improved in 2 evaluations in a row "
+        f"(convergence.patience_evals; best so far val_accuracy {best:.4g})")
+    reached, _ = run_in_process(tmp_path / "reached", digits_dir)
+    assert reached.state.stop_reason is None
 
 
 def test_a_finished_trial_resumes_from_its_final_checkpoint(tmp_path, digits_dir):
@@ -350,7 +367,11 @@ def test_unreachable_target_exits_non_zero_and_keeps_the_tables(tmp_path, digits
                       "--dataset-dir", str(digits_dir), "--out", str(tmp_path / "out")],
                      cwd=tmp_path)
     assert result.returncode == 1
-    assert "no trial reached val_accuracy >= 1 within max_steps 20" in result.stderr
+    assert ("no trial reached val_accuracy >= 1: of 1 trials, 1 out of steps (ran max_steps 20:"
+            " raise max_steps or lower the target)") in result.stderr
     runs = pq.read_table(tmp_path / "out" / "runs.parquet").to_pylist()
     assert [r["status"] for r in runs] == ["not_reached"]
+    assert runs[0]["stop_reason"].startswith("ran convergence.max_steps (20 steps)")
+    assert "not_reached at step 20 (0 of 1 targets" in result.stderr
+    assert "s): ran convergence.max_steps (20 steps)" in result.stderr
     assert math.isclose(runs[0]["target_val_accuracy"], 1.0)

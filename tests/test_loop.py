@@ -83,7 +83,9 @@ def test_misbehaving_loops_fail_their_trial_and_the_others_go_on(tmp_path):
         assert message in result.stderr and "Traceback" not in result.stderr
         at_16 = runs["batch_size"].eq(16)
         assert runs.loc[at_16, "status"].eq(status).all(), (how, result.stderr)
+        assert runs.loc[at_16, "stop_reason"].str.contains(message, regex=False).all(), how
         assert runs.loc[~at_16, "status"].eq("reached").all(), (how, result.stderr)
+        assert runs.loc[~at_16, "stop_reason"].isna().all(), how
 
 
 def test_a_loop_in_a_two_worker_group_measures_the_noise_scale(tmp_path):

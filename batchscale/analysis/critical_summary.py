@@ -64,14 +64,32 @@ def edge_case_reason(rule_runs: pd.DataFrame, cells: pd.DataFrame) -> str:
     reached = sorted(int(b) for b, s in zip(cells["batch_size"], steps, strict=True)
                      if math.isfinite(s))
     if not reached:
-        return f"no batch size reached the target (of {_count(len(run_batches), 'batch size')} run)"
+        return (f"no batch size reached the target (of {_count(len(run_batches), 'batch size')}"
+                f" run){_stopped_short(rule_runs)}")
     if len(reached) < MIN_CRITICAL_FIT_BATCHES:
         return (
             f"only {len(reached)} of {len(run_batches)} batch sizes reached the target"
             f" ({', '.join(map(str, reached))}): B_crit needs {MIN_CRITICAL_FIT_BATCHES} or more"
-            + _partly_reached(rule_runs, reached)
+            + _partly_reached(rule_runs, reached) + _stopped_short(rule_runs)
         )
     return ""
+
+
+STOP_KINDS = (("stalled", "stalled (convergence.patience_evals)"),
+              ("ran convergence.max_steps", "ran out of steps (convergence.max_steps)"))
+"""The runs table's stop_reason prefixes (convergence/outcome.py) and how they are counted."""
+
+
+def _stopped_short(rule_runs: pd.DataFrame) -> str:
+    """How the trials that did not reach the target ended, counted by kind ("" when the
+    table records no stop_reason: rows from before it, or from elsewhere)."""
+    if "stop_reason" not in rule_runs:
+        return ""
+    reasons = rule_runs["stop_reason"].dropna().astype(str)
+    counts = [(sum(reasons.str.startswith(prefix)), words) for prefix, words in STOP_KINDS]
+    counts.append((int(matches(rule_runs, "status", RunStatus.DIVERGED).sum()), "diverged"))
+    listed = [f"{count} {words}" for count, words in counts if count]
+    return f"; of the trials that stopped short, {', '.join(listed)}" if listed else ""
 
 
 def _partly_reached(rule_runs: pd.DataFrame, reached: list[int]) -> str:

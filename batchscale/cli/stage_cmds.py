@@ -134,10 +134,29 @@ def cmd_converge(args) -> int:
     if RunStatus.REACHED not in runs.column("status").to_pylist():
         wanted = " or ".join(t.label for t in cfg.convergence.resolved_targets())
         raise BatchscaleError(
-            f"no trial reached {wanted} within max_steps {cfg.convergence.max_steps} (statuses "
-            "and curves are in the tables above): lower the target, raise max_steps, or check "
-            "the learning rates")
+            f"no trial reached {wanted}: {_why_short(runs.to_pylist(), cfg.convergence)} "
+            "(each trial's stop_reason and curve are in the tables above)")
     return 0
+
+
+def _why_short(rows: list[dict], c) -> str:
+    """How the trials ended short of the target, counted, each with what to change."""
+    trials = {row["trial_id"]: row for row in rows}.values()
+    reasons = [str(row.get("stop_reason") or "") for row in trials]
+    ended = {
+        "stalled": (sum(r.startswith("stalled") for r in reasons),
+                    f"no target metric improved in {c.patience_evals} evaluations in a row: "
+                    "raise convergence.patience_evals or try other learning rates"),
+        "out of steps": (sum(r.startswith("ran convergence.max_steps") for r in reasons),
+                         f"ran max_steps {c.max_steps:,}: raise max_steps or lower the target"),
+        "diverged": (sum(row["status"] == RunStatus.DIVERGED for row in trials),
+                     "lower the learning rates or lengthen the warm-up"),
+    }
+    parts = [f"{count} {name} ({advice})" for name, (count, advice) in ended.items() if count]
+    other = len(trials) - sum(count for count, _ in ended.values())
+    if other:
+        parts.append(f"{other} ended otherwise (failed, pruned or probed)")
+    return f"of {len(trials)} trials, " + "; ".join(parts)
 
 
 def _largest_batches(cfg) -> list[int]:

@@ -20,7 +20,12 @@ import torch.distributed as dist
 
 from batchscale.convergence.distributed import Dist, all_reduce, barrier
 from batchscale.convergence.loop_trial import LoopTrial
-from batchscale.convergence.outcome import Target, note_targets, trial_rows
+from batchscale.convergence.outcome import (
+    Target,
+    note_targets,
+    out_of_steps_or_stalled,
+    trial_rows,
+)
 from batchscale.convergence.probe import probe_done
 from batchscale.convergence.schedule import LrSchedule
 from batchscale.convergence.spec import ConvergenceSpec, TrialSpec
@@ -97,7 +102,8 @@ class LoopOutcome:
         if len(s.reached) == len(self.targets):
             return RunStatus.REACHED
         s.evals_since_best = 0 if improved else s.evals_since_best + 1
-        if step >= self.settings.max_steps or s.evals_since_best >= self.settings.patience_evals:
+        if (reason := out_of_steps_or_stalled(s, self.settings)) is not None:
+            s.stop_reason = reason
             return RunStatus.NOT_REACHED
         if self.t.prune_at_step is not None and step >= self.t.prune_at_step:
             return RunStatus.PRUNED
@@ -108,6 +114,8 @@ class LoopOutcome:
     def rows(self, status: RunStatus) -> list[dict]:
         if not self.state.curve:  # never reported: one row saying so, nothing measured
             self.state.curve.append({"train_time_s": 0.0})
+        if self.failure:  # the loop's own failure or divergence, or its early return
+            self.state.stop_reason = self.failure
         rows = trial_rows(self.state, self.t, self.d.world_size, self.targets, status)
         return [{**row, "cpu_wait_share": None} for row in rows]
 

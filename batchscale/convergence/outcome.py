@@ -42,6 +42,20 @@ def note_targets(state, targets: list[Target], row: dict) -> bool:
     return improved
 
 
+def out_of_steps_or_stalled(state, settings) -> str | None:
+    """Why a trial that has not reached every target stops after this evaluation: it ran
+    `max_steps`, or no target metric improved for `patience_evals` evaluations in a row (in
+    the words the runs table's `stop_reason` keeps); None while it goes on."""
+    if state.step >= settings.max_steps:
+        return (f"ran convergence.max_steps ({settings.max_steps:,} steps) without reaching "
+                "every target")
+    if state.evals_since_best >= settings.patience_evals:
+        best = ", ".join(f"{name} {value:.4g}" for name, value in sorted(state.best.items()))
+        return (f"stalled: no target metric improved in {settings.patience_evals} evaluations "
+                f"in a row (convergence.patience_evals; best so far {best or 'none'})")
+    return None
+
+
 def trial_rows(state, trial, workers: int, targets: list[Target],
                status: RunStatus) -> list[dict]:
     """The trial's runs-table rows, one per target (but `cpu_wait_share`, added by the
@@ -55,6 +69,7 @@ def trial_rows(state, trial, workers: int, targets: list[Target],
         "final_val_accuracy": last.get("val_accuracy"), "b_simple": state.noise.b_simple,
         "train_time_s": last["train_time_s"],
     }
+    reason = getattr(state, "stop_reason", None)
     kept = (RunStatus.DIVERGED, RunStatus.PRUNED, RunStatus.PROBED, RunStatus.FAILED)
     rows = []
     for target in targets:
@@ -69,6 +84,7 @@ def trial_rows(state, trial, workers: int, targets: list[Target],
             "steps_to_target": hit["step"] if hit else None,
             "examples_to_target": hit["examples_seen"] if hit else None,
             "time_to_target_s": hit["train_time_s"] if hit else None,
+            "stop_reason": None if hit else reason,
         })
     return rows
 

@@ -35,7 +35,12 @@ from batchscale.convergence import halving, trialenv, trialstate, usererror
 from batchscale.convergence.distributed import Dist, all_reduce, barrier, init_distributed
 from batchscale.convergence.faults import drill_step, maybe_inject_fault
 from batchscale.convergence.noise import grad_list, sq_norm
-from batchscale.convergence.outcome import Target, note_targets, trial_rows
+from batchscale.convergence.outcome import (
+    Target,
+    note_targets,
+    out_of_steps_or_stalled,
+    trial_rows,
+)
 from batchscale.convergence.probe import probe_done
 from batchscale.convergence.schedule import DataOrder, LrSchedule, build_optimizer
 from batchscale.convergence.spec import ConvergenceSpec, TrialSpec, read_spec
@@ -289,22 +294,36 @@ class Trial:
         }
         s.curve.append(row)
         s.loss_sum, s.loss_count = 0.0, 0
-        if not math.isfinite(batch_loss) or (
-                s.first_loss and batch_loss > self.settings.divergence_factor * s.first_loss):
+        if (diverged := self.diverged_reason(batch_loss)) is not None:
+            s.stop_reason = diverged
             return RunStatus.DIVERGED
         improved = self.note_targets(row)
         gap_pending = self.gap_step is not None and s.step < self.gap_step
         if len(s.reached) == len(self.targets) and not gap_pending:
             return RunStatus.REACHED
         s.evals_since_best = 0 if improved else s.evals_since_best + 1
-        stalled = s.evals_since_best >= self.settings.patience_evals and not (
-            len(s.reached) == len(self.targets))  # past the targets, only the gap budget waits
-        if s.step >= self.settings.max_steps or stalled:
+        if len(s.reached) == len(self.targets):  # past the targets, only the gap budget waits
+            if s.step >= self.settings.max_steps:
+                return RunStatus.NOT_REACHED
+        elif (reason := out_of_steps_or_stalled(s, self.settings)) is not None:
+            s.stop_reason = reason
             return RunStatus.NOT_REACHED
         if self.t.prune_at_step is not None and s.step >= self.t.prune_at_step:
             return RunStatus.PRUNED
         if self.t.probe is not None and probe_done(self.t.probe, s.curve, row["examples_seen"]):
             return RunStatus.PROBED
+        return None
+
+    def diverged_reason(self, batch_loss: float) -> str | None:
+        """Why the training batches' mean loss since the last evaluation counts as diverged
+        (non-finite, or `divergence_factor` × the first one); None when it does not."""
+        s, factor = self.state, self.settings.divergence_factor
+        if not math.isfinite(batch_loss):
+            return f"the training batches' loss became {batch_loss} by step {s.step}"
+        if s.first_loss and batch_loss > factor * s.first_loss:
+            return (f"the training batches' loss {batch_loss:.4g} by step {s.step} is more than "
+                    f"{factor:g}x its first value {s.first_loss:.4g} "
+                    "(convergence.divergence_factor)")
         return None
 
     def note_targets(self, row: dict) -> bool:
@@ -328,8 +347,9 @@ class Trial:
             self.loader = None  # its worker processes end with it
         if status is None:
             return None  # paused at the rung, checkpointed
+        why = f": {s.stop_reason}" if s.stop_reason and status != RunStatus.REACHED else ""
         self.log(f"{status} at step {s.step} ({len(s.reached)} of {len(self.targets)} targets, "
-                 f"{s.train_time_s:.2f} s)")
+                 f"{s.train_time_s:.2f} s){why}")
         return self.finish(status, contention)
 
     def start_loader(self, step: int):

@@ -31,6 +31,9 @@ class TrialState:
     """Best value so far of each metric a target is on (the stall check)."""
     reached: dict[str, dict] = field(default_factory=dict)
     """Target key -> the step, examples and train time at which it was first reached."""
+    stop_reason: str | None = None
+    """Why the trial stopped short of a target (the runs table's `stop_reason`); None while it
+    runs, once it reached every target, and in checkpoints from before it was recorded."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -159,6 +159,11 @@ RUNS = pa.schema(
         pa.field("allreduce_small_s", pa.float64()),
         pa.field("allreduce_gradient_s", pa.float64()),
         pa.field("allreduce_cv", pa.float64()),
+        # Why a trial stopped short of this row's target, in words: ran max_steps, stalled
+        # (patience_evals), diverged (with the loss), or a training loop's own failure. Null
+        # when the target was reached, for pruned and probed trials (the status says it), and
+        # in rows written before it was recorded.
+        pa.field("stop_reason", pa.string()),
     ]
 )
 
