@@ -346,7 +346,7 @@ def gc_note(gc_rows: Collection[tuple[float, str, int]]) -> str:
             f"{rows}. Its full collections rescan every object the process "
             "holds (torch's and yours) and stop a step for tens to hundreds of milliseconds; "
             "the median step time leaves them out, a training loop that allocates like this "
-            "one pays them. `gc.freeze()` once the model and data are built exempts those "
+            "one pays them. gc.freeze() once the model and data are built exempts those "
             "objects (docs/sweep.md)")
 
 
@@ -360,7 +360,7 @@ def threads_note(cpu_threads: int | None) -> str:
     return (f"the trials ran on {cpu_threads} CPU threads; on a shared virtual machine "
             "a whole sweep can then run at one of two speeds (whether the other CPUs are "
             "running), which the rerun intervals, from one sweep's rounds, do not see. "
-            "`sweep.threads: 1` (`--threads 1`) times rows repeatably, on one CPU "
+            "sweep.threads: 1 (--threads 1) times rows repeatably, on one CPU "
             "(docs/sweep.md)")
 
 

@@ -151,6 +151,8 @@ def test_a_cpu_sweep_on_two_threads_and_a_collecting_row_are_noted_not_flagged()
     assert page.index("<h2>Recommendation</h2>") < page.index(box)
     assert "ran on 2 CPU threads" in box and "sweep.threads: 1" in box
     assert "real batch 64 12%" in box and "gc.freeze()" in box
+    assert ("Measurements look stable: none of the 12 timed sweep rows flagged; load average up"
+            " to 1.9 on 2 usable CPUs. Threads: the trials ran on 2 CPU threads") in result.markdown
     lines = quality_lines(result.summary.quality)
     assert lines[0].startswith("measurement quality: Measurements look stable")
     assert [line.split(":")[0] for line in lines[1:]] == ["  threads", "  garbage collection"]

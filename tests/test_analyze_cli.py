@@ -54,7 +54,9 @@ def batchscale_tables() -> tuple[pa.Table, pa.Table]:
     runs = make_runs(seeds=(0, 1)).assign(target_val_accuracy=0.9, final_val_accuracy=0.91)
     sweep = make_sweep().assign(precision="fp32", timed_steps=20)
     return (schemas.make_table("runs", records(runs, "runs"), ENV),
-            schemas.make_table("sweep", records(sweep, "sweep"), ENV))
+            # a CPU sweep on two threads (no CUDA), as the quality notes read it
+            schemas.make_table("sweep", records(sweep, "sweep"),
+                               {**ENV, "threads": 2, "cuda_version": None}))
 
 
 def save(table: pa.Table, path: Path) -> Path:
@@ -102,6 +104,10 @@ def test_batchscale_tables_give_the_pipelines_analysis(tmp_path, capsys, origina
     assert summary["markdown"] in stdout  # the printed lines are the stage's narrative
     assert "validate analysis: passed" in stdout and f"report: {out / 'report.html'}" in stdout
     assert "<html" in (out / "report.html").read_text()[:200].lower()
+    # the sweep's own threads (2, on a CPU) reach the quality notes, not this analysis's
+    threads = sweep.column("threads").to_pylist()
+    assert set(threads) == {2} and summary["summary"]["quality"]["cpu_threads"] == 2
+    assert "ran on 2 CPU threads" in (out / "report.html").read_text()
 
 
 def test_the_same_inputs_land_in_the_same_default_directory(tmp_path, capsys, monkeypatch,

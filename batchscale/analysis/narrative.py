@@ -10,6 +10,7 @@ from batchscale.analysis.gap import GAP_CONFIDENCE
 from batchscale.analysis.quality import (
     headline,
     markdown_text,
+    note_items,
     stable_sentence,
     what_to_do_text,
 )
@@ -95,14 +96,16 @@ def narrative_markdown(summary: AnalysisSummary, *, with_quality: bool = True) -
 
 
 def quality_summary_text(quality: MeasurementQuality) -> str:
-    """The measurement quality in a few sentences (the report's box says it at length)."""
+    """The measurement quality in a few sentences (the report's box says it at length), and
+    its notes (`note_items`: they flag nothing, but bound what the figures say)."""
+    notes = "".join(f" {label}: {text}." for label, text in note_items(quality))
     if not quality.flagged:
-        return stable_sentence(quality)
+        return stable_sentence(quality) + notes
     text = headline(quality)
     if quality.excluded:
         listed = ", ".join(f"{r.input_mode} {r.batch_size}" for r in quality.excluded[:6])
         text += f" Left out: {listed}{' …' if len(quality.excluded) > 6 else ''}."
-    return f"{text} {what_to_do_text()}"
+    return f"{text}{notes} {what_to_do_text()}"
 
 
 def b_crit_text(b_crit: float, bound: str | None, bound_batch: float) -> str:
@@ -255,7 +258,7 @@ def _input_text(throughput: ThroughputSummary) -> str:
                  "the two rows differ by their timing noise")
         return (f" Real input was timed at {1 - share:.0%} of synthetic throughput at batch {best}"
                 f"{ratio}; reading data cannot make a step faster, so {cause}, and the input "
-                "pipeline's cost is not resolved (a sweep on one thread, `sweep.threads: 1`, "
+                "pipeline's cost is not resolved (a sweep on one thread, sweep.threads: 1, "
                 "times rows more alike).")
     text = f" Real input reaches {1 - share:.0%} of synthetic throughput at batch {best}{ratio}"
     if share <= INPUT_BOTTLENECK_SHARE:

@@ -178,6 +178,19 @@ def measured_env(table: pa.Table) -> dict:
     return known
 
 
+SWEEP_CONDITION_FIELDS = ("threads", "cuda_version")
+"""Environment fields a sweep row keeps from the user's table when it has them: the
+measurement-quality notes read them per row (a CPU sweep on several threads)."""
+
+
+def with_sweep_conditions(sweep: pd.DataFrame, table: pa.Table) -> pd.DataFrame:
+    """`sweep` with SWEEP_CONDITION_FIELDS taken row by row from the user's `table` (a sweep
+    batchscale wrote has them), instead of this analysis's own environment."""
+    kept = {name: table.column(name).to_pylist() for name in SWEEP_CONDITION_FIELDS
+            if name in table.column_names}
+    return sweep.assign(**kept) if kept else sweep
+
+
 def search_decisions(runs_path: Path) -> pa.Table | None:
     """The decisions table of an adaptive search, with rows, beside the runs, held to its
     schema (columns added since it was written read as null); None when there is none."""
@@ -272,7 +285,8 @@ def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
 
     env = {**external_env(run_id, config.config_hash), **inputs.measured_env}
     runs = schemas.make_table("runs", inputs.runs.rows, env).to_pandas()
-    sweep = (schemas.make_table("sweep", inputs.sweep.rows, env).to_pandas()
+    sweep = (with_sweep_conditions(schemas.make_table("sweep", inputs.sweep.rows, env)
+                                   .to_pandas(), inputs.sweep.table)
              if inputs.sweep else None)
     settings = settings_for(config.analysis, inputs.searched)
     result = analyze(sweep, runs, None, settings,
