@@ -18,6 +18,7 @@ from batchscale.adaptive.choice import (
     IntervalState,
     candidate_cells,
     choose_next,
+    edge_stop,
     interval_state,
     place_batch_sizes,
     powers_of_two_between,
@@ -373,3 +374,17 @@ def test_without_an_interval_the_next_cell_is_named_for_what_it_is():
     done = [Cell(b, 0) for b in allowed]
     cell, why = unsupported_next(unclear, done, candidate_cells(done, allowed, seeds), math.nan)
     assert cell.seed == 1 and why == "no B_crit yet: another seed"
+
+
+def test_a_search_cut_at_an_edge_it_has_run_says_the_interval_is_open_there():
+    """An interval cut at the fit's range limit is a bound on that side, not a place B_crit
+    lies: the stop says the interval runs to the edge and B_crit may lie beyond it, which
+    agrees with a centre inside the allowed range (176 of 8…256, say)."""
+    allowed = [8, 16, 32, 64, 128, 256]
+    above = edge_stop((False, True), [8, 64, 256], allowed)
+    assert above.startswith("B_crit's interval runs up to the largest allowed batch (256), which"
+                            " has run: B_crit may lie beyond it")
+    below = edge_stop((True, False), [8, 64], allowed)
+    assert "smallest allowed batch (8)" in below and "may lie below it" in below
+    assert edge_stop((False, True), [8, 64, 128], allowed) == ""  # 256 can still be run
+    assert edge_stop((False, False), [8, 256], allowed) == ""

@@ -173,11 +173,13 @@ def edge_stop(cut: tuple[bool, bool], measured: Sequence[int], allowed: Sequence
     """Why the search stops at the edge of the allowed batch sizes: its interval is cut on a side
     where every allowed batch beyond has run (no cell can measure further); "" otherwise."""
     if cut[1] and max(measured) >= max(allowed):
-        return (f"B_crit lies at or above the largest allowed batch ({max(allowed):,}): the "
-                "trials bound it from below, they cannot measure it")
+        return (f"B_crit's interval runs up to the largest allowed batch ({max(allowed):,}), "
+                "which has run: B_crit may lie beyond it, and no allowed batch size can bound "
+                "it from above")
     if cut[0] and min(measured) <= min(allowed):
-        return (f"B_crit lies at or below the smallest allowed batch ({min(allowed):,}): the "
-                "trials bound it from above, they cannot measure it")
+        return (f"B_crit's interval runs down to the smallest allowed batch "
+                f"({min(allowed):,}), which has run: B_crit may lie below it, and no allowed "
+                "batch size can bound it from below")
     return ""
 
 
