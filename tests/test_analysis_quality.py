@@ -146,7 +146,7 @@ def test_a_cpu_sweep_on_two_threads_and_a_collecting_row_are_noted_not_flagged()
     line = page[page.index('<p class="quality-ok">'):]
     assert "Measurements look stable" in line[:line.index("</p>")]
     assert "notes below the recommendation" in line[:line.index("</p>")]
-    box = page[page.index('<section class="quality"'):]
+    box = page[page.index('<section class="quality notes-only"'):]
     box = box[:box.index("</section>")]
     assert page.index("<h2>Recommendation</h2>") < page.index(box)
     assert "ran on 2 CPU threads" in box and "sweep.threads: 1" in box
