@@ -171,8 +171,9 @@ class ConvergenceConfig(_Strict):
     eval_every_steps: PositiveInt = 10
     """Evaluate on the validation split every this many steps (excluded from train time)."""
     patience_evals: PositiveInt = 50
-    """Stop a trial as `not_reached` when validation accuracy has not improved for this many
-    evaluations (a collapsed network never recovers; its step budget is better spent elsewhere)."""
+    """Stop a trial as `not_reached` when no metric of a target it has not reached improved for
+    this many evaluations in a row (a collapsed network never recovers; its step budget is better
+    spent elsewhere); its `stop_reason` says so, with the best value so far."""
     divergence_factor: float = Field(10.0, gt=1.0)
     """A loss above this multiple of the first loss (or non-finite) marks the trial diverged."""
     gns_every_steps: PositiveInt = 10
