@@ -52,6 +52,7 @@ from benchmarks.stats import (
     Figure,
     Goal,
     cv_figure,
+    floor_verdict,
     paired_round,
     ratio_figure,
     rerun_coverage,
@@ -63,6 +64,9 @@ from benchmarks.stats import (
 OVERHEAD_ROUNDS = scaled(8, 2)
 OVERHEAD_GOAL = Goal(0.97)
 OVERHEAD_STRETCH_GOAL = Goal(0.99)
+OVERHEAD_INTERVAL_FLOOR = 0.95
+"""The goal as issue 34 states it: harness ÷ bare at least OVERHEAD_GOAL with its interval
+above this (`stated_goal_verdict`); the plain verdict asks the whole interval to clear 0.97."""
 MLP_BATCHES = [1, 4, 16, 64, 256, 1024]
 # Batch 1 is not trainable for resnet18 at 32x32: its last BatchNorm sees one value per channel.
 RESNET_BATCHES = [2, 4, 16, 64]
@@ -171,6 +175,11 @@ def overhead(workload: str, batches: list[int], image_px: int,
     return {b: _overhead_figures(b, steps[b], pairs[b]) for b in batches}
 
 
+def stated_goal_verdict(ratio: Figure) -> str:
+    """The overhead goal as issue 34 states it (stats.floor_verdict)."""
+    return floor_verdict(ratio, OVERHEAD_GOAL, OVERHEAD_INTERVAL_FLOOR)
+
+
 def _overhead_figures(batch_size: int, steps: int, pairs: list[tuple]) -> dict:
     harness = [_sps(batch_size, h) for h, _ in pairs]
     bare = [_sps(batch_size, s) for _, s in pairs]
@@ -182,6 +191,7 @@ def _overhead_figures(batch_size: int, steps: int, pairs: list[tuple]) -> dict:
         "bare_samples_per_s": statistics.median(bare),
         "ratio": ratio,
         "stretch_verdict": verdict(ratio.low, ratio.high, OVERHEAD_STRETCH_GOAL),
+        "stated_goal_verdict": stated_goal_verdict(ratio),
         # What the sweep reports against what a plain loop delivers over the same steps
         # (wall clock): the median step time ignores the slow steps a real run also pays.
         "ratio_to_bare_wall_clock": ratio_figure(harness, bare_wall),
@@ -336,14 +346,17 @@ def detection_shape(out_dir: Path) -> dict:
 # ----------------------------------------------------------------------------- report
 def _print_overhead(name: str, per_batch: dict) -> None:
     print(f"{name}: harness ÷ bare loop, same work, paired over {OVERHEAD_ROUNDS} rounds "
-          f"(median [90 % interval]); goal {OVERHEAD_GOAL} (stretch {OVERHEAD_STRETCH_GOAL})")
+          f"(median [90 % interval]); goal {OVERHEAD_GOAL} (stretch {OVERHEAD_STRETCH_GOAL}); "
+          f"as stated: median ≥ {OVERHEAD_GOAL.threshold}, interval above "
+          f"{OVERHEAD_INTERVAL_FLOOR}")
     print("   batch | steps | harness samples/s | bare samples/s | ratio [interval] | verdict "
-          "| ÷ bare wall clock")
+          "| as stated | ÷ bare wall clock")
     for b, f in per_batch.items():
         r, w = f["ratio"], f["ratio_to_bare_wall_clock"]
         print(f"  {b:6d} | {f['timed_steps']:5d} | {f['harness_samples_per_s']:17.1f} | "
               f"{f['bare_samples_per_s']:14.1f} | {r.value:.3f} [{r.low:.3f}, {r.high:.3f}] | "
-              f"{r.verdict} (stretch: {f['stretch_verdict']}) | {w.value:.3f} [{w.low:.3f}, "
+              f"{r.verdict} (stretch: {f['stretch_verdict']}) | {f['stated_goal_verdict']} | "
+              f"{w.value:.3f} [{w.low:.3f}, "
               f"{w.high:.3f}]")
 
 

@@ -76,6 +76,17 @@ class Figure:
                 "verdict": self.verdict}
 
 
+def floor_verdict(figure: Figure, goal: Goal, floor: float) -> str:
+    """A goal stated as "the figure at least `goal` with its interval above `floor`" (an
+    at-least goal): met when both hold, missed when the whole interval lies below the goal,
+    not established otherwise."""
+    if figure.value >= goal.threshold and figure.low > floor:
+        return MET
+    if figure.high < goal.threshold:
+        return MISSED
+    return NOT_ESTABLISHED
+
+
 def verdict(low: float, high: float, goal: Goal | None) -> str:
     """met / missed / not established: where the interval [low, high] lies against the goal."""
     if goal is None:

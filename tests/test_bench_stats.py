@@ -183,3 +183,14 @@ def test_next_run_coverage_checks_the_lake_interval_against_the_following_sweep(
     wide = [{16: (50.0, 200.0)} for _ in jump]  # rounds wide enough to hold the jump
     assert stats.next_run_coverage(jump, wide)[:2] == (2, 2)
     assert widths[0] > 0
+
+
+@pytest.mark.parametrize(("value", "low", "high", "expected"), [
+    (0.983, 0.964, 0.998, stats.MET),  # interval above the floor, median at the goal or more
+    (0.983, 0.947, 1.008, stats.NOT_ESTABLISHED),  # interval reaches below the floor
+    (0.960, 0.955, 0.990, stats.NOT_ESTABLISHED),  # median under the goal
+    (0.940, 0.920, 0.965, stats.MISSED),  # the whole interval under the goal
+])
+def test_a_goal_with_an_interval_floor(value, low, high, expected):
+    figure = stats.Figure(value, low, high, 8, "paired rounds", AT_LEAST, stats.REPORT)
+    assert stats.floor_verdict(figure, AT_LEAST, 0.95) == expected
