@@ -251,7 +251,7 @@ def test_checkpoint_state_is_stored_by_field_name(tmp_path, digits_dir):
     assert saved.trial_state["noise"]["updates"] == trial.state.noise.updates
     assert set(saved.trial_state) == {"step", "train_time_s", "first_loss", "loss_sum",
                                       "loss_count", "best_accuracy", "evals_since_best",
-                                      "curve", "noise", "best", "reached"}
+                                      "curve", "noise", "best", "reached", "stop_reason"}
     assert TrialState.from_dict(saved.trial_state) == trial.state
 
 
