@@ -388,3 +388,19 @@ def test_a_search_cut_at_an_edge_it_has_run_says_the_interval_is_open_there():
     assert "smallest allowed batch (8)" in below and "may lie below it" in below
     assert edge_stop((False, True), [8, 64, 128], allowed) == ""  # 256 can still be run
     assert edge_stop((False, False), [8, 256], allowed) == ""
+
+
+def test_a_search_with_too_few_reached_batch_sizes_says_what_the_analysis_says():
+    """The search's reason is the analysis's: the batch sizes some trials reached, and how the
+    trials that fell short stopped."""
+    table = runs({(16, 0): 300, (64, 0): 120, (128, 0): 90})
+    table = pd.concat([table, table[table["batch_size"] == 128].assign(
+        trial_id="b128-s1", seed=1, status="not_reached", steps_to_target=None,
+        stop_reason="stalled: no target metric improved in 50 evaluations in a row")],
+        ignore_index=True)
+    state = interval_state(table, "sqrt", 20)
+    assert math.isnan(state.b_crit)
+    assert state.reason.startswith("only 2 of 3 batch sizes reached the target (16, 64)")
+    assert "some trials reached it at 128 in 1 of 2 trials" in state.reason
+    assert state.reason.endswith("of the trials that stopped short, 1 stalled"
+                                 " (convergence.patience_evals)")

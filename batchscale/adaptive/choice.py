@@ -26,6 +26,7 @@ from batchscale.analysis.critical import (
     fit_critical_batch,
     steps_to_result,
 )
+from batchscale.analysis.critical_summary import edge_case_reason
 from batchscale.analysis.interval import fit_lines
 from batchscale.analysis.timetotarget import optimal_batch, optimal_batch_interval
 from batchscale.convergence.probe import (
@@ -188,11 +189,16 @@ def interval_state(runs: pd.DataFrame, rule: str, bootstrap_samples: int,
     """The search rule's B_crit and interval from its trials (rows of one target), read at
     `confidence` (the search narrows the 90 % one; it reports the one read where a stopped
     search's interval holds the truth 90 % of the time: critical.ADAPTIVE_READ_LEVEL)."""
-    table = steps_to_result(runs[runs["lr_rule"] == rule], by=(), reduce="median")
+    rule_runs = runs[runs["lr_rule"] == rule]
+    table = steps_to_result(rule_runs, by=(), reduce="median")
     fit = fit_critical_batch(table["batch_size"], table["steps_to_target"])
     low, high = bootstrap_critical_batch(runs, rule, bootstrap_samples, confidence=confidence,
                                          seeds_needed=True)
-    return IntervalState(fit.b_crit, low, high, fit.bound, fit.reason, fit.s_min)
+    # the analysis's words where too few batch sizes reached the target: which ones some
+    # trials reached, and how the others stopped short
+    reason = (edge_case_reason(rule_runs, table) or fit.reason) if math.isnan(fit.b_crit) \
+        else fit.reason
+    return IntervalState(fit.b_crit, low, high, fit.bound, reason, fit.s_min)
 
 
 def prune_step(state: IntervalState, batch_size: int, factor: float | None,
