@@ -68,3 +68,12 @@ def test_the_narrative_states_the_share_with_its_range(factor, width, words, not
         assert metrics["input_pipeline_share_low"] < 0
     else:
         assert metrics["input_pipeline_share"] == pytest.approx(1 - factor)
+
+
+def test_one_thread_is_suggested_only_to_a_cpu_sweep_on_several():
+    advice = "a sweep on one thread, sweep.threads: 1, times rows more alike"
+    for threads, cuda, suggested in ((2, None, True), (1, None, False), (2, "12.8", False)):
+        sweep = sweep_with(1.25, 0.3).assign(threads=threads, cuda_version=cuda)
+        text = analyze(sweep, make_runs(), None, SETTINGS).markdown
+        assert "cannot make a step faster" in text
+        assert (advice in text) == suggested, (threads, cuda)

@@ -24,7 +24,7 @@ from batchscale.analysis.summary import CriticalBatchSummary, RegimeRange
 from batchscale.analysis.timetotarget import optimal_batch, optimal_batch_interval
 from batchscale.config import AnalysisConfig
 from batchscale.fits import StepTimeFit, matches, numeric_column
-from batchscale.schemas import RunStatus
+from batchscale.schemas import RunStatus, StopKind, stop_kind
 
 
 def critical_by_rule(
@@ -75,9 +75,8 @@ def edge_case_reason(rule_runs: pd.DataFrame, cells: pd.DataFrame) -> str:
     return ""
 
 
-STOP_KINDS = (("stalled", "stalled (convergence.patience_evals)"),
-              ("ran convergence.max_steps", "ran out of steps (convergence.max_steps)"))
-"""The runs table's stop_reason prefixes (convergence/outcome.py) and how they are counted."""
+STOP_WORDS = {StopKind.STALLED: "stalled (convergence.patience_evals)",
+              StopKind.OUT_OF_STEPS: "ran out of steps (convergence.max_steps)"}
 
 
 def _stopped_short(rule_runs: pd.DataFrame) -> str:
@@ -85,8 +84,8 @@ def _stopped_short(rule_runs: pd.DataFrame) -> str:
     table records no stop_reason: rows from before it, or from elsewhere)."""
     if "stop_reason" not in rule_runs:
         return ""
-    reasons = rule_runs["stop_reason"].dropna().astype(str)
-    counts = [(sum(reasons.str.startswith(prefix)), words) for prefix, words in STOP_KINDS]
+    kinds = [stop_kind(reason) for reason in rule_runs["stop_reason"]]
+    counts = [(kinds.count(kind), words) for kind, words in STOP_WORDS.items()]
     counts.append((int(matches(rule_runs, "status", RunStatus.DIVERGED).sum()), "diverged"))
     listed = [f"{count} {words}" for count, words in counts if count]
     return f"; of the trials that stopped short, {', '.join(listed)}" if listed else ""

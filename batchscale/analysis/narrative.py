@@ -67,7 +67,8 @@ def narrative_markdown(summary: AnalysisSummary, *, with_quality: bool = True) -
         text = markdown_text(quality_summary_text(summary.quality))
         lines.append(f"- **Measurement quality.** {text}")
     lines += [
-        f"- **Throughput.** {_throughput_text(summary.throughput, summary.step_time)}",
+        "- **Throughput.** " + _throughput_text(summary.throughput, summary.step_time,
+                                                summary.quality.cpu_threads),
         f"- **Memory.** {_memory_text(summary.memory)}",
     ]
     if summary.target:
@@ -209,7 +210,8 @@ def _rerun_text(interval: tuple[float, float]) -> str:
     return f"(its rounds give {_num(low)}–{_num(high)}, 90 %; another sweep may land outside) "
 
 
-def _throughput_text(throughput: ThroughputSummary, step: StepTimeSummary) -> str:
+def _throughput_text(throughput: ThroughputSummary, step: StepTimeSummary,
+                     cpu_threads: int | None) -> str:
     if throughput.timing_input_mode is None:
         return f"Not measured: {throughput.saturation_reason}."
     best, saturation = throughput.best_batch, throughput.saturation_batch
@@ -238,13 +240,14 @@ def _throughput_text(throughput: ThroughputSummary, step: StepTimeSummary) -> st
             f" Step time t(B) ≈ {1e3 * step.alpha_s:.3g} ms + "
             f"{1e6 * step.beta_s:.3g} µs × B (R² {step.r2:.2f})."
         )
-    return text + _input_text(throughput)
+    return text + _input_text(throughput, cpu_threads)
 
 
-def _input_text(throughput: ThroughputSummary) -> str:
+def _input_text(throughput: ThroughputSummary, cpu_threads: int | None) -> str:
     """Real input against synthetic at the best batch, with the range the two rows' rerun
     intervals allow. Real input timed faster is no finding: reading data cannot make a step
-    faster, so the rows were timed at different machine speeds."""
+    faster, so the rows were timed at different machine speeds. One thread is suggested only
+    to a CPU sweep on several (`cpu_threads`, MeasurementQuality's)."""
     share, best = throughput.input_pipeline_share, throughput.best_batch
     if not math.isfinite(share):
         return ""
@@ -256,10 +259,11 @@ def _input_text(throughput: ThroughputSummary) -> str:
         cause = ("the two rows were timed at different machine speeds, outside both rows' "
                  "intervals" if known and high < 0 else
                  "the two rows differ by their timing noise")
+        advice = (" (a sweep on one thread, sweep.threads: 1, times rows more alike)"
+                  if cpu_threads and cpu_threads > 1 else "")
         return (f" Real input was timed at {1 - share:.0%} of synthetic throughput at batch {best}"
                 f"{ratio}; reading data cannot make a step faster, so {cause}, and the input "
-                "pipeline's cost is not resolved (a sweep on one thread, sweep.threads: 1, "
-                "times rows more alike).")
+                f"pipeline's cost is not resolved{advice}.")
     text = f" Real input reaches {1 - share:.0%} of synthetic throughput at batch {best}{ratio}"
     if share <= INPUT_BOTTLENECK_SHARE:
         return text + "."

@@ -49,6 +49,7 @@ def measurement_quality(sweep: pd.DataFrame | None, cells: pd.DataFrame) -> Meas
     cpu_per_wall = cpu_per_wall[np.isfinite(cpu_per_wall)]
     wait = numeric_column(timed, "cpu_wait_share")
     oversubscribed = timed["threads_oversubscribed"].eq(True).to_numpy(dtype=bool, na_value=False)
+    rows = timed.to_dict("records")
     return MeasurementQuality(
         timed_rows=len(timed),
         recorded_rows=int(timed["quality"].notna().sum()),
@@ -69,8 +70,8 @@ def measurement_quality(sweep: pd.DataFrame | None, cells: pd.DataFrame) -> Meas
             _extreme(np.nanmax, numeric_column(timed, "gpu_temperature_c")),
         ),
         timing_flags=_timing_flags(cells),
-        gc_rows=tuple(gc_rows_of(timed.to_dict("records"))),
-        cpu_threads=cpu_threads_of(timed.to_dict("records")),
+        gc_rows=tuple(gc_rows_of(rows)),
+        cpu_threads=cpu_threads_of(rows),
     )
 
 

@@ -13,7 +13,7 @@ from batchscale.errors import BadInput, BatchscaleError
 from batchscale.loop import NO_HALVING
 from batchscale.metrics import METRICS
 from batchscale.names import check_run_id
-from batchscale.schemas import RunStatus
+from batchscale.schemas import RunStatus, StopKind, stop_kind
 
 
 def _dataset_flag(args) -> dict:
@@ -142,12 +142,12 @@ def cmd_converge(args) -> int:
 def _why_short(rows: list[dict], c) -> str:
     """How the trials ended short of the target, counted, each with what to change."""
     trials = {row["trial_id"]: row for row in rows}.values()
-    reasons = [str(row.get("stop_reason") or "") for row in trials]
+    kinds = [stop_kind(row.get("stop_reason")) for row in trials]
     ended = {
-        "stalled": (sum(r.startswith("stalled") for r in reasons),
+        "stalled": (kinds.count(StopKind.STALLED),
                     f"no target metric improved in {c.patience_evals} evaluations in a row: "
                     "raise convergence.patience_evals or try other learning rates"),
-        "out of steps": (sum(r.startswith("ran convergence.max_steps") for r in reasons),
+        "out of steps": (kinds.count(StopKind.OUT_OF_STEPS),
                          f"ran max_steps {c.max_steps:,}: raise max_steps or lower the target"),
         "diverged": (sum(row["status"] == RunStatus.DIVERGED for row in trials),
                      "lower the learning rates or lengthen the warm-up"),

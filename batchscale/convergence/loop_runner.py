@@ -22,14 +22,15 @@ from batchscale.convergence.distributed import Dist, all_reduce, barrier
 from batchscale.convergence.loop_trial import LoopTrial
 from batchscale.convergence.outcome import (
     Target,
+    diverged_reason,
     note_targets,
     out_of_steps_or_stalled,
+    trial_files,
     trial_rows,
 )
 from batchscale.convergence.probe import probe_done
 from batchscale.convergence.schedule import LrSchedule
 from batchscale.convergence.spec import ConvergenceSpec, TrialSpec
-from batchscale.convergence.train import trial_files
 from batchscale.convergence.trialstate import TrialState
 from batchscale.errors import BadInput
 from batchscale.location import Location
@@ -92,11 +93,11 @@ class LoopOutcome:
         if broken:
             self.failure = f"reported non-finite {', '.join(broken)} at step {step}"
             return RunStatus.DIVERGED
-        first = s.curve[0].get("train_loss")
         loss = metrics.get("train_loss")
-        if first and loss is not None and loss > self.settings.divergence_factor * first:
-            self.failure = (f"train_loss {loss:.4g} at step {step} is more than "
-                            f"{self.settings.divergence_factor:g}x its first value {first:.4g}")
+        if loss is not None and (diverged := diverged_reason(
+                loss, s.curve[0].get("train_loss"), self.settings.divergence_factor, step,
+                "train_loss")) is not None:
+            self.failure = diverged
             return RunStatus.DIVERGED
         improved = note_targets(s, self.targets, row)
         if len(s.reached) == len(self.targets):

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from batchscale.metrics import Metric
-from batchscale.schemas import RunStatus
+from batchscale.schemas import RunStatus, StopKind
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,25 @@ def out_of_steps_or_stalled(state, settings) -> str | None:
     `max_steps`, or no target metric improved for `patience_evals` evaluations in a row (in
     the words the runs table's `stop_reason` keeps); None while it goes on."""
     if state.step >= settings.max_steps:
-        return (f"ran convergence.max_steps ({settings.max_steps:,} steps) without reaching "
+        return (f"{StopKind.OUT_OF_STEPS} ({settings.max_steps:,} steps) without reaching "
                 "every target")
     if state.evals_since_best >= settings.patience_evals:
         best = ", ".join(f"{name} {value:.4g}" for name, value in sorted(state.best.items()))
-        return (f"stalled: no target metric improved in {settings.patience_evals} evaluations "
-                f"in a row (convergence.patience_evals; best so far {best or 'none'})")
+        return (f"{StopKind.STALLED}: no target metric improved in {settings.patience_evals} "
+                "evaluations in a row (convergence.patience_evals; best so far "
+                f"{best or 'none'})")
+    return None
+
+
+def diverged_reason(loss: float, first: float | None, factor: float, step: int,
+                    what: str) -> str | None:
+    """Why `loss` (named `what`) at `step` counts as diverged: non-finite, or above `factor` ×
+    its `first` value (convergence.divergence_factor); None when it does not."""
+    if not math.isfinite(loss):
+        return f"{what} became {loss} by step {step}"
+    if first and loss > factor * first:
+        return (f"{what} {loss:.4g} by step {step} is more than {factor:g}x its first value "
+                f"{first:.4g} (convergence.divergence_factor)")
     return None
 
 
@@ -92,3 +105,17 @@ def trial_rows(state, trial, workers: int, targets: list[Target],
 def finite_or_none(value: float | None) -> float | None:
     """A metric as a run row stores it: a broken (diverged) model's NaN/inf is not a value."""
     return value if value is not None and math.isfinite(value) else None
+
+
+def trial_files(trial_id: str) -> tuple[str, str]:
+    """Names of a trial's (curves, run) tables under the output location."""
+    return f"trials/{trial_id}.curves.parquet", f"trials/{trial_id}.run.parquet"
+
+
+def summary_run_rows(summary: dict) -> list[dict]:
+    """The runs rows of a final checkpoint's summary: a row per target, or (a checkpoint
+    written before several targets) the one row it held."""
+    if "rows" not in summary:
+        return [summary]
+    return [{**row, "cpu_wait_share": summary["cpu_wait_share"], **summary.get("allreduce", {})}
+            for row in summary["rows"]]

@@ -37,8 +37,11 @@ from batchscale.convergence.faults import drill_step, maybe_inject_fault
 from batchscale.convergence.noise import grad_list, sq_norm
 from batchscale.convergence.outcome import (
     Target,
+    diverged_reason,
     note_targets,
     out_of_steps_or_stalled,
+    summary_run_rows,
+    trial_files,
     trial_rows,
 )
 from batchscale.convergence.probe import probe_done
@@ -294,7 +297,8 @@ class Trial:
         }
         s.curve.append(row)
         s.loss_sum, s.loss_count = 0.0, 0
-        if (diverged := self.diverged_reason(batch_loss)) is not None:
+        if (diverged := diverged_reason(batch_loss, s.first_loss, self.settings.divergence_factor,
+                                        s.step, "the training batches' loss")) is not None:
             s.stop_reason = diverged
             return RunStatus.DIVERGED
         improved = self.note_targets(row)
@@ -312,18 +316,6 @@ class Trial:
             return RunStatus.PRUNED
         if self.t.probe is not None and probe_done(self.t.probe, s.curve, row["examples_seen"]):
             return RunStatus.PROBED
-        return None
-
-    def diverged_reason(self, batch_loss: float) -> str | None:
-        """Why the training batches' mean loss since the last evaluation counts as diverged
-        (non-finite, or `divergence_factor` × the first one); None when it does not."""
-        s, factor = self.state, self.settings.divergence_factor
-        if not math.isfinite(batch_loss):
-            return f"the training batches' loss became {batch_loss} by step {s.step}"
-        if s.first_loss and batch_loss > factor * s.first_loss:
-            return (f"the training batches' loss {batch_loss:.4g} by step {s.step} is more than "
-                    f"{factor:g}x its first value {s.first_loss:.4g} "
-                    "(convergence.divergence_factor)")
         return None
 
     def note_targets(self, row: dict) -> bool:
@@ -418,11 +410,6 @@ class Trial:
 
 
 # ----------------------------------------------------------------------------------- driver
-def trial_files(trial_id: str) -> tuple[str, str]:
-    """Names of a trial's (curves, run) tables under the output location."""
-    return f"trials/{trial_id}.curves.parquet", f"trials/{trial_id}.run.parquet"
-
-
 def write_trial_results(out: Location, trial: TrialSpec, runner: Trial, summary: dict,
                         env: dict) -> None:
     """Rank 0 writes the trial's curve and run rows; the run table, written last, marks the
@@ -435,15 +422,6 @@ def write_trial_results(out: Location, trial: TrialSpec, runner: Trial, summary:
     out.put_table(curves_name, make_table("curves", rows, env))
     runs = summary_run_rows(summary)
     out.put_table(run_name, make_table("runs", [{**row, **labels} for row in runs], env))
-
-
-def summary_run_rows(summary: dict) -> list[dict]:
-    """The runs rows of a final checkpoint's summary: a row per target, or (a checkpoint
-    written before several targets) the one row it held."""
-    if "rows" not in summary:
-        return [summary]
-    return [{**row, "cpu_wait_share": summary["cpu_wait_share"], **summary.get("allreduce", {})}
-            for row in summary["rows"]]
 
 
 def run_spec(spec: ConvergenceSpec) -> None:

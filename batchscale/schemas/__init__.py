@@ -61,6 +61,23 @@ class RunStatus(StrEnum):
     (batchscale/loop.py); its message is in the converge log. Excluded from the fit."""
 
 
+class StopKind(StrEnum):
+    """How a not_reached trial's `stop_reason` (runs table) begins, by what ended it; readers
+    count the trials that stopped short by these (`stop_kind`)."""
+
+    STALLED = "stalled"
+    """No metric of an unreached target improved for convergence.patience_evals evaluations."""
+    OUT_OF_STEPS = "ran convergence.max_steps"
+    """The trial spent convergence.max_steps."""
+
+
+def stop_kind(reason: object) -> StopKind | None:
+    """The StopKind a `stop_reason` begins with; None for others (a divergence, a loop's own
+    failure) and for no reason (reached, or a row from before it was recorded)."""
+    text = reason if isinstance(reason, str) else ""
+    return next((kind for kind in StopKind if text.startswith(kind.value)), None)
+
+
 TUNED_RULE = "tuned"
 """`lr_rule` of trials that try every learning rate of `lr_candidates` at each batch size."""
 OLD_LR_RULES = {"grid": TUNED_RULE}
@@ -123,6 +140,7 @@ adaptive search chose from, on each of its decisions (`grid_batch_sizes`, `grid_
 __all__ = ["ANALYSIS", "CRITICAL_OVER_TRAINING", "CURVES", "DATASET", "DECISIONS", "ENV_FIELDS",
            "MANIFEST", "PLAN", "REGRESSIONS", "RESULT_TABLES", "RUNS", "SCHEDULE_CHECK",
            "SCHEMA_VERSION", "STUDY", "STUDY_AXES", "SWEEP", "TABLES", "Quality", "RunStatus",
+           "StopKind", "stop_kind",
            "OLD_LR_RULES", "TUNED_RULE", "TrialStatus", "current_lr_rules", "make_table",
            "schema_for"]
 
