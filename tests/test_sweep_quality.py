@@ -349,6 +349,7 @@ def test_a_cv_limit_no_timing_meets_retries_every_row_then_flags_it(tmp_path):
     text = "\n".join(summary_lines(summarize(rows)))
     assert "every timed row was flagged unstable: no throughput figure is given" in text
     assert "2 of 2 timed rows UNSTABLE" in text and "rerun on a quiet node" in text
+    assert "rounds: 2 per row, 2 row(s) re-measured; no stable rows" in text
 
     config = ExperimentConfig(sweep=cfg.model_copy(update={"max_unstable_share": 0.5,
                                                            "unstable_fails": True}))

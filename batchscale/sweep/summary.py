@@ -210,11 +210,13 @@ def quality_lines(summary: dict) -> list[str]:
                  f"out of the throughput figures: {rows}", f"  what to do: {WHAT_TO_DO}"]
     rounds = "/".join(str(r) for r in summary["rounds"]) or "?"
     spread, cv = summary["largest_round_spread"], summary["largest_cv"]
+    stable = ("no stable rows" if spread is None and cv is None else
+              f"stable rows: rounds agree within "
+              f"{'n/a' if spread is None else f'{spread:.1%}'}, CV at most "
+              f"{'n/a' if cv is None else f'{cv:.2f}'}"
+              f"{' outside garbage-collection steps' if summary.get('cv_outside_gc') else ''}")
     lines.append(f"rounds: {rounds} per row, {summary['retried_rows']} row(s) re-measured; "
-                 f"stable rows: rounds agree within "
-                 f"{'n/a' if spread is None else f'{spread:.1%}'}, CV at most "
-                 f"{'n/a' if cv is None else f'{cv:.2f}'}"
-                 f"{' outside garbage-collection steps' if summary.get('cv_outside_gc') else ''}")
+                 f"{stable}")
     if short := summary.get("short_step_batches"):
         lines.append(f"sub-millisecond steps at batch {', '.join(map(str, short))}: the timer "
                      "and dispatch weigh on each step, so another sweep of these rows may land "
