@@ -27,7 +27,12 @@ from batchscale.analysis.critical import (
     steps_to_result,
 )
 from batchscale.analysis.interval import fieller_interval, fit_lines
-from batchscale.analysis.timetotarget import optimal_batch, step_times, time_to_target
+from batchscale.analysis.timetotarget import (
+    optimal_batch,
+    optimal_batch_text,
+    step_times,
+    time_to_target,
+)
 from batchscale.config import AnalysisConfig
 from batchscale.tdist import t_quantile
 
@@ -405,6 +410,13 @@ def test_time_to_target_and_optimal_batch():
     assert optimal_batch(alpha=1.0, beta=0.01, b_crit=100, b_max=50) == 50
     assert math.isnan(optimal_batch(1.0, 0.01, math.nan))
     assert math.isnan(optimal_batch(-1.0, 0.01, 100))
+
+
+def test_a_capped_end_of_b_stars_interval_is_said_as_a_bound():
+    assert optimal_batch_text(106, (80, 140)) == "≈ 106 [80, 140] (90%)"
+    assert optimal_batch_text(300, (200, 512), cap=512) == "≈ 300 [200, ≥ 512, capped] (90%)"
+    assert optimal_batch_text(512, (512, 512), cap=512).startswith("at or above 512, the "
+                                                                   "largest batch")
 
 
 def test_step_times_use_measurements_and_the_line_elsewhere():

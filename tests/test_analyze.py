@@ -132,6 +132,31 @@ def test_analyze_recommends_on_a_hand_made_experiment():
     assert "Batch size: 64" in result.markdown
 
 
+def test_a_b_star_held_at_the_largest_batch_is_a_bound_not_a_degenerate_interval():
+    """A nearly flat step time (β tiny against α) puts sqrt(α·B_crit/β) far past the largest
+    batch measured: B* is held there, and that is said and stored as a bound, never as
+    "1,024 [1,024, 1,024]"; an uncapped B* keeps its interval in the metrics."""
+    sweep = make_sweep(alpha=1e-3, beta=1e-9, batches=(4, 16, 64, 256, 1024))
+    runs = make_runs(noise=0.0, step_time=sweep_line(1e-3, 1e-9))
+    result = analyze(sweep, runs, make_curves(runs), AnalysisConfig(bootstrap_samples=20))
+    summary = result.summary
+    cap = summary.optimal_batch_cap
+    assert summary.critical_batch["linear"].optimal_batch == cap
+    assert "the model optimum sqrt(α·B_crit/β) is at or above 1,024, the largest batch it may " \
+           "take here" in result.markdown
+    assert f"[{cap:,.0f}, {cap:,.0f}]" not in result.markdown
+    metrics = summary.metrics()
+    assert metrics["optimal_batch_linear_above"] == cap and "optimal_batch_linear" not in metrics
+
+    sweep = make_sweep(alpha=1e-2, beta=1e-4, batches=(4, 16, 64, 256, 1024))
+    runs = make_runs(noise=0.03, step_time=sweep_line(1e-2, 1e-4))
+    metrics = analyze(sweep, runs, make_curves(runs),
+                      AnalysisConfig(bootstrap_samples=50)).summary.metrics()
+    assert metrics["optimal_batch_low_linear"] < metrics["optimal_batch_linear"] \
+        < metrics["optimal_batch_high_linear"]
+    assert "optimal_batch_linear_above" not in metrics
+
+
 def test_analyze_rows_match_the_analysis_schema():
     runs = make_runs()
     result = analyze(make_sweep(), runs, make_curves(runs), AnalysisConfig(bootstrap_samples=20))

@@ -129,7 +129,7 @@ def analyze(
     cap = optimal_batch_cap(sweep, table, memory.largest_fitting_batch)
     critical, labels = critical_by_rule(runs, table, settings, step_fit, cap)
     b_simple, noise = noise_scale(runs, curves)
-    b_star = {rule: (fit.optimal_batch, *fit.optimal_batch_interval)
+    b_star = {rule: (fit.optimal_batch, *fit.optimal_batch_interval, cap)
               for rule, fit in critical.items()}
     times = numeric_column(table, "time_to_target_s")
     summary = AnalysisSummary(

@@ -307,7 +307,7 @@ def _critical_text(fit: CriticalBatchSummary, cap: float) -> str:
         text += f" With t(B), time to target keeps falling up to batch {_num(cap)} (B* capped)."
     elif math.isfinite(b_star):
         text += (f" With t(B), time to target is lowest near B* "
-                 f"{optimal_batch_text(b_star, fit.optimal_batch_interval)}.")
+                 f"{optimal_batch_text(b_star, fit.optimal_batch_interval, cap)}.")
     return text
 
 

@@ -320,20 +320,26 @@ class AnalysisSummary:
         if self.quality.recorded_rows:
             values["sweep_rows_unstable"] = len(self.quality.excluded)
         for rule, fit in self.critical_batch.items():
-            values.update(_critical_metrics(rule, fit))
+            values.update(_critical_metrics(rule, fit, self.optimal_batch_cap))
         if len({(t.metric, t.value) for t in self.targets}) > 1:
             for fit in self.targets:
                 values.update(_target_metrics(fit))
         return {name: float(value) for name, value in values.items() if _is_finite_number(value)}
 
 
-def _critical_metrics(rule: str, fit: CriticalBatchSummary) -> dict[str, object]:
+def _critical_metrics(rule: str, fit: CriticalBatchSummary, cap: float) -> dict[str, object]:
     """B_crit and its fit only when the data support a number; otherwise the bound alone
-    (`b_crit_<rule>_above` = 1024), never a round-off ratio."""
+    (`b_crit_<rule>_above` = 1024), never a round-off ratio. B* likewise: held at `cap`, it
+    is the bound `optimal_batch_<rule>_above`."""
     values = _fit_metrics(rule, fit)
-    if "b_crit_" + rule in values:
-        values[f"optimal_batch_{rule}"] = fit.optimal_batch
-    return values
+    if "b_crit_" + rule not in values:
+        return values
+    if fit.optimal_batch >= cap:
+        return values | {f"optimal_batch_{rule}_above": fit.optimal_batch}
+    low, high = fit.optimal_batch_interval
+    return values | {f"optimal_batch_{rule}": fit.optimal_batch,
+                     f"optimal_batch_low_{rule}": low,  # NaN (dropped): the interval is open
+                     f"optimal_batch_high_{rule}": high if high < cap else None}
 
 
 def _target_metrics(fit: TargetCriticalBatch) -> dict[str, object]:

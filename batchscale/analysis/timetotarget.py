@@ -96,12 +96,19 @@ def _log_ratio(upper: float, lower: float) -> float:
     return math.log(upper / lower) if upper > 0 and lower > 0 else math.nan
 
 
-def optimal_batch_text(value: float, interval: tuple[float, float]) -> str:
-    """"≈ 106 [80, 140] (90%)", or the point with why its interval is open."""
+def optimal_batch_text(value: float, interval: tuple[float, float],
+                       cap: float = math.inf) -> str:
+    """"≈ 106 [80, 140] (90%)", or the point with why its interval is open. B* and its
+    interval are capped at `cap` (optimal_batch_cap): a capped end is a bound, said as one,
+    never a figure such as "512 [512, 512]"."""
     low, high = interval
+    if value >= cap:
+        return (f"at or above {cap:,.0f}, the largest batch it may take here (the model's "
+                "time to target still falls there)")
     if not (math.isfinite(low) and math.isfinite(high) and low > 0):
         return f"≈ {value:,.0f} (interval open: B_crit's or the step-time line's is unbounded)"
-    return f"≈ {value:,.0f} [{low:,.0f}, {high:,.0f}] ({B_STAR_LEVEL:.0%})"
+    upper = f"≥ {cap:,.0f}, capped" if high >= cap else f"{high:,.0f}"
+    return f"≈ {value:,.0f} [{low:,.0f}, {upper}] ({B_STAR_LEVEL:.0%})"
 
 
 def step_times(
