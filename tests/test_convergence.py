@@ -344,6 +344,8 @@ def test_converge_cli_runs_the_tuned_rule_on_two_workers(tmp_path, digits_dir):
 @pytest.mark.parametrize("args, message", [
     (["--lr-rule", "cubic"], "invalid choice: 'cubic'"),
     (["--workers", "0"], "convergence.workers: Input should be greater than 0"),
+    (["--base-lr", "0"], "convergence.base_lr"),
+    (["--patience-evals", "0"], "convergence.patience_evals: Input should be greater than 0"),
     (["--lr-rule", "tuned"], "lr_candidates: the tuned rule needs at least one learning rate"),
     (["--run-id", "../../escaped"], "run id '../../escaped' is not allowed"),
     (["--run-id", "/tmp/abs"], "run id '/tmp/abs' is not allowed"),
@@ -364,11 +366,17 @@ def test_converge_cli_refuses_bad_input_and_writes_nothing(tmp_path, args, messa
 def test_unreachable_target_exits_non_zero_and_keeps_the_tables(tmp_path, digits_dir):
     cfg = fast_config(tmp_path, target_val_accuracy=1.0, max_steps=20, lr_rules="[sqrt]")
     result = run_cli(["converge", "--config", cfg, "--batch-sizes", "64",
+                      "--optimizer", "adamw", "--base-lr", "0.05", "--reference-batch-size", "64",
                       "--dataset-dir", str(digits_dir), "--out", str(tmp_path / "out")],
                      cwd=tmp_path)
     assert result.returncode == 1
+    assert "LR rules sqrt from base_lr 0.05 at batch 64, adamw; seeds" in result.stderr
+    # An SGD-scale learning rate under AdamW is the likeliest cause; it is named up front.
+    assert "note: convergence.base_lr 0.05 with adamw: 0.05 is an SGD learning rate" \
+        in result.stderr
     assert ("no trial reached val_accuracy >= 1: of 1 trials, 1 out of steps (ran max_steps 20:"
-            " raise max_steps or lower the target)") in result.stderr
+            " raise max_steps or lower the target); they ran adamw at peak LRs 0.05") \
+        in result.stderr
     runs = pq.read_table(tmp_path / "out" / "runs.parquet").to_pylist()
     assert [r["status"] for r in runs] == ["not_reached"]
     assert runs[0]["stop_reason"].startswith("ran convergence.max_steps (20 steps)")

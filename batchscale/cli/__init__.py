@@ -208,8 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "pipeline", description=CONFIG_FLAGS_NOTE)
     cv.add_argument("--config", help=CONFIG_HELP)
     add_config_flags(cv, None, ["workload"])
-    add_config_flags(cv, "convergence", ["batch_sizes", "lr_rules", "lr_candidates", "workers",
-                                         "accumulation_steps", "checkpoint_uri",
+    add_config_flags(cv, "convergence", ["batch_sizes", "lr_rules", "lr_candidates",
+                                         "base_lr", "reference_batch_size", "warmup_steps",
+                                         "workers", "accumulation_steps", "checkpoint_uri",
                                          "max_restarts", "optimizer", "precision", "lr_decay",
                                          "weight_decay", "train_eval_rows", "gap_epochs",
                                          "seeds", "max_steps", "strategy",
@@ -217,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "adaptive_budget_examples",
                                          "adaptive_probe_budget_examples",
                                          "adaptive_budget_device_s", "lr_halving_eta",
-                                         "lr_halving_first_rung_steps", "loader_workers"])
+                                         "lr_halving_first_rung_steps", "loader_workers",
+                                         "eval_every_steps", "patience_evals"])
     cv.add_argument("--target", action="append", type=target_flag, metavar="METRIC=VALUE",
                     help="a target, e.g. val_accuracy=0.95 or val_loss=0.3 (also as printed: "
                     "'val_accuracy>=0.95'; repeat the flag for several); replaces the config's "

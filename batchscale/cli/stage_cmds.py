@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -111,10 +112,13 @@ def cmd_converge(args) -> int:
     print(f"batchscale converge {run_id} (rerun with --run-id {run_id} to resume)",
           file=sys.stderr)
     c = cfg.convergence
+    optimizer = "" if workload.loop is not None else f", {c.optimizer}"
     print(f"training to {' and '.join(t.label for t in c.resolved_targets())}, up to "
           f"{c.max_steps:,} steps per trial ({c.strategy}: batch sizes "
-          f"{', '.join(map(str, c.batch_sizes))}; LR rules {', '.join(c.lr_rules)}; seeds "
+          f"{', '.join(map(str, c.batch_sizes))}; {c.lr_text()}{optimizer}; seeds "
           f"{', '.join(map(str, c.seeds))})", file=sys.stderr)
+    if workload.loop is None and (note := c.lr_note()):
+        print(f"note: {note}", file=sys.stderr)
     written = [out / "curves.parquet", out / "runs.parquet"]
     if cfg.convergence.strategy == "adaptive":
         from batchscale.adaptive.driver import run_adaptive
@@ -156,7 +160,19 @@ def _why_short(rows: list[dict], c) -> str:
     other = len(trials) - sum(count for count, _ in ended.values())
     if other:
         parts.append(f"{other} ended otherwise (failed, pruned or probed)")
-    return f"of {len(trials)} trials, " + "; ".join(parts)
+    return f"of {len(trials)} trials, " + "; ".join(parts) + _lrs_tried(trials)
+
+
+def _lrs_tried(trials) -> str:
+    """"; they ran sgd at peak LRs 0.025–0.2": what the trials tried, beside the advice."""
+    lrs = [row["lr"] for row in trials if isinstance(row.get("lr"), float)
+           and math.isfinite(row["lr"])]
+    if not lrs:
+        return ""
+    optimizers = sorted({row["optimizer"] for row in trials if row.get("optimizer")})
+    by = f"{'/'.join(optimizers)} " if optimizers else ""
+    span = f"{min(lrs):.3g}" if min(lrs) == max(lrs) else f"{min(lrs):.3g}–{max(lrs):.3g}"
+    return f"; they ran {by}at peak LRs {span}"
 
 
 def _largest_batches(cfg) -> list[int]:

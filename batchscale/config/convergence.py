@@ -28,6 +28,8 @@ from batchscale.schemas import TUNED_RULE
 ADAPTIVE_CELL = "adaptive"
 """The batch_sizes of the convergence cell that runs the adaptive search."""
 DEFAULT_TARGET_VAL_ACCURACY = 0.95
+ADAMW_LARGE_LR = 0.01
+"""A base_lr at or above this with AdamW gets a note: it is SGD's scale, ~10x AdamW's usual."""
 """The target when neither `targets` nor `target_val_accuracy` is given."""
 
 
@@ -336,6 +338,27 @@ class ConvergenceConfig(_Strict):
                 raise ValueError(f"batch_sizes: {b} is not divisible by {w} workers x "
                                  f"{self.accumulation_steps} accumulation_steps")
         return self
+
+    def lr_text(self) -> str:
+        """Where the trials' learning rates come from, in words for a progress line."""
+        ruled = [rule for rule in self.lr_rules if rule != "tuned"]
+        parts = []
+        if ruled:
+            parts.append(f"LR rules {', '.join(ruled)} from base_lr {self.base_lr:g} at batch "
+                         f"{self.reference_batch_size}")
+        if len(ruled) < len(self.lr_rules):
+            parts.append("tuned over LRs " + ", ".join(f"{lr:g}" for lr in self.lr_candidates))
+        return "; ".join(parts)
+
+    def lr_note(self) -> str | None:
+        """A note when base_lr is SGD's scale while the optimizer is AdamW: such a run stalls
+        or diverges at every batch size, and the cause is easy to miss."""
+        if (self.optimizer != "adamw" or self.base_lr < ADAMW_LARGE_LR
+                or self.lr_rules == ["tuned"]):
+            return None
+        return (f"convergence.base_lr {self.base_lr:g} with adamw: {self.base_lr:g} is an SGD "
+                f"learning rate (the default suits SGD with momentum); AdamW usually wants "
+                f"about 1e-3 (--base-lr, or convergence.base_lr in the config)")
 
     def resolved_targets(self) -> list[TargetConfig]:
         """The targets the trials train to: `targets`, or the one `target_val_accuracy`
