@@ -34,6 +34,8 @@ def cmd_run(args) -> int:
     store = connect_store()
     print(f"batchscale run {run_id}: {cfg.name} ({cfg.workload} on {cfg.dataset.name})",
           file=sys.stderr)
+    if workload.loop is None and (note := cfg.convergence.lr_note()):
+        print(f"note: {note}", file=sys.stderr)
     from batchscale.pipelines.local import run_local
 
     try:
