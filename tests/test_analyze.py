@@ -157,6 +157,30 @@ def test_a_b_star_held_at_the_largest_batch_is_a_bound_not_a_degenerate_interval
     assert "optimal_batch_linear_above" not in metrics
 
 
+def test_where_the_input_pipeline_is_a_bottleneck_b_star_is_on_real_inputs_line():
+    """Reading costs 4 µs per example against the device's 0.1 µs: on the device's line
+    sqrt(α·B_crit/β) is 800, on real input's (what a trial without loader workers pays) 126.
+    B* takes the real-input line and says so; where reading costs 20 % (make_sweep's real rows
+    at 1.2×) it stays on the device's."""
+    batches = (4, 16, 64, 256, 1024)
+    sweep = pd.DataFrame(
+        [sweep_row(b, 1e-3 + 1e-7 * b, memory=int(5e7 + 1e5 * b)) for b in batches]
+        + [sweep_row(b, 1e-3 + 4e-6 * b, mode="real") for b in batches])
+    runs = make_runs(noise=0.0, step_time=sweep_line(1e-3, 4e-6))
+    result = analyze(sweep, runs, make_curves(runs), AnalysisConfig(bootstrap_samples=20))
+    summary = result.summary
+    assert summary.throughput.input_bottleneck
+    assert summary.critical_batch["linear"].optimal_batch == pytest.approx(126, rel=0.03)
+    assert summary.step_time.beta_s == pytest.approx(1e-7)  # t(B) is still the device's
+    assert "With real input's step time (the input pipeline is a bottleneck" in result.markdown
+    assert "with real input's step time" in summary.recommendation.batch_reason
+
+    plain = analyze(make_sweep(), runs, make_curves(runs), AnalysisConfig(bootstrap_samples=20))
+    assert not plain.summary.throughput.input_bottleneck
+    assert plain.summary.optimal_batch_line == ""
+    assert "real input's step time" not in plain.markdown
+
+
 def test_analyze_rows_match_the_analysis_schema():
     runs = make_runs()
     result = analyze(make_sweep(), runs, make_curves(runs), AnalysisConfig(bootstrap_samples=20))

@@ -42,6 +42,7 @@ from batchscale.analysis.targets import (
     target_tables,
 )
 from batchscale.analysis.timetotarget import (
+    REAL_INPUT_LINE,
     cell_step_times,
     optimal_batch_cap,
     step_times,
@@ -54,6 +55,7 @@ from batchscale.fits import (
     ensure_columns,
     find_saturation,
     fit_memory,
+    fit_step_time,
     input_pipeline_share,
     largest_fitting_batch,
     numeric_column,
@@ -127,9 +129,10 @@ def analyze(
     memory = _memory_summary(sweep)
     table, step_fit, source = _cell_table(sweep, runs, settings)
     cap = optimal_batch_cap(sweep, table, memory.largest_fitting_batch)
-    critical, labels = critical_by_rule(runs, table, settings, step_fit, cap)
+    b_star_fit, b_star_line = _b_star_line(sweep, throughput, step_fit)
+    critical, labels = critical_by_rule(runs, table, settings, b_star_fit, cap)
     b_simple, noise = noise_scale(runs, curves)
-    b_star = {rule: (fit.optimal_batch, *fit.optimal_batch_interval, cap)
+    b_star = {rule: (fit.optimal_batch, *fit.optimal_batch_interval, cap, b_star_line)
               for rule, fit in critical.items()}
     times = numeric_column(table, "time_to_target_s")
     summary = AnalysisSummary(
@@ -139,6 +142,7 @@ def analyze(
             source, step_fit.alpha_s, step_fit.beta_s, step_fit.r2, step_fit.reason
         ),
         optimal_batch_cap=cap,
+        optimal_batch_line=b_star_line,
         critical_batch=critical,
         noise_scale=noise,
         recommendation=recommend(table, runs, b_star, settings.max_cpu_wait_share,
@@ -152,7 +156,8 @@ def analyze(
         target_reason=choice.reason,
         target_metric=choice.target[0] if choice.target else None,
         target_value=choice.target[1] if choice.target else math.nan,
-        targets=_target_fits(groups, tables, settings, step_fit, cap, choice.target, critical),
+        targets=_target_fits(groups, tables, settings, b_star_fit, cap, choice.target,
+                             critical),
         gap=gap_summary(curves, gap_epochs, choice.target[0] if choice.target else None),
         pruning=pruning_text(every_trial),
         lr_rule_given=lr_rule_given,
@@ -249,6 +254,21 @@ def _cell_table(
         samples_per_s=numeric_column(table, "batch_size") / times,
     )
     return table, fit, source
+
+
+def _b_star_line(sweep: pd.DataFrame, throughput: ThroughputSummary,
+                 device: StepTimeFit) -> tuple[StepTimeFit, str]:
+    """The step-time line B* is placed on, and how to say so ("": `device`, the t(B) the
+    summary gives). Where the input pipeline is a bottleneck, the real-input line: a trial
+    reads its data in the step, as real input does, so on the device's line alone B* would
+    land past the batch the trials are fastest at."""
+    if not throughput.input_bottleneck:
+        return device, ""
+    real = throughput_curve(sweep, "real")
+    line = fit_step_time(list(real["batch_size"]), list(real["step_time_median_s"]))
+    if not (math.isfinite(line.alpha_s) and math.isfinite(line.beta_s)):
+        return device, ""
+    return line, REAL_INPUT_LINE
 
 
 def _sources(table: pd.DataFrame) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from batchscale.analysis.quality import (
     what_to_do_text,
 )
 from batchscale.analysis.summary import (
+    INPUT_BOTTLENECK_SHARE,
     AnalysisSummary,
     CriticalBatchSummary,
     MeasurementQuality,
@@ -30,7 +31,6 @@ from batchscale.analysis.timetotarget import StepTimeSource, optimal_batch_text
 from batchscale.analysis.usertables import DEFAULT_LR_RULE
 from batchscale.fits import mfu_text
 
-INPUT_BOTTLENECK_SHARE = 0.2
 """Real input losing more than this share of synthetic throughput: the input pipeline limits."""
 NOT_AVAILABLE = "n/a"
 NO_ANSWER = "not answered"
@@ -75,7 +75,7 @@ def narrative_markdown(summary: AnalysisSummary, *, with_quality: bool = True) -
         lines.append(f"- **Target.** The steps, B_crit and the recommendation below are for"
                      f" {summary.target} ({summary.target_reason}).")
     for rule, fit in summary.critical_batch.items():
-        text = _critical_text(fit, summary.optimal_batch_cap)
+        text = _critical_text(fit, summary.optimal_batch_cap, summary.optimal_batch_line)
         label = (f"{rule} LR rule" if summary.lr_rule_given or rule != DEFAULT_LR_RULE
                  else "no LR rule given: the fewest steps over the runs' learning rates")
         lines.append(f"- **Steps to target ({label}).** {text}")
@@ -265,11 +265,11 @@ def _input_text(throughput: ThroughputSummary, cpu_threads: int | None) -> str:
                 f"{ratio}; reading data cannot make a step faster, so {cause}, and the input "
                 f"pipeline's cost is not resolved{advice}.")
     text = f" Real input reaches {1 - share:.0%} of synthetic throughput at batch {best}{ratio}"
+    if throughput.input_bottleneck:
+        return text + ": the input pipeline is a bottleneck."
     if share <= INPUT_BOTTLENECK_SHARE:
         return text + "."
-    if known and low <= INPUT_BOTTLENECK_SHARE:
-        return text + ": the input pipeline may be a bottleneck (the range allows either)."
-    return text + ": the input pipeline is a bottleneck."
+    return text + ": the input pipeline may be a bottleneck (the range allows either)."
 
 
 def _memory_text(memory: MemorySummary) -> str:
@@ -287,7 +287,7 @@ def _memory_text(memory: MemorySummary) -> str:
     return text
 
 
-def _critical_text(fit: CriticalBatchSummary, cap: float) -> str:
+def _critical_text(fit: CriticalBatchSummary, cap: float, line: str = "") -> str:
     if fit.bound:
         return _bound_text(fit)
     if fit.reason or not math.isfinite(fit.b_crit):
@@ -303,10 +303,12 @@ def _critical_text(fit: CriticalBatchSummary, cap: float) -> str:
     text += " Past B_crit each doubling of the batch saves less than a quarter of the steps."
     text += _regimes_text(fit)
     b_star = fit.optimal_batch
+    with_line = line[0].upper() + line[1:] if line else "With t(B)"
     if math.isfinite(b_star) and b_star >= cap:
-        text += f" With t(B), time to target keeps falling up to batch {_num(cap)} (B* capped)."
+        text += (f" {with_line}, time to target keeps falling up to batch {_num(cap)} "
+                 "(B* capped).")
     elif math.isfinite(b_star):
-        text += (f" With t(B), time to target is lowest near B* "
+        text += (f" {with_line}, time to target is lowest near B* "
                  f"{optimal_batch_text(b_star, fit.optimal_batch_interval, cap)}.")
     return text
 

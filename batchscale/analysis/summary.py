@@ -13,6 +13,10 @@ import math
 import re
 from dataclasses import dataclass
 
+INPUT_BOTTLENECK_SHARE = 0.2
+"""Share of synthetic throughput lost with real input past which the input pipeline is called
+a bottleneck."""
+
 
 @dataclass(frozen=True)
 class ThroughputSummary:
@@ -38,6 +42,15 @@ class ThroughputSummary:
     NaN: a row has none."""
     best_rerun_interval: tuple[float, float] = (math.nan, math.nan)
     """The best row's 90 % rerun interval of samples/s (sweep/rounds.py); NaN: none recorded."""
+
+    @property
+    def input_bottleneck(self) -> bool:
+        """Real input loses more than INPUT_BOTTLENECK_SHARE of synthetic throughput at the
+        best batch, over the whole range the two rows' rerun intervals allow (or, without
+        them, at its point)."""
+        low = self.input_pipeline_share_range[0]
+        return (self.input_pipeline_share > INPUT_BOTTLENECK_SHARE
+                and not low <= INPUT_BOTTLENECK_SHARE)
 
 
 @dataclass(frozen=True)
@@ -270,6 +283,9 @@ class AnalysisSummary:
     step_time: StepTimeSummary
     optimal_batch_cap: float
     """The largest batch B* may take: the largest that fits, else the largest measured."""
+    optimal_batch_line: str
+    """The step-time line B* = sqrt(α·B_crit/β) used, in words: "" for `step_time`'s, or
+    REAL_INPUT_LINE where the input pipeline is a bottleneck (what a trial pays)."""
     critical_batch: dict[str, CriticalBatchSummary]
     """Per LR rule, in sorted order."""
     noise_scale: NoiseScaleSummary

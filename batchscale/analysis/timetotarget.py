@@ -96,19 +96,26 @@ def _log_ratio(upper: float, lower: float) -> float:
     return math.log(upper / lower) if upper > 0 and lower > 0 else math.nan
 
 
+REAL_INPUT_LINE = ("with real input's step time (the input pipeline is a bottleneck, and a "
+                   "trial reads its data in the step)")
+"""How B* says it used the sweep's real-input line rather than the device's own."""
+
+
 def optimal_batch_text(value: float, interval: tuple[float, float],
-                       cap: float = math.inf) -> str:
-    """"≈ 106 [80, 140] (90%)", or the point with why its interval is open. B* and its
-    interval are capped at `cap` (optimal_batch_cap): a capped end is a bound, said as one,
-    never a figure such as "512 [512, 512]"."""
+                       cap: float = math.inf, line: str = "") -> str:
+    """"≈ 106 [80, 140] (90%)", or the point with why its interval is open; `line`, when
+    given, says which step-time line it is on. B* and its interval are capped at `cap`
+    (optimal_batch_cap): a capped end is a bound, said as one, never "512 [512, 512]"."""
     low, high = interval
+    on = f" {line}" if line else ""
     if value >= cap:
         return (f"at or above {cap:,.0f}, the largest batch it may take here (the model's "
-                "time to target still falls there)")
+                f"time to target still falls there{', ' + line if line else ''})")
     if not (math.isfinite(low) and math.isfinite(high) and low > 0):
-        return f"≈ {value:,.0f} (interval open: B_crit's or the step-time line's is unbounded)"
+        return (f"≈ {value:,.0f}{on} (interval open: B_crit's or the step-time line's is "
+                "unbounded)")
     upper = f"≥ {cap:,.0f}, capped" if high >= cap else f"{high:,.0f}"
-    return f"≈ {value:,.0f} [{low:,.0f}, {upper}] ({B_STAR_LEVEL:.0%})"
+    return f"≈ {value:,.0f} [{low:,.0f}, {upper}] ({B_STAR_LEVEL:.0%}){on}"
 
 
 def step_times(
