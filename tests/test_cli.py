@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 from batchscale import cli
 from batchscale.cli import build_parser
 from batchscale.cliflags import FlagText, config_from_args, flag_for
-from batchscale.config import ExperimentConfig, SweepConfig, load_config, section_models
+from batchscale.config import (
+    ExperimentConfig,
+    SweepConfig,
+    load_config,
+    parse_config,
+    section_models,
+)
 from batchscale.errors import BadInput
 from helpers import run_cli, store_env
 
@@ -355,10 +361,13 @@ def test_run_reports_a_task_that_refused_its_input_without_a_traceback(tmp_path,
     with no executor traceback anywhere in its output."""
     (tmp_path / "bad.parquet").write_text("not parquet at all")
     (tmp_path / "c.yaml").write_text(
-        f"dataset:\n  name: parquet\n  source_uri: {tmp_path / 'bad.parquet'}\n")
+        f"dataset:\n  name: parquet\n  source_uri: {tmp_path / 'bad.parquet'}\n"
+        "convergence:\n  optimizer: adamw\n")
     result = run_cli(["run", "--config", "c.yaml"], cwd=tmp_path, env=store_env(object_store),
                      timeout_s=300)
     assert result.returncode == 2, result.stdout + result.stderr
+    assert "(digits-mlp on parquet)" in result.stderr
+    assert "note: convergence.base_lr 0.05 with adamw" in result.stderr
     assert "task 'data-prep' refused to go on: " in result.stderr
     assert "bad.parquet is not a valid Parquet file" in result.stderr
     assert "Traceback" not in result.stdout + result.stderr
@@ -385,3 +394,17 @@ def test_a_number_padded_with_non_ascii_space_is_refused(text):
     for flag in (FlagText(int, is_list=True), FlagText(float), FlagText(int)):
         with pytest.raises(ValueError):
             flag.value([text] if flag.is_list else text)
+
+
+def test_the_run_header_says_when_a_workload_trains_on_its_own_data():
+    """The pipeline's data-prep stage prepares the config's dataset either way; a workload
+    with its own data does not train on it, and the first line must not say it does."""
+    from batchscale.cli.pipeline_cmds import run_header
+    from batchscale.workloads import get_workload
+
+    cfg = parse_config({"workload": "contract_workloads:good"})
+    own = run_header(cfg, get_workload(cfg.workload), "r1")
+    assert own == ("batchscale run r1: digits-default (contract_workloads:good on its own "
+                   "data; the data-prep stage still prepares digits)")
+    assert run_header(load_config(), get_workload("digits-mlp"), "r2").endswith(
+        "(digits-mlp on digits)")

@@ -17,6 +17,13 @@ WORKFLOW_SIZE_WARNING_BYTES = 1_000_000
 variants each add their tasks)."""
 
 
+def run_header(cfg, workload, run_id: str) -> str:
+    """The run's first line: its id, name, workload and the data it trains on."""
+    data = (f"on its own data; the data-prep stage still prepares {cfg.dataset.name}"
+            if workload.has_own_data else f"on {cfg.dataset.name}")
+    return f"batchscale run {run_id}: {cfg.name} ({cfg.workload} {data})"
+
+
 def cmd_run(args) -> int:
     from batchscale.contract_check import check_workload, with_workload_targets
     from batchscale.workloads import get_workload
@@ -32,8 +39,7 @@ def cmd_run(args) -> int:
     cfg = with_workload_targets(cfg, workload)
     check_workload(workload, targets=cfg.convergence.resolved_targets())
     store = connect_store()
-    print(f"batchscale run {run_id}: {cfg.name} ({cfg.workload} on {cfg.dataset.name})",
-          file=sys.stderr)
+    print(run_header(cfg, workload, run_id), file=sys.stderr)
     if workload.loop is None and (note := cfg.convergence.lr_note()):
         print(f"note: {note}", file=sys.stderr)
     from batchscale.pipelines.local import run_local
