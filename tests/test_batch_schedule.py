@@ -4,6 +4,7 @@ and resumes after a kill, and the command writes a checked table and an honest s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -346,3 +347,52 @@ def test_seconds_measured_on_a_busy_machine_are_flagged_not_trusted():
     text = " ".join(schedule_section.sentences(busy))
     assert text.count("seconds NOT TRUSTED: a run waited for a CPU 35%") == 2
     assert "NOT TRUSTED" not in schedule_section.summary_line(busy)
+
+
+def test_a_reference_loss_that_does_not_fall_leaves_its_checkpoints_unbranched(prepared,
+                                                                               tmp_path):
+    """At a learning rate of 1e-9 the reference's loss stands still: no milestone lies below a
+    checkpoint, so a branch would 'reach' it at step 0. No branch runs; each checkpoint says
+    why and what to change, and the table still passes its suite."""
+    from batchscale.batch_schedule.tables import tables
+    from batchscale.checks import validate_table
+    from batchscale.envinfo import environment
+
+    cfg, data = prepared
+    still = cfg.model_copy(update={"convergence": cfg.convergence.model_copy(
+        update={"base_lr": 1e-9})})
+    outcome = _measure(still, data, tmp_path / "work")
+    assert outcome.branches == [] and outcome.stages == []
+    for f in outcome.fits:
+        assert f.batches_reached == 0 and math.isnan(f.b_crit)
+        assert f.reason.startswith(f"the reference run's val_loss did not fall from step "
+                                   f"{f.checkpoint_step} (")
+        assert "choose batch_schedule.checkpoint_steps where the loss still falls" in f.reason
+    env = environment(run_id="r", config_hash=still.config_hash, experiment=still.name,
+                      workload=still.workload, device="cpu", variant=None)
+    crit, _ = tables(outcome, env)
+    report = validate_table("critical_over_training", crit)
+    assert report.success, report.failure_message()
+
+    # A loss that rose over the milestone's steps: unbranched, it passes; a row claiming its
+    # branches reached a milestone above the checkpoint's loss does not.
+    rose = fit.unbranched(20, {"val_loss": 0.5, "examples": 80}, 0.6, 20)
+    outcome.fits = [rose]
+    assert validate_table("critical_over_training", tables(outcome, env)[0]).success
+    outcome.fits = [dataclasses.replace(rose, batches_reached=3)]
+    failed = validate_table("critical_over_training", tables(outcome, env)[0])
+    assert "a milestone that branches reached lies below" in failed.failure_message()
+
+
+def test_the_command_trains_a_users_workload_to_its_own_target(tmp_path, capsys):
+    """A Workload that names its target (val_loss <= 0.3) and reports no val_accuracy: the
+    command trains to that target, as `converge` does, instead of the config's default."""
+    from batchscale.cli import main
+
+    config = tmp_path / "bs.yaml"
+    config.write_text(yaml.safe_dump({**CONFIG, "convergence": {"lr_rules": ["linear"],
+                                                                "base_lr": 0.1}}))
+    code = main(["batch-schedule", "--config", str(config), "--workload",
+                 "contract_workloads:loss_only", "--out", str(tmp_path / "out")])
+    assert code == 0
+    assert "reference run: batch 4, linear rule, to val_loss 0.3" in capsys.readouterr().err

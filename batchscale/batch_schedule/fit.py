@@ -68,6 +68,24 @@ def fit_checkpoint(step: int, rows: list[dict], curve_row: dict, rule: str, samp
         batches_reached=int(np.isfinite(steps).sum()))
 
 
+def unbranched(step: int, curve_row: dict, milestone_loss: float,
+               milestone_steps: int) -> CheckpointFit:
+    """A checkpoint whose milestone (the reference's loss `milestone_steps` later) is not
+    below its own loss: a branch would "reach" it at once, so none runs, and it says why."""
+    loss = float(curve_row["val_loss"])
+    reason = (f"the reference run's val_loss did not fall from step {step} ({loss:.4g}) to step "
+              f"{step + milestone_steps} ({milestone_loss:.4g}), so there is no milestone "
+              "below the checkpoint to branch to; choose batch_schedule.checkpoint_steps where "
+              "the loss still falls, or a longer batch_schedule.milestone_steps")
+    b_simple = curve_row.get("b_simple")
+    return CheckpointFit(
+        checkpoint_step=step, examples=int(curve_row["examples"]), val_loss=loss,
+        milestone_loss=milestone_loss, b_crit=math.nan, b_crit_low=math.nan,
+        b_crit_high=math.nan, bound="", bound_batch=math.nan, reason=reason, s_min=math.nan,
+        e_min=math.nan, b_simple=math.nan if b_simple is None else float(b_simple),
+        batches_reached=0)
+
+
 # ----------------------------------------------------------------------------- the schedule
 
 

@@ -72,6 +72,10 @@ def measure_schedule(cfg, data_dir: str, work: Path, run_id: str,
     for step in bs.checkpoint_steps:
         milestone = measure.value_at(curve, step + bs.milestone_steps)
         row = next(r for r in curve if r["step"] == step)
+        if milestone >= row["val_loss"]:  # nothing below the checkpoint for a branch to reach
+            fits.append(fit.unbranched(step, row, milestone, bs.milestone_steps))
+            echo(f"checkpoint {step}: not branched: {fits[-1].reason}")
+            continue
         rows = [measure.branch(setup, bs, row, b, milestone, seed, work)
                 for b in bs.branch_batch_sizes]
         branches += rows

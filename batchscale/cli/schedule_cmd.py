@@ -21,8 +21,14 @@ def cmd_batch_schedule(args) -> int:
     overrides = {"dataset": {"name": args.dataset}} if args.dataset else {}
     cfg = config_from_args(args, overrides)
     from batchscale.batch_schedule.stage import check_config
+    from batchscale.contract_check import check_workload, with_workload_targets
+    from batchscale.workloads import get_workload
 
+    workload = get_workload(cfg.workload)
+    cfg = with_workload_targets(cfg, workload)  # a user's Workload owns its targets
     check_config(cfg)  # before any data is prepared
+    check_workload(workload, batch_sizes=cfg.batch_schedule.branch_batch_sizes,
+                   convergence=True, targets=cfg.convergence.resolved_targets())
     out = check_output_dir(args.out, "--out")
     run_id = _run_id(args, out)
     from batchscale.batch_schedule.section import plot
