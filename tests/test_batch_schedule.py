@@ -396,3 +396,9 @@ def test_the_command_trains_a_users_workload_to_its_own_target(tmp_path, capsys)
                  "contract_workloads:loss_only", "--out", str(tmp_path / "out")])
     assert code == 0
     assert "reference run: batch 4, linear rule, to val_loss 0.3" in capsys.readouterr().err
+    # The stage itself (a study's variant, the pipeline) resolves it the same way.
+    cfg = ExperimentConfig.model_validate({**CONFIG, "workload": "contract_workloads:loss_only",
+                                           "convergence": {"lr_rules": ["linear"],
+                                                           "base_lr": 0.1}})
+    outcome = _measure(cfg, str(tmp_path / "unused"), tmp_path / "stage")
+    assert (outcome.target.metric, outcome.target.value) == ("val_loss", 0.3)

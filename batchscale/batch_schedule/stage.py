@@ -32,11 +32,10 @@ def check_config(cfg) -> tuple[str, Target]:
     return next(r for r in c.lr_rules if r != TUNED_RULE), Target(primary.metric, primary.value)
 
 
-def build_setup(cfg, data_dir: str, work: Path, run_id: str, rule: str) -> Setup:
+def build_setup(cfg, workload, data_dir: str, work: Path, run_id: str, rule: str) -> Setup:
     from batchscale.convergence.runner import build_spec
-    from batchscale.convergence.trialdata import load_data, workload_for_data
+    from batchscale.convergence.trialdata import load_data
 
-    workload = workload_for_data(cfg.workload, data_dir)
     if workload.loop is not None:
         raise BadInput(f"batch_schedule: {cfg.workload} is a TrainingLoop, whose model and "
                        "optimizer batchscale never holds, so it cannot branch from its "
@@ -61,9 +60,14 @@ def build_setup(cfg, data_dir: str, work: Path, run_id: str, rule: str) -> Setup
 def measure_schedule(cfg, data_dir: str, work: Path, run_id: str,
                      echo: Callable[[str], None]) -> Outcome:
     """Run (or resume) every part of the measurement under `work` and return what it found."""
+    from batchscale.contract_check import with_workload_targets
+    from batchscale.convergence.trialdata import workload_for_data
+
+    workload = workload_for_data(cfg.workload, data_dir)
+    cfg = with_workload_targets(cfg, workload)  # a user's Workload owns its targets
     rule, target = check_config(cfg)
     bs = cfg.batch_schedule
-    setup = build_setup(cfg, data_dir, work, run_id, rule)
+    setup = build_setup(cfg, workload, data_dir, work, run_id, rule)
     seed = bs.check_seeds[0]
     echo(f"reference run: batch {bs.base_batch_size}, {rule} rule, to {target.metric} "
          f"{target.value:g} (checkpoints at steps {bs.checkpoint_steps})")
