@@ -302,3 +302,25 @@ def test_the_list_hint_names_only_a_field_collated_position_by_position():
     assert transposed_list_hint({"x": [rows]}, 4) == ""
     assert transposed_list_hint({"x": [torch.zeros(3), torch.zeros(3)]}, 4) == ""
     assert transposed_list_hint(torch.zeros(4, 2), 4) == ""
+
+
+def test_an_auto_sweep_times_real_input_only_at_batches_its_data_can_fill(tmp_path,
+                                                                           monkeypatch):
+    """The search finds batch 1,024 fits; the workload's training split has 600 examples, so
+    real input is timed up to 512 and the larger batch is named with why, not run as an
+    error row."""
+    monkeypatch.chdir(TESTS_DIR)  # the trials import contract_workloads from here
+    lines: list[str] = []
+    from test_sweep import ENV, FAST
+
+    from batchscale.config import SweepConfig
+    from batchscale.sweep.sweep import sweep
+
+    cfg = SweepConfig(batch_sizes="auto", max_batch_size=1024, rounds=1, **FAST)
+    rows = sweep(cfg, "contract_workloads:good", ENV, tmp_path / "a.parquet", log=lines.append)
+    synthetic = {r["batch_size"] for r in rows if r["input_mode"] == "synthetic"}
+    real = {r["batch_size"] for r in rows if r["input_mode"] == "real"}
+    assert 1024 in synthetic and real == {b for b in synthetic if b <= 600}
+    assert {r["status"] for r in rows} == {"ok"}
+    assert ("real input not timed at batch 1024: the training split has 600 examples, fewer "
+            "than one batch") in lines

@@ -368,8 +368,23 @@ def _search_first_round(run: _Sweep) -> None:
     run.log(search_line(result))
     fitting = sorted(c.batch_size for c in run.cells.values() if c.timed)
     for mode in run.modes[1:]:
-        for batch_size in fitting:
+        sizes = fitting
+        if mode == "real":
+            rows = _training_rows(run)
+            sizes = [b for b in fitting if b <= rows]
+            if beyond := [b for b in fitting if b > rows]:
+                run.log(f"real input not timed at batch {', '.join(map(str, beyond))}: the "
+                        f"training split has {rows:,} examples, fewer than one batch")
+        for batch_size in sizes:
             run.trial(mode, batch_size, PHASE_LISTED, run.round_label(0))
+
+
+def _training_rows(run: _Sweep) -> int:
+    """Examples in the training split that real input reads (a search finds batches past it,
+    which real input cannot fill)."""
+    from batchscale.contract_check import load_split
+
+    return len(load_split(run.workload.contract_for(run.dataset_dir), "train"))
 
 
 def search_line(result: SearchResult) -> str:
