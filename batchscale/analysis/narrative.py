@@ -31,7 +31,6 @@ from batchscale.analysis.timetotarget import StepTimeSource, optimal_batch_text
 from batchscale.analysis.usertables import DEFAULT_LR_RULE
 from batchscale.fits import mfu_text
 
-"""Real input losing more than this share of synthetic throughput: the input pipeline limits."""
 NOT_AVAILABLE = "n/a"
 NO_ANSWER = "not answered"
 """What the answer card says for a part it cannot answer (its reason follows on the line)."""
