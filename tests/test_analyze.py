@@ -230,6 +230,8 @@ def test_analyze_with_unreached_rule_oom_sweep_and_single_seed():
     fit = critical["linear"]
     assert fit.b_crit_low <= fit.b_crit <= fit.b_crit_high
     assert fit.interval_note.startswith("one run per batch size")
+    # The reader sees which kind of interval it is, beside it.
+    assert f"; {fit.interval_note})" in result.markdown
     assert math.isnan(critical["sqrt"].b_crit) and critical["sqrt"].reason
     sqrt_rows = [row for row in result.rows if row["lr_rule"] == "sqrt"]
     assert all(math.isnan(row["steps_to_target"]) and row["regime"] is None for row in sqrt_rows)

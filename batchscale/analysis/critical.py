@@ -382,7 +382,7 @@ def interval_note(
     seeds = rule_runs.groupby("batch_size")["seed"].nunique()
     if seeds.empty or seeds.max() < 2:
         notes.append("one run per batch size: the interval is read from the fit's residuals "
-                     "across batch sizes alone (no seeds to resample)")
+                     "across batch sizes alone, with no seeds to resample")
     if bottom_cut:
         notes.append(
             f"its bottom is cut at {floor:,.3g}, 1/{range_factor:g} of the smallest batch"

@@ -298,7 +298,9 @@ def _critical_text(fit: CriticalBatchSummary, cap: float, line: str = "") -> str
     if math.isnan(fit.b_crit_low):
         text += f" (no interval: {fit.interval_note})."
     else:
-        text += f" ({BOOTSTRAP_CONFIDENCE:.0%} interval {_interval_text(fit)}{_level_text(fit)})."
+        note = f"; {fit.interval_note}" if fit.interval_note else ""
+        text += (f" ({BOOTSTRAP_CONFIDENCE:.0%} interval {_interval_text(fit)}{_level_text(fit)}"
+                 f"{note}).")
     text += " Past B_crit each doubling of the batch saves less than a quarter of the steps."
     text += _regimes_text(fit)
     b_star = fit.optimal_batch
