@@ -370,6 +370,17 @@ def test_history_table_says_where_the_next_run_should_land():
     assert line == "  next run should land in (90 %, docs/lake.md): B=64 7,000–11,500"
     assert STEP_RUNS[-1] in lines[lines.index(line) - 1]  # right under the latest run
 
+    # A range from this run's rounds alone (too little history) is marked, and why it may be
+    # left is said under it.
+    from batchscale.lake.next_run import ROUNDS_ALONE
+
+    alone = verdicts.assign(next_run_basis=np.where(latest, ROUNDS_ALONE, None))
+    lines = throughput_lines(History(WORKLOAD, history.throughput, history.critical, alone))
+    [line] = [x for x in lines if "next run" in x]
+    assert line.startswith("  next run should land in (90 %, docs/lake.md): B=64* 7,000–11,500\n"
+                           f"  * {ROUNDS_ALONE}: the range of this run's rounds")
+    assert line.endswith("the next run may land outside it")
+
 
 def test_history_table_marks_figures_measured_unstably():
     """An unstable figure is marked (and explained), unless its verdict mark says more."""

@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow.dataset as ds
 
 from batchscale.errors import BatchscaleError
+from batchscale.lake.next_run import ROUNDS_ALONE
 from batchscale.schemas import Quality, TrialStatus
 from batchscale.storage import ObjectStore
 
@@ -40,7 +41,7 @@ ANALYSIS_COLUMNS = ["run_id", "date", "lr_rule", "b_crit", "b_crit_low", "b_crit
 before B_crit could be a bound, and read as no bound there."""
 VERDICT_COLUMNS = ["run_id", "device_name", "precision", "input_mode", "batch_size", "verdict",
                    "history_median", "allowed_drop", "first_bad_run_id", "next_run_low",
-                   "next_run_high"]
+                   "next_run_high", "next_run_basis"]
 """The regressions columns history shows (first_bad_run_id and the next-run range are null in
 older tables)."""
 VERDICT_MARKS = {"suspected": "?", "confirmed": "!", "regression": "!"}
@@ -199,9 +200,16 @@ def next_run_line(history: History, series: tuple, run_id: str) -> str | None:
     mine = mine.dropna(subset=["next_run_low", "next_run_high"]).sort_values("batch_size")
     if mine.empty:
         return None
-    ranges = "; ".join(f"B={r.batch_size} {_number(r.next_run_low)}–{_number(r.next_run_high)}"
-                       for r in mine.itertuples(index=False))
-    return f"  next run should land in (90 %, docs/lake.md): {ranges}"
+    alone = (mine["next_run_basis"].eq(ROUNDS_ALONE) if "next_run_basis" in mine
+             else pd.Series(False, index=mine.index))
+    ranges = "; ".join(f"B={r.batch_size}{'*' if one else ''} {_number(r.next_run_low)}–"
+                       f"{_number(r.next_run_high)}"
+                       for r, one in zip(mine.itertuples(index=False), alone, strict=True))
+    line = f"  next run should land in (90 %, docs/lake.md): {ranges}"
+    if alone.any():
+        line += (f"\n  * {ROUNDS_ALONE}: the range of this run's rounds, which sees no drift "
+                 "between runs; the next run may land outside it")
+    return line
 
 
 def critical_lines(history: History) -> list[str]:
