@@ -345,6 +345,11 @@ def test_converge_cli_runs_the_tuned_rule_on_two_workers(tmp_path, digits_dir):
     (["--lr-rule", "cubic"], "invalid choice: 'cubic'"),
     (["--workers", "0"], "convergence.workers: Input should be greater than 0"),
     (["--base-lr", "0"], "convergence.base_lr"),
+    (["--scaling-workers", "2"], "scaling_workers: must be given together with "
+                                 "scaling_batch_sizes"),
+    (["--strategy", "adaptive", "--batch-sizes", "16,64,256", "--scaling-workers", "2",
+      "--scaling-batch-sizes", "64"], "--scaling-workers: scaling runs go with the grid "
+                                      "strategy here"),
     (["--patience-evals", "0"], "convergence.patience_evals: Input should be greater than 0"),
     (["--lr-rule", "tuned"], "lr_candidates: the tuned rule needs at least one learning rate"),
     (["--run-id", "../../escaped"], "run id '../../escaped' is not allowed"),
@@ -361,6 +366,25 @@ def test_converge_cli_refuses_bad_input_and_writes_nothing(tmp_path, args, messa
     assert result.returncode == 2
     assert message in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_converge_runs_the_scaling_runs_its_flags_ask_for_into_one_table(tmp_path,
+                                                                          digits_dir):
+    """--scaling-workers/--scaling-batch-sizes add the pipeline's extra worker counts (each in
+    a torchrun group of its own) to the grid's tables, which is what the planner and the
+    worker recommendation read; without the flags the embedded config's scaling runs do not
+    run here."""
+    result = run_cli(["converge", "--config", fast_config(tmp_path), "--batch-sizes", "32,64",
+                      "--lr-rules", "sqrt", "--scaling-workers", "2", "--scaling-batch-sizes", "64",
+                      "--dataset-dir", str(digits_dir), "--out", str(tmp_path / "out")],
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "; scaling runs: 2 workers at batch 64" in result.stderr
+    runs = pq.read_table(tmp_path / "out" / "runs.parquet").to_pylist()
+    assert sorted((r["batch_size"], r["workers"]) for r in runs) == [(32, 1), (64, 1), (64, 2)]
+    assert len({r["run_id"] for r in runs}) == 1
+    curves = pq.read_table(tmp_path / "out" / "curves.parquet").to_pylist()
+    assert {c["trial_id"] for c in curves} == {r["trial_id"] for r in runs}
 
 
 def test_unreachable_target_exits_non_zero_and_keeps_the_tables(tmp_path, digits_dir):

@@ -219,7 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "adaptive_probe_budget_examples",
                                          "adaptive_budget_device_s", "lr_halving_eta",
                                          "lr_halving_first_rung_steps", "loader_workers",
-                                         "eval_every_steps", "patience_evals"])
+                                         "eval_every_steps", "patience_evals",
+                                         "scaling_workers", "scaling_batch_sizes"])
     cv.add_argument("--target", action="append", type=target_flag, metavar="METRIC=VALUE",
                     help="a target, e.g. val_accuracy=0.95 or val_loss=0.3 (also as printed: "
                     "'val_accuracy>=0.95'; repeat the flag for several); replaces the config's "

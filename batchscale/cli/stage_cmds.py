@@ -16,6 +16,8 @@ from batchscale.metrics import METRICS
 from batchscale.names import check_run_id
 from batchscale.schemas import RunStatus, StopKind, stop_kind
 
+SCALING_FIELDS = ("scaling_workers", "scaling_batch_sizes")
+
 
 def _dataset_flag(args) -> dict:
     """--dataset NAME as a config override."""
@@ -83,8 +85,9 @@ def cmd_converge(args) -> int:
     from batchscale.contract_check import check_workload, with_workload_targets
     from batchscale.workloads import get_workload
 
-    # No scaling runs (the pipeline's extra worker counts): here --workers sets the one count.
-    fixed = {"scaling_workers": [], "scaling_batch_sizes": []}
+    # The pipeline's extra worker counts run here only when their flags ask for them: the
+    # embedded config's (2 workers at batch 256) would otherwise double a quick grid.
+    fixed = {name: [] for name in SCALING_FIELDS if getattr(args, name) is None}
     if args.target:  # they replace the config's targets (and its shorthand)
         fixed |= {"targets": args.target, "target_val_accuracy": None}
     cfg = config_from_args(args, {**_dataset_flag(args), "convergence": fixed},
@@ -97,12 +100,14 @@ def cmd_converge(args) -> int:
                    targets=cfg.convergence.resolved_targets())  # before the dataset is prepared
     if workload.loop is not None and cfg.convergence.lr_halving_eta is not None:
         raise BadInput(NO_HALVING)
+    if cfg.convergence.strategy == "adaptive" and cfg.convergence.scaling_workers:
+        raise BadInput("--scaling-workers: scaling runs go with the grid strategy here; run "
+                       "them in a second `batchscale converge` (--strategy grid) of their own")
     if args.dataset_dir:  # named here, not by every rank of a torchrun group and its restarts
         from batchscale.shards import read_manifest
 
         read_manifest(args.dataset_dir)
-    from batchscale.convergence.runner import run_convergence  # torch: input known good now
-    from batchscale.data.prep import prepare
+    from batchscale.data.prep import prepare  # torch: input known good now
     from batchscale.storage import write_table_atomic
 
     out = Path(args.out)
@@ -116,7 +121,7 @@ def cmd_converge(args) -> int:
     print(f"training to {' and '.join(t.label for t in c.resolved_targets())}, up to "
           f"{c.max_steps:,} steps per trial ({c.strategy}: batch sizes "
           f"{', '.join(map(str, c.batch_sizes))}; {c.lr_text()}{optimizer}; seeds "
-          f"{', '.join(map(str, c.seeds))})", file=sys.stderr)
+          f"{', '.join(map(str, c.seeds))}){_scaling_text(c)}", file=sys.stderr)
     if workload.loop is None and (note := c.lr_note()):
         print(f"note: {note}", file=sys.stderr)
     written = [out / "curves.parquet", out / "runs.parquet"]
@@ -129,9 +134,7 @@ def cmd_converge(args) -> int:
         written.append(out / "decisions.parquet")
         write_table_atomic(written[-1], decisions)
     else:
-        curves, runs = run_convergence(cfg, list(cfg.convergence.batch_sizes),
-                                       data_dir=str(data_dir),
-                                       out_dir=str(out / "work" / run_id), run_id=run_id)
+        curves, runs = _grid(cfg, str(data_dir), out / "work", run_id)
     write_table_atomic(written[0], curves)
     write_table_atomic(written[1], runs)
     print("wrote " + ", ".join(map(str, written)))
@@ -141,6 +144,34 @@ def cmd_converge(args) -> int:
             f"no trial reached {wanted}: {_why_short(runs.to_pylist(), cfg.convergence)} "
             "(each trial's stop_reason and curve are in the tables above)")
     return 0
+
+
+def _grid(cfg, data_dir: str, work: Path, run_id: str):
+    """The grid at convergence.workers, then its scaling runs, one torchrun group per worker
+    count (convergence.fan_out); one curves and one runs table for all of them."""
+    import pyarrow as pa
+
+    from batchscale.convergence.runner import run_convergence
+
+    c = cfg.convergence
+    tables = []
+    for cell in c.fan_out(one_batch_size_per_cell=False):
+        workers = int(cell["workers"])
+        folder = run_id if workers == c.workers else f"{run_id}-w{workers}"
+        tables.append(run_convergence(cfg, [int(b) for b in cell["batch_sizes"].split(",")],
+                                      data_dir=data_dir, out_dir=str(work / folder),
+                                      run_id=run_id, workers=workers))
+    curves, runs = zip(*tables, strict=True)
+    return pa.concat_tables(curves), pa.concat_tables(runs)
+
+
+def _scaling_text(c) -> str:
+    """"; scaling runs: 2 workers at batch 64, 256" where the command runs them."""
+    if not c.scaling_workers:
+        return ""
+    workers = ", ".join(map(str, c.scaling_workers))
+    return (f"; scaling runs: {workers} workers at batch "
+            f"{', '.join(map(str, c.scaling_batch_sizes))}")
 
 
 def _why_short(rows: list[dict], c) -> str:
