@@ -90,8 +90,10 @@ def test_misbehaving_loops_fail_their_trial_and_the_others_go_on(tmp_path):
 
 def test_a_loop_in_a_two_worker_group_measures_the_noise_scale(tmp_path):
     result, runs = converge(tmp_path, "loop_workloads:good_loop", "--workers", "2",
-                            "--batch-sizes", "16", "64", "--seeds", "0")
+                            "--batch-sizes", "16", "64", "--seeds", "0", "--optimizer", "adamw")
     assert result.returncode == 0, result.stderr
+    assert "note: --optimizer does not apply to a TrainingLoop: your loop builds its own " \
+           "optimizer" in result.stderr
     assert runs["status"].eq("reached").all() and runs["world_size"].eq(2).all()
     assert runs["workers"].eq(2).all()
     # from DDP's own all-reduce, through the comm hook (a few noisy updates: any sign)

@@ -9,7 +9,12 @@ import sys
 from pathlib import Path
 
 from batchscale.cli.common import STATE_DIR, given_run_id
-from batchscale.cliflags import check_output_dir, check_output_file, config_from_args
+from batchscale.cliflags import (
+    check_output_dir,
+    check_output_file,
+    config_from_args,
+    flag_for,
+)
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.loop import NO_HALVING
 from batchscale.metrics import METRICS
@@ -17,6 +22,9 @@ from batchscale.names import check_run_id
 from batchscale.schemas import RunStatus, StopKind, stop_kind
 
 SCALING_FIELDS = ("scaling_workers", "scaling_batch_sizes")
+NOT_FOR_A_LOOP = ("optimizer", "precision", "weight_decay", "accumulation_steps",
+                  "loader_workers", "train_eval_rows")
+"""Convergence fields a TrainingLoop does not use: they configure batchscale's own loop."""
 
 
 def _dataset_flag(args) -> dict:
@@ -124,6 +132,13 @@ def cmd_converge(args) -> int:
           f"{', '.join(map(str, c.seeds))}){_scaling_text(c)}", file=sys.stderr)
     if workload.loop is None and (note := c.lr_note()):
         print(f"note: {note}", file=sys.stderr)
+    if workload.loop is not None and (unused := [flag_for(name) for name in NOT_FOR_A_LOOP
+                                                  if getattr(args, name, None) is not None]):
+        verb = "does" if len(unused) == 1 else "do"
+        print(f"note: {', '.join(unused)} {verb} not apply to a TrainingLoop: your loop builds "
+              "its own optimizer, precision and data loading; batchscale gives it the batch "
+              "size, the learning rate (trial.lr, trial.lr_at), the seed and when to stop",
+              file=sys.stderr)
     written = [out / "curves.parquet", out / "runs.parquet"]
     if cfg.convergence.strategy == "adaptive":
         from batchscale.adaptive.driver import run_adaptive
