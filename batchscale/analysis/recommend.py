@@ -17,7 +17,7 @@ from batchscale.analysis.expected import (
 )
 from batchscale.analysis.parallel import worker_choice
 from batchscale.analysis.summary import Recommendation
-from batchscale.analysis.timetotarget import StepTimeSource, optimal_batch_text
+from batchscale.analysis.timetotarget import BStar, StepTimeSource, optimal_batch_text
 from batchscale.analysis.usertables import DEFAULT_LR_RULE
 from batchscale.fits import ensure_columns, matches, numeric_column
 from batchscale.schemas import RUNS, TUNED_RULE, RunStatus
@@ -32,7 +32,7 @@ MEASURED_IN = {
 def recommend(
     table: pd.DataFrame,
     runs: pd.DataFrame,
-    b_star: dict[str, tuple[float, float, float, float, str]] | None = None,
+    b_star: dict[str, tuple] | None = None,
     max_cpu_wait_share: float | None = None,
     learning_rates_given: bool = True,
     current: tuple[int | None, float | None] = (None, None),
@@ -43,8 +43,8 @@ def recommend(
     """Batch size, LR rule and worker count, each with a one-line reason.
 
     Batch: the minimum measured time to target (S·t) over reached (rule, batch) cells; the
-    model optimum B* of the chosen rule (`b_star`, per rule: B*, its interval, the cap they
-    are held under and the step-time line in words) is quoted to
+    model optimum B* of the chosen rule (`b_star`, per rule: a `BStar` or its leading fields,
+    B* and its interval) is quoted to
     explain it, not to override the measurement. LR rule: the smallest S at that batch.
     Workers: `worker_choice` at that rule and batch. `table` has lr_rule, batch_size,
     steps_to_target, step_time_s, time_to_target_s (and step_time_source, timing_flag, where
@@ -76,10 +76,10 @@ def recommend(
     )
     at_batch = timed[timed["batch_size"] == batch].sort_values(["steps_to_target", "lr_rule"])
     rule = str(at_batch.iloc[0]["lr_rule"])
-    model, low, high, cap, line = (b_star or {}).get(rule, (math.nan,) * 3 + (math.inf, ""))
-    if math.isfinite(model):
+    model = BStar(*(b_star or {}).get(rule, (math.nan,) * 3))
+    if math.isfinite(model.value):
         batch_reason += (f"; the model optimum sqrt(α·B_crit/β) is "
-                         f"{optimal_batch_text(model, (low, high), cap, line)}")
+                         f"{optimal_batch_text(model.value, model[1:3], model.cap, model.line)}")
     listing = ", ".join(
         f"{r} {s:.0f}"
         for r, s in zip(at_batch["lr_rule"], at_batch["steps_to_target"], strict=True)

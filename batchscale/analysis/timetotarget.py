@@ -96,6 +96,18 @@ def _log_ratio(upper: float, lower: float) -> float:
     return math.log(upper / lower) if upper > 0 and lower > 0 else math.nan
 
 
+class BStar(NamedTuple):
+    """B* of one LR rule as the recommendation quotes it: the value, its interval, the cap
+    they are held under (optimal_batch_cap) and the step-time line in words ("": the
+    device's)."""
+
+    value: float
+    low: float
+    high: float
+    cap: float = math.inf
+    line: str = ""
+
+
 REAL_INPUT_LINE = ("with real input's step time (the input pipeline is a bottleneck, and a "
                    "trial reads its data in the step)")
 """How B* says it used the sweep's real-input line rather than the device's own."""
