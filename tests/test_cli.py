@@ -408,3 +408,13 @@ def test_the_run_header_says_when_a_workload_trains_on_its_own_data():
                    "data; the data-prep stage still prepares digits)")
     assert run_header(load_config(), get_workload("digits-mlp"), "r2").endswith(
         "(digits-mlp on digits)")
+
+
+def test_compiling_a_users_own_workload_says_the_default_images_lack_it():
+    from batchscale.cli.pipeline_cmds import own_code_note
+
+    note = own_code_note("mypkg.train:workload", {})
+    assert note.startswith("workload mypkg.train:workload is your own code, and the images "
+                           "above are batchscale's, without it")
+    assert own_code_note("mypkg.train:workload", {"BATCHSCALE_IMAGE": "me/mine:1"}) is None
+    assert own_code_note("digits-mlp", {}) is None

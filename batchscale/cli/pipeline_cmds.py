@@ -3,6 +3,7 @@ IR YAML for a KFP cluster."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -15,6 +16,20 @@ from batchscale.errors import BatchscaleError, task_refusal
 WORKFLOW_SIZE_WARNING_BYTES = 1_000_000
 """A compiled pipeline above this may not fit the workflow object a cluster stores (a study's
 variants each add their tasks)."""
+
+
+def own_code_note(workload: str, environ) -> str | None:
+    """What a compiled pipeline of the user's own workload needs that the default images lack;
+    None for a built-in workload or where BATCHSCALE_IMAGE names an image of the user's."""
+    from batchscale.names import is_factory_spec
+
+    if not is_factory_spec(workload) or workload.startswith("batchscale.") \
+            or "BATCHSCALE_IMAGE" in environ:
+        return None
+    return (f"workload {workload} is your own code, and the images above are batchscale's, "
+            "without it: every pod would fail to import it. Build on them with your package "
+            "and compile with BATCHSCALE_IMAGE and BATCHSCALE_GPU_IMAGE naming yours "
+            "(docs/kubeflow.md, \"Your own workload on a cluster\")")
 
 
 def run_header(cfg, workload, run_id: str) -> str:
@@ -96,6 +111,8 @@ def cmd_compile(args) -> int:
     check_output_file(args.output, "--output").parent.mkdir(parents=True, exist_ok=True)
     path = compile_pipeline(cfg, args.output)
     print(f"wrote {path} (images {CPU_IMAGE}, {GPU_IMAGE})")
+    if note := own_code_note(cfg.workload, os.environ):
+        print(f"note: {note}", file=sys.stderr)
     size = Path(path).stat().st_size
     if size > WORKFLOW_SIZE_WARNING_BYTES:
         print(f"warning: the pipeline is {size / 2**20:.1f} MiB; Argo keeps the whole workflow "
