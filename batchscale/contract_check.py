@@ -70,6 +70,7 @@ def with_workload_targets(cfg, workload):
     contract workload owns its targets). The built-in default, `target_val_accuracy: 0.95`
     (the embedded config's), counts as none: a config that wants exactly that target for such
     a workload lists it under `convergence.targets`."""
+    from batchscale.config import ExperimentConfig
     from batchscale.config.convergence import DEFAULT_TARGET_VAL_ACCURACY
     from batchscale.config.loading import with_overrides
 
@@ -78,9 +79,13 @@ def with_workload_targets(cfg, workload):
     builtin = c.target_val_accuracy in (None, DEFAULT_TARGET_VAL_ACCURACY)
     if contract is None or not contract.targets or c.targets or not builtin:
         return cfg
-    return with_overrides(cfg, {"convergence": {"targets": default_targets(contract),
-                                                "target_val_accuracy": None}},
-                          f"workload {contract.name!r} (Workload.targets)")
+    targets = {"targets": default_targets(contract), "target_val_accuracy": None}
+    if isinstance(cfg, ExperimentConfig):
+        return with_overrides(cfg, {"convergence": targets},
+                              f"workload {contract.name!r} (Workload.targets)")
+    # A pipeline step's config (StageConfig) holds sections only: replace the one, validated.
+    section = type(c).model_validate({**c.model_dump(mode="json"), **targets})
+    return cfg.model_copy(update={"convergence": section})
 
 
 # ------------------------------------------------------------------ checks

@@ -281,3 +281,20 @@ def test_a_study_has_no_local_pipeline(tmp_path):
     (tmp_path / "study.yaml").write_text(STUDY_CONFIG)
     with pytest.raises(BadInput, match="batchscale study"):
         build_pipeline(load_config(tmp_path / "study.yaml"), for_cluster=False)
+
+
+def test_a_dataset_axis_is_refused_for_a_workload_with_its_own_data(tmp_path, capsys):
+    """dataset_fraction varies the config's dataset; a Workload with its own Dataset never
+    reads it, so the study would compare identical trainings under that name: `study`, `run`
+    and `compile` refuse it (exit 2) before anything starts."""
+    from batchscale.cli import main
+
+    config = tmp_path / "own.yaml"
+    config.write_text("workload: contract_workloads:good\n"
+                      "study:\n  axes:\n    dataset_fraction: [0.5, 1.0]\n")
+    for command in (["study", "--config", str(config)], ["run", "--config", str(config)],
+                    ["compile", "--config", str(config), "--output", str(tmp_path / "p.yaml")]):
+        assert main(command) == 2
+        assert ("study axis dataset_fraction changes the config's dataset (digits), which "
+                "workload contract_workloads:good does not read") in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["own.yaml"]

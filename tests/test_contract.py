@@ -78,6 +78,19 @@ def test_the_workload_owns_its_default_targets():
     assert [t.label for t in kept.convergence.resolved_targets()] == ["val_loss <= 0.2"]
 
 
+def test_a_pipeline_steps_config_takes_the_workloads_targets_too():
+    """A step of a study's variant gets its config as sections (StageConfig), with no targets
+    resolved before it: the step resolves them itself (it crashed with AttributeError)."""
+    from batchscale.config.stage_inputs import StageConfig, component_inputs
+
+    cfg = with_overrides(load_config(None), {"workload": "contract_workloads:good"}, "test")
+    inputs = component_inputs(cfg, ["experiment", "convergence_config"])
+    step = StageConfig(inputs["experiment"], convergence=inputs["convergence_config"])
+    own = with_workload_targets(step, get_workload("contract_workloads:good"))
+    assert isinstance(own, StageConfig) and own.config_hash == cfg.config_hash
+    assert [t.label for t in own.convergence.resolved_targets()] == ["val_accuracy >= 0.9"]
+
+
 def test_a_builtin_workload_without_accuracy_gets_its_own_default_target():
     cfg = with_overrides(load_config(None), {"workload": "byte-transformer",
                                              "dataset": {"name": "python-docs"}}, "test")

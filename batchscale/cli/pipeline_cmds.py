@@ -109,6 +109,11 @@ def cmd_compile(args) -> int:
 
     cfg = load_config(args.config)
     check_output_file(args.output, "--output").parent.mkdir(parents=True, exist_ok=True)
+    if cfg.study.is_study:
+        from batchscale.cli.study_cmd import check_axes_reach_the_data
+        from batchscale.config.variants import expand
+
+        check_axes_reach_the_data(cfg, expand(cfg))
     path = compile_pipeline(cfg, args.output)
     print(f"wrote {path} (images {CPU_IMAGE}, {GPU_IMAGE})")
     if note := own_code_note(cfg.workload, os.environ):

@@ -34,6 +34,7 @@ def run_study(cfg, study_id: str) -> int:
     )
 
     variants = expand(cfg)
+    check_axes_reach_the_data(cfg, variants)
     store = connect_store()
     check_study_id(store, cfg, study_id)
     done = published_variants(store, study_id, variants)
@@ -53,6 +54,23 @@ def run_study(cfg, study_id: str) -> int:
     if store.exists(run_manifest_key(store, study_id)):
         return _already_compared(store, study_id)
     return _compare(cfg, study_id, started)
+
+
+def check_axes_reach_the_data(cfg, variants) -> None:
+    """Refuse an axis on the config's dataset for a workload that brings its own data: the
+    axis would change data no trial reads, and the study would compare identical trainings
+    under the axis's name."""
+    from batchscale.config.study import axis_key
+    from batchscale.workloads import get_workload
+
+    dataset_axes = [axis for axis in cfg.study.axes if axis_key(axis).startswith("dataset.")]
+    for name in sorted({variant.config.workload for variant in variants}):
+        if dataset_axes and get_workload(name).has_own_data:
+            raise BadInput(
+                f"study axis {', '.join(dataset_axes)} changes the config's dataset "
+                f"({cfg.dataset.name}), which workload {name} does not read: it brings its own "
+                "data (Workload.train_data). Vary your data through the workload instead, e.g. "
+                "an axis on `workload` naming one module attribute per dataset size")
 
 
 def _already_compared(store, study_id: str) -> int:
