@@ -300,6 +300,12 @@ def test_the_terminal_summary_line_says_what_the_check_found():
     worse = schedule_section.Findings.from_tables(
         crit, check.assign(steps_to_target=[900.0, 810.0, 901.0, 809.0]))
     assert "does not establish the 25% goal" in schedule_section.summary_line(worse)
+    # One seed: no interval anywhere, said once rather than after every figure.
+    one = schedule_section.Findings.from_tables(crit, check[check["seed"] == 0])
+    text = schedule_section.markdown(one, "w")
+    assert "(1 of 1 seeds with both runs at the target; one seed, so no intervals): the " \
+           "schedule took 0.46× the constant run's steps (54% fewer;" in text
+    assert "one seed: no interval" not in text
 
 
 def test_sigterm_stops_the_measurement_keeping_what_it_finished(prepared, tmp_path):

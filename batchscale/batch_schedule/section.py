@@ -219,10 +219,12 @@ def crit_text(row) -> str:
     return f"none: {row['b_crit_reason']}"
 
 
-def _range(values, digits: str = ".3g") -> str:
+def _range(values, digits: str = ".3g", said: bool = False) -> str:
+    """"1.2 [1.0, 1.4]"; without an interval, the value and why (or the value alone where the
+    sentence has `said` why once)."""
     value, low, high = values
     if not math.isfinite(low):
-        return f"{value:{digits}} (one seed: no interval)"
+        return f"{value:{digits}}" if said else f"{value:{digits}} (one seed: no interval)"
     return f"{value:{digits}} [{low:{digits}}, {high:{digits}}]"
 
 
@@ -297,23 +299,29 @@ def _check_text(f: Findings) -> str:
         return ("**Check**: no seed where both the scheduled and the constant run reached the "
                 f"target{diverged}; nothing to compare.")
     steps = c["steps_to_target"]
+    one = not math.isfinite(steps[1])  # one paired seed: no interval anywhere, said once
+
+    def r(values, digits):
+        return _range(values, digits, said=one)
+
     fewer = (1 - steps[0], 1 - steps[2], 1 - steps[1])
     verdict = ("meets" if math.isfinite(fewer[1]) and fewer[1] >= STEP_GOAL else
                "does not establish")
-    saving = _range(fewer, ".0%") + " fewer"
+    saving = r(fewer, ".0%") + " fewer"
     if math.isfinite(fewer[1]) and fewer[1] < 0:  # the interval reaches more steps
         saving = (f"{fewer[0]:.0%} fewer, between {-fewer[1]:.0%} more and "
                   f"{fewer[2]:.0%} fewer")
     sched, const = c["scheduled_final_val_loss"], c["constant_final_val_loss"]
     return (f"**Check** ({c['paired']} of {c['seeds']} seeds with both runs at the target"
-            f"{diverged}): the schedule took {_range(steps, '.2f')}× the constant run's steps "
+            f"{diverged}{'; one seed, so no intervals' if one else ''}): the schedule took "
+            f"{r(steps, '.2f')}× the constant run's steps "
             f"({saving}; {verdict} the {STEP_GOAL:.0%} goal), "
-            f"{_range(c['examples_to_target'], '.2f')}× its examples and "
-            f"{_range(c['train_time_s_to_target'], '.2f')}× its training time"
+            f"{r(c['examples_to_target'], '.2f')}× its examples and "
+            f"{r(c['train_time_s_to_target'], '.2f')}× its training time"
             f"{f.timing_flag()}; steps to "
-            f"the target: scheduled {_range(c['scheduled_steps'], ',.0f')}, constant "
-            f"{_range(c['constant_steps'], ',.0f')}. Validation loss at the stop: scheduled "
-            f"{_range(sched, '.4f')}, constant {_range(const, '.4f')}.")
+            f"the target: scheduled {r(c['scheduled_steps'], ',.0f')}, constant "
+            f"{r(c['constant_steps'], ',.0f')}. Validation loss at the stop: scheduled "
+            f"{r(sched, '.4f')}, constant {r(const, '.4f')}.")
 
 
 def _cost_text(f: Findings) -> str:
