@@ -84,7 +84,7 @@ def test_history_cli_prints_tables_and_writes_a_png(lake, tmp_path):
     assert "B=4" in out and "B=64" in out and "9,100" in out and "6,000?" in out
     assert "? suspected (one run below its baseline)" in out
     assert all(run_id in out for run_id in RUN_IDS) and "H200" not in out
-    assert "B_crit (90 % bootstrap interval)" in out and "[53, 82]" in out  # 0.8, 1.25 × 66
+    assert "B_crit (90 % interval)" in out and "[53, 82]" in out  # 0.8, 1.25 × 66
     assert (tmp_path / "h.png").read_bytes().startswith(PNG_SIGNATURE)
 
 

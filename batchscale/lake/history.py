@@ -215,7 +215,7 @@ def next_run_line(history: History, series: tuple, run_id: str) -> str | None:
 def critical_lines(history: History) -> list[str]:
     if history.critical.empty:
         return ["B_crit: no analysis published for these runs"]
-    lines = ["B_crit (90 % bootstrap interval)",
+    lines = ["B_crit (90 % interval)",
              f"  {'published (UTC)':16s}  {'run_id':28s}  {'LR rule':10s} {'B_crit':>10s}  "
              "interval"]
     for row in history.critical.itertuples(index=False):
@@ -374,10 +374,12 @@ def _draw_throughput(top, history: History, x: dict[str, int]) -> None:
         _plot_verdicts(top, history, series, x, line.get_color())
     top.set_yscale("log")
     top.set_ylabel("samples / s")
-    top.set_title(f"{history.workload}: throughput per batch size (band: baseline ± allowed "
+    # Two title lines and the legend beside the axes: one line was cut at the figure's edge,
+    # and a legend inside covered the points of a workload with many batch sizes.
+    top.set_title(f"{history.workload}: throughput per batch size\n(band: baseline ± allowed "
                   "drop; squares: suspected, filled: confirmed; dashed: change point)",
                   fontsize="small")
-    top.legend(fontsize="x-small", ncol=2)
+    top.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def _draw_critical(bottom, history: History, x: dict[str, int]) -> None:
@@ -389,6 +391,6 @@ def _draw_critical(bottom, history: History, x: dict[str, int]) -> None:
         _plot_bounds(bottom, rows, x, line.lines[0].get_color())
     bottom.set_ylabel("B_crit")
     bottom.set_xlabel("run (published, UTC)")
-    bottom.set_title("critical batch size (90 % bootstrap interval)")
+    bottom.set_title("critical batch size (90 % interval)")
     if not history.critical.empty:
         bottom.legend(fontsize="small")
