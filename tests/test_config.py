@@ -498,19 +498,3 @@ def test_the_sweeps_old_warmup_key_is_read_as_untimed_steps_with_a_note(capsys):
     assert "sweep.warmup_steps is now sweep.untimed_steps" in capsys.readouterr().err
     with pytest.raises(BadInput, match="both set; warmup_steps is the old name of untimed_steps"):
         parse_config({"sweep": {"warmup_steps": 3, "untimed_steps": 2}}, "both.yaml")
-
-
-def test_the_learning_rates_are_said_and_an_sgd_scale_lr_under_adamw_is_noted():
-    def convergence(**fields):
-        return parse_config({"convergence": fields}).convergence
-
-    plain = convergence()
-    assert plain.lr_text() == "LR rules linear, sqrt from base_lr 0.05 at batch 32"
-    assert plain.lr_note() is None  # SGD: 0.05 is its scale
-    tuned = convergence(lr_rules=["sqrt", "tuned"], lr_candidates=[0.01, 0.1])
-    assert tuned.lr_text() == ("LR rules sqrt from base_lr 0.05 at batch 32; tuned over LRs "
-                               "0.01, 0.1")
-    assert "AdamW usually wants about 1e-3" in convergence(optimizer="adamw").lr_note()
-    assert convergence(optimizer="adamw", base_lr=0.001).lr_note() is None
-    only_tuned = convergence(optimizer="adamw", lr_rules=["tuned"], lr_candidates=[0.1])
-    assert only_tuned.lr_note() is None  # base_lr plays no part

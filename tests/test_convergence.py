@@ -71,6 +71,22 @@ def test_unknown_lr_rule_is_refused_with_the_allowed_ones():
         config(lr_rules=["cubic"])
 
 
+def test_the_learning_rates_are_said_and_an_sgd_scale_lr_under_adamw_is_noted():
+    def convergence(**fields):
+        return parse_config({"convergence": fields}).convergence
+
+    plain = convergence()
+    assert plain.lr_text() == "LR rules linear, sqrt from base_lr 0.05 at batch 32"
+    assert plain.lr_note() is None  # SGD: 0.05 is its scale
+    tuned = convergence(lr_rules=["sqrt", "tuned"], lr_candidates=[0.01, 0.1])
+    assert tuned.lr_text() == ("LR rules sqrt from base_lr 0.05 at batch 32; tuned over LRs "
+                               "0.01, 0.1")
+    assert "AdamW usually wants about 1e-3" in convergence(optimizer="adamw").lr_note()
+    assert convergence(optimizer="adamw", base_lr=0.001).lr_note() is None
+    only_tuned = convergence(optimizer="adamw", lr_rules=["tuned"], lr_candidates=[0.1])
+    assert only_tuned.lr_note() is None  # base_lr plays no part
+
+
 def test_warmup_ramps_linearly_to_the_peak():
     assert [lr_at(s, 1.0, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
 
