@@ -337,3 +337,22 @@ def test_an_auto_sweep_times_real_input_only_at_batches_its_data_can_fill(tmp_pa
     assert {r["status"] for r in rows} == {"ok"}
     assert ("real input not timed at batch 1024: the training split has 600 examples, fewer "
             "than one batch") in lines
+
+
+def test_an_auto_sweep_reads_a_prepared_datasets_size_from_its_manifest(tmp_path):
+    """A built-in workload on prepared digits (1,438 training rows): real input stops at 1,024,
+    the split's size taken from the manifest (its shards are not read for it)."""
+    from test_sweep import ENV, FAST
+
+    from batchscale.config import SweepConfig, parse_config
+    from batchscale.data.prep import prepare
+    from batchscale.sweep.sweep import sweep
+
+    prepare(parse_config({}).dataset, tmp_path / "digits")
+    lines: list[str] = []
+    cfg = SweepConfig(batch_sizes="auto", max_batch_size=2048, rounds=1, **FAST)
+    rows = sweep(cfg, "digits-mlp", ENV, tmp_path / "a.parquet",
+                 dataset_dir=str(tmp_path / "digits"), log=lines.append)
+    assert max(r["batch_size"] for r in rows if r["input_mode"] == "real") == 1024
+    assert ("real input not timed at batch 2048: the training split has 1,438 examples, fewer "
+            "than one batch") in lines

@@ -28,9 +28,9 @@ from batchscale.schemas import TUNED_RULE
 ADAPTIVE_CELL = "adaptive"
 """The batch_sizes of the convergence cell that runs the adaptive search."""
 DEFAULT_TARGET_VAL_ACCURACY = 0.95
+"""The target when neither `targets` nor `target_val_accuracy` is given."""
 ADAMW_LARGE_LR = 0.01
 """A base_lr at or above this with AdamW gets a note: it is SGD's scale, ~10x AdamW's usual."""
-"""The target when neither `targets` nor `target_val_accuracy` is given."""
 
 
 class TargetConfig(_Strict):

@@ -381,10 +381,15 @@ def _search_first_round(run: _Sweep) -> None:
 
 def _training_rows(run: _Sweep) -> int:
     """Examples in the training split that real input reads (a search finds batches past it,
-    which real input cannot fill)."""
+    which real input cannot fill): a prepared dataset's from its manifest, without reading its
+    shards; a workload's own dataset's from its length."""
     from batchscale.contract_check import load_split
+    from batchscale.shards import read_manifest
 
-    return len(load_split(run.workload.contract_for(run.dataset_dir), "train"))
+    if run.workload.has_own_data:
+        return len(load_split(run.workload.contract_for(), "train"))
+    return sum(int(entry["rows"]) for entry in read_manifest(run.dataset_dir).to_pylist()
+               if entry["split"] == "train")
 
 
 def search_line(result: SearchResult) -> str:
