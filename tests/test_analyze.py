@@ -172,6 +172,8 @@ def test_where_the_input_pipeline_is_a_bottleneck_b_star_is_on_real_inputs_line(
     assert summary.throughput.input_bottleneck
     assert summary.critical_batch["linear"].optimal_batch == pytest.approx(126, rel=0.03)
     assert summary.step_time.beta_s == pytest.approx(1e-7)  # t(B) is still the device's
+    # the line B* sits on, which a study's B* per target reads too
+    assert summary.optimal_batch_step_time == pytest.approx((1e-3, 4e-6))
     assert "With real input's step time (the input pipeline is a bottleneck" in result.markdown
     assert "with real input's step time" in summary.recommendation.batch_reason
 

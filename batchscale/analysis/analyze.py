@@ -144,6 +144,7 @@ def analyze(
         ),
         optimal_batch_cap=cap,
         optimal_batch_line=b_star_line,
+        optimal_batch_step_time=(b_star_fit.alpha_s, b_star_fit.beta_s),
         critical_batch=critical,
         noise_scale=noise,
         recommendation=recommend(table, runs, b_star, settings.max_cpu_wait_share,

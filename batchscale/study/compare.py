@@ -45,7 +45,7 @@ def variant_rows(variant: Variant, run_id: str, frames: dict[str, pd.DataFrame])
                      gap_epochs=cfg.convergence.gap_epochs,
                      warmup_steps=cfg.convergence.warmup_steps)
     summary = result.summary
-    line = (summary.step_time.alpha_s, summary.step_time.beta_s)
+    line = summary.optimal_batch_step_time  # the line the variant's own B* sits on
     cap = summary.optimal_batch_cap
     common = {
         "variant": variant.name, "variant_run_id": run_id, "workload": cfg.workload,
