@@ -259,3 +259,37 @@ def test_the_efficiency_legend_lists_only_batches_run_with_several_worker_counts
     two = pd.DataFrame([run_row(64, "linear", 0.1, 0, 200, workers=2, time=0.1)])
     legend = _draw_dp_efficiency(pd.concat([runs, two], ignore_index=True)).axes[0].get_legend()
     assert [text.get_text() for text in legend.get_texts()] == ["batch 64"]
+
+
+def test_the_step_time_plot_draws_the_line_b_star_sits_on():
+    """Where the input pipeline is a bottleneck B* is placed on real input's line: the plot
+    beside it draws that line and its points, and its caption says so; elsewhere it draws the
+    device's line alone."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from test_analyze import sweep_line, sweep_row
+
+    from batchscale import schemas
+    from batchscale.analysis.plots import _draw_step_time, throughput_plots
+    from batchscale.fits import ensure_columns
+
+    batches = (4, 16, 64, 256, 1024)
+    sweep = ensure_columns(pd.DataFrame(
+        [sweep_row(b, 1e-3 + 1e-7 * b) for b in batches]
+        + [sweep_row(b, 1e-3 + 4e-6 * b, mode="real") for b in batches]), schemas.SWEEP)
+    runs = make_runs(noise=0.0, step_time=sweep_line(1e-3, 4e-6))
+    summary = analyze(sweep, runs, make_curves(runs), AnalysisConfig(bootstrap_samples=20)).summary
+    labels = [t.get_text() for t in _draw_step_time(sweep, summary, None).axes[0]
+              .get_legend().get_texts()]
+    assert "real input, B*'s line: t(B) = 1 ms + 4 µs·B" in labels
+    assert "real input (median)" in labels
+    assert "t(B) = 1 ms + 0.1 µs·B" in labels
+    assert "which B* uses" in throughput_plots(sweep, summary)[1].caption
+
+    device = ensure_columns(make_sweep(), schemas.SWEEP)
+    plain = analyze(device, runs, None, AnalysisConfig(bootstrap_samples=20)).summary
+    labels = [t.get_text() for t in _draw_step_time(device, plain, None).axes[0]
+              .get_legend().get_texts()]
+    assert not any("real input" in label for label in labels)
+    assert "which B* uses" not in throughput_plots(device, plain)[1].caption

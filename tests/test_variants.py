@@ -237,3 +237,37 @@ def test_golmant_answer_does_not_say_yes_when_dataset_size_could_have_moved_as_m
     sharp = {**size, "range_factor_low": 0.95, "range_factor_high": 1.05}
     assert golmant_answer([sharp, noise]).startswith("Yes, here: B_crit moved with data "
                                                      "complexity (label_noise: ×1.94")
+
+
+def test_a_variants_b_star_interval_carries_the_step_time_lines_uncertainty_too():
+    """The study's B* per target is the variant's own report's: its interval holds the step-time
+    line's uncertainty about α/β beside B_crit's, so on a scattered sweep it is wider than
+    B_crit's interval pushed through sqrt(α·B_crit/β) alone."""
+    from test_analyze import make_curves, make_runs, make_sweep
+
+    from batchscale.analysis.timetotarget import optimal_batch
+    from batchscale.fits import ensure_columns
+    from batchscale.schemas import RUNS
+    from batchscale.study.compare import variant_rows
+
+    sweep = make_sweep(alpha=1e-2, beta=1e-4, batches=(4, 16, 64, 256, 1024))
+    scatter = np.random.default_rng(1).uniform(0.85, 1.15, len(sweep))
+    sweep["step_time_median_s"] *= scatter
+    sweep["samples_per_s"] = sweep["batch_size"] / sweep["step_time_median_s"]
+    runs = ensure_columns(make_runs(seeds=(0, 1), rules=("linear",)), RUNS)
+    variant = expand(parse_config(STUDY))[0]
+    rows = variant_rows(variant, "run-1", {"sweep": sweep, "runs": runs,
+                                           "curves": make_curves(runs)})
+    row = rows[0]
+    alpha, beta = _device_line(sweep)
+    b_crit_only = [optimal_batch(alpha, beta, row[k]) for k in ("b_crit_low", "b_crit_high")]
+    assert row["b_star_low"] < row["b_star"] < row["b_star_high"]
+    assert row["b_star_low"] < b_crit_only[0] and row["b_star_high"] > b_crit_only[1]
+
+
+def _device_line(sweep: pd.DataFrame) -> tuple[float, float]:
+    from batchscale.fits import fit_step_time
+
+    rows = sweep[sweep["input_mode"].eq("synthetic") & sweep["status"].eq("ok")]
+    line = fit_step_time(list(rows["batch_size"]), list(rows["step_time_median_s"]))
+    return line.alpha_s, line.beta_s

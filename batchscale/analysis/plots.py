@@ -60,7 +60,9 @@ def throughput_plots(
         make_plot(
             lambda: _draw_step_time(sweep, summary, table),
             "Step time vs batch size, with the linear model t(B) = α + βB fitted to the stable"
-            " sweep rows, and the convergence runs' step times",
+            " sweep rows, and the convergence runs' step times"
+            + (", and real input's line, which B* uses (the input pipeline is a bottleneck)"
+               if summary.optimal_batch_line else ""),
             NO_SWEEP,
         ),
         make_plot(
@@ -201,16 +203,26 @@ def _draw_step_time(
             converged["batch_size"], 1e3 * converged["step_time_s"], "s", color="C2",
             label="convergence runs (train time per step)",
         )
-    alpha, beta = summary.step_time.alpha_s, summary.step_time.beta_s
-    if math.isfinite(alpha) and math.isfinite(beta):
-        grid = geometric_grid(curve["batch_size"].min(), curve["batch_size"].max())
-        model = 1e3 * (alpha + beta * grid)
-        ax.plot(
-            grid[model > 0], model[model > 0], "-", color="C1",
-            label=f"t(B) = {1e3 * alpha:.3g} ms + {1e6 * beta:.3g} µs·B",
-        )
+    grid = geometric_grid(curve["batch_size"].min(), curve["batch_size"].max())
+    _draw_line(ax, grid, (summary.step_time.alpha_s, summary.step_time.beta_s), "C1", "")
+    if summary.optimal_batch_line:
+        real = throughput_curve(sweep, "real")
+        ax.plot(real["batch_size"], 1e3 * real["step_time_median_s"], "^", color="C4",
+                label="real input (median)")
+        _draw_line(ax, grid, summary.optimal_batch_step_time, "C4", "real input, B*'s line: ")
     ax.legend()
     return fig
+
+
+def _draw_line(ax: Axes, grid, line: tuple[float, float], color: str, prefix: str) -> None:
+    """The line t(B) = α + βB over `grid`, where both are finite and t > 0, its label
+    starting with `prefix`."""
+    alpha, beta = line
+    if not (math.isfinite(alpha) and math.isfinite(beta)):
+        return
+    model = 1e3 * (alpha + beta * grid)
+    ax.plot(grid[model > 0], model[model > 0], "-", color=color,
+            label=f"{prefix}t(B) = {1e3 * alpha:.3g} ms + {1e6 * beta:.3g} µs·B")
 
 
 def _convergence_step_times(table: pd.DataFrame | None) -> pd.DataFrame:

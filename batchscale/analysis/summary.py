@@ -241,6 +241,11 @@ class TargetCriticalBatch:
     """Batch sizes whose median over seeds reached the target (best LR of the grid)."""
     reason: str
     """Why B_crit was not estimated ("" when it was)."""
+    optimal_batch: float = math.nan
+    """B* from this B_crit (CriticalBatchSummary.optimal_batch)."""
+    optimal_batch_interval: tuple[float, float] = (math.nan, math.nan)
+    """B*'s 90 % interval, B_crit's and the step-time line's uncertainty both in it
+    (timetotarget.optimal_batch_interval)."""
 
 
 @dataclass(frozen=True)

@@ -209,6 +209,8 @@ def target_fits(
                 b_crit=fit.b_crit, b_crit_low=fit.b_crit_low, b_crit_high=fit.b_crit_high,
                 bound=fit.bound, bound_batch=fit.bound_batch, s_min=fit.s_min, e_min=fit.e_min,
                 reached_batches=batches.get(rule, ()), reason=fit.reason,
+                optimal_batch=fit.optimal_batch,
+                optimal_batch_interval=fit.optimal_batch_interval,
             ))
     return tuple(rows)
 

@@ -14,7 +14,6 @@ from batchscale.analysis.analyze import analyze, without_pruned
 from batchscale.analysis.critical import interval_note
 from batchscale.analysis.stage import primary_target, settings_for
 from batchscale.analysis.targets import same_target, split_by_target
-from batchscale.analysis.timetotarget import optimal_batch
 from batchscale.config.study import axis_key
 from batchscale.config.variants import Variant
 from batchscale.planner.inputs import BYTES_PER_GRADIENT_VALUE, gradient_bytes
@@ -45,8 +44,6 @@ def variant_rows(variant: Variant, run_id: str, frames: dict[str, pd.DataFrame])
                      gap_epochs=cfg.convergence.gap_epochs,
                      warmup_steps=cfg.convergence.warmup_steps)
     summary = result.summary
-    line = summary.optimal_batch_step_time  # the line the variant's own B* sits on
-    cap = summary.optimal_batch_cap
     common = {
         "variant": variant.name, "variant_run_id": run_id, "workload": cfg.workload,
         "axis_values": json.dumps(variant.values, sort_keys=True),
@@ -57,8 +54,7 @@ def variant_rows(variant: Variant, run_id: str, frames: dict[str, pd.DataFrame])
     groups = split_by_target(without_pruned(frames["runs"])) if "runs" in frames else {}
     rows = []
     for fit in summary.targets:
-        b_star = [optimal_batch(*line, _finite(b), cap)
-                  for b in (fit.b_crit, fit.b_crit_low, fit.b_crit_high)]
+        b_star = [_finite(b) for b in (fit.optimal_batch, *fit.optimal_batch_interval)]
         rows.append({
             **common, "target_metric": fit.metric, "target_value": fit.value,
             "lr_rule": fit.rule, "b_crit": _finite(fit.b_crit),
