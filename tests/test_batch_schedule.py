@@ -408,3 +408,30 @@ def test_the_command_trains_a_users_workload_to_its_own_target(tmp_path, capsys)
                                                            "base_lr": 0.1}})
     outcome = _measure(cfg, str(tmp_path / "unused"), tmp_path / "stage")
     assert (outcome.target.metric, outcome.target.value) == ("val_loss", 0.3)
+
+
+def test_a_milestone_within_the_curves_own_scatter_is_not_branched():
+    """The scatter between evaluations is read from each evaluation's distance to the line
+    through its neighbours: a smooth fast fall (the first steps from random weights) is not noise, so its
+    milestone is branched; on a noisy plateau a milestone 0.013 lower is within the noise, and
+    the checkpoint says so instead of timing it."""
+    steps = np.arange(0, 401, 10)
+    smooth = 0.3 + 2.0 * np.exp(-steps / 60)
+    bending = [{"step": int(s), "val_loss": float(v)} for s, v in zip(steps, smooth, strict=True)]
+    scatter = measure.loss_scatter(bending, 50, 60)
+    assert scatter < 0.02  # the bend between neighbours, a twentieth of the drop below
+    assert fit.branchable(smooth[5], smooth[8], scatter)  # steps 50 -> 80: 0.47 lower
+
+    plateaus = [[{"step": int(s), "val_loss": 0.25 + float(e)} for s, e in
+                 zip(steps, np.random.default_rng(seed).normal(0, 0.03, len(steps)),
+                     strict=True)] for seed in range(60)]
+    estimates = [measure.loss_scatter(plateau, 300, 60) for plateau in plateaus]
+    assert np.median(estimates) == pytest.approx(0.03, rel=0.15)  # the noise put in
+    scatter = float(np.median(estimates))
+    assert not fit.branchable(0.251, 0.238, scatter)
+    assert fit.branchable(0.251, 0.238, math.nan)  # too few evaluations to tell: any fall
+    assert math.isnan(measure.loss_scatter(plateaus[0][:5], 20, 60))
+    row = fit.unbranched(300, {"val_loss": 0.251, "examples": 2400}, 0.238, 30, scatter)
+    assert row.reason.startswith("the reference run's val_loss fell only 0.013 from step 300 "
+                                 "(0.251) to step 330 (0.238), within its own scatter")
+    assert row.batches_reached == 0 and math.isnan(row.b_crit)

@@ -68,15 +68,34 @@ def fit_checkpoint(step: int, rows: list[dict], curve_row: dict, rule: str, samp
         batches_reached=int(np.isfinite(steps).sum()))
 
 
+MILESTONE_DROP_Z = 1.2816
+"""A milestone must lie below its checkpoint's loss by more than this many standard errors of
+a difference of two evaluations (sqrt(2)·scatter; one-sided 90 %): a smaller drop could be the
+curve's own noise, and branches "reaching" it would time that noise, not the batch's speed."""
+
+
+def branchable(loss: float, milestone_loss: float, scatter: float) -> bool:
+    """Whether the milestone lies clearly below the checkpoint's loss (`scatter`: the
+    reference's scatter between evaluations there, measure.loss_scatter; NaN: unknown, so any
+    fall counts)."""
+    noise = MILESTONE_DROP_Z * math.sqrt(2) * scatter if math.isfinite(scatter) else 0.0
+    return loss - milestone_loss > noise
+
+
 def unbranched(step: int, curve_row: dict, milestone_loss: float,
-               milestone_steps: int) -> CheckpointFit:
+               milestone_steps: int, scatter: float = math.nan) -> CheckpointFit:
     """A checkpoint whose milestone (the reference's loss `milestone_steps` later) is not
-    below its own loss: a branch would "reach" it at once, so none runs, and it says why."""
+    clearly below its own loss (`branchable`): a branch would "reach" it at once or by
+    noise, so none runs, and it says why."""
     loss = float(curve_row["val_loss"])
-    reason = (f"the reference run's val_loss did not fall from step {step} ({loss:.4g}) to step "
-              f"{step + milestone_steps} ({milestone_loss:.4g}), so there is no milestone "
-              "below the checkpoint to branch to; choose batch_schedule.checkpoint_steps where "
-              "the loss still falls, or a longer batch_schedule.milestone_steps")
+    span = (f"from step {step} ({loss:.4g}) to step {step + milestone_steps} "
+            f"({milestone_loss:.4g})")
+    why = (f"did not fall {span}, so there is no milestone below the checkpoint to branch to"
+           if milestone_loss >= loss else
+           f"fell only {loss - milestone_loss:.2g} {span}, within its own scatter between "
+           f"evaluations there (σ ≈ {scatter:.2g}), so branches would time noise")
+    reason = (f"the reference run's val_loss {why}; choose batch_schedule.checkpoint_steps "
+              "where the loss still falls, or a longer batch_schedule.milestone_steps")
     b_simple = curve_row.get("b_simple")
     return CheckpointFit(
         checkpoint_step=step, examples=int(curve_row["examples"]), val_loss=loss,

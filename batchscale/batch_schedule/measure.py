@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from batchscale.batch_schedule.training import Run, Setup, crossing, reached
 from batchscale.errors import BatchscaleError
 
@@ -111,6 +113,23 @@ def value_at(curve: list[dict], step: int, column: str = VAL_LOSS) -> float:
         if row["step"] == step:
             return float(row[column])
     raise BatchscaleError(f"the reference run has no evaluation at step {step}")
+
+
+def loss_scatter(curve: list[dict], step: int, span: int) -> float:
+    """How far the reference's val_loss scatters between evaluations near `step` (within
+    `span` steps either side): each evaluation's distance from the straight line through its
+    two neighbours, scaled to one evaluation's noise, and their robust standard deviation
+    (1.4826 x the median distance); NaN with fewer than four such distances. Neighbours are
+    close, so the curve's bend adds little, and the median ignores the few places where it
+    bends fast (the first steps from random weights)."""
+    near = [(r["step"], float(r[VAL_LOSS])) for r in curve if abs(r["step"] - step) <= span]
+    if len(near) < 6:
+        return math.nan
+    steps, losses = (np.array(v, dtype=float) for v in zip(*near, strict=True))
+    after = (steps[2:] - steps[1:-1]) / (steps[2:] - steps[:-2])  # the earlier neighbour's weight
+    between = after * losses[:-2] + (1 - after) * losses[2:]
+    distances = (losses[1:-1] - between) / np.sqrt(1 + after**2 + (1 - after) ** 2)
+    return float(1.4826 * np.median(np.abs(distances)))
 
 
 # ------------------------------------------------------------------------------ branches

@@ -76,8 +76,9 @@ def measure_schedule(cfg, data_dir: str, work: Path, run_id: str,
     for step in bs.checkpoint_steps:
         milestone = measure.value_at(curve, step + bs.milestone_steps)
         row = next(r for r in curve if r["step"] == step)
-        if milestone >= row["val_loss"]:  # nothing below the checkpoint for a branch to reach
-            fits.append(fit.unbranched(step, row, milestone, bs.milestone_steps))
+        scatter = measure.loss_scatter(curve, step, 2 * bs.milestone_steps)
+        if not fit.branchable(row["val_loss"], milestone, scatter):
+            fits.append(fit.unbranched(step, row, milestone, bs.milestone_steps, scatter))
             echo(f"checkpoint {step}: not branched: {fits[-1].reason}")
             continue
         rows = [measure.branch(setup, bs, row, b, milestone, seed, work)
