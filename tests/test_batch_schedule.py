@@ -412,9 +412,9 @@ def test_the_command_trains_a_users_workload_to_its_own_target(tmp_path, capsys)
 
 def test_a_milestone_within_the_curves_own_scatter_is_not_branched():
     """The scatter between evaluations is read from each evaluation's distance to the line
-    through its neighbours: a smooth fast fall (the first steps from random weights) is not noise, so its
-    milestone is branched; on a noisy plateau a milestone 0.013 lower is within the noise, and
-    the checkpoint says so instead of timing it."""
+    through its neighbours: a smooth fast fall (the first steps from random weights) is not
+    noise, so its milestone is branched; on a noisy plateau a milestone 0.013 lower is within
+    the noise, and the checkpoint says so instead of timing it."""
     steps = np.arange(0, 401, 10)
     smooth = 0.3 + 2.0 * np.exp(-steps / 60)
     bending = [{"step": int(s), "val_loss": float(v)} for s, v in zip(steps, smooth, strict=True)]
