@@ -36,7 +36,9 @@ class BatchScheduleConfig(_Strict):
     milestone_steps: PositiveInt = 40
     """A checkpoint's milestone: the validation loss the reference run reaches this many steps
     after the checkpoint. Each branch trains from the checkpoint until it reaches that loss;
-    its steps to it, per batch size, are the checkpoint's S(B)."""
+    its steps to it, per batch size, are the checkpoint's S(B). A milestone not clearly below
+    the checkpoint's loss (within the reference's own scatter between evaluations) is not
+    branched."""
     branch_step_factor: float = Field(3.0, gt=1.0, le=100.0)
     """A branch that has not reached its milestone after this many times `milestone_steps`
     stops as not reached (it then drops out of its checkpoint's fit)."""
