@@ -203,6 +203,17 @@ def test_sweep_of_a_factory_that_rejects_its_input_exits_2(tmp_path):
     assert not out.exists()
 
 
+def test_a_sweep_whose_trials_make_semaphores_ends_without_a_leak_warning(tmp_path):
+    """A trial whose libraries make a multiprocessing semaphore (tqdm's lock, which Hugging Face
+    datasets makes on every read) exits on its own once it has sent its result, releasing it;
+    killed at once, it left the resource tracker to warn of "leaked semaphore objects"."""
+    result = run_cli(["sweep", "--workload", "contract_workloads:progress_bar_lock",
+                      "--batch-sizes", "4", "--time-budget-s", "0.2",
+                      "--out", str(tmp_path / "sweep.parquet")], cwd=TESTS_DIR)
+    assert result.returncode == 0, result.stderr
+    assert "leaked semaphore" not in result.stderr
+
+
 def test_a_sweep_that_times_no_batch_exits_non_zero(tmp_path):
     out = tmp_path / "sweep.parquet"
     result = run_cli(["sweep", "--workload", "contract_workloads:fails_in_trials",

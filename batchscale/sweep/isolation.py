@@ -40,6 +40,11 @@ SETTLE_GC = "batchscale.sweep.settle_gc"
 # How often the parent checks a CPU trial's resident memory against the cap. Reading
 # /proc/<pid>/status takes tens of microseconds: at this rate the cost is far below noise.
 WATCH_INTERVAL_S = 0.02
+EXIT_GRACE_S = 2.0
+"""How long a trial that has sent its result may take to exit before it is killed. Its exit
+handlers unregister the semaphores its libraries made (tqdm's lock, made by Hugging Face
+datasets' formatting): killed first, it leaves them to the resource tracker, which warns of
+"leaked semaphore objects" when the sweep ends."""
 MEMORY_SOURCE_WATCHDOG = "cpu_trial_process_rss_at_stop"
 NVML_CUDA_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
@@ -67,7 +72,9 @@ def run_isolated(spec: SweepTrial, preload: tuple[str, ...] = ()) -> TrialResult
         with signals_held():
             proc.start()
         sender.close()
-        return _await(proc, receiver, spec)
+        result = _await(proc, receiver, spec)
+        proc.join(EXIT_GRACE_S)  # its exit handlers release what it registered (below)
+        return result
     finally:
         sender.close()
         if proc.pid is not None:  # started (a signal held over the start ends the trial here)
