@@ -137,6 +137,17 @@ def test_steps_that_scatter_wildly_give_neither_number_nor_bound():
     assert fit.reason.startswith("the steps scatter too much (±86% about the fit)")
 
 
+def test_steps_that_clearly_fall_over_three_batches_are_not_called_scatter():
+    """130, 60, 30 steps at batch 8, 32, 128: neither S_min nor E_min clears the 6.3 standard
+    errors three points need, but the steps fell fourfold, and the reason says so."""
+    fit = fit_critical_batch([8, 32, 128], [130, 60, 30])
+    assert math.isnan(fit.b_crit) and fit.bound == ""
+    assert fit.reason.startswith("the fitted steps fall from 137 at batch 8 to 31 at 128, but "
+                                 "with 3 batch sizes and ±14% scatter about the fit neither")
+    assert "(6.3 needed); more batch sizes or seeds would tell" in fit.reason
+    assert "scatter too much" not in fit.reason
+
+
 def test_every_trial_diverged_says_so():
     runs = pd.DataFrame(
         [run_row(b, "linear", 0.1, s, 500, status="diverged") for b in BATCHES for s in (0, 1)]

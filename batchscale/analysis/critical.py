@@ -201,11 +201,8 @@ def fit_critical_batch(
     smallest, largest = float(b.min()), float(b.max())
     e_clear, s_clear = float(fits.t_e_min) >= needed, float(fits.t_s_min) >= needed
     if not (e_clear or s_clear):
-        reason = (
-            f"the steps scatter too much (±{float(fits.scatter):.0%} about the fit) to tell"
-            " whether a bigger batch saves steps"
-        )
-        return CriticalBatchFit(math.nan, math.nan, math.nan, r2, reason)
+        return CriticalBatchFit(math.nan, math.nan, math.nan, r2,
+                                _neither_clear_reason(fits, needed, smallest, largest))
     if not e_clear:
         return _e_min_unclear(fits, needed, smallest, largest, r2)
     if not s_clear:
@@ -227,6 +224,29 @@ def fit_critical_batch(
         )
         return _below(smallest, r2, reason)
     return CriticalBatchFit(s_min, e_min, b_crit, r2)
+
+
+FALL_SEEN_SE = 2.0
+"""E_min this many standard errors above zero: the steps visibly fall with the batch, even
+where too few batch sizes make it short of the fit's support rule."""
+
+
+def _neither_clear_reason(fits, needed: float, smallest: float, largest: float) -> str:
+    """Why neither S_min nor E_min is clear. Where the fitted steps visibly fall with the batch
+    (E_min at least FALL_SEEN_SE standard errors up: a few batch sizes, steps that halve) it
+    says so with the figures, since "too much scatter to tell" would contradict the table
+    beside it."""
+    scatter = f"±{float(fits.scatter):.0%}"
+    s_min, e_min = float(fits.s_min), float(fits.e_min)
+    if not float(fits.t_e_min) >= FALL_SEEN_SE:
+        return f"the steps scatter too much ({scatter} about the fit) to tell whether a " \
+               "bigger batch saves steps"
+    return (f"the fitted steps fall from {s_min + e_min / smallest:,.0f} at batch "
+            f"{smallest:,.0f} to {s_min + e_min / largest:,.0f} at {largest:,.0f}, but with "
+            f"{int(fits.points)} batch sizes and {scatter} scatter about the fit neither the "
+            f"part that falls like 1/B (E_min, {float(fits.t_e_min):.1f} standard errors from "
+            f"zero) nor the floor S_min ({float(fits.t_s_min):.1f}) is clear ({needed:.1f} "
+            "needed); more batch sizes or seeds would tell")
 
 
 def _e_min_unclear(fits, needed: float, smallest: float, largest: float,
