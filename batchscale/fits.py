@@ -329,6 +329,10 @@ def _unclear_growth(b: np.ndarray, m: np.ndarray, fixed: float, per_sample: floa
             f"{se:,.0f} bytes per sample over {n} batches, within the run-to-run scatter")
 
 
+NO_SWEEP_GIVEN = "no throughput sweep was given (a TrainingLoop has none)"
+"""Why a figure only the sweep measures is missing when the analysis got no sweep table."""
+
+
 def largest_fitting_batch(sweep: pd.DataFrame) -> tuple[float, str]:
     """Largest ok batch below the smallest OOM batch; +inf when nothing ran out of memory.
 
@@ -339,6 +343,8 @@ def largest_fitting_batch(sweep: pd.DataFrame) -> tuple[float, str]:
     batches = numeric_column(sweep, "batch_size")
     oom = batches[matches(sweep, "status", TrialStatus.OOM)]
     ok = batches[matches(sweep, "status", TrialStatus.OK)]
+    if sweep.empty:
+        return math.nan, f"memory not measured: {NO_SWEEP_GIVEN}"
     if oom.size == 0 and ok.size == 0:
         return math.nan, "memory not measured: no batch size ran"
     if oom.size == 0:

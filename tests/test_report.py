@@ -293,3 +293,18 @@ def test_the_step_time_plot_draws_the_line_b_star_sits_on():
               .get_legend().get_texts()]
     assert not any("real input" in label for label in labels)
     assert "which B* uses" not in throughput_plots(device, plain)[1].caption
+
+
+def test_runs_without_a_sweep_say_so_and_plot_the_trials_own_step_times():
+    """A TrainingLoop's runs come without a sweep: the page says no sweep was given (not that
+    the sweep timed nothing), and the step-time plot draws the trials' own step times with the
+    t(B) line B* was read from."""
+    runs = make_runs()
+    page = html.unescape(report(None, runs, make_curves(runs)))
+    assert "No throughput sweep was given (a TrainingLoop has none): time to target uses the " \
+           "trials' own step times." in page
+    assert "Throughput.</strong> Not measured: no throughput sweep was given" in page
+    assert "Memory not measured: no throughput sweep was given" in page
+    assert "the throughput sweep timed no batch size" not in page
+    assert "Step time vs batch size: the convergence runs' own" in page
+    assert len(images(page)) == PLOTS_WITHOUT_DP - 2  # throughput and memory need the sweep

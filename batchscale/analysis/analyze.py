@@ -51,6 +51,7 @@ from batchscale.analysis.timetotarget import (
 )
 from batchscale.config import AnalysisConfig
 from batchscale.fits import (
+    NO_SWEEP_GIVEN,
     TIMING_MODES,
     StepTimeFit,
     ensure_columns,
@@ -216,7 +217,10 @@ def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSumm
 
 
 def _untimed_reason(sweep: pd.DataFrame) -> str:
-    """Why no stable timing exists: nothing ran, or every timed row was flagged unstable."""
+    """Why no stable timing exists: no sweep, nothing ran, or every timed row was flagged
+    unstable."""
+    if sweep.empty:
+        return NO_SWEEP_GIVEN
     if any(not throughput_curve(sweep, m, include_unstable=True).empty for m in TIMING_MODES):
         return "every timed batch size was flagged unstable (see the measurement quality)"
     return "no batch size was timed successfully"

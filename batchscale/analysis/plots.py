@@ -30,7 +30,13 @@ from batchscale.analysis.plots_convergence import (
     draw_tradeoff,
 )
 from batchscale.analysis.summary import AnalysisSummary
-from batchscale.fits import TIMING_MODES, matches, numeric_column, throughput_curve
+from batchscale.fits import (
+    NO_SWEEP_GIVEN,
+    TIMING_MODES,
+    matches,
+    numeric_column,
+    throughput_curve,
+)
 from batchscale.schemas import Quality, TrialStatus
 
 if TYPE_CHECKING:
@@ -51,24 +57,22 @@ def throughput_plots(
     """Throughput, step time and peak memory against batch size, from the sweep (rows flagged
     unstable drawn hollow: they are left out of every fit), with the convergence runs' step
     times from the analysis `table` beside the sweep's."""
+    untimed = NO_SWEEP if not sweep.empty else NO_SWEEP_GIVEN
     return [
         make_plot(
             lambda: _draw_throughput(sweep, summary),
             "Throughput vs batch size (saturation batch marked; hollow: unstable, left out)",
-            NO_SWEEP,
+            untimed,
         ),
         make_plot(
             lambda: _draw_step_time(sweep, summary, table),
-            "Step time vs batch size, with the linear model t(B) = α + βB fitted to the stable"
-            " sweep rows, and the convergence runs' step times"
-            + (", and real input's line, which B* uses (the input pipeline is a bottleneck)"
-               if summary.optimal_batch_line else ""),
-            NO_SWEEP,
+            _step_time_caption(summary),
+            untimed,
         ),
         make_plot(
             lambda: _draw_memory(sweep, summary),
             "Peak memory vs batch size",
-            "peak memory was not recorded",
+            "peak memory was not recorded" if not sweep.empty else NO_SWEEP_GIVEN,
         ),
     ]
 
@@ -183,10 +187,33 @@ def _draw_step_time(
     sweep: pd.DataFrame, summary: AnalysisSummary, table: pd.DataFrame | None
 ) -> Figure | None:
     mode = summary.throughput.timing_input_mode
-    if mode is None:
+    converged = _convergence_step_times(table)
+    if mode is None and converged.empty:
         return None
-    curve = throughput_curve(sweep, mode)
     fig, ax = new_axes("batch size", "step time (ms)", log_y=True)
+    batches = list(converged["batch_size"])
+    if mode is not None:
+        batches += _draw_sweep_step_times(ax, sweep, mode)
+    if not converged.empty:
+        ax.plot(
+            converged["batch_size"], 1e3 * converged["step_time_s"], "s", color="C2",
+            label="convergence runs (train time per step)",
+        )
+    grid = geometric_grid(min(batches), max(batches))
+    _draw_line(ax, grid, (summary.step_time.alpha_s, summary.step_time.beta_s), "C1", "")
+    if summary.optimal_batch_line:
+        real = throughput_curve(sweep, "real")
+        ax.plot(real["batch_size"], 1e3 * real["step_time_median_s"], "^", color="C4",
+                label="real input (median)")
+        _draw_line(ax, grid, summary.optimal_batch_step_time, "C4", "real input, B*'s line: ")
+    ax.legend()
+    return fig
+
+
+def _draw_sweep_step_times(ax: Axes, sweep: pd.DataFrame, mode: str) -> list[float]:
+    """The sweep's median step times with their p10–p90 (unstable rows hollow); the batch
+    sizes drawn."""
+    curve = throughput_curve(sweep, mode)
     median = 1e3 * curve["step_time_median_s"]
     spread = [
         (median - 1e3 * curve["step_time_p10_s"]).clip(lower=0).fillna(0),
@@ -197,21 +224,17 @@ def _draw_step_time(
         label=f"measured ({mode}, p10–p90)",
     )
     _draw_unstable(ax, sweep, mode, "step_time_median_s", 1e3, "C0")
-    converged = _convergence_step_times(table)
-    if not converged.empty:
-        ax.plot(
-            converged["batch_size"], 1e3 * converged["step_time_s"], "s", color="C2",
-            label="convergence runs (train time per step)",
-        )
-    grid = geometric_grid(curve["batch_size"].min(), curve["batch_size"].max())
-    _draw_line(ax, grid, (summary.step_time.alpha_s, summary.step_time.beta_s), "C1", "")
-    if summary.optimal_batch_line:
-        real = throughput_curve(sweep, "real")
-        ax.plot(real["batch_size"], 1e3 * real["step_time_median_s"], "^", color="C4",
-                label="real input (median)")
-        _draw_line(ax, grid, summary.optimal_batch_step_time, "C4", "real input, B*'s line: ")
-    ax.legend()
-    return fig
+    return list(curve["batch_size"])
+
+
+def _step_time_caption(summary: AnalysisSummary) -> str:
+    if summary.throughput.timing_input_mode is None:
+        return ("Step time vs batch size: the convergence runs' own (train time per step), with"
+                " the linear model t(B) = α + βB fitted to them (no stable sweep step time)")
+    return ("Step time vs batch size, with the linear model t(B) = α + βB fitted to the stable"
+            " sweep rows, and the convergence runs' step times"
+            + (", and real input's line, which B* uses (the input pipeline is a bottleneck)"
+               if summary.optimal_batch_line else ""))
 
 
 def _draw_line(ax: Axes, grid, line: tuple[float, float], color: str, prefix: str) -> None:

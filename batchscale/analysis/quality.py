@@ -18,7 +18,7 @@ import pandas as pd
 from batchscale import schemas
 from batchscale.analysis.summary import ExcludedRow, MeasurementQuality, TimingFlag
 from batchscale.conditions import cpu_threads_of, gc_note, gc_rows_of, threads_note
-from batchscale.fits import ensure_columns, matches, numeric_column, unstable_rows
+from batchscale.fits import NO_SWEEP_GIVEN, ensure_columns, matches, numeric_column, unstable_rows
 from batchscale.schemas import TrialStatus
 
 BUSY_LOAD_EXCESS = 0.5
@@ -52,6 +52,7 @@ def measurement_quality(sweep: pd.DataFrame | None, cells: pd.DataFrame) -> Meas
     rows = timed.to_dict("records")
     return MeasurementQuality(
         timed_rows=len(timed),
+        sweep_given=not sweep.empty,
         recorded_rows=int(timed["quality"].notna().sum()),
         excluded=_excluded(timed),
         max_load_avg_1m=float(np.nanmax(load)) if np.isfinite(load).any() else math.nan,
@@ -132,7 +133,9 @@ def headline(quality: MeasurementQuality) -> str:
 def stable_sentence(quality: MeasurementQuality) -> str:
     """The one line shown when nothing is flagged (no alarm, but no silence about old tables)."""
     if quality.timed_rows == 0:
-        return "No sweep row was timed: nothing to judge."
+        return ("No sweep row was timed: nothing to judge." if quality.sweep_given else
+                f"{NO_SWEEP_GIVEN[0].upper()}{NO_SWEEP_GIVEN[1:]}: time to target uses the "
+                "trials' own step times.")
     if quality.recorded_rows == 0:
         return (
             f"Measurement quality was not recorded for these {quality.timed_rows} sweep rows (a"

@@ -180,6 +180,8 @@ class MeasurementQuality:
 
     timed_rows: int
     """Sweep rows that ran (status ok), stable or not."""
+    sweep_given: bool
+    """Whether the analysis got a sweep table with any row (ok or not)."""
     recorded_rows: int
     """Of those, rows with a recorded quality (0: a table from before quality flags)."""
     excluded: tuple[ExcludedRow, ...]
