@@ -41,10 +41,12 @@ OLD_FLAGS = {"torch_compile": "--compile", "image_size_px": "--image-size",
              "memory_limit_bytes": "--memory-limit", "time_budget_s": "--time-budget",
              "lr_rules": "--lr-rule", "lr_candidates": "--lr-grid"}
 # What a flag's help adds to its config field's docstring.
-FLAG_NOTES = {"workload": "A user model 'package.module:factory' runs your code with your "
-                          "rights, like any Python import: the module is imported and the "
-                          "factory called; it must return a torch.nn.Module, and modules of "
-                          "Python's standard library are refused."}
+FLAG_NOTES = {"workload": "Your own training as 'package.module:name': a batchscale.Workload "
+                          "(model, data, loss, metrics), a TrainingLoop (your loop; converge "
+                          "only), a function returning one, or a model factory returning a "
+                          "torch.nn.Module (docs/your-model.md). It runs your code with your "
+                          "rights, like any Python import; modules of Python's standard "
+                          "library are refused."}
 ASCII_INTEGER = re.compile(r"[+-]?[0-9]+")
 ASCII_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 NOT_FINITE = ("inf", "infinity", "nan")
