@@ -156,6 +156,13 @@ def test_a_b_star_held_at_the_largest_batch_is_a_bound_not_a_degenerate_interval
         < metrics["optimal_batch_high_linear"]
     assert "optimal_batch_linear_above" not in metrics
 
+    # A line through two timed batches leaves the interval open: no end is stored as 0.
+    runs = make_runs(noise=0.03)
+    metrics = analyze(make_sweep(batches=(4, 1024)), runs, make_curves(runs),
+                      AnalysisConfig(bootstrap_samples=50)).summary.metrics()
+    assert metrics["optimal_batch_linear"] > 0
+    assert "optimal_batch_low_linear" not in metrics
+
 
 def test_where_the_input_pipeline_is_a_bottleneck_b_star_is_on_real_inputs_line():
     """Reading costs 4 µs per example against the device's 0.1 µs: on the device's line

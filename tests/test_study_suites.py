@@ -116,6 +116,13 @@ def test_nan_columns_of_the_clean_tables_are_the_ones_the_suites_explain():
     assert math.isnan(axes_table().slice(2, 1).to_pylist()[0]["slope"])
 
 
+def test_a_b_star_without_a_closed_interval_passes():
+    """B* from a step-time line through two batch sizes: a point, its interval null."""
+    rows = changed(study_rows(), 1, b_star_low=NAN, b_star_high=NAN)
+    report = validate_table("study", make_table("study", rows, ENV))
+    assert report.success, report.failure_message()
+
+
 # ---------------------------------------------------------------- study: broken tables
 
 

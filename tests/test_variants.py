@@ -271,3 +271,21 @@ def _device_line(sweep: pd.DataFrame) -> tuple[float, float]:
     rows = sweep[sweep["input_mode"].eq("synthetic") & sweep["status"].eq("ok")]
     line = fit_step_time(list(rows["batch_size"]), list(rows["step_time_median_s"]))
     return line.alpha_s, line.beta_s
+
+
+def test_a_variants_b_star_interval_is_null_where_two_timed_batches_leave_it_open():
+    """A step-time line through two batch sizes pins nothing about α/β: the variant's own report
+    says B*'s interval is open, and the study row stores no interval (never 0 to the cap; the
+    study suite accepts the nulls: tests/test_study_suites.py)."""
+    from test_analyze import make_curves, make_runs, make_sweep
+
+    from batchscale.fits import ensure_columns
+    from batchscale.schemas import RUNS
+    from batchscale.study.compare import variant_rows
+
+    runs = ensure_columns(make_runs(seeds=(0, 1), rules=("linear",)), RUNS)
+    variant = expand(parse_config(STUDY))[0]
+    rows = variant_rows(variant, "run-1", {"sweep": make_sweep(batches=(4, 64)), "runs": runs,
+                                           "curves": make_curves(runs)})
+    assert math.isfinite(rows[0]["b_star"]) and rows[0]["b_star"] > 0
+    assert math.isnan(rows[0]["b_star_low"]) and math.isnan(rows[0]["b_star_high"])

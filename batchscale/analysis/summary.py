@@ -363,7 +363,8 @@ def _critical_metrics(rule: str, fit: CriticalBatchSummary, cap: float) -> dict[
         return values | {f"optimal_batch_{rule}_above": fit.optimal_batch}
     low, high = fit.optimal_batch_interval
     return values | {f"optimal_batch_{rule}": fit.optimal_batch,
-                     f"optimal_batch_low_{rule}": low,  # NaN (dropped): the interval is open
+                     # 0 or NaN (dropped): the interval is open at that end
+                     f"optimal_batch_low_{rule}": low if low > 0 else None,
                      f"optimal_batch_high_{rule}": high if high < cap else None}
 
 
