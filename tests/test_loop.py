@@ -5,6 +5,7 @@ own-loop example (examples/own_loop) runs end to end from a copy, as a user woul
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -116,6 +117,9 @@ def test_the_own_loop_example_converges_and_is_analyzed(tmp_path):
                             "--batch-sizes", "8", "32", "128", cwd=work)
     assert result.returncode == 0, result.stderr
     assert len(runs) == 6 and runs["status"].eq("reached").all()
+    # each trial's line says what a Workload's trial says: targets reached, training time
+    assert re.search(r"\[b8-sqrt-s0-w1\] reached at step \d+ \(1 of 1 targets, \d+\.\d\d s\)",
+                     result.stderr), result.stderr
     steps = runs.groupby("batch_size")["steps_to_target"].median()
     assert steps[8] > 2 * steps[128]  # bigger batches need fewer steps, up to a point
     analysis = run_cli(["analyze", str(tmp_path / "out" / "runs.parquet"), "--out",

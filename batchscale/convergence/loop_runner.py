@@ -150,9 +150,20 @@ def run_loop_trial(spec: ConvergenceSpec, trial: TrialSpec, d: Dist,
                            f"at step {outcome.state.step}): counted as not reached")
         status = RunStatus.NOT_REACHED
     message = f": {outcome.failure}" if outcome.failure else ""
-    _log(d, f"[{trial.trial_id}] {status} at step {outcome.state.step}{message}")
+    _log(d, f"[{trial.trial_id}] {status} at step {outcome.state.step}{_progress(outcome)}"
+            f"{message}")
     barrier(d)
     return outcome, status
+
+
+def _progress(outcome: LoopOutcome) -> str:
+    """" (1 of 1 targets, 0.74 s)", as a Workload's trial says it: the targets reached and the
+    training time at the last report (rank 0's judge holds them); "" without a report."""
+    s = outcome.state
+    if not s.curve or "step" not in s.curve[-1]:
+        return ""
+    return (f" ({len(s.reached)} of {len(outcome.targets)} targets, "
+            f"{s.curve[-1]['train_time_s']:.2f} s)")
 
 
 def _log(d: Dist, message: str) -> None:
