@@ -8,6 +8,7 @@ is timed the same way in tests/test_adaptive_driver.py."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from unittest import mock
 
@@ -97,7 +98,11 @@ def test_the_stop_line_says_the_level_its_interval_was_read_at(tmp_path):
     decisions = _search(None, tmp_path, lines.append)
     assert len(lines) == len(decisions)
     assert decisions.iloc[-1]["action"] == "stop" and "stop" in lines[-1]
-    assert "(×" in lines[-1] and ", read at 98%)" in lines[-1], lines[-1]
+    assert "(×" in lines[-1] and ", read at 98%, the level a stopped search's 90% claim " \
+        "needs; ×" in lines[-1], lines[-1]
+    if "narrow enough at 90 %" in lines[-1]:  # the 90 % ratio it narrowed is said, at most ×2
+        narrowed = float(re.search(r"needs; ×([\d.]+) at 90%", lines[-1]).group(1))
+        assert narrowed <= 2.0, lines[-1]
     assert not any("read at" in line for line in lines[:-1])
 
 

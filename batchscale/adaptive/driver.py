@@ -192,9 +192,10 @@ class Search:
 
     def record(self, action: str, cell: Cell | None, reason: str, state: IntervalState,
                prediction: NoisePrediction, expected_ratio: float = math.nan,
-               read_at: float = BOOTSTRAP_CONFIDENCE) -> None:
+               read_at: float = BOOTSTRAP_CONFIDENCE, narrowed: float = math.nan) -> None:
         """One decision row, and its progress line; `read_at`: the level the row's interval
-        was read at, said in the line when it is not the 90 % the search narrows."""
+        was read at, said in the line when it is not the 90 % the search narrows, with
+        `narrowed`, the high/low of the 90 % interval it narrowed, beside it."""
         examples, device_s, held_s = self.spent() if self.trained() else (0, 0.0, 0.0)
         best = optimum(state, self.step_line() if self.cells else NO_LINE)
         row = {"decision": len(self.decisions), "action": action,
@@ -217,7 +218,8 @@ class Search:
         self.decisions.append(row)
         self.echo(f"adaptive {row['decision']:>2} {action:<7} "
                   f"{'' if cell is None else f'b={cell.batch_size} seed={cell.seed} '}"
-                  f"{reason}; B_crit {_interval_words(state, read_at)}{_b_star_words(best)}; "
+                  f"{reason}; B_crit {_interval_words(state, read_at, narrowed)}"
+                  f"{_b_star_words(best)}; "
                   f"{examples:,} examples, {held_s:,.1f} device-seconds held")
 
 
@@ -236,9 +238,16 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _interval_words(state: IntervalState, read_at: float = BOOTSTRAP_CONFIDENCE) -> str:
+def _interval_words(state: IntervalState, read_at: float = BOOTSTRAP_CONFIDENCE,
+                    narrowed: float = math.nan) -> str:
+    """"29.2 [21.2, 40.7] (×1.92)"; read at another level than the 90 % the search narrows,
+    it says so, and the 90 % interval's own high/low (`narrowed`) where given, so that a
+    wide stopped interval does not read as a contradiction of "narrow enough at 90 %"."""
     if math.isfinite(state.ratio):
         level = "" if read_at == BOOTSTRAP_CONFIDENCE else f", read at {read_at:.0%}"
+        if level and math.isfinite(narrowed):
+            level += (f", the level a stopped search's 90% claim needs; ×{_ratio(narrowed)} "
+                      f"at {BOOTSTRAP_CONFIDENCE:.0%}")
         return (f"{state.b_crit:.3g} [{state.low:.3g}, {state.high:.3g}] "
                 f"(×{_ratio(state.ratio)}{level})")
     if state.reason:
@@ -410,7 +419,7 @@ def _refine(search: Search, allowed: list[int], prediction: NoisePrediction) -> 
             level = read_level(search.cfg.analysis, adaptive=True)
             search.record("stop", None, stop, interval_state(runs, search.rule,
                                                              SEARCH_BOOTSTRAP_SAMPLES, level),
-                          prediction, read_at=level)
+                          prediction, read_at=level, narrowed=state.ratio)
             return
         pruning = search.run_cell(cell, search.prune_bound(cell, state))
         after = interval_state(search.target_runs(), search.rule, SEARCH_BOOTSTRAP_SAMPLES)
