@@ -266,9 +266,11 @@ def test_a_variants_b_star_interval_carries_the_step_time_lines_uncertainty_too(
 
 
 def _device_line(sweep: pd.DataFrame) -> tuple[float, float]:
-    from batchscale.fits import fit_step_time
+    """The device's t(B) as the analysis fits it: its stable synthetic rows."""
+    from batchscale.fits import ensure_columns, fit_step_time, throughput_curve
+    from batchscale.schemas import SWEEP
 
-    rows = sweep[sweep["input_mode"].eq("synthetic") & sweep["status"].eq("ok")]
+    rows = throughput_curve(ensure_columns(sweep, SWEEP), "synthetic")
     line = fit_step_time(list(rows["batch_size"]), list(rows["step_time_median_s"]))
     return line.alpha_s, line.beta_s
 

@@ -236,17 +236,13 @@ def _neither_clear_reason(fits, needed: float, smallest: float, largest: float) 
     (E_min at least FALL_SEEN_SE standard errors up: a few batch sizes, steps that halve) it
     says so with the figures, since "too much scatter to tell" would contradict the table
     beside it."""
-    scatter = f"±{float(fits.scatter):.0%}"
-    s_min, e_min = float(fits.s_min), float(fits.e_min)
     if not float(fits.t_e_min) >= FALL_SEEN_SE:
-        return f"the steps scatter too much ({scatter} about the fit) to tell whether a " \
-               "bigger batch saves steps"
-    return (f"the fitted steps fall from {s_min + e_min / smallest:,.0f} at batch "
-            f"{smallest:,.0f} to {s_min + e_min / largest:,.0f} at {largest:,.0f}, but with "
-            f"{int(fits.points)} batch sizes and {scatter} scatter about the fit neither the "
-            f"part that falls like 1/B (E_min, {float(fits.t_e_min):.1f} standard errors from "
-            f"zero) nor the floor S_min ({float(fits.t_s_min):.1f}) is clear ({needed:.1f} "
-            "needed); more batch sizes or seeds would tell")
+        return (f"the steps scatter too much (±{float(fits.scatter):.0%} about the fit) to tell "
+                "whether a bigger batch saves steps")
+    return (f"{_fitted_fall(fits, smallest, largest)} neither the part that falls like 1/B "
+            f"(E_min, {float(fits.t_e_min):.1f} standard errors from zero) nor the floor S_min "
+            f"({float(fits.t_s_min):.1f}) is clear ({needed:.1f} needed); more batch sizes or "
+            "seeds would tell")
 
 
 def _e_min_unclear(fits, needed: float, smallest: float, largest: float,
@@ -259,13 +255,20 @@ def _e_min_unclear(fits, needed: float, smallest: float, largest: float,
     e_high = e_min + needed * math.sqrt(max(float(fits.var_e), 0.0))
     if s_min > 0 and e_high / s_min < smallest:
         return _below(smallest, r2, f"no batch size saved steps: B_crit is below {smallest:,.0f}")
-    at_smallest, at_largest = s_min + e_min / smallest, s_min + e_min / largest
-    reason = (f"the fitted steps fall from {at_smallest:,.0f} at batch {smallest:,.0f} to"
-              f" {at_largest:,.0f} at {largest:,.0f}, but with {int(fits.points)} points and"
-              f" ±{float(fits.scatter):.0%} scatter about the fit that fall is not clear"
-              f" (E_min {float(fits.t_e_min):.1f} standard errors from zero, {needed:.1f}"
-              " needed); more seeds or batch sizes would tell")
+    reason = (f"{_fitted_fall(fits, smallest, largest)} that fall is not clear (E_min "
+              f"{float(fits.t_e_min):.1f} standard errors from zero, {needed:.1f} needed); "
+              "more seeds or batch sizes would tell")
     return CriticalBatchFit(math.nan, math.nan, math.nan, r2, reason)
+
+
+def _fitted_fall(fits, smallest: float, largest: float) -> str:
+    """"the fitted steps fall from 137 at batch 8 to 31 at 128, but with 3 batch sizes and ±14%
+    scatter about the fit": the start of a reason for a fall the fit cannot vouch for."""
+    s_min, e_min = float(fits.s_min), float(fits.e_min)
+    return (f"the fitted steps fall from {s_min + e_min / smallest:,.0f} at batch "
+            f"{smallest:,.0f} to {s_min + e_min / largest:,.0f} at {largest:,.0f}, but with "
+            f"{int(fits.points)} batch sizes and ±{float(fits.scatter):.0%} scatter about the "
+            "fit")
 
 
 def _too_few_reason(batches_run: np.ndarray, reached: np.ndarray) -> str:

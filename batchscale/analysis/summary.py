@@ -294,7 +294,8 @@ class AnalysisSummary:
     """The step-time line B* = sqrt(α·B_crit/β) used, in words: "" for `step_time`'s, or
     REAL_INPUT_LINE where the input pipeline is a bottleneck (what a trial pays)."""
     optimal_batch_step_time: tuple[float, float]
-    """That line's (α, β) in seconds, which a study's B* per target uses too."""
+    """That line's (α, β) in seconds, which the report's step-time plot draws where it is not
+    `step_time`'s."""
     critical_batch: dict[str, CriticalBatchSummary]
     """Per LR rule, in sorted order."""
     noise_scale: NoiseScaleSummary
