@@ -15,6 +15,7 @@ from batchscale.adaptive.choice import (
     STOP_EXHAUSTED,
     STOP_NO_GAIN,
     Cell,
+    CellCost,
     IntervalState,
     candidate_cells,
     choose_next,
@@ -168,6 +169,52 @@ def test_with_an_interval_the_choice_is_expected_to_narrow_it():
                                       candidate_cells(done, ALLOWED, [0, 1, 2]), 32, 100)
     assert cell is not None and cell not in done
     assert expected < before.ratio and "per example" in why
+
+
+def test_a_cell_is_priced_in_device_seconds_where_the_step_time_line_allows():
+    """Held device-seconds: the launch's own share plus steps × t(B) for every rule and
+    worker; no price without a line that is positive at that batch."""
+    cost = CellCost(StepTimeFit(1e-3, 1e-5, 1.0), overhead_s=0.5, rules=2, workers=2)
+    assert cost.device_s(100, 50) == pytest.approx(0.5 + 2 * 2 * 50 * (1e-3 + 1e-5 * 100))
+    assert CellCost(StepTimeFit(1e-3, 1e-5, 1.0), math.nan).device_s(100, 50) == \
+        pytest.approx(50 * 2e-3)
+    assert math.isnan(CellCost(StepTimeFit(math.nan, math.nan, math.nan), 0.5).device_s(8, 50))
+    assert math.isnan(CellCost(StepTimeFit(-1.0, 1e-5, 1.0), 0.5).device_s(8, 50))
+
+
+def test_the_cheapest_narrowing_is_counted_in_device_seconds_not_examples():
+    """Where a step costs the same at every batch (α dominates, as on a small model), a
+    small batch is cheap in examples but dear in device time: per example the search picks
+    batch 8, per device-second the largest batch; where a step's cost is all per example the
+    two agree. Without a line the search falls back to examples and says so."""
+    data = on_curve([4, 16, 64, 256], seeds=(0, 1), wobble=0.05)
+    table, done = runs(data), [Cell(b, s) for b, s in data]
+    candidates = candidate_cells(done, ALLOWED, [0, 1, 2])
+    by_examples, why, _ = choose_next(table, "sqrt", done, candidates, 32, 100)
+    assert by_examples.batch_size == 8 and "per example" in why
+    fixed_step = CellCost(StepTimeFit(1e-2, 1e-6, 1.0), overhead_s=0.0)
+    cell, why, _ = choose_next(table, "sqrt", done, candidates, 32, 100, cost=fixed_step)
+    assert cell.batch_size == 1024 and "per device-second" in why and "device-s)" in why
+    per_example = CellCost(StepTimeFit(1e-6, 1e-3, 1.0), overhead_s=0.0)
+    assert choose_next(table, "sqrt", done, candidates, 32, 100, cost=per_example)[0] \
+        == by_examples
+    no_line = CellCost(StepTimeFit(math.nan, math.nan, math.nan), overhead_s=0.0)
+    cell, why, _ = choose_next(table, "sqrt", done, candidates, 32, 100, cost=no_line)
+    assert cell == by_examples and "per example" in why
+
+
+def test_a_launchs_own_share_is_read_after_the_first_launch():
+    """held − trained over the launches after the first: the first also paid the start-up."""
+    from batchscale.adaptive.driver import Search
+    from batchscale.config import parse_config
+
+    search = Search(parse_config({"convergence": {"strategy": "adaptive"}}), "t", "data", 1,
+                    echo=lambda line: None)
+    assert math.isnan(search.cell_cost().overhead_s)
+    for i, (held, trained) in enumerate([(5.0, 0.1), (0.6, 0.2), (0.9, 0.3), (0.5, 0.2)]):
+        key = (f"b{i}", Cell(2**i, 0))
+        search.held_s[key], search.trained_s[key] = held, trained
+    assert search.cell_cost().overhead_s == pytest.approx(0.4)  # median of 0.4, 0.6, 0.3
 
 
 def test_when_no_cell_is_expected_to_narrow_the_interval_the_search_stops():
@@ -404,3 +451,32 @@ def test_a_search_with_too_few_reached_batch_sizes_says_what_the_analysis_says()
     assert "some trials reached it at 128 in 1 of 2 trials" in state.reason
     assert state.reason.endswith("of the trials that stopped short, 1 stalled"
                                  " (convergence.patience_evals)")
+
+
+def test_an_open_b_star_interval_is_stored_as_none_not_zero():
+    """A step-time line through two batch sizes leaves α/β unpinned: B* has a point but no
+    interval, and the decision row stores no ends (0 would read as a bound)."""
+    import pyarrow as pa
+
+    from batchscale.adaptive.choice import NoisePrediction
+    from batchscale.adaptive.driver import Search
+    from batchscale.config import parse_config
+
+    def cell(batch: int) -> tuple[pa.Table, pa.Table]:
+        row = {"trial_id": f"b{batch}", "batch_size": batch, "workers": 1, "lr_rule": "sqrt",
+               "steps_run": 100, "train_time_s": 100 * (1e-3 + 1e-5 * batch)}
+        return pa.table({"trial_id": [f"b{batch}"]}), pa.Table.from_pylist([row])
+
+    search = Search(parse_config({"convergence": {"strategy": "adaptive"}}), "t", "data", 1,
+                    echo=lambda line: None)
+    search.cells = {Cell(b, 0): cell(b) for b in (16, 64)}
+    state = IntervalState(b_crit=32.0, low=16.0, high=64.0, bound="", reason="")
+    search.record("refine", Cell(64, 0), "test", state,
+                  NoisePrediction(math.nan, math.nan, math.nan, "none", 0))
+    row = search.decisions[-1]
+    assert row["b_star"] == pytest.approx(math.sqrt(1e-3 * 32 / 1e-5))
+    assert row["b_star_low"] is None and row["b_star_high"] is None
+    search.cells[Cell(256, 0)] = cell(256)
+    search.record("refine", Cell(256, 0), "test", state,
+                  NoisePrediction(math.nan, math.nan, math.nan, "none", 0))
+    assert 0 < search.decisions[-1]["b_star_low"] < search.decisions[-1]["b_star_high"]

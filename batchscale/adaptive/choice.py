@@ -265,8 +265,8 @@ def _simulated(runs: pd.DataFrame, rule: str, cell: Cell, steps: float) -> pd.Da
 
 def expected_ratio(runs: pd.DataFrame, rule: str, cell: Cell, bootstrap_samples: int,
                    rng: np.random.Generator) -> tuple[float, float]:
-    """(median interval ratio after running `cell`, the examples it would cost): its steps
-    drawn from the current fit with the fit's own relative scatter (the cell's result is
+    """(median interval ratio after running `cell`, the steps it is predicted to take): its
+    steps drawn from the current fit with the fit's own relative scatter (the cell's result is
     unknown until it runs)."""
     table = steps_to_result(runs[runs["lr_rule"] == rule], by=(), reduce="median")
     batch, steps = positive_pairs(table["batch_size"], table["steps_to_target"])
@@ -279,7 +279,33 @@ def expected_ratio(runs: pd.DataFrame, rule: str, cell: Cell, bootstrap_samples:
     for noise in rng.normal(0.0, scatter, SIMULATED_DRAWS):
         trial = _simulated(runs, rule, cell, max(1.0, round(predicted * math.exp(noise))))
         ratios.append(interval_state(trial, rule, bootstrap_samples).ratio)
-    return float(np.median(ratios)), predicted * cell.batch_size
+    return float(np.median(ratios)), predicted
+
+
+@dataclass(frozen=True)
+class CellCost:
+    """What a cell is predicted to hold in device-seconds, the currency a user pays: a fixed
+    share per launch (evaluation, the data, the hand-off to the process group), measured as
+    held minus training time over the launches after the first (which also paid the start-up),
+    plus its steps at the step-time line's t(B) = α + βB, for every LR rule and worker.
+
+    Examples alone mislead here: a small batch costs few examples but as many fixed per-step
+    costs as a large one, so on a device with a large α a search ranked by examples spends its
+    time on small batches."""
+
+    step_fit: StepTimeFit
+    overhead_s: float
+    rules: int = 1
+    workers: int = 1
+
+    def device_s(self, batch_size: int, steps: float) -> float:
+        """Predicted held device-seconds of a cell at `batch_size` taking `steps`; NaN without a
+        step-time line that is positive there."""
+        step_s = self.step_fit.alpha_s + self.step_fit.beta_s * batch_size
+        if not (math.isfinite(step_s) and step_s > 0 and math.isfinite(steps)):
+            return math.nan
+        overhead = self.overhead_s if math.isfinite(self.overhead_s) else 0.0
+        return max(overhead, 0.0) + self.rules * self.workers * steps * step_s
 
 
 def unsupported_next(state: IntervalState, done: Sequence[Cell], candidates: Sequence[Cell],
@@ -319,12 +345,27 @@ def _beyond(cell: Cell, measured: set[int], side: str) -> str:
             "holds over more batch sizes")
 
 
+def _prices(forecasts: list[tuple[Cell, float, float]],
+            cost: CellCost | None) -> list[float] | None:
+    """Each forecast cell's predicted device-seconds, or None unless every cell the fit can
+    forecast has one (ranking device-seconds against examples would mix units)."""
+    if cost is None:
+        return None
+    prices = [cost.device_s(cell.batch_size, steps) for cell, _, steps in forecasts]
+    forecast = [p for p, (_, _, steps) in zip(prices, forecasts, strict=True)
+                if math.isfinite(steps)]
+    if not forecast or not all(math.isfinite(p) and p > 0 for p in forecast):
+        return None
+    return prices
+
+
 def choose_next(runs: pd.DataFrame, rule: str, done: Sequence[Cell], candidates: Sequence[Cell],
-                predicted: float, bootstrap_samples: int,
-                seed: int = 0) -> tuple[Cell | None, str, float]:
+                predicted: float, bootstrap_samples: int, seed: int = 0,
+                cost: CellCost | None = None) -> tuple[Cell | None, str, float]:
     """(cell, why, expected ratio after it): the candidate that narrows the interval most per
-    example it costs (log of the ratio gained ÷ predicted examples to target), or the rule of
-    `unsupported_next` while there is no interval yet. Per example, because a large batch
+    device-second it is predicted to hold (`cost`), or per example where no step-time line
+    prices every candidate (log of the ratio gained ÷ the cell's cost); the rule of
+    `unsupported_next` while there is no interval yet. Per unit of cost, because a large batch
     often narrows most but costs most: the search's point is the answer at a fraction of the
     grid's cost."""
     state = interval_state(runs, rule, bootstrap_samples)
@@ -334,12 +375,18 @@ def choose_next(runs: pd.DataFrame, rule: str, done: Sequence[Cell], candidates:
     if not candidates:
         return None, STOP_EXHAUSTED, state.ratio
     rng = np.random.default_rng(seed)
+    forecasts = [(cell, *expected_ratio(runs, rule, cell, bootstrap_samples, rng))
+                 for cell in candidates]
+    prices = _prices(forecasts, cost)
+    unit = "example" if prices is None else "device-second"
     scored = []
-    for i, cell in enumerate(candidates):
-        ratio, cost = expected_ratio(runs, rule, cell, bootstrap_samples, rng)
+    for i, (cell, ratio, steps) in enumerate(forecasts):
+        price = steps * cell.batch_size if prices is None else prices[i]
         gain = math.log(state.ratio) - math.log(ratio) if math.isfinite(ratio) else -math.inf
-        scored.append((gain / cost if gain > 0 else -math.inf, gain, -i, ratio, cell))
-    _, gain, _, ratio, cell = max(scored, key=lambda s: s[:3])
+        scored.append((gain / price if gain > 0 else -math.inf, gain, -i, ratio, price, cell))
+    _, gain, _, ratio, price, cell = max(scored, key=lambda s: s[:3])
     if gain <= 0:  # the steps scatter too much for more cells to help: stop spending
         return None, STOP_NO_GAIN, state.ratio
-    return cell, f"narrows the interval most per example (expected ratio {ratio:.2f})", ratio
+    cost_words = "" if prices is None else f", about {price:.3g} device-s"
+    return cell, (f"narrows the interval most per {unit} (expected ratio {ratio:.2f}"
+                  f"{cost_words})"), ratio

@@ -27,6 +27,7 @@ from batchscale.adaptive.choice import (
     STOP_DEVICE_BUDGET,
     STOP_NARROW,
     Cell,
+    CellCost,
     IntervalState,
     NoisePrediction,
     candidate_cells,
@@ -75,6 +76,9 @@ class Search:
     decisions: list[dict] = field(default_factory=list)
     held_s: dict[tuple[str, Cell], float] = field(default_factory=dict)
     """Device-seconds each cell (or probe) held: its launch's wall time × workers."""
+    trained_s: dict[tuple[str, Cell], float] = field(default_factory=dict)
+    """Device-seconds each launch trained (train time × workers over its trials): held minus
+    this is what a launch costs besides its steps."""
     probes: dict[Cell, tuple[pa.Table, pa.Table]] = field(default_factory=dict)
     """Probes on `adaptive_probe_budget_examples`: their own trials (trial ids ending in
     runner.PROBE_SUFFIX), in the tables and the cost, never in the fit."""
@@ -104,6 +108,9 @@ class Search:
                                  server=self.server, probe=probe)
         self.held_s[(out_dir.name, cell)] = held_wall_s(
             out_dir, cell.seed, time.monotonic() - started) * self.workers
+        trials = tables[1].to_pandas().drop_duplicates("trial_id")
+        self.trained_s[(out_dir.name, cell)] = float(
+            (trials["train_time_s"] * trials["workers"]).sum())
         return tables
 
     def run_probe(self, cell: Cell) -> str:
@@ -174,6 +181,16 @@ class Search:
         times = convergence_step_times(runs)
         return fit_step_time(list(times), list(times.values()))
 
+    def cell_cost(self) -> CellCost:
+        """How the next cell is priced: the step-time line of the trials so far, and the
+        median device-seconds a launch held besides training, over the launches after the
+        first (which also paid the start-up; NaN before a second launch)."""
+        launches = list(self.held_s)[1:]
+        overhead = [self.held_s[k] - self.trained_s[k] for k in launches if k in self.trained_s]
+        line = self.step_line() if self.trained() else NO_LINE
+        return CellCost(line, float(np.median(overhead)) if overhead else math.nan,
+                        rules=len(self.cfg.convergence.lr_rules), workers=self.workers)
+
     def objective_ratio(self, state: IntervalState) -> float:
         """high/low of what the search narrows: B_crit's interval, or B*'s."""
         if self.cfg.convergence.adaptive_objective == "b_star":
@@ -210,8 +227,7 @@ class Search:
                "b_crit": _finite(state.b_crit), "b_crit_low": _finite(state.low),
                "b_crit_high": _finite(state.high), "interval_ratio": _finite(state.ratio),
                "expected_ratio": _finite(expected_ratio), "examples_spent": examples,
-               "b_star": _finite(best.b_star), "b_star_low": _finite(best.low),
-               "b_star_high": _finite(best.high),
+               "b_star": _finite(best.b_star), **_closed_b_star(best),
                "device_s_spent": device_s, "device_s_held": held_s, "workers": self.workers,
                "grid_batch_sizes": list(self.cfg.convergence.batch_sizes),
                "grid_seeds": len(self.cfg.convergence.seeds)}
@@ -221,6 +237,14 @@ class Search:
                   f"{reason}; B_crit {_interval_words(state, read_at, narrowed)}"
                   f"{_b_star_words(best)}; "
                   f"{examples:,} examples, {held_s:,.1f} device-seconds held")
+
+
+def _closed_b_star(best) -> dict:
+    """B*'s interval ends, or none where the interval is open (a step-time line through two
+    batch sizes leaves α/β unpinned: its low end is 0, its high end infinite)."""
+    closed = math.isfinite(best.ratio)
+    return {"b_star_low": best.low if closed else None,
+            "b_star_high": best.high if closed else None}
 
 
 def _b_star_words(best) -> str:
@@ -412,7 +436,8 @@ def _refine(search: Search, allowed: list[int], prediction: NoisePrediction) -> 
         if not stop:
             candidates = candidate_cells(list(search.cells), allowed, list(c.seeds))
             cell, why, expected = choose_next(runs, search.rule, list(search.cells), candidates,
-                                              prediction.b_crit, SEARCH_BOOTSTRAP_SAMPLES)
+                                              prediction.b_crit, SEARCH_BOOTSTRAP_SAMPLES,
+                                              cost=search.cell_cost())
             if cell is None:
                 stop = why
         if stop:
