@@ -23,9 +23,13 @@ interval over the repeats:
   the B_crit goal is not judged; how often the search stopped saying so itself
   ("even the full grid … is not expected to pin B_crit"), where the grid did and did not.
 
-Each repeat also runs the search with budgeted probes (`adaptive_probe_budget_examples` =
-PROBE_BUDGET_EXAMPLES: each probe stops at its first evaluation past that many examples and only
-measures B_simple), against the same grid: its figures carry the prefix `probe_budget_`.
+Each repeat also runs two other searches against the same grid:
+- the search as it chose cells before it priced them in device-seconds (per example; prefix
+  `ranked_by_examples_`; the paired ratios `…_device_priced_over_example_ranked` compare the
+  two);
+- the search with budgeted probes (`adaptive_probe_budget_examples` = PROBE_BUDGET_EXAMPLES:
+  each probe stops at its first evaluation past that many examples and only measures B_simple;
+  prefix `probe_budget_`).
 
 Run: `python -m benchmarks.run bench_adaptive` (about 3 minutes per case and repeat on 2 CPU
 cores; BENCH_QUICK=1: one repeat, two seeds). Device-seconds depend on machine load, examples
@@ -34,17 +38,19 @@ and B_crit do not.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import pyarrow as pa
 
 from batchscale.adaptive.choice import interval_state
-from batchscale.adaptive.driver import run_adaptive
+from batchscale.adaptive.driver import Search, run_adaptive
 from batchscale.adaptive.futility import STOP_FUTILE
 from batchscale.config import parse_config
 from batchscale.convergence.runner import run_convergence
@@ -81,6 +87,13 @@ CASES = {
 BOOTSTRAP_SAMPLES = 200
 PROBE_BUDGET_EXAMPLES = 2048
 """Examples per budgeted probe: 512 steps at batch 4, 256 at batch 8 (the default probes)."""
+BY_EXAMPLES = "ranked_by_examples_"
+"""The search as it chose cells before it priced them in device-seconds: the narrowing per
+example (`choose_next` without a cost)."""
+ARMS = (("", {}), ("probe_budget_", {"adaptive_probe_budget_examples": PROBE_BUDGET_EXAMPLES}),
+        (BY_EXAMPLES, {}))
+"""The searches run against each repeat's grid: probes to target and cells priced in
+device-seconds (what a user runs), budgeted probes, and cells ranked per example."""
 
 
 def _log(line: str) -> None:
@@ -132,13 +145,15 @@ def run_case(name: str, workload: str, dataset: dict, target: dict, root: Path,
                                    out_dir=str(root / f"grid-{repeat}"), run_id="bench-grid")
     grid_held = time.monotonic() - started  # one launch, one worker
     outcome = {}
-    for prefix, search in (("", {}), ("probe_budget_",
-                                      {"adaptive_probe_budget_examples": PROBE_BUDGET_EXAMPLES})):
+    for prefix, search in ARMS:
         _log(f"   {name}, repeat {repeat}: adaptive search {prefix or 'probes to target'}")
-        _, search_runs, decisions = run_adaptive(
-            _config(workload, dataset, target, "adaptive", seeds, **search),
-            data_dir=str(data_dir), run_id="bench-adaptive",
-            work_root=root / f"adaptive-{prefix}{repeat}", echo=_log)
+        pricing = (mock.patch.object(Search, "cell_cost", lambda self: None)
+                   if prefix == BY_EXAMPLES else contextlib.nullcontext())
+        with pricing:
+            _, search_runs, decisions = run_adaptive(
+                _config(workload, dataset, target, "adaptive", seeds, **search),
+                data_dir=str(data_dir), run_id="bench-adaptive",
+                work_root=root / f"adaptive-{prefix}{repeat}", echo=_log)
         found = _compare(grid_runs, grid_held, search_runs, decisions, target)
         outcome.update({f"{prefix}{k}": v for k, v in found.items()})
     _log(f"   {name}, repeat {repeat}: {outcome}")
@@ -174,8 +189,8 @@ def summarize(outcomes: list[dict], prefix: str = "") -> dict:
     outcomes = [{k[len(prefix):]: v for k, v in o.items() if k.startswith(prefix)}
                 for o in outcomes]
     if not prefix:
-        outcomes = [{k: v for k, v in o.items() if not k.startswith("probe_budget_")}
-                    for o in outcomes]
+        outcomes = [{k: v for k, v in o.items()
+                     if not k.startswith(tuple(p for p, _ in ARMS if p))} for o in outcomes]
     ones = [1.0] * len(outcomes)
     compared = [o for o in outcomes if "b_crit" in o]
     pinned = [o for o in compared if o["grid_ratio"] <= GRID_PINS]
@@ -203,6 +218,14 @@ def summarize(outcomes: list[dict], prefix: str = "") -> dict:
     return figures
 
 
+def _pricing(outcomes: list[dict]) -> dict:
+    """The search that prices cells in device-seconds ÷ the one that ranks them per example,
+    paired per repeat (same seeds, same grid)."""
+    return {f"{key}_device_priced_over_example_ranked": ratio_figure(
+        [o[key] for o in outcomes], [o[BY_EXAMPLES + key] for o in outcomes])
+        for key in ("held_s", "device_s", "examples")}
+
+
 def _futility(outcomes: list[dict]) -> dict:
     """How often the search stopped saying the grid cannot pin B_crit (adaptive/futility.py),
     split by whether this repeat's grid did pin it (its interval within ×2)."""
@@ -221,9 +244,10 @@ def run() -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             outcomes = [run_case(name, workload, dataset, target, Path(tmp), r)
                         for r in range(REPEATS)]
-        budgeted = {f"probe_budget_{k}": v
-                    for k, v in summarize(outcomes, "probe_budget_").items()}
-        results[name] = {**summarize(outcomes), **budgeted, "per_repeat": outcomes}
+        others = {f"{prefix}{k}": v for prefix, _ in ARMS if prefix
+                  for k, v in summarize(outcomes, prefix).items()}
+        results[name] = {**summarize(outcomes), **others, **_pricing(outcomes),
+                         "per_repeat": outcomes}
         _log(f"   {name}: " + "; ".join(f"{k} {v.text() if hasattr(v, 'text') else v}"
                                          for k, v in results[name].items()
                                          if k != "per_repeat"))

@@ -1,28 +1,31 @@
 """Coverage of the adaptive search's interval where it stops: the search's own decision loop
 (`adaptive.driver.run_adaptive`: probe, predict, place, refine, stop) on simulated cells.
 
-Only the training is simulated: `run_convergence`, which trains one (batch size, seed) cell,
-is replaced by a draw from a known truth. Steps to target S(B) = S_min·(1 + B_crit/B) with
+Only the training is simulated: `run_convergence`, which trains one (batch size, seed) cell, is
+replaced by a draw from a known truth. Steps to target S(B) = S_min·(1 + B_crit/B) with
 log-normal seed noise σ, rounded up to the evaluation interval; the probe's gradient noise scale
 B_simple near the target scattered log-normally about the true B_crit (McCandlish et al.: it
-predicts B_crit). Everything else — the prediction, the placement, the choice of the next cell,
-the bootstrap ∪ Fieller interval, the stop rule — is the search's real code. A setting's figure
-is how often the stopped search's interval — its claim of 90 %, read at the level the search
-reports it at (critical.ADAPTIVE_READ_LEVEL) — holds the true B_crit, with its exact binomial
-interval; beside it, the same final trials read at 90 % and 95 %, and the cells and examples
-the search spent. Settings: true B_crit 8 to 512 within the allowed 4…1,024, σ 0.05 to 0.45,
-three seeds or two; 200 searches each.
+predicts B_crit); each step takes t(B) = 1 ms + 10 µs·B, the line the search prices its next
+cell with (in device-seconds). Everything else — the prediction, the placement, the choice of
+the next cell, the bootstrap ∪ Fieller interval, the stop rule — is the search's real code. A
+setting's figure is how often the stopped search's interval — its claim of 90 %, read at the
+level the search reports it at (critical.ADAPTIVE_READ_LEVEL) — holds the true B_crit, with its
+exact binomial interval; beside it, the same final trials read at 90 % and 95 %, and the cells
+and examples the search spent. Settings: true B_crit 8 to 512 within the allowed 4…1,024, σ 0.05
+to 0.45, three seeds or two; 200 searches each.
 
 The futility stop (adaptive/futility.py): after each search a grid of every batch size × every
 seed is drawn on the same truth; how often the search stopped as futile where that grid pinned
 B_crit to ×2 (a false call) and where it did not, and, replaying the two noisiest settings'
-searches with the stop off, what it saved.
+searches with the stop off, what it saved. Three settings' searches are replayed ranking
+their next cell per example, as the search did before it priced cells in device-seconds.
 
 Run: `python -m benchmarks.run bench_adaptive_calibration` (BENCH_QUICK=1 for a short look).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import time
@@ -63,6 +66,9 @@ class Setting:
     seeds: tuple[int, ...] = (0, 1, 2)
     futile_chance: float | None = 0.10
     """convergence.adaptive_futile_chance of the searches (None: no futility stop)."""
+    priced: bool = True
+    """Whether the search prices its next cell in device-seconds (what it does) or ranks it per
+    example (what it did before; replayed on another setting's draws to compare the two)."""
     draws: int | None = None
     """Which setting's searches (by position) this one replays; None: its own. A setting that
     replays another's with the futility stop off shows what the stop saved, search by search."""
@@ -76,7 +82,10 @@ SETTINGS = (Setting("B_crit 8, σ 0.1", 8.0, 0.1), Setting("B_crit 32, σ 0.05",
             Setting("B_crit 512, σ 0.3", 512.0, 0.3),
             Setting("B_crit 32, σ 0.3, no futility stop", 32.0, 0.3, futile_chance=None, draws=7),
             Setting("B_crit 32, σ 0.45, no futility stop", 32.0, 0.45, futile_chance=None,
-                    draws=8))
+                    draws=8),
+            Setting("B_crit 32, σ 0.1, ranked per example", 32.0, 0.1, priced=False, draws=2),
+            Setting("B_crit 128, σ 0.1, ranked per example", 128.0, 0.1, priced=False, draws=5),
+            Setting("B_crit 32, σ 0.2, ranked per example", 32.0, 0.2, priced=False, draws=3))
 """True B_crit inside and near both edges of the allowed batch sizes 4…1,024, seed noise 5 % to
 20 % (where the grid of 9 batch sizes × 3 seeds pins B_crit to ×2 most of the time) and 30 % to
 45 % (where it mostly cannot: the search should say so early), three seeds or two."""
@@ -123,7 +132,10 @@ def one_study(setting: Setting, seed: int) -> dict:
         "target_val_accuracy": 0.9, "eval_every_steps": EVAL_EVERY,
         "adaptive_futile_chance": setting.futile_chance}})
     trials: list[dict] = []
-    with mock.patch.object(driver, "run_convergence", simulated_cell(setting, rng, trials)), \
+    pricing = (contextlib.nullcontext() if setting.priced
+               else mock.patch.object(driver.Search, "cell_cost", lambda self: None))
+    with pricing, \
+            mock.patch.object(driver, "run_convergence", simulated_cell(setting, rng, trials)), \
             mock.patch.object(driver, "_environment", lambda search, runs: {}), \
             mock.patch.object(driver, "make_table", lambda kind, rows, env: rows):
         _, _, decisions = driver.run_adaptive(cfg, data_dir="simulated", run_id="sim",
@@ -143,6 +155,8 @@ def one_study(setting: Setting, seed: int) -> dict:
             "grid_pins": grid_low > 0 and grid_high / grid_low <= TARGET_RATIO,
             "share_of_grid": last["examples_spent"] / float(
                 (grid["steps_to_target"] * grid["batch_size"]).sum()),
+            "device_share_of_grid": float(pd.DataFrame(trials)["train_time_s"].sum()
+                                          / grid["train_time_s"].sum()),
             **{f"covered_at_{level}": lo <= setting.b_crit <= hi
                for level, (lo, hi) in wider.items()},
             "cells": sum(d["action"] in ("probe", "place", "refine") for d in decisions),
@@ -201,6 +215,8 @@ def _futility_figures(outcomes: list[dict]) -> dict:
             "futile_share_of_grid": (float(np.median([o["share_of_grid"] for o in futile]))
                                      if futile else math.nan),
             "share_of_grid": float(np.median([o["share_of_grid"] for o in outcomes])),
+            "device_share_of_grid": float(np.median([o["device_share_of_grid"]
+                                                     for o in outcomes])),
             "stops": dict(Counter(_stop_kind(o["reason"]) for o in outcomes).most_common())}
 
 
@@ -220,5 +236,6 @@ def _line(setting: Setting, figures: dict, n: int) -> str:
             f"stopped as futile where it did {_text(figures['futile_where_grid_pins'])}, "
             f"where it did not {_text(figures['futile_where_grid_cannot'])}, at a median "
             f"{figures['futile_share_of_grid']:.2f} of the grid's examples (all searches: "
-            f"{figures['share_of_grid']:.2f}); stops: "
+            f"{figures['share_of_grid']:.2f}, and {figures['device_share_of_grid']:.2f} of its "
+            "simulated training device-seconds); stops: "
             + ", ".join(f"{kind} {count}" for kind, count in figures["stops"].items()))
