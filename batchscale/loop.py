@@ -33,7 +33,7 @@ could time in isolation: `analyze` uses the trials' own step times), checkpoint-
 trial (a restarted group reruns an unfinished trial from its start), successive halving of the
 tuned rule's learning rates (it pauses trials at checkpoints), and the gradient noise scale on
 one process (it needs two batch sizes: with more than one worker, `prepare` measures it from
-DDP's own all-reduce).
+DDP's own all-reduce, and `measure_noise` on a DDP your framework made).
 
 Nothing here imports torch. The `trial` object is batchscale.convergence.loop_trial.LoopTrial.
 """

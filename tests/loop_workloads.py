@@ -21,9 +21,10 @@ def accuracy(model) -> float:
         return float((model(VAL.x).argmax(1) == VAL.y).float().mean())
 
 
-def points_loop(trial, misbehave: str | None = None) -> None:
-    """SGD on the points to the target; `misbehave` names the way it goes wrong at batch 16."""
-    model = trial.prepare(mlp())
+def points_loop(trial, misbehave: str | None = None, model=None) -> None:
+    """SGD on the points to the target; `misbehave` names the way it goes wrong at batch 16;
+    `model`: one the loop prepared itself (default: `trial.prepare`'s)."""
+    model = trial.prepare(mlp()) if model is None else model
     opt = torch.optim.SGD(model.parameters(), lr=trial.lr)
     bad = misbehave if trial.batch_size == 16 else None
     if bad == "silent":
@@ -59,6 +60,22 @@ def _misbehaving(how: str) -> TrainingLoop:
 
 raises, silent, nan, undeclared = (_misbehaving(how) for how in
                                    ("raises", "silent", "nan", "undeclared"))
+
+
+def framework_ddp_loop(trial, wrap: bool = True) -> None:
+    """As a framework does (a Hugging Face Trainer, Lightning): the loop wraps the model in DDP
+    itself and asks batchscale to measure the noise scale on it; `wrap=False` passes the plain
+    model instead, a mistake."""
+    model = mlp()
+    if trial.world_size > 1 and wrap:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    trial.measure_noise(model)
+    points_loop(trial, model=model)
+
+
+framework_ddp = dataclasses.replace(good_loop, name="points-own-ddp", train=framework_ddp_loop)
+framework_plain = dataclasses.replace(good_loop, name="points-plain",
+                                      train=lambda trial: framework_ddp_loop(trial, wrap=False))
 unknown_metric = dataclasses.replace(good_loop, metrics=("val_f1",))
 unreported_target = dataclasses.replace(good_loop, targets=(("val_loss", 0.1),))
 

@@ -44,3 +44,20 @@ def test_a_hugging_face_trainer_runs_as_a_users_loop(tmp_path):
     assert analysis.returncode == 0, analysis.stderr
     assert "no throughput sweep was given" in analysis.stdout
     assert "**Batch size:" in analysis.stdout
+
+
+def test_the_trainers_ddp_gives_the_gradient_noise_scale_on_two_workers(tmp_path):
+    """With two workers the Trainer wraps the model in its own DDP; the script hands it to
+    `trial.measure_noise` in its first training step, so B_simple is recorded as for a loop
+    that calls `trial.prepare` (what the adaptive search predicts B_crit from)."""
+    work = tmp_path / "hf_trainer"
+    shutil.copytree(EXAMPLE_DIR, work)
+    out = tmp_path / "conv"
+    result = run_cli(["converge", "--workload", "train_sentiment:loop", "--config",
+                      "config.yaml", "--batch-sizes", "16", "--seeds", "0", "--workers", "2",
+                      "--out", str(out)], cwd=work)
+    assert result.returncode == 0, result.stderr
+    runs = pq.read_table(out / "runs.parquet").to_pandas()
+    assert runs["status"].eq("reached").all() and runs["workers"].eq(2).all()
+    curves = pq.read_table(out / "curves.parquet").to_pandas()
+    assert curves["b_simple"].notna().any()  # a few noisy updates: any sign

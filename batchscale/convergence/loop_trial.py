@@ -79,20 +79,38 @@ class LoopTrial:
 
     def prepare(self, model):
         """`model` on `device`; with more than one worker, wrapped in DistributedDataParallel
-        with a communication hook that measures the gradient noise scale from each rank's
-        local gradient and the all-reduced one (no extra all-reduce of the gradients)."""
+        with a communication hook that measures the gradient noise scale from the ranks' local
+        gradients and the all-reduced one (`noise_comm_hook`)."""
         model = model.to(self.device)
         if self.world_size == 1:
             return model
         import torch
 
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        self.measure_noise(ddp)
+        return ddp
+
+    def measure_noise(self, ddp) -> None:
+        """Measure the gradient noise scale on a DistributedDataParallel your framework made (a
+        Hugging Face Trainer's, Lightning's): the hook `prepare` registers. Call it before the
+        first backward, on a DDP with no communication hook of its own (DDP takes one). Does
+        nothing on one worker: B_simple needs two batch sizes, each rank's and the group's."""
+        if self.world_size == 1:
+            return
+        import torch
+
         from batchscale.convergence.noise import NoiseScale
 
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
+            raise LoopStop(f"trial.measure_noise: got a {type(ddp).__name__}, not the "
+                           "DistributedDataParallel that trains; pass the wrapped model (a "
+                           "Trainer's `model_wrapped`, the `model` its training_step gets)")
+        if self._noise is not None:
+            raise LoopStop("trial.measure_noise: the noise scale is already measured on this "
+                           "trial's model (trial.prepare registers the same hook); call one")
         self._noise = NoiseHook(NoiseScale(), self.world_size, self.local_batch_size,
                                 self.batch_size, self._noise_every)
         ddp.register_comm_hook(self._noise, noise_comm_hook)
-        return ddp
 
     @contextmanager
     def evaluating(self) -> Iterator[None]:
@@ -132,7 +150,8 @@ class LoopTrial:
 
     @property
     def noise(self):
-        """The gradient noise scale measured by `prepare`'s DDP hook (None: not measured)."""
+        """The gradient noise scale measured by the DDP hook of `prepare` or `measure_noise`
+        (None: not measured)."""
         return self._noise.noise if self._noise else None
 
     def _sync(self) -> None:
@@ -171,7 +190,7 @@ class NoiseHook:
             self.reduced_sq += reduced_sq
         if last:
             if self.measuring:
-                # rank-local |G_small|^2: unbiased on each rank, averaged by the EMA over steps
+                # |G_small|^2 averaged over the ranks' local gradients: the same on every rank
                 self.noise.update(self.local_sq, self.reduced_sq, self.local_batch,
                                   self.global_batch)
             self.step += 1
@@ -179,20 +198,28 @@ class NoiseHook:
 
 
 def noise_comm_hook(state: NoiseHook, bucket):
-    """DDP's mean all-reduce of a gradient bucket, noting the bucket's squared norm before and
-    after it on measured steps."""
+    """DDP's mean all-reduce of a gradient bucket; on measured steps also the mean over ranks of
+    the bucket's local squared norm (one scalar beside it), and the all-reduced bucket's: W
+    small-batch estimates per step, as a Workload's trial takes (convergence/train.py)."""
+    import torch
     import torch.distributed as dist
 
     grads = bucket.buffer()
     measure = state.measuring
-    local_sq = float(grads.float().square().sum()) if measure else None
-    future = dist.all_reduce(grads.div_(state.world_size), async_op=True).get_future()
+    local = grads.float().square().sum().reshape(1) if measure else None
+    reduced_bucket = dist.all_reduce(grads.div_(state.world_size), async_op=True).get_future()
+    if not measure:
+        def counted(fut):
+            state.bucket_done(None, None, bucket.is_last())
+            return fut.value()[0]
 
-    def reduced(fut):
-        out = fut.value()[0]
-        state.bucket_done(local_sq, float(out.float().square().sum()) if measure else None,
-                          bucket.is_last())
+        return reduced_bucket.then(counted)
+    reduced_local = dist.all_reduce(local, async_op=True).get_future()
+
+    def reduced(_):
+        out = reduced_bucket.value()[0]
+        state.bucket_done(float(reduced_local.value()[0][0]) / state.world_size,
+                          float(out.float().square().sum()), bucket.is_last())
         return out
 
-    return future.then(reduced)
-
+    return torch.futures.collect_all([reduced_bucket, reduced_local]).then(reduced)

@@ -87,6 +87,14 @@ def fit(batch_size: int, lr: float, seed: int, steps: int, eval_every: int, tria
     and hooks."""
 
     class ScriptTrainer(Trainer):
+        measuring = False
+
+        def training_step(self, model, *args, **kwargs):
+            if trial is not None and not self.measuring:  # batchscale: with 2+ workers, B_simple
+                trial.measure_noise(model)  # from the DDP all-reduce (before the 1st backward)
+                self.measuring = True
+            return super().training_step(model, *args, **kwargs)
+
         def evaluate(self, *args, **kwargs):
             if trial is None:
                 return super().evaluate(*args, **kwargs)
