@@ -387,6 +387,6 @@ def choose_next(runs: pd.DataFrame, rule: str, done: Sequence[Cell], candidates:
     _, gain, _, ratio, price, cell = max(scored, key=lambda s: s[:3])
     if gain <= 0:  # the steps scatter too much for more cells to help: stop spending
         return None, STOP_NO_GAIN, state.ratio
-    cost_words = "" if prices is None else f", about {price:.3g} device-s"
+    cost_words = "" if prices is None else f", forecast to hold {price:.3g} device-s"
     return cell, (f"narrows the interval most per {unit} (expected ratio {ratio:.2f}"
                   f"{cost_words})"), ratio
