@@ -18,7 +18,9 @@ The futility stop (adaptive/futility.py): after each search a grid of every batc
 seed is drawn on the same truth; how often the search stopped as futile where that grid pinned
 B_crit to ×2 (a false call) and where it did not, and, replaying the two noisiest settings'
 searches with the stop off, what it saved. Three settings' searches are replayed ranking
-their next cell per example, as the search did before it priced cells in device-seconds.
+their next cell per example, as the search did before it priced cells in device-seconds; the
+σ 0.2 searches are replayed both ways once more with steps whose fixed cost is 10× larger
+(t(B) = 10 ms + 10 µs·B: α/β = 1,000, as on an accelerator at small batches).
 
 Run: `python -m benchmarks.run bench_adaptive_calibration` (BENCH_QUICK=1 for a short look).
 """
@@ -54,6 +56,8 @@ EVAL_EVERY = 10
 OTHER_LEVELS = (0.90, 0.95)
 """Nominal levels at which the stopped search's final trials are also read, beside the level
 the search reports (critical.ADAPTIVE_READ_LEVEL): what a plain 90 % reading gives."""
+STEP_ALPHA_S, STEP_BETA_S = 1e-3, 1e-5
+"""The simulated step time t(B) = α + βB: 1 ms fixed, 10 µs per example (α/β = 100)."""
 B_SIMPLE_SCATTER = 0.3
 """Log-normal scatter of B_simple about B_crit at the probe's evaluations near the target."""
 
@@ -69,6 +73,8 @@ class Setting:
     priced: bool = True
     """Whether the search prices its next cell in device-seconds (what it does) or ranks it per
     example (what it did before; replayed on another setting's draws to compare the two)."""
+    alpha_s: float = 1e-3
+    """The simulated step's fixed cost: t(B) = alpha_s + STEP_BETA_S·B."""
     draws: int | None = None
     """Which setting's searches (by position) this one replays; None: its own. A setting that
     replays another's with the futility stop off shows what the stop saved, search by search."""
@@ -85,7 +91,10 @@ SETTINGS = (Setting("B_crit 8, σ 0.1", 8.0, 0.1), Setting("B_crit 32, σ 0.05",
                     draws=8),
             Setting("B_crit 32, σ 0.1, ranked per example", 32.0, 0.1, priced=False, draws=2),
             Setting("B_crit 128, σ 0.1, ranked per example", 128.0, 0.1, priced=False, draws=5),
-            Setting("B_crit 32, σ 0.2, ranked per example", 32.0, 0.2, priced=False, draws=3))
+            Setting("B_crit 32, σ 0.2, ranked per example", 32.0, 0.2, priced=False, draws=3),
+            Setting("B_crit 32, σ 0.2, fixed-cost steps", 32.0, 0.2, alpha_s=1e-2, draws=3),
+            Setting("B_crit 32, σ 0.2, fixed-cost steps, ranked per example", 32.0, 0.2,
+                    priced=False, alpha_s=1e-2, draws=3))
 """True B_crit inside and near both edges of the allowed batch sizes 4…1,024, seed noise 5 % to
 20 % (where the grid of 9 batch sizes × 3 seeds pins B_crit to ×2 most of the time) and 30 % to
 45 % (where it mostly cannot: the search should say so early), three seeds or two."""
@@ -98,10 +107,11 @@ def drawn_steps(setting: Setting, batch: int, rng: np.random.Generator) -> int:
     return int(math.ceil(steps / EVAL_EVERY) * EVAL_EVERY)
 
 
-def trial_row(batch: int, seed: int, steps: int, rule: str = "sqrt") -> dict:
+def trial_row(batch: int, seed: int, steps: int, rule: str = "sqrt",
+              alpha_s: float = STEP_ALPHA_S) -> dict:
     return {"trial_id": f"b{batch}-s{seed}", "batch_size": batch, "seed": seed, "workers": 1,
             "lr_rule": rule, "lr": 0.1, "status": "reached", "steps_to_target": steps,
-            "steps_run": steps, "train_time_s": steps * (1e-3 + 1e-5 * batch),
+            "steps_run": steps, "train_time_s": steps * (alpha_s + STEP_BETA_S * batch),
             "target_metric": "val_accuracy", "target_value": 0.9, "device_name": "simulated"}
 
 
@@ -114,7 +124,7 @@ def simulated_cell(setting: Setting, rng: np.random.Generator, trials: list[dict
         target = cfg.convergence.resolved_targets()[0]
         steps = drawn_steps(setting, batch, rng)
         trial = f"b{batch}-s{seed}"
-        row = trial_row(batch, seed, steps, cfg.convergence.lr_rules[0])
+        row = trial_row(batch, seed, steps, cfg.convergence.lr_rules[0], setting.alpha_s)
         evals = [{"trial_id": trial, "step": s, "val_accuracy": target.value * s / steps,
                   "b_simple": setting.b_crit * math.exp(rng.normal(0, B_SIMPLE_SCATTER))}
                  for s in range(EVAL_EVERY, steps + 1, EVAL_EVERY)]
@@ -147,7 +157,7 @@ def one_study(setting: Setting, seed: int) -> dict:
                                              driver.SEARCH_BOOTSTRAP_SAMPLES,
                                              confidence=level, seeds_needed=True)
              for level in OTHER_LEVELS}
-    grid = pd.DataFrame([trial_row(b, s, drawn_steps(setting, b, rng))
+    grid = pd.DataFrame([trial_row(b, s, drawn_steps(setting, b, rng), alpha_s=setting.alpha_s)
                          for b in BATCHES for s in setting.seeds])
     grid_low, grid_high = bootstrap_critical_batch(grid, "sqrt", driver.SEARCH_BOOTSTRAP_SAMPLES)
     return {"covered": bounded and low <= setting.b_crit <= high, "bounded": bounded,
