@@ -62,20 +62,22 @@ raises, silent, nan, undeclared = (_misbehaving(how) for how in
                                    ("raises", "silent", "nan", "undeclared"))
 
 
-def framework_ddp_loop(trial, wrap: bool = True) -> None:
+def framework_ddp_loop(trial, wrap: str = "own") -> None:
     """As a framework does (a Hugging Face Trainer, Lightning): the loop wraps the model in DDP
-    itself and asks batchscale to measure the noise scale on it; `wrap=False` passes the plain
-    model instead, a mistake."""
-    model = mlp()
-    if trial.world_size > 1 and wrap:
+    itself and asks batchscale to measure the noise scale on it. Two mistakes: `wrap="plain"`
+    passes the plain model, `wrap="prepared"` a model `trial.prepare` already measures."""
+    model = trial.prepare(mlp()) if wrap == "prepared" else mlp()
+    if trial.world_size > 1 and wrap == "own":
         model = torch.nn.parallel.DistributedDataParallel(model)
     trial.measure_noise(model)
     points_loop(trial, model=model)
 
 
 framework_ddp = dataclasses.replace(good_loop, name="points-own-ddp", train=framework_ddp_loop)
-framework_plain = dataclasses.replace(good_loop, name="points-plain",
-                                      train=lambda trial: framework_ddp_loop(trial, wrap=False))
+framework_plain, framework_prepared = (
+    dataclasses.replace(good_loop, name=f"points-{how}",
+                        train=lambda trial, how=how: framework_ddp_loop(trial, how))
+    for how in ("plain", "prepared"))
 unknown_metric = dataclasses.replace(good_loop, metrics=("val_f1",))
 unreported_target = dataclasses.replace(good_loop, targets=(("val_loss", 0.1),))
 

@@ -105,17 +105,19 @@ def test_a_loop_in_a_two_worker_group_measures_the_noise_scale(tmp_path):
 
 def test_a_loop_that_wraps_ddp_itself_has_its_noise_scale_measured_on_it(tmp_path):
     """trial.measure_noise on the loop's own DDP (as a Trainer makes one) records B_simple as
-    trial.prepare's does; on a plain model in a two-worker group the trial fails saying what
-    to pass."""
+    trial.prepare's does; on a plain model, or on one `prepare` already measures, in a
+    two-worker group the trial fails saying why."""
     result, runs = converge(tmp_path / "ddp", "loop_workloads:framework_ddp", "--workers", "2",
                             "--batch-sizes", "16", "--seeds", "0")
     assert result.returncode == 0, result.stderr
     assert runs["status"].eq("reached").all() and runs["b_simple"].notna().all()
-    result, runs = converge(tmp_path / "plain", "loop_workloads:framework_plain", "--workers",
-                            "2", "--batch-sizes", "16", "--seeds", "0")
-    assert "trial.measure_noise: got a Sequential, not the DistributedDataParallel" \
-        in result.stderr and "Traceback" not in result.stderr
-    assert runs["status"].eq("failed").all()
+    for how, message in (("plain", "trial.measure_noise: got a Sequential, not the "
+                                    "DistributedDataParallel"),
+                         ("prepared", "trial.measure_noise: the noise scale is already measured")):
+        result, runs = converge(tmp_path / how, f"loop_workloads:framework_{how}", "--workers",
+                                "2", "--batch-sizes", "16", "--seeds", "0")
+        assert message in result.stderr and "Traceback" not in result.stderr, how
+        assert runs["status"].eq("failed").all(), how
 
 
 def test_the_own_loop_example_converges_and_is_analyzed(tmp_path):
