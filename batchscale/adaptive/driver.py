@@ -41,6 +41,7 @@ from batchscale.adaptive.choice import (
 )
 from batchscale.adaptive.futility import grid_pin_chance
 from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE, cut_sides, read_level
+from batchscale.analysis.timetotarget import closed_interval
 from batchscale.config import ExperimentConfig
 from batchscale.convergence.cell_server import CellServer
 from batchscale.convergence.probe import b_simple_stable
@@ -215,6 +216,7 @@ class Search:
         `narrowed`, the high/low of the 90 % interval it narrowed, beside it."""
         examples, device_s, held_s = self.spent() if self.trained() else (0, 0.0, 0.0)
         best = optimum(state, self.step_line() if self.cells else NO_LINE)
+        star_low, star_high = closed_interval((best.low, best.high))
         row = {"decision": len(self.decisions), "action": action,
                "batch_size": cell.batch_size if cell else None,
                "seed": cell.seed if cell else None, "reason": reason,
@@ -227,7 +229,8 @@ class Search:
                "b_crit": _finite(state.b_crit), "b_crit_low": _finite(state.low),
                "b_crit_high": _finite(state.high), "interval_ratio": _finite(state.ratio),
                "expected_ratio": _finite(expected_ratio), "examples_spent": examples,
-               "b_star": _finite(best.b_star), **_closed_b_star(best),
+               "b_star": _finite(best.b_star), "b_star_low": _finite(star_low),
+               "b_star_high": _finite(star_high),
                "device_s_spent": device_s, "device_s_held": held_s, "workers": self.workers,
                "grid_batch_sizes": list(self.cfg.convergence.batch_sizes),
                "grid_seeds": len(self.cfg.convergence.seeds)}
@@ -237,14 +240,6 @@ class Search:
                   f"{reason}; B_crit {_interval_words(state, read_at, narrowed)}"
                   f"{_b_star_words(best)}; "
                   f"{examples:,} examples, {held_s:,.1f} device-seconds held")
-
-
-def _closed_b_star(best) -> dict:
-    """B*'s interval ends, or none where the interval is open (a step-time line through two
-    batch sizes leaves α/β unpinned: its low end is 0, its high end infinite)."""
-    closed = math.isfinite(best.ratio)
-    return {"b_star_low": best.low if closed else None,
-            "b_star_high": best.high if closed else None}
 
 
 def _b_star_words(best) -> str:

@@ -69,6 +69,15 @@ def optimal_batch(alpha: float, beta: float, b_crit: float, b_max: float = math.
     return best if math.isnan(b_max) else min(best, b_max)
 
 
+def closed_interval(interval: tuple[float, float]) -> tuple[float, float]:
+    """B*'s interval where both ends are finite and positive; (NaN, NaN) where it is open (a
+    step-time line through two batch sizes pins nothing about α/β: `optimal_batch_interval`
+    then gives 0 and no upper end), so a table stores no ends rather than a 0 that reads as a
+    bound."""
+    low, high = interval
+    return (low, high) if 0 < low and math.isfinite(high) else (math.nan, math.nan)
+
+
 def optimal_batch_interval(step_fit: StepTimeFit, b_crit: float, low: float, high: float,
                            b_max: float = math.inf,
                            level: float = B_STAR_LEVEL) -> tuple[float, float]:

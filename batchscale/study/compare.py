@@ -14,6 +14,7 @@ from batchscale.analysis.analyze import analyze, without_pruned
 from batchscale.analysis.critical import interval_note
 from batchscale.analysis.stage import primary_target, settings_for
 from batchscale.analysis.targets import same_target, split_by_target
+from batchscale.analysis.timetotarget import closed_interval
 from batchscale.config.study import axis_key
 from batchscale.config.variants import Variant
 from batchscale.planner.inputs import BYTES_PER_GRADIENT_VALUE, gradient_bytes
@@ -54,7 +55,7 @@ def variant_rows(variant: Variant, run_id: str, frames: dict[str, pd.DataFrame])
     groups = split_by_target(without_pruned(frames["runs"])) if "runs" in frames else {}
     rows = []
     for fit in summary.targets:
-        b_star = [_finite(fit.optimal_batch), *_closed(fit.optimal_batch_interval)]
+        b_star = [_finite(fit.optimal_batch), *closed_interval(fit.optimal_batch_interval)]
         rows.append({
             **common, "target_metric": fit.metric, "target_value": fit.value,
             "lr_rule": fit.rule, "b_crit": _finite(fit.b_crit),
@@ -67,14 +68,6 @@ def variant_rows(variant: Variant, run_id: str, frames: dict[str, pd.DataFrame])
             "b_star_high": b_star[2],
         })
     return rows
-
-
-def _closed(interval: tuple[float, float]) -> tuple[float, float]:
-    """B*'s interval where both ends are finite and positive; (NaN, NaN) where it is open (a
-    step-time line through two batch sizes pins nothing about α/β: timetotarget's
-    optimal_batch_interval then gives 0 and no upper end)."""
-    low, high = interval
-    return (low, high) if 0 < low and math.isfinite(high) else (math.nan, math.nan)
 
 
 def _interval_note(groups, fit, range_factor: float) -> str | None:
