@@ -19,16 +19,19 @@ class BatchSampler:
     permutation per epoch), so the global batch is the same for any worker count."""
 
     def __init__(self, dataset_size: int, batch_size: int, seed: int, rank: int,
-                 world_size: int, start_step: int = 0):
+                 world_size: int, start_step: int = 0,
+                 on_first_batch: Callable[[], None] = lambda: None):
         from batchscale.convergence.schedule import DataOrder
 
         self.order = DataOrder(dataset_size, seed)
         self.batch_size, self.start_step = batch_size, start_step
         self.local = batch_size // world_size
         self.offset = rank * self.local
+        self.on_first_batch = on_first_batch
 
     def __iter__(self) -> Iterator[list[int]]:
         step = self.start_step
+        self.on_first_batch()
         while True:
             idx = self.order.batch(step, self.batch_size)
             yield idx[self.offset:self.offset + self.local].tolist()
@@ -64,6 +67,7 @@ class LoopTrial:
         self._noise = None
         self._eval_s = 0.0
         self._start = time.perf_counter()
+        self._sampling = self._training = False
         self._status: str | None = None
 
     # -- what the loop asks ------------------------------------------------------------------
@@ -74,8 +78,26 @@ class LoopTrial:
     def batch_sampler(self, dataset_size: int, start_step: int = 0) -> BatchSampler:
         """A DataLoader `batch_sampler` giving this rank its slice of each global batch
         (`local_batch_size` indices), endlessly: stop when `should_stop()` says so."""
+        self._sampling = True
         return BatchSampler(dataset_size, self.batch_size, self.seed, self.rank,
-                            self.world_size, start_step)
+                            self.world_size, start_step, self.start_training)
+
+    def _train_time_s(self) -> float:
+        """Training time so far: since `start_training` (0 before it in a loop that draws its
+        batches from `batch_sampler`, which calls it), else since `train` was called."""
+        if self._sampling and not self._training:
+            return 0.0
+        return time.perf_counter() - self._start - self._eval_s
+
+    def start_training(self) -> None:
+        """Training time starts here (the first batch drawn from `batch_sampler` calls it):
+        the loop's set-up before it (its data, its model, a first import) is paid once per
+        trial, not per step, and would otherwise make the first trial of each process look
+        several times slower per step. Later calls do nothing."""
+        if not self._training:
+            self._training = True
+            self._sync()
+            self._start, self._eval_s = time.perf_counter(), 0.0
 
     def prepare(self, model):
         """`model` on `device`; with more than one worker, wrapped in DistributedDataParallel
@@ -132,7 +154,7 @@ class LoopTrial:
         self._sync()
         row = {"step": int(step), "examples_seen": int(examples if examples is not None
                                                         else step * self.batch_size),
-               "train_time_s": time.perf_counter() - self._start - self._eval_s,
+               "train_time_s": self._train_time_s(),
                "metrics": {k: _number(k, v) for k, v in dict(metrics).items()},
                "b_simple": self._noise.noise.b_simple if self._noise else None}
         self._status = self._on_report(row)

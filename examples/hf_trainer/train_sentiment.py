@@ -75,6 +75,9 @@ class ReportToBatchscale(TrainerCallback):  # batchscale: each evaluation is a r
     def __init__(self, trial):
         self.trial = trial
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trial.start_training()  # the model, data and Trainer are built: not timed
+
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         self.trial.report(step=state.global_step, metrics={
             "val_loss": metrics["eval_loss"], "val_accuracy": metrics["eval_accuracy"]})
