@@ -23,10 +23,13 @@ model, a dataset and a loss (a `batchscale.Workload`).
     loop = TrainingLoop(name="my-script", train=train, metrics=("val_accuracy",),
                         targets=(("val_accuracy", 0.9),))
 
-and `batchscale converge --workload my_module:loop`. batchscale runs the function once per trial
+and `batchscale converge --workload my_module:loop` (or `batchscale run`: the whole pipeline,
+whose sweep stage then says there is no sweep). batchscale runs the function once per trial
 of the grid or the adaptive search (batch size x LR rule x LR x seed), under torchrun for
 data-parallel runs, records the curve of what it reports, stops it at the targets, fits S(B) and
 B_crit and recommends, as for a Workload (docs/your-model.md, "Your own training loop").
+A trial's training time starts at the first batch drawn from `trial.batch_sampler` (or at
+`trial.start_training()`), so building the data and the model is not counted per step.
 
 What a loop cannot give: a throughput sweep or memory model (batchscale never sees a step it
 could time in isolation: `analyze` uses the trials' own step times), checkpoint-resume inside a

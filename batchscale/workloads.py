@@ -343,8 +343,9 @@ def _resolve_user(spec: str) -> tuple[object | None, Callable[[], object]]:
 def _no_model(spec: str) -> Callable[[], object]:
     def build():
         raise BadInput(f"workload {spec!r} is a TrainingLoop: batchscale cannot build its model "
-                       "on its own (no sweep, no memory model); use `batchscale converge` and "
-                       "`batchscale analyze` (docs/your-model.md, \"Your own training loop\")")
+                       "on its own, so there is no throughput sweep, memory model or gradient "
+                       "size of it; `batchscale run`, `converge` and `analyze` measure its "
+                       "training (docs/your-model.md, \"Your own training loop\")")
 
     return build
 

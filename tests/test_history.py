@@ -92,7 +92,7 @@ def test_history_cli_names_the_workloads_it_has_when_asked_for_another(lake, tmp
     result = run_cli(["history", "--workload", "resnet-none"], cwd=tmp_path,
                      env=store_env(lake))
     assert result.returncode == 1
-    assert "no published throughput for workload 'resnet-none'" in result.stderr
+    assert "no published run of workload 'resnet-none'" in result.stderr
     assert f"workloads there: {WORKLOAD}" in result.stderr
     bad = run_cli(["history", "--workload", WORKLOAD, "--last", "0"], cwd=tmp_path,
                   env=store_env(lake))

@@ -50,7 +50,8 @@ class TableValidation:
     def to_html(self) -> str:
         """A self-contained page (inline CSS, no external resources) for the run's artifacts."""
         return render_page(TEMPLATE, title=f"batchscale validation: {self.kind}",
-                           page_heading=None, sections=[_section(f"{self.kind} table", self)])
+                           page_heading=None, sections=[_section(f"{self.kind} table", self)],
+                           note="")
 
 
 def table_validation(kind: str, results: list[dict], parameters: dict) -> TableValidation:
@@ -67,11 +68,12 @@ def table_validation(kind: str, results: list[dict], parameters: dict) -> TableV
     return TableValidation(kind, failed == 0, results, statistics, plain(parameters))
 
 
-def validation_page(reports: list[tuple[str, TableValidation]]) -> str:
-    """One page for several tables (label, report), as the validate stage writes it."""
+def validation_page(reports: list[tuple[str, TableValidation]], note: str = "") -> str:
+    """One page for several tables (label, report), as the validate stage writes it; `note`:
+    a line above them (why a table had no rows to check)."""
     sections = [_section(f"{label}: {report.kind} table", report) for label, report in reports]
     return render_page(TEMPLATE, title="batchscale validation",
-                       page_heading="batchscale validation", sections=sections)
+                       page_heading="batchscale validation", sections=sections, note=note)
 
 
 # ---------------------------------------------------------------- describing results

@@ -15,6 +15,7 @@ from batchscale.checks.validate import validate_table
 from batchscale.config.stage_inputs import Config, stage_config
 from batchscale.errors import BadInput, ValidationFailed
 from batchscale.schemacheck import check_schema
+from batchscale.schemas import not_measured_reason
 from batchscale.storage import read_table_file, write_table_atomic
 
 
@@ -35,6 +36,16 @@ def check_tables(checks: list[tuple[str, str, pa.Table, dict]], json_path: str,
             print(f"validate {label}: warning: {warning}")
     if failed:
         raise ValidationFailed("\n".join(f"[{label}] {r.failure_message()}" for label, r in failed))
+
+
+def _left_empty(kind: str, table: pa.Table, reason: str, json_path: str, html_path: str) -> None:
+    """A table its stage left empty on purpose (schemas.not_measured_table): only its schema
+    is checked; the results say why it has no rows."""
+    check_schema(kind, table)
+    Path(json_path).write_text(json.dumps(
+        [{"table": kind, "success": True, "rows": 0, "not_measured": reason}], indent=1))
+    Path(html_path).write_text(validation_page([], note=f"{kind}: no rows to check: {reason}"))
+    print(f"validate {kind}: no rows to check: {reason}")
 
 
 def validate_dataset(config: str | Config, dataset_dir: str, json_path: str,
@@ -71,6 +82,9 @@ def _checkable_entries(manifest: pa.Table) -> list[dict]:
 def validate_sweep(config: str | Config, sweep_path: str, json_path: str, html_path: str) -> None:
     cfg = stage_config(config)
     table = read_table_file(sweep_path)
+    if (reason := not_measured_reason(table)) is not None:
+        _left_empty("sweep", table, reason, json_path, html_path)
+        return
     # With `batch_sizes: auto` the search picks the batches: there is no list to check against.
     ctx = {} if cfg.sweep.batch_sizes == "auto" else {"batch_sizes": list(cfg.sweep.batch_sizes)}
     ctx["max_unstable_share"] = cfg.sweep.max_unstable_share
@@ -123,5 +137,8 @@ def validate_regressions(config: str | Config, regressions_path: str, json_path:
     before the gate reads them: a malformed verdict must not page anyone, nor hide a
     regression."""
     stage_config(config)  # the same refusal of a bad config as every other stage
-    check_tables([("regressions", "regressions", read_table_file(regressions_path), {})],
-                 json_path, html_path)
+    table = read_table_file(regressions_path)
+    if (reason := not_measured_reason(table)) is not None:
+        _left_empty("regressions", table, reason, json_path, html_path)
+        return
+    check_tables([("regressions", "regressions", table, {})], json_path, html_path)

@@ -52,7 +52,10 @@ def cmd_run(args) -> int:
     # A user factory that cannot be imported or returns no nn.Module fails here, not later.
     workload = get_workload(cfg.workload, image_size=cfg.sweep.image_size_px)
     cfg = with_workload_targets(cfg, workload)
-    check_workload(workload, targets=cfg.convergence.resolved_targets())
+    # A TrainingLoop is checked as the convergence stage will run it (it has no sweep; the
+    # sweep stage says so); the convergence stage checks a Workload's evaluation itself.
+    check_workload(workload, targets=cfg.convergence.resolved_targets(),
+                   convergence=workload.loop is not None)
     store = connect_store()
     print(run_header(cfg, workload, run_id), file=sys.stderr)
     if workload.loop is None and (note := cfg.convergence.lr_note()):

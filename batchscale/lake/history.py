@@ -87,9 +87,7 @@ def load_history(store: ObjectStore, workload: str, device: str | None = None,
     timed = (ds.field("workload") == workload) & (ds.field("status") == TrialStatus.OK)
     sweep = read_lake_table(store, "sweep", filter=timed, columns=SWEEP_COLUMNS)
     if sweep is None:
-        raise BatchscaleError(f"no published throughput for workload {workload!r} in "
-                              f"s3://{store.settings.bucket}/{store.key()}; "
-                              f"workloads there: {', '.join(lake_workloads(store)) or 'none'}")
+        return _history_without_throughput(store, workload, device, precision, last)
     if device:
         sweep = sweep[sweep["device_name"].str.contains(device, case=False, regex=False)]
     if precision:
@@ -110,6 +108,32 @@ def load_history(store: ObjectStore, workload: str, device: str | None = None,
     return History(workload, _throughput(sweep), _critical(analysis), _verdicts(verdicts))
 
 
+def _history_without_throughput(store: ObjectStore, workload: str, device: str | None,
+                                precision: str | None, last: int | None) -> History:
+    """A workload whose runs published no throughput (a TrainingLoop has no sweep): its B_crit
+    over time alone, from the analysis table."""
+    from batchscale.lake.lake import read_lake_table
+
+    analysis = read_lake_table(store, "analysis", filter=ds.field("workload") == workload)
+    if analysis is None:
+        raise BatchscaleError(f"no published run of workload {workload!r} in "
+                              f"s3://{store.settings.bucket}/{store.key()}; "
+                              f"workloads there: {', '.join(lake_workloads(store)) or 'none'}")
+    if precision:
+        raise BatchscaleError(f"--precision: the runs of {workload!r} published no throughput "
+                              "(a TrainingLoop has no sweep), so none records a precision")
+    if device:
+        analysis = analysis[analysis["device_name"].str.contains(device, case=False,
+                                                                 regex=False)]
+    runs = analysis["run_id"].drop_duplicates()
+    analysis = analysis[analysis["run_id"].isin(runs.tail(last) if last else runs)]
+    if analysis.empty:
+        raise BatchscaleError(f"no run of {workload!r} matches --device {device!r}")
+    throughput = pd.DataFrame(columns=[*RUN_KEYS, *SERIES_KEYS, "batch_size", "samples_per_s",
+                                       "unstable"])
+    return History(workload, throughput, _critical(analysis), _verdicts(None))
+
+
 def _verdicts(verdicts: pd.DataFrame | None) -> pd.DataFrame:
     # reindex: a frame given in memory may lack the newer columns, read as null there
     return (pd.DataFrame(columns=VERDICT_COLUMNS) if verdicts is None
@@ -119,8 +143,11 @@ def _verdicts(verdicts: pd.DataFrame | None) -> pd.DataFrame:
 def lake_workloads(store: ObjectStore) -> list[str]:
     from batchscale.lake.lake import read_lake_table
 
-    sweep = read_lake_table(store, "sweep", columns=["run_id", "workload"])
-    return [] if sweep is None else sorted(sweep["workload"].unique())
+    found: set[str] = set()
+    for kind in ("sweep", "analysis"):  # a TrainingLoop's runs publish no sweep rows
+        table = read_lake_table(store, kind, columns=["run_id", "workload"])
+        found |= set() if table is None else set(table["workload"])
+    return sorted(found)
 
 
 def _throughput(sweep: pd.DataFrame) -> pd.DataFrame:
@@ -162,6 +189,9 @@ def _marks(history: History) -> dict[tuple, str]:
 
 
 def throughput_lines(history: History) -> list[str]:
+    if history.throughput.empty:
+        return [f"samples/s: none published for {history.workload} (a TrainingLoop has no "
+                "sweep)"]
     lines, marks = [], _marks(history)
     for series, rows in history.throughput.groupby(SERIES_KEYS, sort=True):
         device, precision, mode = series
@@ -245,7 +275,8 @@ def default_plot_path(workload: str) -> Path:
 def _run_axis(axis, history: History) -> dict[str, int]:
     """Runs evenly spaced in publication order (runs minutes or months apart stay readable),
     labelled with their publication time and the end of their id; returns run id -> x."""
-    runs = history.throughput.drop_duplicates("run_id")
+    timed = history.throughput if not history.throughput.empty else history.critical
+    runs = timed.drop_duplicates("run_id")
     step = max(1, math.ceil(len(runs) / MAX_TICK_LABELS))
     shown = runs.iloc[::step]
     axis.set_xticks(range(0, len(runs), step), [
@@ -367,6 +398,12 @@ def history_figure(history: History, critical: bool = True) -> Figure:
 
 
 def _draw_throughput(top, history: History, x: dict[str, int]) -> None:
+    if history.throughput.empty:
+        top.text(0.5, 0.5, throughput_lines(history)[0], ha="center", va="center",
+                 transform=top.transAxes, fontsize="small")
+        top.set_yticks([])
+        top.set_title(f"{history.workload}: throughput per batch size", fontsize="small")
+        return
     for series, rows in history.throughput.groupby([*SERIES_KEYS, "batch_size"], sort=True):
         device, precision, mode, batch = series
         [line] = top.plot(rows["run_id"].map(x), rows["samples_per_s"], "o-",

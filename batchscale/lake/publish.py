@@ -41,6 +41,7 @@ from batchscale.lake.regression import (
     verdict_lines,
 )
 from batchscale.names import check_run_id
+from batchscale.schemas import not_measured_reason, not_measured_table
 from batchscale.storage import (
     ObjectStore,
     S3Settings,
@@ -143,15 +144,20 @@ def _create_only(store: ObjectStore, run_id: str, key: str, data: bytes) -> bool
 def write_regressions(store: ObjectStore, run_id: str, sweep: pd.DataFrame,
                       history_runs: int, path: str | Path,
                       quality_limits: tuple[float | None, float | None] = (None, None),
-                      ) -> pd.DataFrame:
+                      no_sweep: str | None = None) -> pd.DataFrame:
     """Judge `sweep` against the lake's history and write the verdicts to `path`; when this
     run's verdicts are already stored (a retried publish), copy those bytes instead.
     `quality_limits`: the sweep's (max_unstable_share, max_cpu_wait_share), which decide
-    whether a run was too disturbed to judge (None: the regression check's defaults)."""
+    whether a run was too disturbed to judge (None: the regression check's defaults).
+    `no_sweep`: why the run has no sweep rows (a TrainingLoop): the verdicts table is left
+    empty, saying so."""
     date = publish_date(store, run_id)
     key = table_key(store, "regressions", date, run_id)
     if store.exists(key):
         Path(path).write_bytes(store.get_bytes(key))
+    elif no_sweep is not None:
+        write_table_atomic(path, not_measured_table(
+            "regressions", None, f"no throughput to judge: {no_sweep}"))
     else:
         workloads = sorted(sweep["workload"].unique())
         history = read_history(store, run_id, workloads)
@@ -175,10 +181,12 @@ def run_stage(config: str | Config, run_id: str, manifest_path: str, sweep_path:
     store = ObjectStore(S3Settings.from_env())
     store.check()
     check_run_id(run_id)
-    sweep = read_table_file(sweep_path).to_pandas()
-    verdicts = write_regressions(store, run_id, sweep, cfg.publish.history_runs,
-                                 regressions_path, (cfg.sweep.max_unstable_share,
-                                                    cfg.sweep.max_cpu_wait_share))
+    sweep_table = read_table_file(sweep_path)
+    sweep = sweep_table.to_pandas()
+    verdicts = write_regressions(store, run_id, sweep,
+                                 cfg.publish.history_runs, regressions_path,
+                                 (cfg.sweep.max_unstable_share, cfg.sweep.max_cpu_wait_share),
+                                 not_measured_reason(sweep_table))
     markdown = regressions_markdown(verdicts)
     Path(markdown_path).write_text(markdown)
     print(markdown)

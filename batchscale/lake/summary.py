@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from batchscale.config import AnalysisConfig
 from batchscale.errors import BadInput
-from batchscale.schemas import current_lr_rules
+from batchscale.schemas import current_lr_rules, not_measured_reason
 from batchscale.storage import ObjectStore
 
 PARQUET_SUFFIX = ".parquet"
@@ -90,7 +90,10 @@ def published_target(analysis: pa.Table | None) -> tuple[str, float] | None:
 
 
 def throughput_lines(sweep: pa.Table) -> list[str]:
-    """One line per sweep row; a row flagged unstable says so (it is left out of the fits)."""
+    """One line per sweep row; a row flagged unstable says so (it is left out of the fits).
+    A sweep left empty on purpose (a TrainingLoop's) is one line saying why."""
+    if not sweep.num_rows:
+        return [f"throughput: none: {not_measured_reason(sweep) or 'the sweep has no rows'}"]
     lines = ["throughput (samples/s with the 90 % range of its rounds, which another sweep may "
              "leave; median step; CV):",
              f"  {'input':9s} {'batch':>6s} {'samples/s':>11s} {'rerun range':>21s} "
@@ -234,14 +237,16 @@ def summary_lines(store: ObjectStore, run_id: str, manifest: dict,
     if summary is not None:
         lines += recommendation_lines(summary)
     lines += schedule_lines(tables, analysis_config(manifest).max_cpu_wait_share)
+    swept = "sweep" in tables and tables["sweep"].num_rows > 0
     if "sweep" in tables:
         lines += throughput_lines(tables["sweep"])
     if "analysis" in tables:
         lines += convergence_lines(tables["analysis"], tables.get("runs"))
         lines += level_lines(analysis_config(manifest), "decisions" in tables)
-    if "sweep" in tables:
+    if swept:
         lines.append(saturation_line(tables["sweep"],
                                      analysis_config(manifest).saturation_tolerance))
+    if "sweep" in tables:
         lines += quality_lines(tables)
     if "regressions" in tables:
         lines += regression_lines(tables["regressions"])

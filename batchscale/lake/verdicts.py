@@ -143,6 +143,8 @@ def unstable_cells(frame: pd.DataFrame) -> list[str]:
 
 def _nothing_judged(frame: pd.DataFrame) -> str:
     """"not judged: ..." with why, when no cell was judged against history."""
+    if frame.empty:
+        return "not judged: the run has no throughput rows (a TrainingLoop has no sweep)"
     counts = frame["verdict"].value_counts()
     few = f"fewer than {MIN_HISTORY_RUNS} comparable earlier runs"
     if counts.get(INSUFFICIENT_HISTORY, 0) == len(frame):
@@ -234,7 +236,8 @@ def regressions_markdown(frame: pd.DataFrame) -> str:
         lines.append(f"No confirmed throughput regression in {judged} cells judged against "
                      "history.")
     else:
-        lines.append(f"{_nothing_judged(frame).capitalize()}.")  # "Not judged: ..."
+        nothing = _nothing_judged(frame)
+        lines.append(f"{nothing[0].upper()}{nothing[1:]}.")  # "Not judged: ..."
     if suspected:
         lines += ["", f"**Suspected** ({_count(len(suspected), 'cell')}: {SUSPECTED_NOTE}):",
                   "", *(f"- {line}" for line in suspected)]

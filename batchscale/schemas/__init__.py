@@ -183,3 +183,21 @@ def make_table(kind: str, rows: list[dict], env: dict | None = None) -> pa.Table
         if extra:
             raise ValueError(f"{kind} row has columns outside the schema: {sorted(extra)}")
     return pa.Table.from_pylist(rows, schema=schema)
+
+
+NOT_MEASURED_KEY = b"batchscale.not_measured"
+"""Schema metadata of a table its stage left empty on purpose: why nothing was measured."""
+
+
+def not_measured_table(kind: str, env: dict | None, reason: str) -> pa.Table:
+    """An empty table of `kind` that says why it is empty (a TrainingLoop has no sweep), so
+    the checks after it can tell it from a stage that produced nothing."""
+    table = make_table(kind, [], env)
+    return table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                          NOT_MEASURED_KEY: reason.encode()})
+
+
+def not_measured_reason(table: pa.Table) -> str | None:
+    """Why an empty table was left empty, or None for any other table."""
+    reason = (table.schema.metadata or {}).get(NOT_MEASURED_KEY)
+    return reason.decode() if reason is not None and table.num_rows == 0 else None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from batchscale.conditions import busy_warning, host_conditions, wait_for_idle_cpus
 from batchscale.config import SweepConfig
 from batchscale.errors import BadInput, BatchscaleError
-from batchscale.schemas import Quality, TrialStatus, make_table
+from batchscale.schemas import Quality, TrialStatus, make_table, not_measured_table
 from batchscale.storage import write_table_atomic
 from batchscale.sweep.cells import SweepCell, measured_columns
 from batchscale.sweep.isolation import run_isolated
@@ -400,14 +400,12 @@ def search_line(result: SearchResult) -> str:
 
 def run_stage(config: str | Config, run_id: str, dataset_dir: str | None,
               out_path: str) -> list[dict]:
-    """Pipeline/CLI entry: sweep the configured workload, real input from `dataset_dir`."""
+    """CLI entry (`batchscale sweep`): sweep the configured workload, real input from
+    `dataset_dir`; a TrainingLoop is refused (BadInput), as there is nothing to time."""
     from batchscale.config.stage_inputs import stage_config
-    from batchscale.envinfo import environment
 
     cfg = stage_config(config)
-    device = resolve_device(cfg.sweep.device)
-    env = environment(run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name,
-                      workload=cfg.workload, device=device, variant=cfg.variant)
+    env = _environment(cfg, run_id)
     rows = sweep(cfg.sweep, cfg.workload, env, out_path, dataset_dir=dataset_dir)
     for line in summary_lines(summarize(rows, cfg.analysis.saturation_tolerance)):
         _stderr(line)
@@ -415,6 +413,42 @@ def run_stage(config: str | Config, run_id: str, dataset_dir: str | None,
         raise BatchscaleError(f"no batch size of {cfg.workload} was timed: "
                               f"{_failure_reasons(rows)} (rows written to {out_path})")
     return rows
+
+
+def pipeline_stage(config: str | Config, run_id: str, dataset_dir: str | None,
+                   out_path: str) -> list[dict]:
+    """The pipeline's sweep stage: `run_stage`, except that a TrainingLoop gets an empty
+    sweep table saying why, so the stages after it run on its trials alone."""
+    from batchscale.config.stage_inputs import stage_config
+
+    cfg = stage_config(config)
+    workload = get_workload(cfg.workload, image_size=cfg.sweep.image_size_px,
+                            seq_len=cfg.sweep.sequence_length_tokens)
+    if workload.loop is not None:
+        return _no_sweep_of_a_loop(workload, _environment(cfg, run_id), out_path)
+    return run_stage(cfg, run_id, dataset_dir, out_path)
+
+
+def _environment(cfg, run_id: str) -> dict:
+    from batchscale.envinfo import environment
+
+    return environment(run_id=run_id, config_hash=cfg.config_hash, experiment=cfg.name,
+                       workload=cfg.workload, device=resolve_device(cfg.sweep.device),
+                       variant=cfg.variant)
+
+
+LOOP_NOT_SWEPT = ("no throughput sweep: {name} is a TrainingLoop, whose steps batchscale "
+                  "never sees to time; the analysis takes t(B) from the trials' own step times")
+"""What a pipeline's sweep stage says, and writes an empty table, for a user's own loop."""
+
+
+def _no_sweep_of_a_loop(workload: Workload, env: dict, out_path: str) -> list[dict]:
+    """The pipeline's sweep stage for a TrainingLoop: an empty sweep table (the stages after it
+    read no rows as "no sweep given") and one line saying why."""
+    reason = LOOP_NOT_SWEPT.format(name=workload.name)
+    write_table_atomic(out_path, not_measured_table("sweep", env, reason))
+    _stderr(reason)
+    return []
 
 
 def _failure_reasons(rows: list[dict]) -> str:

@@ -11,8 +11,8 @@ def throughput_sweep(experiment: dict, sweep_config: dict, analysis_config: dict
                      dataset: Input[Dataset], sweep: Output[Dataset]):
     from batchscale.config.stage_inputs import StageConfig
     from batchscale.errors import task_refusals
-    from batchscale.sweep.sweep import run_stage
+    from batchscale.sweep.sweep import pipeline_stage
 
     with task_refusals():
         cfg = StageConfig(experiment, sweep=sweep_config, analysis=analysis_config)
-        run_stage(cfg, run_id, dataset.path, sweep.path)
+        pipeline_stage(cfg, run_id, dataset.path, sweep.path)

@@ -1,0 +1,92 @@
+"""A table its stage leaves empty on purpose (a TrainingLoop's sweep, and so its regression
+verdicts) says why in its Parquet metadata: its validation checks the schema and passes saying
+so, where an empty table without a reason still fails, and the run's summary and regressions
+text say why there is nothing instead of a misleading "too few earlier runs"."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+from test_publish import env_columns, sweep_row
+
+from batchscale.checks.stage import validate_regressions, validate_sweep
+from batchscale.config import load_config
+from batchscale.errors import ValidationFailed
+from batchscale.lake.summary import throughput_lines
+from batchscale.lake.verdicts import regressions_markdown, verdict_lines
+from batchscale.schemas import (
+    REGRESSIONS,
+    make_table,
+    not_measured_reason,
+    not_measured_table,
+)
+from batchscale.storage import read_table_file, write_table_atomic
+
+WHY = "no throughput sweep: my:loop is a TrainingLoop"
+
+
+def test_the_reason_survives_the_parquet_file_and_only_an_empty_table_has_one(tmp_path):
+    path = tmp_path / "sweep.parquet"
+    write_table_atomic(path, not_measured_table("sweep", env_columns("r1"), WHY))
+    table = read_table_file(path)
+    assert table.num_rows == 0 and not_measured_reason(table) == WHY
+    assert not_measured_reason(make_table("sweep", [], env_columns("r1"))) is None
+    # rows with the key are not "left empty": whatever the metadata says, they are checked
+    measured = make_table("sweep", [sweep_row(4, 100.0)], env_columns("r1"))
+    marked = measured.replace_schema_metadata({b"batchscale.not_measured": WHY.encode()})
+    assert not_measured_reason(marked) is None
+
+
+@pytest.mark.parametrize(("kind", "validate", "table"), [
+    ("sweep", validate_sweep, lambda: not_measured_table("sweep", env_columns("r1"), WHY)),
+    ("regressions", validate_regressions,
+     lambda: not_measured_table("regressions", None, f"no throughput to judge: {WHY}")),
+])
+def test_a_table_left_empty_on_purpose_passes_saying_why(tmp_path, capsys, kind, validate,
+                                                         table):
+    path = tmp_path / f"{kind}.parquet"
+    write_table_atomic(path, table())
+    validate(load_config(), str(path), str(tmp_path / "r.json"), str(tmp_path / "r.html"))
+    [result] = json.loads((tmp_path / "r.json").read_text())
+    assert result["success"] and result["rows"] == 0 and WHY in result["not_measured"]
+    assert "no rows to check: " in (tmp_path / "r.html").read_text()
+    assert f"validate {kind}: no rows to check" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("kind", "validate", "table"), [
+    ("sweep", validate_sweep, lambda: make_table("sweep", [], env_columns("r1"))),
+    ("regressions", validate_regressions, lambda: pa.Table.from_pylist([], schema=REGRESSIONS)),
+])
+def test_an_empty_table_without_a_reason_still_fails(tmp_path, kind, validate, table):
+    path = tmp_path / f"{kind}.parquet"
+    write_table_atomic(path, table())
+    with pytest.raises(ValidationFailed, match="an empty table means"):
+        validate(load_config(), str(path), str(tmp_path / "r.json"), str(tmp_path / "r.html"))
+
+
+def test_a_run_without_a_sweep_says_so_in_its_summary_and_regressions():
+    assert throughput_lines(not_measured_table("sweep", env_columns("r1"), WHY)) == [
+        f"throughput: none: {WHY}"]
+    nothing = pd.DataFrame(columns=REGRESSIONS.names)
+    assert verdict_lines(nothing) == [
+        "regressions: not judged: the run has no throughput rows (a TrainingLoop has no sweep)"]
+    assert "Not judged: the run has no throughput rows (a TrainingLoop has no sweep)." in \
+        regressions_markdown(nothing)
+
+
+def test_the_sweep_stage_of_a_loop_writes_an_empty_table_saying_why(tmp_path, monkeypatch,
+                                                                    capsys):
+    from batchscale.config import parse_config
+    from batchscale.sweep.sweep import pipeline_stage
+
+    monkeypatch.chdir(Path(__file__).parent)  # the stage imports loop_workloads from here
+    cfg = parse_config({"workload": "loop_workloads:good_loop"})
+    out = tmp_path / "sweep.parquet"
+    assert pipeline_stage(cfg, "r1", None, str(out)) == []
+    reason = not_measured_reason(read_table_file(out))
+    assert reason is not None and "loop_workloads:good_loop is a TrainingLoop" in reason
+    assert reason in capsys.readouterr().err
