@@ -10,7 +10,13 @@ from test_analysis_recommend import obvious_table
 from test_analyze import run_row
 
 from batchscale.analysis.analyze import analyze
-from batchscale.analysis.expected import expected_text, steps_spread, versus_current
+from batchscale.analysis.expected import (
+    as_fast,
+    as_fast_text,
+    expected_text,
+    steps_spread,
+    versus_current,
+)
 from batchscale.analysis.narrative import recommendation_list
 from batchscale.analysis.recommend import recommend
 from batchscale.config import AnalysisConfig
@@ -100,3 +106,19 @@ def test_a_flagged_step_time_marks_the_expected_training_time_not_trusted():
     against = versus_current(RUNS, table, "linear", 64, 16)
     assert "the training time (step time NOT TRUSTED" in against
     assert "NOT TRUSTED" not in expected_text(RUNS, obvious_table(), "linear", 64)
+
+
+def test_cells_whose_seeds_overlap_the_fastest_are_named_as_just_as_fast():
+    # times: batch 64 1.32-1.56 s; batch 32 1.40-1.50 s (overlaps); batch 16 3.8-4.4 s (not)
+    runs = pd.DataFrame(seeds(64, "linear", 0.2, [110, 120, 130], 0.012)
+                        + seeds(32, "linear", 0.1, [140, 150], 0.01)
+                        + seeds(16, "linear", 0.05, [380, 400, 440], 0.01))
+    cells = pd.DataFrame({"lr_rule": ["linear"] * 3, "batch_size": [64, 32, 16]})
+    found = as_fast(runs, cells, "linear", 64)
+    assert [(b, r) for b, r, _ in found] == [(32, "linear")]
+    assert as_fast_text(found, rules=1) == (
+        "; as fast within the seeds' spread: batch 32 (1.45 s [1.4, 1.5] over 2 seeds)")
+    assert "batch 32 linear (" in as_fast_text(found, rules=2)
+    # one seed has no spread to compare: nothing is claimed either way
+    one = pd.DataFrame(seeds(64, "linear", 0.2, [120], 0.012) + seeds(32, "linear", 0.1, [140]))
+    assert as_fast(one, cells, "linear", 64) == [] and as_fast_text([], rules=1) == ""

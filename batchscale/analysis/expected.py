@@ -154,6 +154,37 @@ def expected_text(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int
     return text
 
 
+def as_fast(runs: pd.DataFrame, cells: pd.DataFrame, rule: str, batch: int,
+            workers: int | None = None) -> list[tuple[int, str, Spread]]:
+    """The other (batch, rule) cells of `cells` whose measured times to target over their
+    seeds overlap the (rule, batch) cell's: the seeds cannot tell them apart, so a rerun may
+    well pick one of them. Only cells with two or more seeds on each side (one seed has no
+    spread to compare)."""
+    best = time_spread(runs, rule, batch, workers)
+    if best is None or best.seeds < 2:
+        return []
+    found = []
+    for other_rule, other_batch in zip(cells["lr_rule"], cells["batch_size"], strict=True):
+        if (other_rule, int(other_batch)) == (rule, batch):
+            continue
+        spread = time_spread(runs, other_rule, int(other_batch))
+        if spread is not None and spread.seeds >= 2 and spread.low <= best.high \
+                and best.low <= spread.high:
+            found.append((int(other_batch), str(other_rule), spread))
+    return sorted(found, key=lambda cell: cell[2].median)
+
+
+def as_fast_text(cells: list[tuple[int, str, Spread]], rules: int, limit: int = 3) -> str:
+    """"; as fast within the seeds' spread: batch 32 (0.177 [0.156, 0.199] s over 2 seeds)",
+    or "" where no cell is; the rule is named where the table has several."""
+    if not cells:
+        return ""
+    shown = [f"batch {b}{f' {r}' if rules > 1 else ''} ({s.text(' s')})"
+             for b, r, s in cells[:limit]]
+    more = f" and {len(cells) - limit} more" if len(cells) > limit else ""
+    return f"; as fast within the seeds' spread: {', '.join(shown)}{more}"
+
+
 def _workers_said(runs: pd.DataFrame, rule: str, batch: int, rows: pd.DataFrame) -> str:
     """" with 2 workers" where the cell's rule and batch ran with more than one worker count
     (the figures are of one of them), else ""."""

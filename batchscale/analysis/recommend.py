@@ -10,6 +10,8 @@ import pandas as pd
 
 from batchscale.analysis.expected import (
     accumulation_text,
+    as_fast,
+    as_fast_text,
     cell_runs,
     expected_text,
     lr_versus_current,
@@ -94,6 +96,8 @@ def recommend(
     if isinstance(best.get("timing_flag"), str):
         batch_reason += f" — NOT TRUSTED: {best['timing_flag']}"
     workers, workers_reason = worker_choice(runs, (rule, batch))
+    batch_reason += as_fast_text(as_fast(runs, timed, rule, batch, workers),
+                                 timed["lr_rule"].nunique())
     batch_reason += accumulation_text(batch, largest_fitting, workers)
     lr, lr_reason = (learning_rate(runs, rule, batch, workers) if learning_rates_given else
                      (None, "the runs table gives no learning rates (no lr column)"))
