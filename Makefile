@@ -37,7 +37,7 @@ local-run: venv
 # runs with it (docs/architecture.md, "Tests"). The serial phase keeps the default threads.
 TEST_WORKERS ?= 2
 test: venv
-	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=15
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=30
 	$(VENV)/bin/pytest -q -m serial --durations=10
 
 test-fast: venv

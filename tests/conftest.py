@@ -17,13 +17,16 @@ from batchscale.storage import ObjectStore
 # `make test` hands whole files to its xdist workers in collection order (--dist loadfile). A
 # 6-minute file collected late keeps one worker busy while the other has nothing left; started
 # first, the short files fill in beside it (longest-processing-time-first scheduling). The list
-# is by measured duration (CI's --durations); a file not in it keeps its place after them.
-LONGEST_FILES = ("test_contract.py", "test_pipeline.py", "test_reliability_runs.py",
-                 "test_fault_tolerance.py", "test_network_waits.py", "test_loop.py",
-                 "test_domains.py", "test_corrupt_inputs.py", "test_history.py",
-                 "test_regression_lake.py", "test_checks.py", "test_localstore.py",
-                 "test_stopping.py", "test_adaptive_driver.py", "test_convergence.py",
-                 "test_user_code_errors.py")
+# is by measured duration (the sum of a file's test times in a run's --junitxml); a file not in
+# it keeps its place after them.
+LONGEST_FILES = ("test_contract.py", "test_pipeline.py", "test_regression_lake.py",
+                 "test_history.py", "test_loop.py", "test_corrupt_inputs.py",
+                 "test_network_waits.py", "test_kubernetes.py", "test_domains.py",
+                 "test_checks.py", "test_reliability_runs.py", "test_fault_tolerance.py",
+                 "test_stage_inputs.py", "test_stopping.py", "test_hf_trainer_example.py",
+                 "test_user_code_errors.py", "test_convergence.py", "test_adaptive_driver.py",
+                 "test_cli.py", "test_adaptive_calibration.py", "test_schema_versions.py",
+                 "test_batch_schedule.py", "test_claims_adaptive.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
