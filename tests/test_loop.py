@@ -105,12 +105,16 @@ def test_a_loop_in_a_two_worker_group_measures_the_noise_scale(tmp_path):
 
 def test_a_loop_that_wraps_ddp_itself_has_its_noise_scale_measured_on_it(tmp_path):
     """trial.measure_noise on the loop's own DDP (as a Trainer makes one) records B_simple as
-    trial.prepare's does; on a plain model, or on one `prepare` already measures, in a
-    two-worker group the trial fails saying why."""
+    trial.prepare's does, and the model's gradient size (what the planner's all-reduce
+    carries); on a plain model, or on one `prepare` already measures, in a two-worker group the
+    trial fails saying why."""
+    from contract_workloads import mlp
+
     result, runs = converge(tmp_path / "ddp", "loop_workloads:framework_ddp", "--workers", "2",
                             "--batch-sizes", "16", "--seeds", "0")
     assert result.returncode == 0, result.stderr
     assert runs["status"].eq("reached").all() and runs["b_simple"].notna().all()
+    assert runs["gradient_bytes"].eq(4 * sum(p.numel() for p in mlp().parameters())).all()
     for how, message in (("plain", "trial.measure_noise: got a Sequential, not the "
                                     "DistributedDataParallel"),
                          ("prepared", "trial.measure_noise: the noise scale is already measured")):

@@ -78,3 +78,21 @@ def test_a_plan_from_disturbed_data_parallel_trials_is_not_trusted():
     text = _plan_text(busy)
     recommendation = next(line for line in text.splitlines() if line.startswith("recommendation"))
     assert "NOT TRUSTED" in recommendation and "up to 35%" in recommendation, text
+
+
+def test_recorded_gradient_bytes_plan_a_workload_whose_model_cannot_be_built(tmp_path,
+                                                                           monkeypatch):
+    """A TrainingLoop's trials record their gradient bytes (trial.prepare saw the model): the
+    pipeline's plan uses them instead of building the workload, which a loop cannot be."""
+    from batchscale.planner.table import default_plan
+
+    monkeypatch.chdir(Path(__file__).parent)  # loop_workloads is imported from here
+    frames = pt.frames()
+    runs = frames["runs"].assign(gradient_bytes=pt.GRADIENT_BYTES)
+    plan, missing = default_plan(frames["sweep"], runs, frames["analysis"],
+                                 workload="loop_workloads:good_loop", configured_workers=[1, 2])
+    assert plan is not None, missing
+    unrecorded = frames["runs"].assign(gradient_bytes=None)
+    plan, missing = default_plan(frames["sweep"], unrecorded, frames["analysis"],
+                                 workload="loop_workloads:good_loop", configured_workers=[1, 2])
+    assert plan is None and "is a TrainingLoop: batchscale cannot build its model" in missing

@@ -52,6 +52,7 @@ class LoopOutcome:
         self.schedule = LrSchedule.of(trial.lr, self.settings)
         self.state = TrialState()
         self.failure: str | None = None
+        self.gradient_bytes: int | None = None
 
     def on_report(self, report: dict) -> RunStatus | None:
         """Judge a report on rank 0; every rank returns rank 0's verdict."""
@@ -118,7 +119,8 @@ class LoopOutcome:
         if self.failure:  # the loop's own failure or divergence, or its early return
             self.state.stop_reason = self.failure
         rows = trial_rows(self.state, self.t, self.d.world_size, self.targets, status)
-        return [{**row, "cpu_wait_share": None} for row in rows]
+        return [{**row, "cpu_wait_share": None, "gradient_bytes": self.gradient_bytes}
+                for row in rows]
 
 
 def run_loop_trial(spec: ConvergenceSpec, trial: TrialSpec, d: Dist,
@@ -139,6 +141,7 @@ def run_loop_trial(spec: ConvergenceSpec, trial: TrialSpec, d: Dist,
                            f"(at {frame.filename}:{frame.lineno})")
     if context.noise is not None:  # measured by the DDP hook along the loop's own steps
         outcome.state.noise = context.noise
+    outcome.gradient_bytes = context.gradient_bytes
     status = context.status
     if (outcome.failure and status is None) or not outcome.state.curve:
         status = RunStatus.FAILED

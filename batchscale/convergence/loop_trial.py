@@ -68,6 +68,9 @@ class LoopTrial:
         self._eval_s = 0.0
         self._start = time.perf_counter()
         self._sampling = self._training = False
+        self.gradient_bytes: int | None = None
+        """What one gradient all-reduce of the loop's model carries, once `prepare` or
+        `measure_noise` has seen the model (the planner's communication size)."""
         self._status: str | None = None
 
     # -- what the loop asks ------------------------------------------------------------------
@@ -104,6 +107,7 @@ class LoopTrial:
         with a communication hook that measures the gradient noise scale from the ranks' local
         gradients and the all-reduced one (`noise_comm_hook`)."""
         model = model.to(self.device)
+        self._count_gradient(model)
         if self.world_size == 1:
             return model
         import torch
@@ -117,6 +121,7 @@ class LoopTrial:
         Hugging Face Trainer's, Lightning's): the hook `prepare` registers. Call it before the
         first backward, on a DDP with no communication hook of its own (DDP takes one). Does
         nothing on one worker: B_simple needs two batch sizes, each rank's and the group's."""
+        self._count_gradient(getattr(ddp, "module", ddp))
         if self.world_size == 1:
             return
         import torch
@@ -133,6 +138,13 @@ class LoopTrial:
         self._noise = NoiseHook(NoiseScale(), self.world_size, self.local_batch_size,
                                 self.batch_size, self._noise_every)
         ddp.register_comm_hook(self._noise, noise_comm_hook)
+
+    def _count_gradient(self, model) -> None:
+        from batchscale.convergence.trialenv import gradient_bytes
+
+        params = getattr(model, "parameters", None)
+        if callable(params):
+            self.gradient_bytes = gradient_bytes([p for p in params() if p.requires_grad])
 
     @contextmanager
     def evaluating(self) -> Iterator[None]:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from batchscale import schemas
 from batchscale.errors import BadInput
-from batchscale.fits import numeric_column
+from batchscale.fits import ensure_columns, numeric_column
 from batchscale.planner.comm import comm_model, parallel_compute_s, with_cells
 from batchscale.planner.inputs import STARVED_SHARE, PlanInputs
 from batchscale.planner.model import (
@@ -326,12 +327,21 @@ def default_plan(sweep: pd.DataFrame | None, runs: pd.DataFrame | None,
                  ) -> tuple[Plan | None, str]:
     """The pipeline's plan: the configured worker counts and DEFAULT_EXTRA_WORKERS (marked
     extrapolated), the measured communication, no objective. None and the reason when the run
-    lacks a measurement the planner needs (the report says so; the run goes on). Without a
-    `workload` (tables a user brings), the gradient bytes are those the trials recorded."""
-    from batchscale.planner.inputs import gradient_bytes, read_plan_inputs
+    lacks a measurement the planner needs (the report says so; the run goes on). The gradient
+    bytes are those the trials recorded; the `workload` is built to count them only for runs
+    from before the trials did (a TrainingLoop's model cannot be built: its trials record them
+    when the loop calls `trial.prepare` or `trial.measure_noise`)."""
+    from batchscale.planner.inputs import (
+        gradient_bytes,
+        read_plan_inputs,
+        recorded_gradient_bytes,
+    )
 
     try:
-        grad = gradient_bytes(workload, image_size=image_size) if workload else None
+        recorded = runs is not None and recorded_gradient_bytes(
+            ensure_columns(runs, schemas.RUNS)) is not None
+        grad = gradient_bytes(workload, image_size=image_size) if workload and not recorded \
+            else None
         inputs = read_plan_inputs(sweep, runs, analysis, grad)
         workers = sorted({1, *configured_workers, *DEFAULT_EXTRA_WORKERS})
         return make_plan(inputs, comm_model(inputs), workers), ""
