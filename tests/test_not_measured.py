@@ -1,7 +1,8 @@
 """A table its stage leaves empty on purpose (a TrainingLoop's sweep, and so its regression
 verdicts) says why in its Parquet metadata: its validation checks the schema and passes saying
 so, where an empty table without a reason still fails, and the run's summary and regressions
-text say why there is nothing instead of a misleading "too few earlier runs"."""
+text say why there is nothing instead of a misleading "too few earlier runs". Curves left empty
+because every trial failed first are refused with the trials' own reasons."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pytest
+from test_analyze import run_row
 from test_publish import env_columns, sweep_row
 
-from batchscale.checks.stage import validate_regressions, validate_sweep
+from batchscale.checks.stage import validate_regressions, validate_runs, validate_sweep
 from batchscale.config import load_config
 from batchscale.errors import ValidationFailed
 from batchscale.lake.summary import throughput_lines
@@ -90,3 +92,18 @@ def test_the_sweep_stage_of_a_loop_writes_an_empty_table_saying_why(tmp_path, mo
     reason = not_measured_reason(read_table_file(out))
     assert reason is not None and "loop_workloads:good_loop is a TrainingLoop" in reason
     assert reason in capsys.readouterr().err
+
+
+def test_runs_whose_trials_all_failed_before_an_evaluation_are_refused_naming_why(tmp_path):
+    why = "broken (TrainingLoop.train) raised ValueError: my loop is broken (at broken.py:5)"
+    rows = [{**run_row(b, "sqrt", 0.01, 0, 0, status="failed"), "stop_reason": why}
+            for b in (8, 32)]
+    paths = {name: str(tmp_path / f"{name}.parquet") for name in ("curves", "runs")}
+    write_table_atomic(paths["curves"], make_table("curves", [], env_columns("r1")))
+    write_table_atomic(paths["runs"], make_table("runs", rows, env_columns("r1")))
+    with pytest.raises(ValidationFailed) as failed:
+        validate_runs(load_config(), [paths["curves"]], [paths["runs"]],
+                      *(str(tmp_path / name) for name in ("c.parquet", "r.parquet", "v.json",
+                                                          "v.html")))
+    assert str(failed.value).startswith(
+        f"no trial recorded an evaluation: all 2 ended first, with: {why}\n[curves]")

@@ -109,11 +109,27 @@ def validate_runs(config: str | Config, curves_paths: list[str], runs_paths: lis
     ]
     if decisions is not None and decisions.num_rows:
         checks.append(("decisions", "decisions", decisions, {}))
-    check_tables(checks, json_path, html_path)
+    try:
+        check_tables(checks, json_path, html_path)
+    except ValidationFailed as err:
+        raise ValidationFailed(f"{_why_no_curve(curves, runs)}{err}") from None
     write_table_atomic(merged_curves, curves)
     write_table_atomic(merged_runs, runs)
     if merged_decisions is not None and decisions is not None:
         write_table_atomic(merged_decisions, decisions)
+
+
+def _why_no_curve(curves: pa.Table, runs: pa.Table) -> str:
+    """Where every trial ended before its first evaluation (a user's training that raises),
+    what they stopped with, as a first line: the empty curves table is only the consequence."""
+    if curves.num_rows or not runs.num_rows or "stop_reason" not in runs.column_names:
+        return ""
+    reasons = sorted({r for r in runs.column("stop_reason").to_pylist() if r})
+    if not reasons:
+        return ""
+    more = f" (and {len(reasons) - 3} more)" if len(reasons) > 3 else ""
+    return (f"no trial recorded an evaluation: all {runs.num_rows} ended first, with: "
+            f"{'; '.join(reasons[:3])}{more}\n")
 
 
 def validate_analysis(config: str | Config, analysis_path: str, json_path: str,
