@@ -159,7 +159,7 @@ def test_the_own_loop_example_runs_through_the_whole_pipeline(tmp_path, object_s
     history = run_cli(["history", "--workload", "train_digits:loop"], cwd=work,
                       env=store_env(object_store))
     assert history.returncode == 0, history.stderr
-    assert "samples/s: none published for train_digits:loop" in history.stdout
+    assert "samples/s: no timed sweep row published for train_digits:loop" in history.stdout
     assert "B_crit (90 % interval)" in history.stdout and "sqrt" in history.stdout
 
 

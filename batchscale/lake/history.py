@@ -110,8 +110,8 @@ def load_history(store: ObjectStore, workload: str, device: str | None = None,
 
 def _history_without_throughput(store: ObjectStore, workload: str, device: str | None,
                                 precision: str | None, last: int | None) -> History:
-    """A workload whose runs published no throughput (a TrainingLoop has no sweep): its B_crit
-    over time alone, from the analysis table."""
+    """A workload whose runs published no timed sweep row (a TrainingLoop has no sweep, or
+    every row ran out of memory): its B_crit over time alone, from the analysis table."""
     from batchscale.lake.lake import read_lake_table
 
     analysis = read_lake_table(store, "analysis", filter=ds.field("workload") == workload)
@@ -120,8 +120,9 @@ def _history_without_throughput(store: ObjectStore, workload: str, device: str |
                               f"s3://{store.settings.bucket}/{store.key()}; "
                               f"workloads there: {', '.join(lake_workloads(store)) or 'none'}")
     if precision:
-        raise BatchscaleError(f"--precision: the runs of {workload!r} published no throughput "
-                              "(a TrainingLoop has no sweep), so none records a precision")
+        raise BatchscaleError(f"--precision: the runs of {workload!r} published no timed "
+                              "sweep row (a TrainingLoop's runs have none), so none records a "
+                              "precision")
     if device:
         analysis = analysis[analysis["device_name"].str.contains(device, case=False,
                                                                  regex=False)]
@@ -190,8 +191,8 @@ def _marks(history: History) -> dict[tuple, str]:
 
 def throughput_lines(history: History) -> list[str]:
     if history.throughput.empty:
-        return [f"samples/s: none published for {history.workload} (a TrainingLoop has no "
-                "sweep)"]
+        return [f"samples/s: no timed sweep row published for {history.workload} (a "
+                "TrainingLoop's runs have none)"]
     lines, marks = [], _marks(history)
     for series, rows in history.throughput.groupby(SERIES_KEYS, sort=True):
         device, precision, mode = series
