@@ -93,11 +93,12 @@ def recommend(
         rule_reason = ("the runs table gives no lr_rule: the steps are the fewest per batch "
                        "size over the learning rates its runs used, and no rule says how to "
                        "scale the learning rate with the batch")
-    if isinstance(best.get("timing_flag"), str):
-        batch_reason += f" — NOT TRUSTED: {best['timing_flag']}"
     workers, workers_reason = worker_choice(runs, (rule, batch))
+    # the chosen cell's timing flag ends its line, after the cells as fast as it
     batch_reason += as_fast_text(as_fast(runs, timed, rule, batch, workers),
                                  timed["lr_rule"].nunique())
+    if isinstance(best.get("timing_flag"), str):
+        batch_reason += f" — NOT TRUSTED: {best['timing_flag']}"
     batch_reason += accumulation_text(batch, largest_fitting, workers)
     lr, lr_reason = (learning_rate(runs, rule, batch, workers) if learning_rates_given else
                      (None, "the runs table gives no learning rates (no lr column)"))
