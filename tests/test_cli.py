@@ -397,15 +397,15 @@ def test_a_number_padded_with_non_ascii_space_is_refused(text):
 
 
 def test_the_run_header_says_when_a_workload_trains_on_its_own_data():
-    """The pipeline's data-prep stage prepares the config's dataset either way; a workload
-    with its own data does not train on it, and the first line must not say it does."""
+    """A workload with its own data does not train on the config's dataset (data-prep then
+    prepares none), and the first line must not say it does."""
     from batchscale.cli.pipeline_cmds import run_header
     from batchscale.workloads import get_workload
 
     cfg = parse_config({"workload": "contract_workloads:good"})
     own = run_header(cfg, get_workload(cfg.workload), "r1")
     assert own == ("batchscale run r1: digits-default (contract_workloads:good on its own "
-                   "data; the data-prep stage still prepares digits)")
+                   "data)")
     assert run_header(load_config(), get_workload("digits-mlp"), "r2").endswith(
         "(digits-mlp on digits)")
 

@@ -169,8 +169,8 @@ def test_a_loop_that_wraps_ddp_itself_has_its_noise_scale_measured_on_it(tmp_pat
 
 def test_the_own_loop_example_runs_through_the_whole_pipeline(tmp_path, object_store):
     """examples/own_loop on a copy (a user's own directory): the script runs on its own, and
-    `batchscale run` takes its loop through every stage (kfp.local, the real store): the sweep
-    stage says there is none, B_crit is fitted and published, and `history` shows it over
+    `batchscale run` takes its loop through every stage (kfp.local, the real store): the
+    data-prep and sweep stages say there is nothing to prepare or time, B_crit is fitted and published, and `history` shows it over
     runs."""
     work = tmp_path / "own_loop"
     shutil.copytree(EXAMPLE_DIR, work)
@@ -189,6 +189,8 @@ def test_the_own_loop_example_runs_through_the_whole_pipeline(tmp_path, object_s
     log = next((work / ".batchscale" / "runs").glob("*/pipeline.log")).read_text()
     assert "no throughput sweep: train_digits:loop is a TrainingLoop" in log
     assert "validate sweep: no rows to check" in log
+    assert "data_prep: nothing prepared: train_digits:loop reads its own data" in log
+    assert "validate manifest: no rows to check" in log
     # each trial's line says what a Workload's trial says: targets reached, training time
     reached = re.findall(r"\[b\d+-sqrt-s\d-w1\] reached at step \d+ \(1 of 1 targets, "
                          r"\d+\.\d\d s\)", log)

@@ -1,5 +1,6 @@
 """A table its stage leaves empty on purpose (a TrainingLoop's sweep, and so its regression
-verdicts) says why in its Parquet metadata: its validation checks the schema and passes saying
+verdicts; the dataset manifest of a workload that reads its own data) says why in its Parquet
+metadata: its validation checks the schema and passes saying
 so, where an empty table without a reason still fails, and the run's summary and regressions
 text say why there is nothing instead of a misleading "too few earlier runs". Curves left empty
 because every trial failed first are refused with the trials' own reasons."""
@@ -107,3 +108,39 @@ def test_runs_whose_trials_all_failed_before_an_evaluation_are_refused_naming_wh
                                                           "v.html")))
     assert str(failed.value).startswith(
         f"no trial recorded an evaluation: all 2 ended first, with: {why}\n[curves]")
+
+
+@pytest.mark.parametrize(("workload", "how"), [
+    ("contract_workloads:good", "(Workload.train_data and val_data)"),
+    ("loop_workloads:good_loop", "(a TrainingLoop)"),
+])
+def test_data_prep_of_a_workload_with_its_own_data_prepares_nothing_and_says_why(
+        tmp_path, monkeypatch, capsys, workload, how):
+    """The config's dataset (digits) is not what such a run trains on: it is neither prepared
+    nor published as the run's dataset, and the dataset check passes on the reason."""
+    from batchscale.checks.stage import validate_dataset
+    from batchscale.config import parse_config
+    from batchscale.data.prep import run_stage
+    from batchscale.shards import MANIFEST_FILE
+
+    monkeypatch.chdir(Path(__file__).parent)  # the stage imports the workload from here
+    cfg = parse_config({"workload": workload})
+    run_stage(cfg, str(tmp_path / "data"))
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [MANIFEST_FILE]
+    reason = not_measured_reason(read_table_file(tmp_path / "data" / MANIFEST_FILE))
+    assert reason is not None and how in reason and "(digits)" in reason
+    assert f"data_prep: {reason}" in capsys.readouterr().out
+    validate_dataset(cfg, str(tmp_path / "data"), str(tmp_path / "v.json"),
+                     str(tmp_path / "v.html"))
+    [result] = json.loads((tmp_path / "v.json").read_text())
+    assert result["success"] and result["rows"] == 0 and result["not_measured"] == reason
+
+
+def test_an_empty_manifest_without_a_reason_still_fails_the_dataset_check(tmp_path):
+    from batchscale.checks.stage import validate_dataset
+    from batchscale.shards import MANIFEST_FILE
+
+    write_table_atomic(tmp_path / MANIFEST_FILE, make_table("manifest", []))
+    with pytest.raises(ValidationFailed, match="an empty table means"):
+        validate_dataset(load_config(), str(tmp_path), str(tmp_path / "v.json"),
+                         str(tmp_path / "v.html"))

@@ -56,6 +56,9 @@ def validate_dataset(config: str | Config, dataset_dir: str, json_path: str,
     dense = cfg.dataset.name in TEXT_DATASETS + MASK_DATASETS
     root = Path(dataset_dir)
     manifest = read_manifest(root)
+    if (reason := not_measured_reason(manifest)) is not None:
+        _left_empty("manifest", manifest, reason, json_path, html_path)
+        return
     entries = _checkable_entries(manifest)
     checksums = {m["shard"]: sha256_file(root / m["shard"]) for m in entries}
     checks = [("manifest", "manifest", manifest,

@@ -34,8 +34,7 @@ def own_code_note(workload: str, environ) -> str | None:
 
 def run_header(cfg, workload, run_id: str) -> str:
     """The run's first line: its id, name, workload and the data it trains on."""
-    data = (f"on its own data; the data-prep stage still prepares {cfg.dataset.name}"
-            if workload.has_own_data else f"on {cfg.dataset.name}")
+    data = "on its own data" if workload.has_own_data else f"on {cfg.dataset.name}"
     return f"batchscale run {run_id}: {cfg.name} ({cfg.workload} {data})"
 
 

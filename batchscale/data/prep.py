@@ -17,7 +17,7 @@ from batchscale.catalog import MASK_DATASETS, TEXT_DATASETS
 from batchscale.config import DataPrepConfig
 from batchscale.data.datasets import RawDataset, load_dataset
 from batchscale.errors import BadInput
-from batchscale.schemas import make_table
+from batchscale.schemas import make_table, not_measured_table
 from batchscale.shards import FEATURE_BYTES, MANIFEST_FILE, sha256_file
 from batchscale.storage import write_table_atomic
 
@@ -158,11 +158,36 @@ def prepare(cfg: DataPrepConfig, out_dir: str | Path) -> pa.Table:
     return manifest
 
 
+OWN_DATA = ("nothing prepared: {name} reads its own data ({how}), so the config's dataset "
+            "({dataset}) is neither prepared nor recorded as this run's")
+"""What the data-prep stage says, in its empty manifest, for a workload that brings its data."""
+
+
+def own_data_reason(workload_spec: str, dataset_name: str) -> str | None:
+    """Why no dataset is prepared for `workload_spec` (a Workload with its own train_data, or
+    a TrainingLoop), or None when it trains on the prepared dataset."""
+    from batchscale.workloads import get_workload
+
+    workload = get_workload(workload_spec)
+    if not workload.has_own_data:
+        return None
+    how = ("a TrainingLoop" if workload.loop is not None
+           else "Workload.train_data and val_data")
+    return OWN_DATA.format(name=workload.name, how=how, dataset=dataset_name)
+
+
 def run_stage(config: str | Config, out_dir: str) -> None:
-    """Pipeline entry: prepare the configured dataset into `out_dir`."""
+    """Pipeline entry: prepare the configured dataset into `out_dir`; for a workload with its
+    own data, an empty manifest that says why (its split sizes are the trials' to read)."""
     from batchscale.config.stage_inputs import stage_config
 
     cfg = stage_config(config)
+    if (reason := own_data_reason(cfg.workload, cfg.dataset.name)) is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        write_table_atomic(Path(out_dir) / MANIFEST_FILE,
+                           not_measured_table("manifest", None, reason))
+        print(f"data_prep: {reason}")
+        return
     manifest = prepare(cfg.dataset, out_dir)
     print(f"data_prep: {cfg.dataset.name}: "
           + ", ".join(f"{r['split']}/{r['shard']} {r['rows']} rows" for r in manifest.to_pylist()))
