@@ -35,9 +35,16 @@ local-run: venv
 # spin-wait against each other: two concurrent training runs took 113 s instead of 59 s, and
 # the phase took 19:53 minutes in one fresh-clone run without it against 9:52-11:20 in four
 # runs with it (docs/architecture.md, "Tests"). The serial phase keeps the default threads.
+# The tests marked `waits` (sockets that never answer, asleep for most of their two minutes) run
+# in a third process beside the workers, their output shown after the workers' summary: on a
+# worker they held one of the two CPUs idle.
 TEST_WORKERS ?= 2
 test: venv
-	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=30
+	@waits_log=$$(mktemp); \
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -m "waits and not serial" --durations=5 >$$waits_log 2>&1 & waits=$$!; \
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial and not waits" --durations=30; status=$$?; \
+	wait $$waits; waits_status=$$?; echo "--- tests marked waits (run beside the workers):"; cat $$waits_log; rm -f $$waits_log; \
+	test $$status -eq 0 && test $$waits_status -eq 0
 	$(VENV)/bin/pytest -q -m serial --durations=10
 
 test-fast: venv

@@ -6,7 +6,8 @@ one whose accept queue is full (connections are never accepted), and a plain web
 states; the margins are generous (2 × bound + 5 s) because a loaded test machine may start
 slowly, while a missing timeout would wait forever (or 6 × 60 s). So the file runs in the
 parallel phase beside other tests: its waits are sleeps, and a neighbour's load adds seconds of
-start-up, far inside the margins.
+start-up, far inside the margins. Marked `waits`: `make test` runs it in a third process beside
+the two parallel workers, since it spends most of its two minutes asleep.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from batchscale.kfp_client import (
 from batchscale.lake.lake import read_lake_table
 from batchscale.storage import PREFLIGHT_WAITS, ObjectStore, S3Settings
 from helpers import TINY_CONFIG, run_cli
+
+pytestmark = pytest.mark.waits
 
 SECRET = "sekrit-never-printed-77"
 KEYS = {"AWS_ACCESS_KEY_ID": "key-id", "AWS_SECRET_ACCESS_KEY": SECRET}
