@@ -112,6 +112,19 @@ def test_sweep_and_halving_of_a_loop_are_refused_with_exit_2(tmp_path):
     assert result.returncode == 2 and "lr_halving_eta" in result.stderr and runs is None
 
 
+def test_a_pipeline_with_a_batch_schedule_is_refused_for_a_loop_before_any_stage(tmp_path):
+    for module in ("loop_workloads.py", "contract_workloads.py"):  # the first imports the second
+        shutil.copy(TESTS_DIR / module, tmp_path)
+    (tmp_path / "c.yaml").write_text("workload: loop_workloads:good_loop\n"
+                                     "batch_schedule:\n  enabled: true\n")
+    result = run_cli(["run", "--config", "c.yaml"], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert ("batch_schedule: loop_workloads:good_loop is a TrainingLoop, whose model and "
+            "optimizer batchscale never holds") in result.stderr
+    assert "or set batch_schedule.enabled: false" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / ".batchscale").exists()
+
+
 def test_misbehaving_loops_fail_their_trial_and_the_others_go_on(tmp_path):
     """At batch 16 each loop misbehaves in its own way; batches 8 and 32 reach the target."""
     expected = {
@@ -170,8 +183,8 @@ def test_a_loop_that_wraps_ddp_itself_has_its_noise_scale_measured_on_it(tmp_pat
 def test_the_own_loop_example_runs_through_the_whole_pipeline(tmp_path, object_store):
     """examples/own_loop on a copy (a user's own directory): the script runs on its own, and
     `batchscale run` takes its loop through every stage (kfp.local, the real store): the
-    data-prep and sweep stages say there is nothing to prepare or time, B_crit is fitted and published, and `history` shows it over
-    runs."""
+    data-prep and sweep stages say there is nothing to prepare or time, B_crit is fitted and
+    published, and `history` shows it over runs."""
     work = tmp_path / "own_loop"
     shutil.copytree(EXAMPLE_DIR, work)
     script = subprocess.run([sys.executable, "train_digits.py", "--steps", "20",

@@ -32,14 +32,19 @@ def check_config(cfg) -> tuple[str, Target]:
     return next(r for r in c.lr_rules if r != TUNED_RULE), Target(primary.metric, primary.value)
 
 
+def loop_refusal(workload_spec: str) -> str:
+    """Why the measurement cannot run on a TrainingLoop."""
+    return (f"batch_schedule: {workload_spec} is a TrainingLoop, whose model and optimizer "
+            "batchscale never holds, so it cannot branch from its checkpoints; give a "
+            "batchscale.Workload (model, data, loss) instead")
+
+
 def build_setup(cfg, workload, data_dir: str, work: Path, run_id: str, rule: str) -> Setup:
     from batchscale.convergence.runner import build_spec
     from batchscale.convergence.trialdata import load_data
 
     if workload.loop is not None:
-        raise BadInput(f"batch_schedule: {cfg.workload} is a TrainingLoop, whose model and "
-                       "optimizer batchscale never holds, so it cannot branch from its "
-                       "checkpoints; give a batchscale.Workload (model, data, loss) instead")
+        raise BadInput(loop_refusal(cfg.workload))
     train, val = load_data(data_dir, workload)
     bs = cfg.batch_schedule
     largest = bs.branch_batch_sizes[-1]

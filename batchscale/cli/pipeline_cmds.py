@@ -11,7 +11,7 @@ from pathlib import Path
 from batchscale.cli.common import STATE_DIR, connect_store, given_run_id
 from batchscale.cliflags import check_output_file, config_from_args
 from batchscale.config import load_config
-from batchscale.errors import BatchscaleError, task_refusal
+from batchscale.errors import BadInput, BatchscaleError, task_refusal
 
 WORKFLOW_SIZE_WARNING_BYTES = 1_000_000
 """A compiled pipeline above this may not fit the workflow object a cluster stores (a study's
@@ -55,6 +55,11 @@ def cmd_run(args) -> int:
     # sweep stage says so); the convergence stage checks a Workload's evaluation itself.
     check_workload(workload, targets=cfg.convergence.resolved_targets(),
                    convergence=workload.loop is not None)
+    if workload.loop is not None and cfg.batch_schedule.enabled:
+        from batchscale.batch_schedule.stage import loop_refusal
+
+        # refused before any stage runs, not by the batch-schedule stage mid-pipeline
+        raise BadInput(f"{loop_refusal(cfg.workload)}, or set batch_schedule.enabled: false")
     store = connect_store()
     print(run_header(cfg, workload, run_id), file=sys.stderr)
     if workload.loop is None and (note := cfg.convergence.lr_note()):
