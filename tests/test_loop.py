@@ -157,6 +157,28 @@ def test_a_loop_in_a_two_worker_group_measures_the_noise_scale(tmp_path):
     assert runs["b_simple"].notna().all()
     curves = pq.read_table(tmp_path / "out" / "curves.parquet").to_pandas()
     assert (curves.groupby("trial_id")["train_time_s"].diff().dropna() > 0).all()
+    # the all-reduce probe a Workload's trial runs, at the size of the model `prepare` saw:
+    # what the planner fits the link to, instead of assuming its latency
+    from contract_workloads import mlp
+
+    assert runs["gradient_bytes"].eq(4 * sum(p.numel() for p in mlp().parameters())).all()
+    assert runs["allreduce_backend"].eq("gloo").all()
+    assert (runs["allreduce_small_s"] > 0).all() and (runs["allreduce_gradient_s"] > 0).all()
+    assert runs["allreduce_small_bytes"].eq(1024).all()
+
+
+def test_a_loop_trial_records_how_long_its_threads_waited_for_a_cpu(tmp_path):
+    """As a Workload's trial does: the analysis flags its times NOT TRUSTED above the limit."""
+    from batchscale.conditions import run_queue_wait_s
+
+    if run_queue_wait_s() is None:
+        pytest.skip("this kernel does not report the run-queue wait (/proc/self/schedstat)")
+    result, runs = converge(tmp_path, "loop_workloads:good_loop", "--batch-sizes", "16",
+                            "--seeds", "0")
+    assert result.returncode == 0, result.stderr
+    share = runs["cpu_wait_share"]
+    assert share.notna().all() and share.between(0, 1).all(), share
+    assert runs["allreduce_small_s"].isna().all()  # one worker: no group to probe
 
 
 def test_a_loop_that_wraps_ddp_itself_has_its_noise_scale_measured_on_it(tmp_path):

@@ -18,6 +18,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from batchscale.convergence import trialenv
 from batchscale.convergence.distributed import Dist, all_reduce, barrier
 from batchscale.convergence.loop_trial import LoopTrial
 from batchscale.convergence.outcome import (
@@ -52,7 +53,9 @@ class LoopOutcome:
         self.schedule = LrSchedule.of(trial.lr, self.settings)
         self.state = TrialState()
         self.failure: str | None = None
-        self.gradient_bytes: int | None = None
+        self.conditions: dict = {"cpu_wait_share": None, "gradient_bytes": None}
+        """The runs columns of what the trial trained under: its CPU wait and, where the loop
+        showed batchscale its model, the gradient's bytes and the all-reduce probe."""
 
     def on_report(self, report: dict) -> RunStatus | None:
         """Judge a report on rank 0; every rank returns rank 0's verdict."""
@@ -119,8 +122,7 @@ class LoopOutcome:
         if self.failure:  # the loop's own failure or divergence, or its early return
             self.state.stop_reason = self.failure
         rows = trial_rows(self.state, self.t, self.d.world_size, self.targets, status)
-        return [{**row, "cpu_wait_share": None, "gradient_bytes": self.gradient_bytes}
-                for row in rows]
+        return [{**row, **self.conditions} for row in rows]
 
 
 def run_loop_trial(spec: ConvergenceSpec, trial: TrialSpec, d: Dist,
@@ -131,6 +133,7 @@ def run_loop_trial(spec: ConvergenceSpec, trial: TrialSpec, d: Dist,
                         outcome.on_report)
     torch.manual_seed(trial.seed)
     name = f"{loop.name} (TrainingLoop.train)"
+    contention = trialenv.CpuContention()
     try:
         loop.train(context)
     except LoopStop as err:
@@ -141,7 +144,10 @@ def run_loop_trial(spec: ConvergenceSpec, trial: TrialSpec, d: Dist,
                            f"(at {frame.filename}:{frame.lineno})")
     if context.noise is not None:  # measured by the DDP hook along the loop's own steps
         outcome.state.noise = context.noise
-    outcome.gradient_bytes = context.gradient_bytes
+    # Collectives: every rank gets here, whatever its loop did.
+    outcome.conditions = {
+        "cpu_wait_share": contention.share(d),
+        **trialenv.probe_columns(d, trialenv.agreed_gradient_bytes(d, context.gradient_bytes))}
     status = context.status
     if (outcome.failure and status is None) or not outcome.state.curve:
         status = RunStatus.FAILED

@@ -79,10 +79,27 @@ def _timed_all_reduce(d: Dist, n_bytes: int) -> tuple[float, float]:
 def allreduce_probe(d: Dist, params: list[torch.Tensor]) -> dict:
     """The runs-table columns of the probe: the gradient's bytes always; the all-reduce times
     only where there is a group (2+ workers), else null."""
-    grad = gradient_bytes(params)
+    return probe_columns(d, gradient_bytes(params))
+
+
+def agreed_gradient_bytes(d: Dist, grad: int | None) -> int | None:
+    """`grad` where every rank counted the same gradient (a collective: every rank calls it),
+    else None. A user's loop shows batchscale its model or not on each rank by itself, and the
+    probe runs on all ranks or on none."""
+    if d.world_size < 2 or not dist.is_initialized():
+        return grad
+    mine = grad if grad else -1
+    bounds = all_reduce(torch.tensor([mine, -mine], dtype=torch.int64), d, dist.ReduceOp.MIN)
+    low, high = int(bounds[0]), -int(bounds[1])
+    return grad if low == high and low > 0 else None
+
+
+def probe_columns(d: Dist, grad: int | None) -> dict:
+    """The probe's columns for a gradient of `grad` bytes (a collective where there is a
+    group); null times without a group or without a gradient size."""
     row = {"gradient_bytes": grad, "allreduce_backend": None, "allreduce_small_bytes": None,
            "allreduce_small_s": None, "allreduce_gradient_s": None, "allreduce_cv": None}
-    if d.world_size < 2 or not dist.is_initialized():
+    if grad is None or d.world_size < 2 or not dist.is_initialized():
         return row
     small_s, _ = _timed_all_reduce(d, SMALL_MESSAGE_BYTES)
     gradient_s, spread = _timed_all_reduce(d, grad)
