@@ -11,6 +11,7 @@ from test_analyze import make_curves, run_row
 
 from batchscale.analysis.parallel import data_parallel_efficiency, final_b_simple
 from batchscale.analysis.recommend import recommend
+from batchscale.analysis.timetotarget import open_reason
 
 
 def test_final_b_simple_prefers_runs_then_curves():
@@ -210,3 +211,9 @@ def test_the_model_optimum_is_quoted_with_its_interval_or_why_it_is_open():
     assert "sqrt(α·B_crit/β) is ≈ 80 [60, 110] (90%)" in with_interval.batch_reason
     open_ended = recommend(obvious_table(), runs, {"linear": (80.0, 60.0, math.inf)})
     assert "≈ 80 (interval open" in open_ended.batch_reason
+    why = open_reason(20.0, math.inf)
+    said = recommend(obvious_table(), runs, {"linear": (80.0, 60.0, math.inf, math.inf, "",
+                                                        why)})
+    assert "≈ 80 (interval open: B_crit's interval is unbounded)" in said.batch_reason
+    assert open_reason(0.0, 40.0) == why
+    assert open_reason(20.0, 40.0).startswith("the step-time line through two batch sizes")

@@ -158,10 +158,14 @@ def test_a_b_star_held_at_the_largest_batch_is_a_bound_not_a_degenerate_interval
 
     # A line through two timed batches leaves the interval open: no end is stored as 0.
     runs = make_runs(noise=0.03)
-    metrics = analyze(make_sweep(batches=(4, 1024)), runs, make_curves(runs),
-                      AnalysisConfig(bootstrap_samples=50)).summary.metrics()
+    result = analyze(make_sweep(batches=(4, 1024)), runs, make_curves(runs),
+                     AnalysisConfig(bootstrap_samples=50))
+    metrics = result.summary.metrics()
     assert metrics["optimal_batch_linear"] > 0
     assert "optimal_batch_low_linear" not in metrics
+    # and the text says which of the two is open, and what would close it
+    assert ("(interval open: the step-time line through two batch sizes does not pin α/β: "
+            "time a third batch size)") in result.markdown
 
 
 def test_where_the_input_pipeline_is_a_bottleneck_b_star_is_on_real_inputs_line():

@@ -45,6 +45,7 @@ from batchscale.analysis.timetotarget import (
     REAL_INPUT_LINE,
     BStar,
     cell_step_times,
+    open_reason,
     optimal_batch_cap,
     step_times,
     time_to_target,
@@ -134,7 +135,8 @@ def analyze(
     b_star_fit, b_star_line = _b_star_line(sweep, throughput, step_fit)
     critical, labels = critical_by_rule(runs, table, settings, b_star_fit, cap)
     b_simple, noise = noise_scale(runs, curves)
-    b_star = {rule: BStar(fit.optimal_batch, *fit.optimal_batch_interval, cap, b_star_line)
+    b_star = {rule: BStar(fit.optimal_batch, *fit.optimal_batch_interval, cap, b_star_line,
+                          open_reason(fit.b_crit_low, fit.b_crit_high))
               for rule, fit in critical.items()}
     times = numeric_column(table, "time_to_target_s")
     summary = AnalysisSummary(

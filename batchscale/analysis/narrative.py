@@ -27,7 +27,11 @@ from batchscale.analysis.summary import (
     ThroughputSummary,
 )
 from batchscale.analysis.targets import trend, trend_pairs
-from batchscale.analysis.timetotarget import StepTimeSource, optimal_batch_text
+from batchscale.analysis.timetotarget import (
+    StepTimeSource,
+    open_reason,
+    optimal_batch_text,
+)
 from batchscale.analysis.usertables import DEFAULT_LR_RULE
 from batchscale.fits import mfu_text
 
@@ -309,8 +313,9 @@ def _critical_text(fit: CriticalBatchSummary, cap: float, line: str = "") -> str
         text += (f" {with_line}, time to target keeps falling up to batch {_num(cap)} "
                  "(B* capped).")
     elif math.isfinite(b_star):
+        why = open_reason(fit.b_crit_low, fit.b_crit_high)
         text += (f" {with_line}, time to target is lowest near B* "
-                 f"{optimal_batch_text(b_star, fit.optimal_batch_interval, cap)}.")
+                 f"{optimal_batch_text(b_star, fit.optimal_batch_interval, cap, why_open=why)}.")
     return text
 
 

@@ -107,14 +107,24 @@ def _log_ratio(upper: float, lower: float) -> float:
 
 class BStar(NamedTuple):
     """B* of one LR rule as the recommendation quotes it: the value, its interval, the cap
-    they are held under (optimal_batch_cap) and the step-time line in words ("": the
-    device's)."""
+    they are held under (optimal_batch_cap), the step-time line in words ("": the device's)
+    and why the interval is open (open_reason)."""
 
     value: float
     low: float
     high: float
     cap: float = math.inf
     line: str = ""
+    why_open: str = ""
+
+
+def open_reason(b_crit_low: float, b_crit_high: float) -> str:
+    """Why B*'s interval is open, given B_crit's ends: B_crit's own interval, or else the
+    step-time line (optimal_batch_interval: a line through two batch sizes pins no α/β)."""
+    if 0 < b_crit_low and math.isfinite(b_crit_high):
+        return ("the step-time line through two batch sizes does not pin α/β: time a third "
+                "batch size")
+    return "B_crit's interval is unbounded"
 
 
 REAL_INPUT_LINE = ("with real input's step time (the input pipeline is a bottleneck, and a "
@@ -123,7 +133,7 @@ REAL_INPUT_LINE = ("with real input's step time (the input pipeline is a bottlen
 
 
 def optimal_batch_text(value: float, interval: tuple[float, float],
-                       cap: float = math.inf, line: str = "") -> str:
+                       cap: float = math.inf, line: str = "", why_open: str = "") -> str:
     """"≈ 106 [80, 140] (90%)", or the point with why its interval is open; `line`, when
     given, says which step-time line it is on. B* and its interval are capped at `cap`
     (optimal_batch_cap): a capped end is a bound, said as one, never "512 [512, 512]"."""
@@ -133,8 +143,8 @@ def optimal_batch_text(value: float, interval: tuple[float, float],
         return (f"at or above {cap:,.0f}, the largest batch it may take here (the model's "
                 f"time to target still falls there{', ' + line if line else ''})")
     if not (math.isfinite(low) and math.isfinite(high) and low > 0):
-        return (f"≈ {value:,.0f}{on} (interval open: B_crit's or the step-time line's is "
-                "unbounded)")
+        why = why_open or "B_crit's or the step-time line's is unbounded"
+        return f"≈ {value:,.0f}{on} (interval open: {why})"
     upper = f"≥ {cap:,.0f}, capped" if high >= cap else f"{high:,.0f}"
     return f"≈ {value:,.0f} [{low:,.0f}, {upper}] ({B_STAR_LEVEL:.0%}){on}"
 
