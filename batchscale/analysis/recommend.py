@@ -80,8 +80,9 @@ def recommend(
     rule = str(at_batch.iloc[0]["lr_rule"])
     model = BStar(*(b_star or {}).get(rule, (math.nan,) * 3))
     if math.isfinite(model.value):
-        batch_reason += (f"; the model optimum sqrt(α·B_crit/β) is "
-                         f"{optimal_batch_text(model.value, model[1:3], *model[3:])}")
+        optimum = optimal_batch_text(model.value, model[1:3], model.cap, model.line,
+                                     model.why_open)
+        batch_reason += f"; the model optimum sqrt(α·B_crit/β) is {optimum}"
     listing = ", ".join(
         f"{r} {s:.0f}"
         for r, s in zip(at_batch["lr_rule"], at_batch["steps_to_target"], strict=True)
