@@ -62,12 +62,28 @@ def test_the_narrative_states_the_share_with_its_range(factor, width, words, not
     text = result.markdown
     assert words in text and not_words not in text.split("**Memory")[0], text
     metrics = result.summary.metrics()
+    # no share outside [0, 1] is stored or said, the range's ends included
+    assert all(0 <= value <= 1 for name, value in metrics.items()
+               if name.startswith("input_pipeline_share")), metrics
+    assert not any(f"–{p}%" in text for p in range(101, 1000))
     if factor > 1:
         assert "cannot make a step faster" in text
-        assert "input_pipeline_share" not in metrics  # no share below 0 is stored
-        assert metrics["input_pipeline_share_low"] < 0
+        assert "input_pipeline_share" not in metrics
+        # a range wholly below 0 (rows timed at different speeds) is not stored either
+        assert ("input_pipeline_share_low" in metrics) == (width > 0.1)
     else:
         assert metrics["input_pipeline_share"] == pytest.approx(1 - factor)
+
+
+def test_a_range_reaching_below_zero_is_cut_at_no_loss():
+    """At 95 % of synthetic with ±20 % intervals the raw range reaches −42 %, i.e. real input
+    at 142 % of synthetic: stored and said as 0, 'no loss ruled out'."""
+    result = analyze(sweep_with(0.95, 0.2), make_runs(), None, SETTINGS)
+    metrics = result.summary.metrics()
+    assert result.summary.throughput.input_pipeline_share_range[0] < -0.4
+    assert metrics["input_pipeline_share_low"] == 0.0
+    assert metrics["input_pipeline_share_high"] == pytest.approx(1 - 0.95 * 0.8 / 1.2)
+    assert "reaches 95% of synthetic throughput at batch 1024 (63%–100%" in result.markdown
 
 
 def test_one_thread_is_suggested_only_to_a_cpu_sweep_on_several():

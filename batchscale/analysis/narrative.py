@@ -256,8 +256,13 @@ def _input_text(throughput: ThroughputSummary, cpu_threads: int | None) -> str:
         return ""
     low, high = throughput.input_pipeline_share_range
     known = math.isfinite(low) and math.isfinite(high)
-    ratio = (f" ({1 - high:.0%}–{1 - low:.0%} from the two rows' rerun intervals)" if known
-             else " (no rerun intervals recorded)")
+    least, most = throughput.input_share_bounds  # never above 100 % of synthetic
+    if not known:
+        ratio = " (no rerun intervals recorded)"
+    elif math.isfinite(least):
+        ratio = f" ({1 - most:.0%}–{1 - least:.0%} from the two rows' rerun intervals)"
+    else:  # the whole range above 100 %: the cause below says so
+        ratio = ""
     if share < 0:
         cause = ("the two rows were timed at different machine speeds, outside both rows' "
                  "intervals" if known and high < 0 else

@@ -44,6 +44,17 @@ class ThroughputSummary:
     """The best row's 90 % rerun interval of samples/s (sweep/rounds.py); NaN: none recorded."""
 
     @property
+    def input_share_bounds(self) -> tuple[float, float]:
+        """The share's range cut to what a share can be, [0, 1] (real input cannot be faster
+        than synthetic: a range reaching below 0 says only that no loss is ruled out); (NaN,
+        NaN) where the whole range lies below 0 (the rows were timed at different speeds) or
+        there is none."""
+        low, high = self.input_pipeline_share_range
+        if not (math.isfinite(low) and math.isfinite(high)) or high < 0:
+            return math.nan, math.nan
+        return max(0.0, low), min(1.0, high)
+
+    @property
     def input_bottleneck(self) -> bool:
         """Real input loses more than INPUT_BOTTLENECK_SHARE of synthetic throughput at the
         best batch, over the whole range the two rows' rerun intervals allow (or, without
@@ -329,8 +340,8 @@ class AnalysisSummary:
             # below 0 (real input timed faster) it is no share: the narrative says why
             "input_pipeline_share": (self.throughput.input_pipeline_share
                                      if self.throughput.input_pipeline_share >= 0 else None),
-            "input_pipeline_share_low": self.throughput.input_pipeline_share_range[0],
-            "input_pipeline_share_high": self.throughput.input_pipeline_share_range[1],
+            "input_pipeline_share_low": self.throughput.input_share_bounds[0],
+            "input_pipeline_share_high": self.throughput.input_share_bounds[1],
             "step_time_alpha_s": self.step_time.alpha_s,
             "step_time_beta_s": self.step_time.beta_s,
             "step_time_r2": self.step_time.r2,
