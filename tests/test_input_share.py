@@ -1,7 +1,8 @@
 """Real input against synthetic in the analysis: the share lost to the input pipeline carries
 the range of the two rows' rerun intervals, and real input timed faster than synthetic (which
 reading data cannot make a step) is said to be timing noise, never a finding
-(batchscale.fits.input_pipeline_share, batchscale.analysis.narrative)."""
+(batchscale.fits.input_pipeline_share, batchscale.analysis.narrative). Neither that share nor
+the MFU is stored outside what physics allows (the metrics, summary.json)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,9 @@ def test_the_narrative_states_the_share_with_its_range(factor, width, words, not
     # no share outside [0, 1] is stored or said, the range's ends included
     assert all(0 <= value <= 1 for name, value in metrics.items()
                if name.startswith("input_pipeline_share")), metrics
+    kept = result.summary.stored()["throughput"]  # what summary.json keeps
+    stored = [kept["input_pipeline_share"], *kept["input_pipeline_share_range"]]
+    assert all(math.isnan(v) or 0 <= v <= 1 for v in stored), kept
     assert not any(f"–{p}%" in text for p in range(101, 1000))
     if factor > 1:
         assert "cannot make a step faster" in text
@@ -93,3 +97,18 @@ def test_one_thread_is_suggested_only_to_a_cpu_sweep_on_several():
         text = analyze(sweep, make_runs(), None, SETTINGS).markdown
         assert "cannot make a step faster" in text
         assert (advice in text) == suggested, (threads, cuda)
+
+
+@pytest.mark.parametrize(("mfu", "stored"), [(0.4, True), (1.95, False)])
+def test_an_mfu_above_one_is_not_stored_as_a_headline_figure(mfu, stored):
+    """Above 100 % the measured peak or the FLOP count is off: the text names it untrusted
+    (fits.mfu_text) and the metrics leave it out, as they leave out a negative share."""
+    sweep = make_sweep().assign(mfu=mfu)
+    result = analyze(sweep, make_runs(), None, SETTINGS)
+    metrics = result.summary.metrics()
+    assert ("mfu_at_best" in metrics) == stored
+    assert math.isnan(result.summary.stored()["throughput"]["mfu_at_best"]) != stored
+    if stored:
+        assert metrics["mfu_at_best"] == pytest.approx(mfu)
+    else:
+        assert "MFU not trusted: 195% is above 100 %" in result.markdown

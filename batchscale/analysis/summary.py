@@ -9,6 +9,7 @@ batch size that does not exist), each with a reason string.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -331,12 +332,27 @@ class AnalysisSummary:
     """False for a table brought without an lr_rule column: its rows' rule "tuned" is a label
     (the fewest steps per batch over the learning rates the runs used), not a rule to apply."""
 
+    def stored(self) -> dict:
+        """Every field, as summary.json keeps it: the figures physics bounds as `metrics` gives
+        them (a share within [0, 1], an MFU at most 1; NaN where the measured value cannot be
+        one: the markdown beside it says why)."""
+        data = dataclasses.asdict(self)
+        t = self.throughput
+        data["throughput"].update(
+            input_pipeline_share=t.input_pipeline_share if t.input_pipeline_share >= 0
+            else math.nan,
+            input_pipeline_share_range=t.input_share_bounds,
+            mfu_at_best=t.mfu_at_best if t.mfu_at_best <= 1 else math.nan)
+        return data
+
     def metrics(self) -> dict[str, float]:
         """Finite headline numbers, flat, for KFP Metrics (which cannot store NaN or inf)."""
         values: dict[str, object] = {
             "saturation_batch": self.throughput.saturation_batch,
             "best_samples_per_s": self.throughput.best_samples_per_s,
-            "mfu_at_best": self.throughput.mfu_at_best,
+            # above 1 it is no utilization (fits.mfu_text): the peak or FLOP count is off
+            "mfu_at_best": (self.throughput.mfu_at_best
+                            if self.throughput.mfu_at_best <= 1 else None),
             # below 0 (real input timed faster) it is no share: the narrative says why
             "input_pipeline_share": (self.throughput.input_pipeline_share
                                      if self.throughput.input_pipeline_share >= 0 else None),

@@ -12,7 +12,6 @@ validates the analysis table with the pipeline's suite (the checks package is an
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -305,7 +304,7 @@ def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
         "column_mapping": inputs.mapping,
         "notes": inputs.notes,
         "analysis_settings": settings.model_dump(mode="json"),
-        "summary": json_safe(dataclasses.asdict(result.summary)),
+        "summary": json_safe(result.summary.stored()),
         "metrics": result.metrics,
         "markdown": result.markdown,
         "plan": plan_missing or "in report.html and plan.parquet",
