@@ -362,13 +362,18 @@ def largest_fitting_batch(sweep: pd.DataFrame) -> tuple[float, str]:
     return float(np.max(fits)), reason
 
 
-def mfu_text(mfu: float | None) -> str:
+def mfu_text(mfu: float | None, samples_range: tuple[float, float] | None = None) -> str:
     """MFU as printed everywhere: above 100 % it cannot be true (the peak was measured low —
     a matmul timed at the sweep's start, e.g. while the machine was busy — or the FLOP count
-    is off), so it is named as untrusted instead of printed as a figure."""
+    is off), so it is named as untrusted instead of printed as a figure. `samples_range`: the
+    row's rerun range of samples/s as shares of its figure (low/value, high/value), which MFU
+    moves with; the peak's own error is not in it."""
     if mfu is None or not math.isfinite(mfu):
         return "MFU not known"
     if mfu > 1:
         return (f"MFU not trusted: {mfu:.0%} is above 100 %, so the measured peak FLOP/s or "
                 "the FLOP count is off")
-    return f"MFU {mfu:.1%}"
+    if samples_range is None or not all(map(math.isfinite, samples_range)):
+        return f"MFU {mfu:.1%}"
+    low, high = samples_range
+    return f"MFU {mfu:.1%} [{mfu * low:.1%}, {min(1.0, mfu * high):.1%}]"

@@ -148,6 +148,10 @@ def test_an_mfu_above_one_is_named_untrusted_not_printed_as_a_figure():
     from batchscale.fits import mfu_text
 
     assert mfu_text(0.5412) == "MFU 54.1%"
+    # with the row's rerun range of samples/s, which MFU moves with; never above 100 %
+    assert mfu_text(0.4, (0.9, 1.1)) == "MFU 40.0% [36.0%, 44.0%]"
+    assert mfu_text(0.95, (0.9, 1.2)) == "MFU 95.0% [85.5%, 100.0%]"
+    assert mfu_text(0.4, (float("nan"), 1.1)) == "MFU 40.0%"
     assert mfu_text(None) == mfu_text(float("nan")) == "MFU not known"
     untrusted = mfu_text(1.9463)
     assert untrusted.startswith("MFU not trusted: 195% is above 100 %")

@@ -223,8 +223,9 @@ def _throughput_text(throughput: ThroughputSummary, step: StepTimeSummary,
         f"{_rerun_text(throughput.best_rerun_interval)}at batch {best} "
         f"({throughput.timing_input_mode} input"
     )
-    mfu = throughput.mfu_at_best
-    text += f", {mfu_text(mfu)})." if math.isfinite(mfu) else ")."
+    mfu, (low, high) = throughput.mfu_at_best, throughput.best_rerun_interval
+    shares = (low / throughput.best_samples_per_s, high / throughput.best_samples_per_s)
+    text += f", {mfu_text(mfu, shares)})." if math.isfinite(mfu) else ")."
     if saturation is None:
         text += f" No saturation batch: {throughput.saturation_reason}."
     elif throughput.saturated_at_smallest_batch:

@@ -89,7 +89,7 @@ def summary_lines(summary: dict) -> list[str]:
                   else f"no saturation batch: {summary['saturation_reason']}")
     return [
         f"best: {summary['best_samples_per_s']:,.1f} samples/s {_rerun_text(summary)} at batch "
-        f"{summary['best_batch']} ({mfu_text(mfu)}); {saturation}",
+        f"{summary['best_batch']} ({mfu_text(mfu, _shares_of_best(summary))}); {saturation}",
         _memory_line(summary),
         _measured_wall_line(summary),
         *_failed_lines(summary),
@@ -106,6 +106,14 @@ def _failed_lines(summary: dict) -> list[str]:
     rows = "; ".join(f"{mode} batch {batch}: {error}" for mode, batch, error in failed)
     return [f"FAILED: {len(failed)} row(s) raised an error and are left out of every figure "
             f"(status error in the table): {rows}"]
+
+
+def _shares_of_best(summary: dict) -> tuple[float, float] | None:
+    """The best row's rerun range as shares of its samples/s (what MFU moves with)."""
+    low, high = summary.get("best_samples_per_s_low"), summary.get("best_samples_per_s_high")
+    if not (_finite(low) and _finite(high)):
+        return None
+    return low / summary["best_samples_per_s"], high / summary["best_samples_per_s"]
 
 
 def _rerun_text(summary: dict) -> str:
