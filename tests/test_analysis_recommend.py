@@ -183,6 +183,10 @@ def test_the_worker_reason_names_each_cell_when_the_choice_was_not_run_with_both
     assert choice.workers == 2
     assert "1 worker: 0.086 s to target (linear, batch 64)" in choice.workers_reason
     assert "2 workers: 0.055 s to target (linear, batch 256)" in choice.workers_reason
+    # a speed-up between different cells is no data-parallel efficiency, and is not called one
+    assert "no cell ran with both, so no data-parallel efficiency is given" in \
+        choice.workers_reason
+    assert "% data-parallel efficiency" not in choice.workers_reason
 
 
 def test_workers_are_compared_where_both_ran_and_a_half_failing_cell_does_not_count():

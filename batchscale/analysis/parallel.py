@@ -130,6 +130,10 @@ def worker_choice(
     if best == 1:
         return 1, f"{listing} — more workers did not reach the target sooner than 1"
     speedup = fastest[1] / fastest[best]
+    if where:  # each count's own fastest cell: a speed-up, but of different cells
+        return best, (f"{listing} — {_workers(best)} reached the target {speedup:.3g}× sooner "
+                      "than 1, in another cell (no cell ran with both, so no data-parallel "
+                      "efficiency is given)")
     if speedup / best > MAX_PHYSICAL_EFFICIENCY:
         return None, (
             f"{listing} — {_workers(best)} reached the target {speedup:.3g}× sooner than 1, a"
