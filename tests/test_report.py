@@ -258,7 +258,11 @@ def test_the_efficiency_legend_lists_only_batches_run_with_several_worker_counts
     runs = make_runs(rules=("linear",))
     two = pd.DataFrame([run_row(64, "linear", 0.1, 0, 200, workers=2, time=0.1)])
     legend = _draw_dp_efficiency(pd.concat([runs, two], ignore_index=True)).axes[0].get_legend()
-    assert [text.get_text() for text in legend.get_texts()] == ["batch 64"]
+    assert [text.get_text() for text in legend.get_texts()] == ["batch 64", "ideal"]
+    # a point above the ideal (2 workers more than twice as fast) is marked, not just drawn
+    fast = two.assign(train_time_s=1e-6)
+    legend = _draw_dp_efficiency(pd.concat([runs, fast], ignore_index=True)).axes[0].get_legend()
+    assert "above the ideal 1: NOT TRUSTED" in [text.get_text() for text in legend.get_texts()]
 
 
 def test_the_step_time_plot_draws_the_line_b_star_sits_on():

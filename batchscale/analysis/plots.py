@@ -293,6 +293,10 @@ def _draw_dp_efficiency(runs: pd.DataFrame) -> Figure | None:
         if rows["workers"].nunique() < 2:  # ran with one worker count only: no line to draw
             continue
         ax.plot(rows["workers"], rows["efficiency"], "o-", label=f"batch {int(batch)}")
-    ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
+    beyond = table[table["efficiency"] > 1]
+    if not beyond.empty:  # no group is more than ideal: such a point is timing noise (or cache)
+        ax.plot(beyond["workers"], beyond["efficiency"], "x", color="red", markersize=10,
+                label="above the ideal 1: NOT TRUSTED")
+    ax.axhline(1.0, color="black", linestyle=":", linewidth=1, label="ideal")
     ax.legend(fontsize="small")
     return fig
