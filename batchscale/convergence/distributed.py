@@ -36,9 +36,27 @@ def init_distributed(expected_world_size: int) -> Dist:
     if use_cuda:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo", store=attempt_store(),
+        dist.init_process_group(group_backend(use_cuda), store=attempt_store(),
                                 rank=rank, world_size=world)
     return Dist(rank, world, device)
+
+
+def group_backend(use_cuda: bool) -> str:
+    """The process group's backends: on GPUs NCCL for CUDA tensors (gradients, the all-reduce
+    probe) and gloo beside it for the CPU tensors the trainer reduces at each evaluation (loss
+    sums, training time, the CPU wait, a loop's verdict). A group of NCCL alone refuses those
+    ("No backend type associated with device type cpu")."""
+    return "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
+
+
+def backend_of(device: str) -> str:
+    """The backend that carries collectives of tensors on `device` ("cuda:0" → "nccl" in a
+    group of cpu:gloo,cuda:nccl; the group's one backend otherwise)."""
+    name = str(dist.get_backend())
+    if ":" not in name:
+        return name
+    per_device = dict(part.split(":", 1) for part in name.split(","))
+    return per_device.get(device.split(":")[0], name)
 
 
 def attempt_store() -> dist.Store:

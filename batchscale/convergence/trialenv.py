@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from batchscale.conditions import run_queue_wait_s
-from batchscale.convergence.distributed import Dist, all_reduce, barrier
+from batchscale.convergence.distributed import Dist, all_reduce, backend_of, barrier
 from batchscale.timing import time_steps
 
 SMALL_MESSAGE_BYTES = 1024
@@ -103,6 +103,6 @@ def probe_columns(d: Dist, grad: int | None) -> dict:
         return row
     small_s, _ = _timed_all_reduce(d, SMALL_MESSAGE_BYTES)
     gradient_s, spread = _timed_all_reduce(d, grad)
-    return {**row, "allreduce_backend": dist.get_backend(), "allreduce_small_bytes":
+    return {**row, "allreduce_backend": backend_of(d.device), "allreduce_small_bytes":
             SMALL_MESSAGE_BYTES, "allreduce_small_s": small_s, "allreduce_gradient_s": gradient_s,
             "allreduce_cv": spread}
