@@ -88,16 +88,6 @@ def with_workload_targets(cfg, workload):
     return cfg.model_copy(update={"convergence": section})
 
 
-def warmup_as_run(cfg) -> int | None:
-    """The learning-rate warm-up the trials had, which the recommendation says with the learning
-    rate: convergence.warmup_steps where batchscale trained them; None (nothing said) for a
-    TrainingLoop, whose schedule is its own (`trial.lr_at` if it asks, or its framework's, as a
-    Hugging Face Trainer's linear decay), which batchscale does not see."""
-    from batchscale.workloads import get_workload
-
-    return None if get_workload(cfg.workload).loop is not None else cfg.convergence.warmup_steps
-
-
 # ------------------------------------------------------------------ checks
 def check_workload(workload, *, batch_sizes: Iterable[int] | str = (), targets: Iterable = (),
                    convergence: bool = False, probe_synthetic: bool = False,

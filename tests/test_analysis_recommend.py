@@ -68,6 +68,7 @@ def test_the_learning_rate_comes_with_the_runs_warm_up():
     """The card's learning rate says how the runs reached it (convergence.warmup_steps); a
     table from elsewhere (no warm-up given) says nothing of one."""
     runs = pd.DataFrame([run_row(64, "linear", 0.1, 0, 120), run_row(64, "linear", 0.1, 1, 124)])
+    runs["optimizer"] = "sgd"  # batchscale's trainer ran them (see the last test)
     warmed = recommend(obvious_table(), runs, warmup_steps=20).learning_rate_reason
     assert warmed.endswith("reached by a linear warm-up over the first 20 steps, as the runs "
                            "had (convergence.warmup_steps)")
@@ -224,3 +225,15 @@ def test_the_model_optimum_is_quoted_with_its_interval_or_why_it_is_open():
     assert "≈ 80 (interval open: B_crit's interval is unbounded)" in said.batch_reason
     assert open_reason(0.0, 40.0) == why
     assert open_reason(20.0, 40.0).startswith("the step-time line through two batch sizes")
+
+
+def test_the_warm_up_is_said_only_where_batchscale_ran_the_schedule():
+    """A Workload's trials record the optimizer batchscale built, and had the config's warm-up;
+    a TrainingLoop's record none (a Hugging Face Trainer decays its LR linearly from the start):
+    the card names no warm-up it cannot see."""
+    runs = two_worker_runs(0.086, 0.055)
+    ours = recommend(obvious_table(), runs.assign(optimizer="sgd"), warmup_steps=20)
+    assert "reached by a linear warm-up over the first 20 steps" in ours.learning_rate_reason
+    loops = recommend(obvious_table(), runs.assign(optimizer=None), warmup_steps=20)
+    assert "warm-up" not in loops.learning_rate_reason
+    assert loops.learning_rate == ours.learning_rate

@@ -112,18 +112,6 @@ def test_sweep_and_halving_of_a_loop_are_refused_with_exit_2(tmp_path):
     assert result.returncode == 2 and "lr_halving_eta" in result.stderr and runs is None
 
 
-def test_the_warm_up_is_said_only_where_batchscale_ran_the_schedule(monkeypatch):
-    """A Hugging Face Trainer decays its LR its own way; the card says the config's warm-up
-    only for a Workload, whose schedule batchscale runs."""
-    from batchscale.config import parse_config
-    from batchscale.contract_check import warmup_as_run
-
-    monkeypatch.chdir(TESTS_DIR)
-    warmup = {"convergence": {"warmup_steps": 7}}
-    assert warmup_as_run(parse_config({"workload": "contract_workloads:good", **warmup})) == 7
-    assert warmup_as_run(parse_config({"workload": "loop_workloads:good_loop", **warmup})) is None
-
-
 def test_a_pipeline_with_a_batch_schedule_is_refused_for_a_loop_before_any_stage(tmp_path):
     for module in ("loop_workloads.py", "contract_workloads.py"):  # the first imports the second
         shutil.copy(TESTS_DIR / module, tmp_path)

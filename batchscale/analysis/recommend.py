@@ -107,11 +107,20 @@ def recommend(
     # The learning rate, expectation and saving all speak of one (rule, batch, workers) cell.
     return Recommendation(batch, rule, workers, batch_reason, rule_reason,
                           workers_reason + _starved_note(runs, max_cpu_wait_share), lr,
-                          lr_reason + warmup_text(lr, warmup_steps)
+                          lr_reason + warmup_text(lr, warmup_steps if ran_schedule(runs)
+                                                  else None)
                           + lr_versus_current(lr, current_lr),
                           expected_text(runs, table, rule, batch, workers, lr),
                           versus_current(runs, table, rule, batch, current_batch, workers, lr),
                           shown)
+
+
+def ran_schedule(runs: pd.DataFrame) -> bool:
+    """Whether batchscale's trainer ran the trials' learning-rate schedule (and so the config's
+    warm-up): its runs record the optimizer it built. A TrainingLoop's record none: its schedule
+    is its own (`trial.lr_at` if it asks, or its framework's, as a Hugging Face Trainer's linear
+    decay with no warm-up), which batchscale does not see."""
+    return "optimizer" in runs and runs["optimizer"].notna().any()
 
 
 def warmup_text(lr: float | None, warmup_steps: int | None) -> str:

@@ -15,12 +15,11 @@ def analyse(cfg: ExperimentConfig, sweep: pd.DataFrame, runs: pd.DataFrame,
     """Fit and recommend on the run's tables and write the analysis table; the AnalysisResult.
     `adaptive`: an adaptive search chose the trials (their B_crit interval is read higher)."""
     from batchscale.analysis.analyze import analyze
-    from batchscale.contract_check import warmup_as_run
 
     result = analyze(sweep, runs, curves, settings_for(cfg.analysis, adaptive),
                      primary_target=primary_target(cfg),
                      gap_epochs=cfg.convergence.gap_epochs,
-                     warmup_steps=warmup_as_run(cfg))
+                     warmup_steps=cfg.convergence.warmup_steps)
     write_table_atomic(analysis_path, make_table("analysis", result.rows, env))
     return result
 

@@ -29,7 +29,6 @@ import pandas as pd
 
 from batchscale.analysis.stage import primary_target
 from batchscale.config.stage_inputs import Config, stage_config
-from batchscale.contract_check import warmup_as_run
 from batchscale.errors import BadInput, ObjectExists
 from batchscale.lake.history import history_plot
 from batchscale.lake.regression import (
@@ -203,7 +202,7 @@ def run_stage(config: str | Config, run_id: str, manifest_path: str, sweep_path:
     extra = {"workload": cfg.workload, "experiment": cfg.name, "config_hash": cfg.config_hash,
              "analysis_config": cfg.analysis.model_dump(mode="json"),
              "gap_epochs": cfg.convergence.gap_epochs,
-             "warmup_steps": warmup_as_run(cfg),
+             "warmup_steps": cfg.convergence.warmup_steps,
              # a rebuilt card names the target as the pipeline's did ("marked primary" or why not)
              "primary_target": primary_target(cfg),
              # what an adaptive search's report compares its cost with (batchscale report)

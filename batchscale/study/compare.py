@@ -17,7 +17,6 @@ from batchscale.analysis.targets import same_target, split_by_target
 from batchscale.analysis.timetotarget import closed_interval
 from batchscale.config.study import axis_key
 from batchscale.config.variants import Variant
-from batchscale.contract_check import warmup_as_run
 from batchscale.planner.inputs import BYTES_PER_GRADIENT_VALUE, gradient_bytes
 from batchscale.study.slopes import AxisPoint, AxisSlope, fit_slopes
 
@@ -44,7 +43,7 @@ def variant_rows(variant: Variant, run_id: str, frames: dict[str, pd.DataFrame])
     result = analyze(frames.get("sweep"), frames.get("runs"), frames.get("curves"),
                      settings_for(cfg.analysis, adaptive), primary_target=primary_target(cfg),
                      gap_epochs=cfg.convergence.gap_epochs,
-                     warmup_steps=warmup_as_run(cfg))
+                     warmup_steps=cfg.convergence.warmup_steps)
     summary = result.summary
     common = {
         "variant": variant.name, "variant_run_id": run_id, "workload": cfg.workload,
