@@ -294,6 +294,19 @@ def _user_attribute(spec: str) -> object:
     return value
 
 
+def is_training_loop(spec: str) -> bool | None:
+    """Whether `spec` names a batchscale.TrainingLoop, told by importing its module and calling
+    nothing (a compile must not build the user's model): True or False, None where the module
+    cannot be imported here. A function that returns a loop reads as False: only its call would
+    tell."""
+    if not names.is_factory_spec(spec):
+        return False
+    try:
+        return is_loop(_user_attribute(spec))
+    except BadInput:
+        return None
+
+
 def _importable_from_cwd() -> None:
     """The current directory is searched for a user's module (after the installed packages),
     as `python -m` would, also from the `batchscale` command; torchrun workers get it through

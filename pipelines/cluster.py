@@ -20,7 +20,9 @@ kfp.local ignores all of it, so the local pipeline is built without (batchscale_
   (batch_sizes, workers): the loop item with a selector;
 - the convergence pod of `launcher: kubeflow` only waits for its TrainJob: CPU image, no GPU,
   and the variables its launcher needs (the TrainJob's image, the pod's name, uid, namespace
-  and deadline).
+  and deadline);
+- the sweep pod of a TrainingLoop measures nothing (the loop's speed comes from its own
+  trials), so it requests no GPU, where the compile can import the loop's module to tell.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ from types import SimpleNamespace
 import yaml
 from kfp import dsl, kubernetes
 
+from batchscale.batch_schedule.stage import loop_refusal
 from batchscale.config import ExperimentConfig, KubernetesConfig, TolerationConfig
 from batchscale.errors import BadInput
 from batchscale.images import CPU_IMAGE, GPU_IMAGE, IMAGE_REF_ENV
 from batchscale.quantities import cpu_quantity, mebibytes
+from batchscale.workloads import is_training_loop
 
 GPU_STAGES = ("throughput-sweep", "convergence", "batch-schedule")
 """Stages that measure: on the accelerator where the config gives them one."""
@@ -59,8 +63,11 @@ def uses_trainjob(cfg: ExperimentConfig) -> bool:
 
 
 def sweep_gpus(cfg: ExperimentConfig) -> int:
-    """The sweep is one process: one worker's GPUs, none when it measures on the CPU."""
-    return 0 if cfg.sweep.device == "cpu" else cfg.kubernetes.gpus_per_worker
+    """The sweep is one process: one worker's GPUs; none when it measures on the CPU, or for a
+    TrainingLoop, whose sweep step only records that it measured nothing."""
+    if cfg.sweep.device == "cpu" or is_training_loop(cfg.workload):
+        return 0
+    return cfg.kubernetes.gpus_per_worker
 
 
 def cell_gpus(cfg: ExperimentConfig, workers: int) -> int:
@@ -70,8 +77,11 @@ def cell_gpus(cfg: ExperimentConfig, workers: int) -> int:
 
 
 def check_devices(cfg: ExperimentConfig) -> None:
-    """A sweep told to use CUDA in a pod that gets no GPU would fail only on the cluster."""
-    if cfg.sweep.device == "cuda" and not sweep_gpus(cfg):
+    """A sweep told to use CUDA in a pod that gets no GPU would fail only on the cluster; so
+    would a batch schedule of a TrainingLoop (batchscale does not hold a loop's state)."""
+    if cfg.batch_schedule.enabled and is_training_loop(cfg.workload):
+        raise BadInput(f"{loop_refusal(cfg.workload)}, or set batch_schedule.enabled: false")
+    if cfg.sweep.device == "cuda" and not cfg.kubernetes.gpus_per_worker:
         raise BadInput("sweep.device is 'cuda' but kubernetes.gpus_per_worker is 0, so the "
                        "sweep's pod would get no GPU; set kubernetes.gpus_per_worker: 1, or "
                        "sweep.device: cpu or auto")

@@ -418,3 +418,17 @@ def test_compiling_a_users_own_workload_says_the_default_images_lack_it():
                            "above are batchscale's, without it")
     assert own_code_note("mypkg.train:workload", {"BATCHSCALE_IMAGE": "me/mine:1"}) is None
     assert own_code_note("digits-mlp", {}) is None
+
+
+def test_compiling_says_what_it_could_tell_of_a_training_loop():
+    """The compile imports a user's module to tell a TrainingLoop, whose sweep step then asks
+    for no GPU (tests/test_kubernetes.py checks the request), and says when it cannot."""
+    from batchscale.cli.pipeline_cmds import loop_note
+
+    assert loop_note("loop_workloads:good_loop") == (
+        "loop_workloads:good_loop is a TrainingLoop: its throughput-sweep step measures "
+        "nothing and requests no GPU")
+    assert loop_note("not_importable_here:loop").startswith(
+        "cannot import not_importable_here:loop here, so the compile cannot tell")
+    assert loop_note("contract_workloads:good") is None
+    assert loop_note("digits-mlp") is None

@@ -419,3 +419,21 @@ def test_the_batch_schedule_stage_runs_on_one_accelerator_and_feeds_analysis_and
     assert "analysis" not in tasks and "publish" not in tasks
     (tmp_path / "off").mkdir()
     assert "batch-schedule" not in compiled(tmp_path / "off", CLUSTER).spec.root.dag.tasks
+
+
+def test_a_training_loops_sweep_step_holds_no_gpu_and_its_batch_schedule_is_refused(tmp_path):
+    """A TrainingLoop's sweep step only records that it measured nothing (the loop's speed comes
+    from its own trials), so it requests no GPU while the loop's convergence cells keep theirs;
+    a batch schedule of a loop is refused at compile, as `batchscale run` refuses it. The
+    compile imports the loop's module (tests/loop_workloads.py) and calls nothing."""
+    loop = {**CLUSTER, "workload": "loop_workloads:good_loop"}
+    result = compiled(tmp_path, loop)
+    assert set(result.gpus("throughput-sweep")) == {("", 0)}
+    assert result.container("throughput-sweep").image == CPU_IMAGE
+    assert ("nvidia.com/gpu", 2) in set(result.gpus("convergence"))
+    with pytest.raises(BadInput, match=r"loop_workloads:good_loop is a TrainingLoop.*or set "
+                                       r"batch_schedule\.enabled: false"):
+        compiled(tmp_path, {**loop, "batch_schedule": {"enabled": True}})
+    # where the module cannot be imported here, the compile cannot tell: the sweep keeps its GPU
+    elsewhere = compiled(tmp_path, {**CLUSTER, "workload": "not_importable_here:loop"})
+    assert set(elsewhere.gpus("throughput-sweep")) == {("nvidia.com/gpu", 1)}

@@ -32,6 +32,25 @@ def own_code_note(workload: str, environ) -> str | None:
             "(docs/kubeflow.md, \"Your own workload on a cluster\")")
 
 
+def loop_note(workload: str) -> str | None:
+    """What the compile could tell of a user's TrainingLoop (its sweep step's GPU depends on
+    it: pipelines/cluster.py, sweep_gpus); None for a built-in workload or another kind."""
+    from batchscale.names import is_factory_spec
+    from batchscale.workloads import is_training_loop
+
+    if not is_factory_spec(workload):
+        return None
+    found = is_training_loop(workload)
+    if found:
+        return (f"{workload} is a TrainingLoop: its throughput-sweep step measures nothing and "
+                "requests no GPU")
+    if found is None:
+        return (f"cannot import {workload} here, so the compile cannot tell whether it is a "
+                "TrainingLoop; if it is, its throughput-sweep step holds a GPU for its few "
+                "seconds (compile from the directory that holds it: docs/kubeflow.md)")
+    return None
+
+
 def run_header(cfg, workload, run_id: str) -> str:
     """The run's first line: its id, name, workload and the data it trains on."""
     data = "on its own data" if workload.has_own_data else f"on {cfg.dataset.name}"
@@ -123,8 +142,9 @@ def cmd_compile(args) -> int:
         check_axes_reach_the_data(cfg, expand(cfg))
     path = compile_pipeline(cfg, args.output)
     print(f"wrote {path} (images {CPU_IMAGE}, {GPU_IMAGE})")
-    if note := own_code_note(cfg.workload, os.environ):
-        print(f"note: {note}", file=sys.stderr)
+    for note in (own_code_note(cfg.workload, os.environ), loop_note(cfg.workload)):
+        if note:
+            print(f"note: {note}", file=sys.stderr)
     size = Path(path).stat().st_size
     if size > WORKFLOW_SIZE_WARNING_BYTES:
         print(f"warning: the pipeline is {size / 2**20:.1f} MiB; Argo keeps the whole workflow "
