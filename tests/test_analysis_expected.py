@@ -122,3 +122,39 @@ def test_cells_whose_seeds_overlap_the_fastest_are_named_as_just_as_fast():
     # one seed has no spread to compare: nothing is claimed either way
     one = pd.DataFrame(seeds(64, "linear", 0.2, [120], 0.012) + seeds(32, "linear", 0.1, [140]))
     assert as_fast(one, cells, "linear", 64) == [] and as_fast_text([], rules=1) == ""
+
+
+# ------------------------------------------------------- counts taken at evaluations
+
+
+def at_evaluations(rows: list[dict], every: int) -> pd.DataFrame:
+    """The rows as a trainer evaluating every `every` steps records them: the evaluation
+    before the one that met the target is `every` steps earlier."""
+    return pd.DataFrame([{**r, "steps_before_target": r["steps_to_target"] - every}
+                         for r in rows])
+
+
+def test_seeds_that_tie_at_an_evaluation_show_the_gap_they_were_counted_over():
+    runs = at_evaluations(seeds(128, "sqrt", 0.1, [190, 190]), every=10)
+    spread = steps_spread(runs, "sqrt", 128)
+    assert (spread.median, spread.low, spread.high, spread.evaluation_gap) == (190, 181, 190, 10)
+    assert spread.text(" steps") == (
+        "190 steps [181, 190] over 2 seeds (counted at evaluations up to 10 steps apart: the "
+        "range reaches back to the step after the evaluation before)")
+
+
+def test_one_seed_counted_at_evaluations_has_the_gap_as_its_only_range():
+    runs = at_evaluations(seeds(128, "sqrt", 0.1, [190]), every=10)
+    assert steps_spread(runs, "sqrt", 128).text(" steps") == (
+        "190 steps [181, 190] (one seed: no spread between seeds; counted at evaluations up "
+        "to 10 steps apart: the range reaches back to the step after the evaluation before)")
+    # and a saving against today's batch then carries a band from both gaps
+    runs = pd.concat([runs, at_evaluations(seeds(16, "sqrt", 0.1, [800]), every=10)])
+    text = versus_current(runs, obvious_table(), "sqrt", 128, 16)
+    # 190/800 = 0.24, band 181/800 .. 190/791
+    assert "needs 0.24× [0.23, 0.24] the steps" in text
+
+
+def test_rows_that_do_not_record_the_evaluation_before_keep_the_seeds_range():
+    runs = pd.DataFrame(seeds(128, "sqrt", 0.1, [190, 190]))
+    assert steps_spread(runs, "sqrt", 128).text(" steps") == "190 steps [190, 190] over 2 seeds"

@@ -169,6 +169,9 @@ def test_trial_reaches_the_target_and_records_its_curve(tmp_path, digits_dir):
     trial, summary = run_in_process(tmp_path, digits_dir)
     assert summary["status"] == "reached"
     assert summary["steps_to_target"] == trial.state.curve[-1]["step"]
+    # the evaluation before the one that met it: the target was crossed in between
+    assert summary["steps_before_target"] == trial.state.curve[-2]["step"]
+    assert summary["steps_to_target"] - summary["steps_before_target"] == 5
     assert summary["examples_to_target"] == 64 * summary["steps_to_target"]
     assert trial.state.curve[-1]["val_accuracy"] >= 0.9
     assert summary["b_simple"] is not None and summary["b_simple"] > 0

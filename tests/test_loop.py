@@ -157,6 +157,11 @@ def test_a_loop_in_a_two_worker_group_measures_the_noise_scale(tmp_path):
     assert runs["b_simple"].notna().all()
     curves = pq.read_table(tmp_path / "out" / "curves.parquet").to_pandas()
     assert (curves.groupby("trial_id")["train_time_s"].diff().dropna() > 0).all()
+    # the report before the one that met the target is recorded, as for a Workload's trial
+    for run in runs.itertuples():
+        steps = curves.loc[curves["trial_id"] == run.trial_id, "step"].tolist()
+        at = steps.index(run.steps_to_target)
+        assert run.steps_before_target == (steps[at - 1] if at else 0)
     # the all-reduce probe a Workload's trial runs, at the size of the model `prepare` saw:
     # what the planner fits the link to, instead of assuming its latency
     from contract_workloads import mlp

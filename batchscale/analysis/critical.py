@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from batchscale import schemas
+from batchscale.analysis.evaluations import coarse_evaluations
 from batchscale.analysis.interval import (
     fieller_interval,
     fit_lines,
@@ -389,8 +390,8 @@ def interval_note(
     *,
     range_factor: float = DEFAULT_RANGE_FACTOR,
 ) -> str:
-    """Why the B_crit interval is missing, or where it leaves the measured batches ("" if it
-    lies inside them)."""
+    """Why the B_crit interval is missing, or where it leaves the measured batches, and where
+    the steps it rests on are coarsely counted (`coarse_evaluations`); "" if none of these."""
     low, high = interval
     rule_runs, batch, steps = _rule_batches(runs, rule)
     if math.isnan(low):
@@ -426,7 +427,8 @@ def interval_note(
             f"its top ({high:,.0f}) is past the largest batch measured ({largest:,.0f}):"
             " an extrapolation"
         )
-    return "; ".join(notes)
+    notes.append(coarse_evaluations(runs, rule))
+    return "; ".join(note for note in notes if note)
 
 
 # --------------------------------------------------------------------------- regimes

@@ -36,18 +36,34 @@ class Spread:
     counted: str = "seed"
     """What `seeds` counts: "seed", or "run" where the runs are not one per seed (no seed
     recorded, or several learning rates pooled), so that the count never claims more seeds."""
+    evaluation_gap: int = 0
+    """Steps to target only: the widest gap, in steps, between the evaluation that met the
+    target and the one before it (runs.steps_before_target), which `low` reaches back over;
+    0 where the runs do not record it."""
 
     def scaled(self, factor: float) -> Spread:
         return replace(self, median=self.median * factor, low=self.low * factor,
                        high=self.high * factor)
 
+    @property
+    def ranged(self) -> bool:
+        """Whether [low, high] says something: several seeds, or an evaluation gap."""
+        return self.seeds >= 2 or self.evaluation_gap > 1
+
     def text(self, unit: str = "", digits: int = 3) -> str:
-        """"110 [100, 120] steps over 3 seeds", or "110 steps (one seed: no spread)"."""
+        """"110 [100, 120] steps over 3 seeds", or "110 steps (one seed: no spread)"; with an
+        evaluation gap, what the range includes."""
         value = _g(self.median, digits)
+        band = f"[{_g(self.low, digits)}, {_g(self.high, digits)}]"
+        gap = (f"counted at evaluations up to {self.evaluation_gap} steps apart: the range "
+               "reaches back to the step after the evaluation before"
+               if self.evaluation_gap > 1 else "")
         if self.seeds < 2:
-            return f"{value}{unit} (one {self.counted}: no spread)"
-        return (f"{value}{unit} [{_g(self.low, digits)}, {_g(self.high, digits)}] over "
-                f"{self.seeds} {self.counted}s")
+            if not gap:
+                return f"{value}{unit} (one {self.counted}: no spread)"
+            return (f"{value}{unit} {band} (one {self.counted}: no spread between "
+                    f"{self.counted}s; {gap})")
+        return f"{value}{unit} {band} over {self.seeds} {self.counted}s{f' ({gap})' if gap else ''}"
 
 
 def _g(value: float, digits: int) -> str:
@@ -104,7 +120,24 @@ def steps_spread(runs: pd.DataFrame, rule: str, batch: int, workers: int | None 
                  lr: float | None = None) -> Spread | None:
     """Steps to target over the reached seeds of the (rule, batch, workers) cell (`cell_runs`),
     at `lr` where given; None when none reached."""
-    return _spread(_reached(runs, rule, batch, workers, lr), "steps_to_target")
+    return _steps(_reached(runs, rule, batch, workers, lr))
+
+
+def _steps(rows: pd.DataFrame) -> Spread | None:
+    """The steps to target over `rows`: a run's count is its first evaluation that met the
+    target, so where the runs record the evaluation before it (steps_before_target) the range's
+    low end reaches back to the step after that one."""
+    spread = _spread(rows, "steps_to_target")
+    if spread is None or "steps_before_target" not in rows:
+        return spread
+    steps = numeric_column(rows, "steps_to_target")
+    before = numeric_column(rows, "steps_before_target")
+    known = np.isfinite(steps) & np.isfinite(before)
+    if not known.any():
+        return spread
+    gap = int(np.max(steps[known] - before[known]))
+    return replace(spread, low=min(spread.low, float(np.min(before[known])) + 1),
+                   evaluation_gap=gap)
 
 
 def time_spread(runs: pd.DataFrame, rule: str, batch: int, workers: int | None = None,
@@ -140,7 +173,7 @@ def expected_text(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int
     """"110 [100, 120] steps over 3 seeds; 2.3 [2.1, 2.5] s of training over 3 seeds" at the
     (rule, batch, workers) cell, at `lr` where given."""
     rows = _reached(runs, rule, batch, workers, lr)
-    steps = _spread(rows, "steps_to_target")
+    steps = _steps(rows)
     if steps is None:
         return f"no run of the {rule} rule at batch {batch} reached the target"
     text = f"{steps.text(' steps')}{_workers_said(runs, rule, batch, rows)}"
@@ -233,7 +266,7 @@ def versus_current(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: in
 def _ratio(new: Spread, old: Spread) -> str:
     """"0.55× [0.45, 0.66]" (extremes of both ranges), or without a band for single seeds."""
     value = new.median / old.median
-    if new.seeds < 2 and old.seeds < 2:
+    if not (new.ranged or old.ranged):
         return f"{value:.2f}× (one {new.counted} each: no spread)"
     return f"{value:.2f}× [{new.low / old.high:.2f}, {new.high / old.low:.2f}]"
 

@@ -171,7 +171,9 @@ class ConvergenceConfig(_Strict):
     max_steps: PositiveInt = 3000
     """Step budget per trial; a trial that spends it is `not_reached`."""
     eval_every_steps: PositiveInt = 10
-    """Evaluate on the validation split every this many steps (excluded from train time)."""
+    """Evaluate on the validation split every this many steps (excluded from train time). A
+    target is counted at the first evaluation that meets it, so keep this a small share of the
+    fewest steps a batch size needs: the B_crit interval's note says where it is over a fifth."""
     patience_evals: PositiveInt = 50
     """Stop a trial as `not_reached` when no metric of a target it has not reached improved for
     this many evaluations in a row (a collapsed network never recovers; its step budget is better

@@ -24,18 +24,22 @@ class Target:
 
 
 def note_targets(state, targets: list[Target], row: dict) -> bool:
-    """Record in `state` (trialstate.TrialState) the targets `row` reaches for the first time;
-    whether any metric of a target not yet reached improved (else the evaluation counts
-    towards a stall). The untrained model (step 0) reaches nothing: a target it already meets
-    is counted at the first evaluation after training starts (steps to target are >= 1)."""
+    """Record in `state` (trialstate.TrialState) the targets `row`, the curve's newest row,
+    reaches for the first time, with the step of the evaluation before it (0 at the first): the
+    target was crossed somewhere after that step, which a count taken at evaluations cannot
+    tell. Returns whether any metric of a target not yet reached improved (else the evaluation
+    counts towards a stall). The untrained model (step 0) reaches nothing: a target it already
+    meets is counted at the first evaluation after training starts (steps to target are >= 1)."""
     improved = False
+    earlier = [r["step"] for r in state.curve[:-1] if "step" in r and r["step"] < row["step"]]
     for target in targets:
         if target.key in state.reached:
             continue
         name, value = target.metric.name, row.get(target.metric.name)
         if row["step"] > 0 and target.metric.reached(value, target.value):
-            state.reached[target.key] = {k: row[k] for k in
-                                         ("step", "examples_seen", "train_time_s")}
+            state.reached[target.key] = {**{k: row[k] for k in
+                                            ("step", "examples_seen", "train_time_s")},
+                                         "after_step": earlier[-1] if earlier else 0}
         if target.metric.improved(value, state.best.get(name)):
             state.best[name] = value
             improved = True
@@ -95,6 +99,7 @@ def trial_rows(state, trial, workers: int, targets: list[Target],
             "status": RunStatus.REACHED.value if hit else (
                 status.value if status in kept else RunStatus.NOT_REACHED.value),
             "steps_to_target": hit["step"] if hit else None,
+            "steps_before_target": hit.get("after_step") if hit else None,
             "examples_to_target": hit["examples_seen"] if hit else None,
             "time_to_target_s": hit["train_time_s"] if hit else None,
             "stop_reason": None if hit else reason,

@@ -129,13 +129,14 @@ ENV_FIELDS = [
     pa.field("study_id", pa.string()),
     pa.field("variant", pa.string()),
 ]
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """2: several targets per trial (runs: a row per trial and target, target_metric and
 target_value), every evaluated metric in curves, curves' train_loss on a fixed training subset
 (the running batch mean moved to train_batch_loss). 3: `study_id` and `variant` in every result
 row. 4: `cuda_version`, `gpu_driver` and `image` (the regression check's software fields).
 5: the answer card as a row of the analysis table (`answer`, `answer_*`). 6: the grid an
-adaptive search chose from, on each of its decisions (`grid_batch_sizes`, `grid_seeds`)."""
+adaptive search chose from, on each of its decisions (`grid_batch_sizes`, `grid_seeds`).
+7: the evaluation before the one that met a target (`runs.steps_before_target`)."""
 
 __all__ = ["ANALYSIS", "CRITICAL_OVER_TRAINING", "CURVES", "DATASET", "DECISIONS", "ENV_FIELDS",
            "MANIFEST", "PLAN", "REGRESSIONS", "RESULT_TABLES", "RUNS", "SCHEDULE_CHECK",

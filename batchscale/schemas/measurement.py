@@ -131,6 +131,11 @@ RUNS = pa.schema(
         pa.field("steps_to_target", pa.int64()),
         pa.field("examples_to_target", pa.int64()),
         pa.field("time_to_target_s", pa.float64()),
+        # steps_to_target is the first evaluation that met the target; this is the step of the
+        # evaluation before it (0 where it was the first), so the target was crossed in
+        # (steps_before_target, steps_to_target]. Null where not reached, and in rows written
+        # before layout 7 or by tables that do not say.
+        pa.field("steps_before_target", pa.int64()),
         pa.field("final_val_accuracy", pa.float64()),
         # The one val_accuracy target of version 1 rows; in version 2 rows, target_value where
         # target_metric is val_accuracy, else null.
