@@ -139,20 +139,25 @@ def test_seeds_that_tie_at_an_evaluation_show_the_gap_they_were_counted_over():
     spread = steps_spread(runs, "sqrt", 128)
     assert (spread.median, spread.low, spread.high, spread.evaluation_gap) == (190, 181, 190, 10)
     assert spread.text(" steps") == (
-        "190 steps [181, 190] over 2 seeds (counted at evaluations up to 10 steps apart: the "
-        "range reaches back to the step after the evaluation before)")
+        "190 steps [181, 190] over 2 seeds (read at evaluations 10 steps apart: the range "
+        "includes the gap)")
+    runs.loc[1, "steps_before_target"] = 185  # an extra evaluation, as at a gap budget
+    assert "(read at evaluations up to 10 steps apart" in steps_spread(
+        runs, "sqrt", 128).text(" steps")
 
 
 def test_one_seed_counted_at_evaluations_has_the_gap_as_its_only_range():
     runs = at_evaluations(seeds(128, "sqrt", 0.1, [190]), every=10)
     assert steps_spread(runs, "sqrt", 128).text(" steps") == (
-        "190 steps [181, 190] (one seed: no spread between seeds; counted at evaluations up "
-        "to 10 steps apart: the range reaches back to the step after the evaluation before)")
+        "190 steps [181, 190] (one seed: the range is the gap between evaluations, 10 steps "
+        "apart)")
     # and a saving against today's batch then carries a band from both gaps
     runs = pd.concat([runs, at_evaluations(seeds(16, "sqrt", 0.1, [800]), every=10)])
     text = versus_current(runs, obvious_table(), "sqrt", 128, 16)
     # 190/800 = 0.24, band 181/800 .. 190/791
-    assert "needs 0.24× [0.23, 0.24] the steps" in text
+    assert text.startswith("at your batch 16 (800 steps [791, 800] (one seed: the range is the "
+                           "gap between evaluations, 10 steps apart)), the recommendation "
+                           "needs 0.24× [0.23, 0.24] the steps")
 
 
 def test_rows_that_do_not_record_the_evaluation_before_keep_the_seeds_range():

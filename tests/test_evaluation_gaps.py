@@ -41,6 +41,21 @@ def test_a_coarse_count_at_the_large_batches_is_said_beside_the_interval():
     assert note in interval_note(runs, "sqrt", interval)
 
 
+def test_the_run_summary_says_it_beside_b_crit():
+    """`batchscale run`'s console line for B_crit carries the same note as the report."""
+    from batchscale.lake.summary import convergence_lines
+
+    runs = runs_at(every=20)
+    cells = [{"lr_rule": "sqrt", "batch_size": b, "steps_to_target": s, "b_crit": 160.0,
+              "b_crit_low": 100.0, "b_crit_high": 250.0, "s_min": 40.0, "e_min": 6400.0}
+             for b, s in runs.groupby("batch_size")["steps_to_target"].median().items()]
+    lines = convergence_lines(make_table("analysis", cells, ENV),
+                              make_table("runs", runs.to_dict("records"), ENV))
+    assert lines[-1].startswith("  B_crit (sqrt): 160.0 [100.0, 250.0] (S_min 40.0, E_min "
+                                "6400); steps to target are counted at evaluations: at batch "
+                                "1,024")
+
+
 def test_fine_evaluations_and_rows_that_do_not_say_add_nothing():
     assert coarse_evaluations(runs_at(every=1), "sqrt") == ""
     assert coarse_evaluations(runs_at(every=20).drop(columns="steps_before_target"),

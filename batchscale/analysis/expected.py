@@ -40,6 +40,8 @@ class Spread:
     """Steps to target only: the widest gap, in steps, between the evaluation that met the
     target and the one before it (runs.steps_before_target), which `low` reaches back over;
     0 where the runs do not record it."""
+    gaps_differ: bool = False
+    """Whether the runs' gaps differ (then `evaluation_gap` is said as "up to")."""
 
     def scaled(self, factor: float) -> Spread:
         return replace(self, median=self.median * factor, low=self.low * factor,
@@ -50,20 +52,21 @@ class Spread:
         """Whether [low, high] says something: several seeds, or an evaluation gap."""
         return self.seeds >= 2 or self.evaluation_gap > 1
 
-    def text(self, unit: str = "", digits: int = 3) -> str:
+    def text(self, unit: str = "", digits: int = 3, *, gap_said: bool = True) -> str:
         """"110 [100, 120] steps over 3 seeds", or "110 steps (one seed: no spread)"; with an
-        evaluation gap, what the range includes."""
+        evaluation gap, what the range includes (unless `gap_said` is False: a line beside
+        one that said it)."""
         value = _g(self.median, digits)
         band = f"[{_g(self.low, digits)}, {_g(self.high, digits)}]"
-        gap = (f"counted at evaluations up to {self.evaluation_gap} steps apart: the range "
-               "reaches back to the step after the evaluation before"
-               if self.evaluation_gap > 1 else "")
+        apart = f"{'up to ' if self.gaps_differ else ''}{self.evaluation_gap} steps apart"
         if self.seeds < 2:
-            if not gap:
+            if self.evaluation_gap <= 1:
                 return f"{value}{unit} (one {self.counted}: no spread)"
-            return (f"{value}{unit} {band} (one {self.counted}: no spread between "
-                    f"{self.counted}s; {gap})")
-        return f"{value}{unit} {band} over {self.seeds} {self.counted}s{f' ({gap})' if gap else ''}"
+            return (f"{value}{unit} {band} (one {self.counted}: the range is the gap between "
+                    f"evaluations, {apart})")
+        gap = (f" (read at evaluations {apart}: the range includes the gap)"
+               if self.evaluation_gap > 1 and gap_said else "")
+        return f"{value}{unit} {band} over {self.seeds} {self.counted}s{gap}"
 
 
 def _g(value: float, digits: int) -> str:
@@ -135,9 +138,9 @@ def _steps(rows: pd.DataFrame) -> Spread | None:
     known = np.isfinite(steps) & np.isfinite(before)
     if not known.any():
         return spread
-    gap = int(np.max(steps[known] - before[known]))
+    gaps = steps[known] - before[known]
     return replace(spread, low=min(spread.low, float(np.min(before[known])) + 1),
-                   evaluation_gap=gap)
+                   evaluation_gap=int(gaps.max()), gaps_differ=bool(gaps.min() != gaps.max()))
 
 
 def time_spread(runs: pd.DataFrame, rule: str, batch: int, workers: int | None = None,
@@ -259,7 +262,8 @@ def versus_current(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: in
     elif math.isfinite(rec_s) and math.isfinite(cur_s):
         value = rec.median * rec_s / (cur.median * cur_s)
         parts.append(f"{value:.2f}× the training time ({NO_TIME_SPREAD}){flags}")
-    return (f"at your batch {current_batch} ({cur.text(' steps')}), the recommendation needs "
+    return (f"at your batch {current_batch} ({cur.text(' steps', gap_said=False)}), the "
+            "recommendation needs "
             + " and ".join(parts))
 
 

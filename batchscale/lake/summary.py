@@ -175,8 +175,18 @@ def _b_crit_line(fit: dict, rule: str, rows: list[dict], runs: pa.Table | None) 
         return b_crit_text(math.nan, fit["b_crit_bound"], fit["b_crit_bound_batch"])
     if fit["b_crit"] is not None and math.isfinite(fit["b_crit"]):
         return (f"{_fmt(fit['b_crit'], '.1f')} {_interval(fit, rule, rows, runs)} "
-                f"(S_min {_fmt(fit['s_min'], '.1f')}, E_min {_fmt(fit['e_min'], '.0f')})")
+                f"(S_min {_fmt(fit['s_min'], '.1f')}, E_min {_fmt(fit['e_min'], '.0f')})"
+                f"{_coarse_note(rule, runs)}")
     return f"not estimated ({_no_fit_reason(rule, rows, runs)})"
+
+
+def _coarse_note(rule: str, runs: pa.Table | None) -> str:
+    """"; steps to target are counted at evaluations: …" where they are coarse (as the
+    report's interval note says), else ""."""
+    from batchscale.analysis.evaluations import coarse_evaluations
+
+    note = "" if runs is None else coarse_evaluations(runs.to_pandas(), rule)
+    return f"; {note}" if note else ""
 
 
 def _interval(fit: dict, rule: str, rows: list[dict], runs: pa.Table | None) -> str:
