@@ -103,6 +103,45 @@ def test_plan_table_passes_its_suite_and_marks_extrapolation():
     assert any(r["on_pareto_front"] for r in rows)
 
 
+def test_rows_past_the_largest_batch_the_rule_reached_are_marked():
+    """The rule's trials at 256 did not reach the target: the plan's S(B) there is the fit's
+    extrapolation, which those trials contradict; its rows, its report and a recommendation
+    that lands there say so."""
+    from batchscale.planner.section import what_if_markdown
+    from batchscale.planner.table import plan_lines
+
+    data = pt.frames()
+    analysis = data["analysis"]
+    data["analysis"] = analysis.assign(steps_to_target=analysis["steps_to_target"].where(
+        analysis["batch_size"] < 256))
+    inputs = inputs_of(data)
+    assert (inputs.reached_batches, inputs.unreached_batches) == ((16, 32, 64, 128), (256,))
+    plan = make_plan(inputs, comm_model(inputs), [1, 2],
+                     Objective(CHEAPEST_WITHIN_DEADLINE, 3600))
+    lines = plan_lines(plan)
+    note = ("past batch 128, the largest at which the linear rule reached the target (its "
+            "trials at 256 did not reach the target): S(B) there is the fit's extrapolation, "
+            "which those trials contradict")
+    assert f"  † {note}" in lines
+    marked = [line for line in lines if "†" in line and not line.startswith("  †")]
+    assert marked and all(" 256†" in line or " 512†" in line for line in marked), marked
+    assert f"Global batches 256, 512 lie {note}." in what_if_markdown(plan)
+    assert note not in plan.recommendation  # it chose a row the runs reached
+    # where the rule reached only up to 32, the front's fastest row (B = 64) lies past it
+    data["analysis"] = analysis.assign(steps_to_target=analysis["steps_to_target"].where(
+        analysis["batch_size"] < 64))
+    short = inputs_of(data)
+    fastest = make_plan(short, comm_model(short), [1, 2], None)
+    assert "B = 64)" in fastest.recommendation and (
+        "past batch 32, the largest at which the linear rule reached the target (its trials at "
+        "64, 128 and 256 did not reach the target)") in fastest.recommendation
+    # every batch reached up to 256: two workers' 512 is still past what the runs measured
+    reached = inputs_of(pt.frames())
+    assert ("  † past batch 256, the largest at which the linear rule reached the target: S(B) "
+            "there is the fit's extrapolation") in plan_lines(make_plan(
+                reached, comm_model(reached), [1, 2], None))
+
+
 def test_open_b_crit_interval_is_stored_as_null_not_inf():
     frames = pt.frames()
     frames["analysis"]["b_crit_high"] = math.inf

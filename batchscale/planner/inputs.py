@@ -56,6 +56,11 @@ class PlanInputs:
     """On a shared host: the data-parallel step's compute over one process's at the whole
     batch (comm.shared_compute_factor); 1 elsewhere."""
     shared_compute_note: str = ""
+    reached_batches: tuple[int, ...] = ()
+    """The batch sizes at which the rule reached the target (S(B) measured: the fit rests on
+    them); empty where not known."""
+    unreached_batches: tuple[int, ...] = ()
+    """The batch sizes the rule ran at without reaching the target."""
 
     def compute_s(self, batch: float) -> float:
         """One device's seconds per step at `batch`: measured where it was, else the line."""
@@ -105,8 +110,19 @@ def read_plan_inputs(sweep: pd.DataFrame | None, runs: pd.DataFrame | None,
                        "the all-reduce probe) and no workload was given to count them from")
     inputs = PlanInputs(target, rule, fit, band_note, line, measured, source, max_b,
                         memory_note, float(recorded or grad_bytes), shares_host(runs),
-                        pd.DataFrame(), batches, probe_points(runs))
+                        pd.DataFrame(), batches, probe_points(runs),
+                        **rule_reach(analysis, rule))
     return with_cells(inputs, data_parallel_cells(runs))
+
+
+def rule_reach(analysis: pd.DataFrame, rule: str) -> dict[str, tuple[int, ...]]:
+    """The batch sizes of `rule`'s analysis cells with and without a measured S(B)."""
+    cells = ensure_columns(analysis, schemas.ANALYSIS)
+    cells = cells[cells["lr_rule"].eq(rule).to_numpy(dtype=bool)]
+    steps = numeric_column(cells, "steps_to_target")
+    batches = numeric_column(cells, "batch_size").astype(int)
+    return {"reached_batches": tuple(sorted(set(batches[np.isfinite(steps)]))),
+            "unreached_batches": tuple(sorted(set(batches[~np.isfinite(steps)])))}
 
 
 def recorded_gradient_bytes(runs: pd.DataFrame) -> float | None:

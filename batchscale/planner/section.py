@@ -18,7 +18,7 @@ from batchscale.planner.model import (
     PlanRow,
     describe,
 )
-from batchscale.planner.table import Plan, plan_lines
+from batchscale.planner.table import Plan, past_reach, plan_lines, reach_note
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -104,9 +104,18 @@ def what_if_markdown(plan: Plan | None, missing: str = "") -> str:
         f"Worker counts {', '.join(map(str, extrapolated)) or 'none'} were not run: their "
         "step time is the model's extrapolation (one device's measured step plus the fitted "
         "or stated all-reduce), and is only as good as that model; a cluster run at those "
-        "counts would check it.", "", *_accumulation_words(plan),
+        "counts would check it.", "", *_reach_words(plan), *_accumulation_words(plan),
         "Pareto front (fastest first):", "", front or "- (no feasible row)",
     ])
+
+
+def _reach_words(plan: Plan) -> list[str]:
+    """The rows past the rule's reach, where its plan has any."""
+    past = sorted({r.global_batch for r in plan.rows if past_reach(r, plan.inputs)})
+    if not past:
+        return []
+    return [f"Global batches {', '.join(f'{b:,}' for b in past)} lie {reach_note(plan.inputs)}.",
+            ""]
 
 
 def _accumulation_words(plan: Plan) -> list[str]:

@@ -64,11 +64,36 @@ def make_plan(inputs: PlanInputs, comm: CommModel, workers: Sequence[int],
     front = pareto_front(rows)
     if objective is None:
         chosen, sentence = None, _without_objective(front)
+        named = [front[0], front[-1]] if front else []
     else:
         chosen, sentence = recommend(rows, objective)
+        named = [chosen] if chosen is not None else []
+    if any(past_reach(r, inputs) for r in named):
+        sentence += f" — {reach_note(inputs)}"
     measured = sorted({1, *(int(n) for n in inputs.data_parallel["workers"])}) \
         if not inputs.data_parallel.empty else [1]
     return Plan(rows, front, chosen, sentence + disturbed_note(inputs), inputs, comm, measured)
+
+
+def past_reach(row: PlanRow, inputs: PlanInputs) -> bool:
+    """Whether the row's global batch lies past the largest at which the rule reached the
+    target: its steps are then the fit's extrapolation, not anything the runs measured."""
+    return bool(inputs.reached_batches) and row.global_batch > max(inputs.reached_batches)
+
+
+def reach_note(inputs: PlanInputs) -> str:
+    """Why a row past the rule's reach is marked, with the batches that ran and failed."""
+    largest = max(inputs.reached_batches)
+    failed = [b for b in inputs.unreached_batches if b > largest]
+    why = (f" (its trials at {_listed(failed)} did not reach the target)" if failed else "")
+    return (f"past batch {largest:,}, the largest at which the {inputs.lr_rule} rule reached the "
+            f"target{why}: S(B) there is the fit's extrapolation"
+            + (", which those trials contradict" if failed else ""))
+
+
+def _listed(batches: list[int]) -> str:
+    words = [f"{b:,}" for b in batches]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
 
 def disturbed_note(inputs: PlanInputs) -> str:
@@ -177,14 +202,17 @@ def plan_lines(plan: Plan) -> list[str]:
     on_front = {id(r) for r in plan.front}
     for r in plan.rows:
         star = " " if r.workers in plan.measured_workers else "*"
+        dagger = "†" if past_reach(r, inputs) else " "
         time, hours = r.time_to_target_s, r.device_hours
         band = f"{format_duration(time.value)} [{format_duration(time.low)}, " \
                f"{format_duration(time.high)}]"
         hband = f"{hours.value:.3g} [{hours.low:.3g}, {_hours(hours.high)}]"
         lines.append(
-            f"  {r.workers:>3d}{star} {r.per_worker_batch:>6d} {r.global_batch:>7d} "
+            f"  {r.workers:>3d}{star} {r.per_worker_batch:>6d} {r.global_batch:>7d}{dagger}"
             f"{1e3 * r.step_time_s:>9.3g} {r.comm_share:>6.0%} {band:>30s} {hband:>28s}  "
             f"{'yes' if id(r) in on_front else '':5s}  {r.limit or '-'}{_accumulated(r)}")
+    if any(past_reach(r, inputs) for r in plan.rows):
+        lines.append(f"  † {reach_note(inputs)}")
     lines.append(f"recommendation: {plan.recommendation}")
     assumed = comm.source.assumed_names()
     disturbed = " (on a busy machine: NOT TRUSTED, above)" if disturbed_note(inputs) else ""
