@@ -153,7 +153,7 @@ def test_narrative_and_recommendation_render_from_the_markdown():
     runs = make_runs()
     result = analyze(make_sweep(), runs, make_curves(runs), AnalysisConfig(bootstrap_samples=20))
     page = render_html(result, make_sweep(), runs, make_curves(runs))
-    assert "<li><strong>Throughput.</strong> Samples/s peaks at" in page
+    assert "<li><strong>Throughput.</strong> The best samples/s is" in page
     assert '<div class="recommendation"><ul>' in page
     for line in result.markdown.splitlines():
         if line.startswith("- **Batch size:"):
@@ -238,6 +238,22 @@ def test_a_timing_flag_without_both_step_times_is_not_a_nan_ratio():
     assert _timing_cell({**flagged, "step_time_s": 0.02}) == "10× the sweep"
     assert _timing_cell({**flagged, "step_time_s": float("nan")}) == "flagged (see the quality box)"
     assert _timing_cell({**flagged, "timing_flag": None, "step_time_s": 0.02}) is None
+
+
+def test_a_sweep_step_time_from_its_line_is_marked_as_the_line():
+    """Where the sweep did not time a batch, its line α + βB stands in for the results table's
+    sweep column, marked so: a modelled figure must not read as a measured one."""
+    from batchscale.report.render import _sweep_time_cell
+
+    assert _sweep_time_cell({"sweep_step_time_s": 0.000404,
+                             "sweep_step_time_source": "sweep_fit"}) == "0.000404 (line)"
+    assert _sweep_time_cell({"sweep_step_time_s": 0.000524,
+                             "sweep_step_time_source": "sweep"}) == 0.000524
+    # the analysis records which, per batch
+    table = analyze(make_sweep(batches=(16, 64)), make_runs(), None,
+                    AnalysisConfig(bootstrap_samples=20)).rows
+    sources = {r["batch_size"]: r["sweep_step_time_source"] for r in table}
+    assert sources[16] == sources[64] == "sweep" and sources[32] == "sweep_fit", sources
 
 
 def test_missing_plots_do_not_contradict_the_numbers_beside_them():

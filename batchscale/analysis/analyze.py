@@ -323,6 +323,7 @@ def _rows(
             "measured_slope": float(label.measured_slope) if label is not None else math.nan,
             "step_time_source": cell.step_time_source,
             "sweep_step_time_s": float(cell.sweep_step_time_s),
+            "sweep_step_time_source": cell.sweep_step_time_source,
             "timing_flag": cell.timing_flag,
             "target_metric": summary.target_metric,
             "target_value": (summary.target_value

@@ -280,7 +280,8 @@ def cell_step_times(
 ) -> pd.DataFrame:
     """Per batch: the step time T(B) uses, its source, the sweep's figure and a timing flag.
 
-    Columns: step_time_s, step_time_source, sweep_step_time_s, timing_flag (None, or why the
+    Columns: step_time_s, step_time_source, sweep_step_time_s, sweep_step_time_source (the
+    sweep's own row or its line: `sweep_step_times`), timing_flag (None, or why the
     two measurements cannot both be right: they differ by more than `disagreement_factor`
     either way), or their threads waited for a CPU for at least `max_cpu_wait_share` of their
     runnable time (None: not checked). The convergence runs' time wins where it exists (it is
@@ -293,7 +294,8 @@ def cell_step_times(
     reading, reading_source = _reading_step_times(sweep, batches)
     device_mode = timing_mode(sweep)
     columns: dict[str, list] = {
-        "step_time_s": [], "step_time_source": [], "sweep_step_time_s": [], "timing_flag": []
+        "step_time_s": [], "step_time_source": [], "sweep_step_time_s": [],
+        "sweep_step_time_source": [], "timing_flag": [],
     }
     for batch, sweep_time, sweep_source, read_time, read_source in zip(
             batches, swept, swept_source, reading, reading_source, strict=True):
@@ -305,6 +307,7 @@ def cell_step_times(
         columns["step_time_s"].append(time)
         columns["step_time_source"].append(source)
         columns["sweep_step_time_s"].append(sweep_time)
+        columns["sweep_step_time_source"].append(sweep_source)
         flags = [
             starved_flag(waits.get(batch), max_cpu_wait_share) if math.isfinite(own) else None,
             timing_flag(own, SweepTime(sweep_time, sweep_source, device_mode),

@@ -190,7 +190,8 @@ def _regressions_html(regressions: RegressionsSection | None) -> Markup | None:
 
 def _table_cells(row: dict) -> list[tuple[str, bool]]:
     """(shown text, is text) per column of the results table; text cells align left."""
-    cells = dict(row, b_crit=_b_crit_cell(row), timing_flag=_timing_cell(row))
+    cells = dict(row, b_crit=_b_crit_cell(row), timing_flag=_timing_cell(row),
+                 sweep_step_time_s=_sweep_time_cell(row))
     for key in ("regime", "step_time_source"):
         if isinstance(cells[key], str):
             cells[key] = cells[key].replace("_", " ")
@@ -205,6 +206,15 @@ def _b_crit_cell(row: dict) -> str | float:
     if row["b_crit_bound"]:
         return b_crit_text(row["b_crit"], row["b_crit_bound"], row["b_crit_bound_batch"])
     return row["b_crit"]
+
+
+def _sweep_time_cell(row: dict) -> str | float:
+    """The sweep's step time, marked "(line)" where the sweep did not time this batch and its
+    line α + βB stands in: a modelled figure must not read as a measured one."""
+    value = row["sweep_step_time_s"]
+    if row.get("sweep_step_time_source") == "sweep_fit" and math.isfinite(value):
+        return f"{_fmt(value)} (line)"
+    return value
 
 
 def _timing_cell(row: dict) -> str | None:

@@ -136,7 +136,8 @@ target_value), every evaluated metric in curves, curves' train_loss on a fixed t
 row. 4: `cuda_version`, `gpu_driver` and `image` (the regression check's software fields).
 5: the answer card as a row of the analysis table (`answer`, `answer_*`). 6: the grid an
 adaptive search chose from, on each of its decisions (`grid_batch_sizes`, `grid_seeds`).
-7: the evaluation before the one that met a target (`runs.steps_before_target`)."""
+7: the evaluation before the one that met a target (`runs.steps_before_target`), and where
+the analysis's sweep step time came from (`analysis.sweep_step_time_source`)."""
 
 __all__ = ["ANALYSIS", "CRITICAL_OVER_TRAINING", "CURVES", "DATASET", "DECISIONS", "ENV_FIELDS",
            "MANIFEST", "PLAN", "REGRESSIONS", "RESULT_TABLES", "RUNS", "SCHEDULE_CHECK",

@@ -198,6 +198,9 @@ ANALYSIS = pa.schema(
         # Where step_time_s came from, the sweep's figure, and why they disagree (if they do).
         pa.field("step_time_source", pa.string()),
         pa.field("sweep_step_time_s", pa.float64()),
+        # Where sweep_step_time_s came from: the sweep timed this batch ("sweep") or its line
+        # α + βB stands in ("sweep_fit"); null in rows before layout 7 and where it is unknown.
+        pa.field("sweep_step_time_source", pa.string()),
         pa.field("timing_flag", pa.string()),
         # The target these rows are for (the recommendation's: the primary target, or the
         # hardest reached at enough batch sizes); null in version 1 rows (val_accuracy).
