@@ -283,8 +283,10 @@ def test_convergence_runs_starved_of_cpu_flag_their_cells_and_the_recommendation
     assert [flag.batch_size for flag in busy.summary.quality.timing_flags] == [16]
     assert "1 batch size whose convergence step times are flagged" in headline(
         busy.summary.quality)
-    assert "NOT TRUSTED: convergence trials' threads waited for a CPU up to 38%" in \
-        busy.summary.recommendation.workers_reason
+    # how many trials, and of which worker count: not every trial was slowed
+    starved = int((waits >= 0.1).sum())
+    assert (f"NOT TRUSTED: {starved} of {len(runs)} convergence trials (1-worker) waited for a "
+            "CPU up to 38%") in busy.summary.recommendation.workers_reason
     everywhere = analyze(make_sweep(), runs.assign(cpu_wait_share=0.38), None, SETTINGS)
     assert "NOT TRUSTED: the convergence runs' threads waited" in \
         everywhere.summary.recommendation.batch_reason

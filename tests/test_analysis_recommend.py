@@ -237,3 +237,31 @@ def test_the_warm_up_is_said_only_where_batchscale_ran_the_schedule():
     loops = recommend(obvious_table(), runs.assign(optimizer=None), warmup_steps=20)
     assert "warm-up" not in loops.learning_rate_reason
     assert loops.learning_rate == ours.learning_rate
+
+
+def test_the_rule_line_says_when_the_seeds_cannot_tell_the_rules_apart():
+    """Medians 75 against 100 read as a clear win until the seeds are shown: 60 and 90 against
+    90 and 110 overlap, and the line says so."""
+    from batchscale.analysis.recommend import fewest_steps_reason
+
+    runs = pd.DataFrame([run_row(128, "linear", 0.2, 0, 60), run_row(128, "linear", 0.2, 1, 90),
+                         run_row(128, "sqrt", 0.1, 0, 110), run_row(128, "sqrt", 0.1, 1, 90)])
+    at_batch = pd.DataFrame({"lr_rule": ["linear", "sqrt"], "steps_to_target": [75.0, 100.0]})
+    assert fewest_steps_reason(runs, at_batch, "linear", 128, 1) == (
+        "fewest steps to target at batch 128 (linear 75 [60, 90], sqrt 100 [90, 110]); sqrt "
+        "within its range: the seeds cannot tell the rules apart at this batch")
+    apart = runs.assign(steps_to_target=[60, 70, 110, 100])
+    assert fewest_steps_reason(apart, at_batch, "linear", 128, 1) == (
+        "fewest steps to target at batch 128 (linear 75 [60, 70], sqrt 100 [100, 110])")
+
+
+def test_the_fastest_time_carries_its_seeds_measured_times():
+    from batchscale.analysis.expected import Spread
+    from batchscale.analysis.recommend import fastest_text
+
+    best = pd.Series({"time_to_target_s": 0.054, "steps_to_target": 75.0, "step_time_s": 7.2e-4,
+                      "step_time_source": "convergence"})
+    text = fastest_text(best, Spread(0.0539, 0.0435, 0.0643, 2))
+    assert text.startswith("fastest time to target: 0.054 s (75 steps × 0.72 ms per step")
+    assert text.endswith("; its 2 seeds took 0.0435–0.0643 s)")
+    assert "took" not in fastest_text(best, Spread(0.0539, 0.0539, 0.0539, 1))

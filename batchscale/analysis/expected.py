@@ -52,6 +52,12 @@ class Spread:
         """Whether [low, high] says something: several seeds, or an evaluation gap."""
         return self.seeds >= 2 or self.evaluation_gap > 1
 
+    def overlaps(self, other: Spread | None) -> bool:
+        """Whether the two ranges share a value (each of them ranged): the seeds cannot tell
+        the two apart."""
+        return (other is not None and self.ranged and other.ranged
+                and self.low <= other.high and other.low <= self.high)
+
     def text(self, unit: str = "", digits: int = 3, *, gap_said: bool = True) -> str:
         """"110 [100, 120] steps over 3 seeds", or "110 steps (one seed: no spread)"; with an
         evaluation gap, what the range includes (unless `gap_said` is False: a line beside
@@ -204,8 +210,7 @@ def as_fast(runs: pd.DataFrame, cells: pd.DataFrame, rule: str, batch: int,
         if (other_rule, int(other_batch)) == (rule, batch):
             continue
         spread = time_spread(runs, other_rule, int(other_batch))
-        if spread is not None and spread.seeds >= 2 and spread.low <= best.high \
-                and best.low <= spread.high:
+        if spread is not None and spread.seeds >= 2 and best.overlaps(spread):
             found.append((int(other_batch), str(other_rule), spread))
     return sorted(found, key=lambda cell: cell[2].median)
 

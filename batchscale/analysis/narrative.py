@@ -219,7 +219,7 @@ def _throughput_text(throughput: ThroughputSummary, step: StepTimeSummary,
         return f"Not measured: {throughput.saturation_reason}."
     best, saturation = throughput.best_batch, throughput.saturation_batch
     text = (
-        f"Samples/s peaks at {_num(throughput.best_samples_per_s)} "
+        f"The best samples/s is {_num(throughput.best_samples_per_s)} "
         f"{_rerun_text(throughput.best_rerun_interval)}at batch {best} "
         f"({throughput.timing_input_mode} input"
     )

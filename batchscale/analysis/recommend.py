@@ -9,12 +9,15 @@ import numpy as np
 import pandas as pd
 
 from batchscale.analysis.expected import (
+    Spread,
     accumulation_text,
     as_fast,
     as_fast_text,
     cell_runs,
     expected_text,
     lr_versus_current,
+    steps_spread,
+    time_spread,
     versus_current,
 )
 from batchscale.analysis.parallel import worker_choice
@@ -70,31 +73,22 @@ def recommend(
                               "not be chosen (above)")
     best = timed.sort_values(["time_to_target_s", "batch_size"]).iloc[0]
     batch = int(best["batch_size"])
-    source = MEASURED_IN.get(best.get("step_time_source"), "")
-    batch_reason = (
-        f"fastest time to target: {best['time_to_target_s']:.3g} s "
-        f"({best['steps_to_target']:.0f} steps × {1e3 * best['step_time_s']:.3g} ms per step"
-        f"{' ' + source if source else ''})"
-    )
     at_batch = timed[timed["batch_size"] == batch].sort_values(["steps_to_target", "lr_rule"])
     rule = str(at_batch.iloc[0]["lr_rule"])
+    workers, workers_reason = worker_choice(runs, (rule, batch))
+    batch_reason = fastest_text(best, time_spread(runs, rule, batch, workers))
     model = BStar(*(b_star or {}).get(rule, (math.nan,) * 3))
     if math.isfinite(model.value):
         optimum = optimal_batch_text(model.value, model[1:3], model.cap, model.line,
                                      model.why_open)
         batch_reason += f"; the model optimum sqrt(α·B_crit/β) is {optimum}"
-    listing = ", ".join(
-        f"{r} {s:.0f}"
-        for r, s in zip(at_batch["lr_rule"], at_batch["steps_to_target"], strict=True)
-    )
-    rule_reason = f"fewest steps to target at batch {batch} ({listing})"
+    rule_reason = fewest_steps_reason(runs, at_batch, rule, batch, workers)
     shown = None
     if not lr_rule_given and rule == DEFAULT_LR_RULE:
         shown = "not given"
         rule_reason = ("the runs table gives no lr_rule: the steps are the fewest per batch "
                        "size over the learning rates its runs used, and no rule says how to "
                        "scale the learning rate with the batch")
-    workers, workers_reason = worker_choice(runs, (rule, batch))
     # the chosen cell's timing flag ends its line, after the cells as fast as it
     batch_reason += as_fast_text(as_fast(runs, timed, rule, batch, workers),
                                  timed["lr_rule"].nunique())
@@ -113,6 +107,42 @@ def recommend(
                           expected_text(runs, table, rule, batch, workers, lr),
                           versus_current(runs, table, rule, batch, current_batch, workers, lr),
                           shown)
+
+
+def fastest_text(best: pd.Series, seeds: Spread | None) -> str:
+    """"fastest time to target: 0.054 s (75 steps × 0.72 ms per step …; the seeds took
+    0.0435–0.0643 s)": the cell's median steps × its step time, and the seeds' own measured
+    times beside it, so the figure carries its spread."""
+    source = MEASURED_IN.get(best.get("step_time_source"), "")
+    spread = (f"; its {seeds.seeds} {seeds.counted}s took {seeds.low:.3g}–{seeds.high:.3g} s"
+              if seeds is not None and seeds.seeds >= 2 else "")
+    return (f"fastest time to target: {best['time_to_target_s']:.3g} s "
+            f"({best['steps_to_target']:.0f} steps × {1e3 * best['step_time_s']:.3g} ms per step"
+            f"{' ' + source if source else ''}{spread})")
+
+
+def fewest_steps_reason(runs: pd.DataFrame, at_batch: pd.DataFrame, rule: str, batch: int,
+                        workers: int | None) -> str:
+    """Why `rule` at `batch`: its steps beside the other rules', each with its range over the
+    seeds (and evaluation gaps) at the learning rate the card would give it, and the rules whose
+    range overlaps the chosen one's: there the seeds cannot tell the rules apart."""
+    spreads = {r: steps_spread(runs, r, batch, workers, learning_rate(runs, r, batch, workers)[0])
+               for r in at_batch["lr_rule"]}
+    listing = ", ".join(
+        f"{r} {s:.0f}{_band(spreads[r])}"
+        for r, s in zip(at_batch["lr_rule"], at_batch["steps_to_target"], strict=True)
+    )
+    text = f"fewest steps to target at batch {batch} ({listing})"
+    mine = spreads.get(rule)
+    tied = [r for r, spread in spreads.items() if r != rule and mine and mine.overlaps(spread)]
+    if tied:
+        text += (f"; {' and '.join(tied)} within its range: the seeds cannot tell the rules "
+                 "apart at this batch")
+    return text
+
+
+def _band(spread: Spread | None) -> str:
+    return f" [{spread.low:.0f}, {spread.high:.0f}]" if spread and spread.ranged else ""
 
 
 def ran_schedule(runs: pd.DataFrame) -> bool:
@@ -197,13 +227,20 @@ def _other_lrs_text(failed: pd.DataFrame) -> str:
 def _starved_note(runs: pd.DataFrame, max_share: float | None) -> str:
     """" — NOT TRUSTED: …" when any convergence trial waited for a CPU at least `max_share` of
     its runnable time (the worker comparison's times come from all of them), else ""."""
-    waits = numeric_column(ensure_columns(runs, RUNS), "cpu_wait_share")
-    waits = waits[np.isfinite(waits)]
-    if max_share is None or not waits.size or waits.max() < max_share:
+    runs = ensure_columns(runs, RUNS)
+    waits = numeric_column(runs, "cpu_wait_share")
+    known = np.isfinite(waits)
+    if max_share is None or not known.any() or waits[known].max() < max_share:
         return ""
+    starved = known & (waits >= max_share)
+    counts = numeric_column(runs, "workers")[starved]
+    which = ", ".join(sorted({f"{c:.0f}-worker" for c in counts[np.isfinite(counts)]},
+                             key=lambda w: int(w.split("-")[0])))
     return (
-        f" — NOT TRUSTED: convergence trials' threads waited for a CPU up to {waits.max():.0%}"
-        f" of their runnable time (over {max_share:.0%}: a busy machine slowed them)"
+        f" — NOT TRUSTED: {int(starved.sum())} of {int(known.sum())} convergence trials "
+        f"({which or 'of unknown worker count'}) waited for a CPU up to "
+        f"{waits[known].max():.0%} of their runnable time (over {max_share:.0%}: a busy machine "
+        "slowed them)"
     )
 
 

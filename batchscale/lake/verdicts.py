@@ -173,18 +173,25 @@ def next_run_text(frame: pd.DataFrame) -> str | None:
     rows = frame.dropna(subset=["next_run_low", "next_run_high", "samples_per_s"])
     if rows.empty:
         return None
-    half = (rows["next_run_high"] - rows["next_run_low"]) / 2 / rows["samples_per_s"]
+    low = rows["next_run_low"] / rows["samples_per_s"] - 1
+    high = rows["next_run_high"] / rows["samples_per_s"] - 1
     alone = rows["next_run_basis"].eq(ROUNDS_ALONE).to_numpy()
     parts = []
     if (~alone).any():
-        parts.append(f"the next comparable run should land within ±{half[~alone].median():.0%} "
+        parts.append(f"the next comparable run should land within {_band(low, high, ~alone)} "
                      f"of this one's samples/s (median over {_count(int((~alone).sum()), 'cell')}"
                      ", 90 %, from their run-to-run history and this run's rounds)")
     if alone.any():
         parts.append(f"{_count(int(alone.sum()), 'cell')} with under {MIN_STEPS + 1} runs of "
-                     f"history: only this run's rounds, ±{half[alone].median():.0%}, which the "
+                     f"history: only this run's rounds, {_band(low, high, alone)}, which the "
                      "next run may leave")
     return "; ".join(parts) + " (each cell's range: next_run_low/high, regressions table)"
+
+
+def _band(low: pd.Series, high: pd.Series, cells) -> str:
+    """"−53 % to +114 %": the median low and high ends over `cells`, relative to this run (a
+    ratio's range is lopsided: ±x % would hide that)."""
+    return f"{low[cells].median():+.0%} to {high[cells].median():+.0%}".replace("-", "−")
 
 
 def verdict_lines(frame: pd.DataFrame) -> list[str]:
