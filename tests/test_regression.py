@@ -476,3 +476,21 @@ def test_a_cell_timed_in_several_rows_of_a_run_spans_their_intervals():
     assert not only_unstable["trusted"]
     assert (only_unstable["samples_per_s_low"], only_unstable["samples_per_s_high"]) == (
         100.0, 2000.0)
+
+
+def test_a_run_that_moved_as_a_whole_is_said_before_its_cells():
+    """Eleven of twelve cells below their baselines is the signature of something every cell
+    shares (the machine's speed, a library), not of one slower kernel: the summary says so."""
+    from batchscale.lake.verdicts import whole_run_shift
+
+    changes = [-0.12, -0.13, -0.2, -0.25, -0.3, -0.16, -0.18, -0.22, -0.1, -0.28, -0.2, 0.05]
+    frame = pd.DataFrame({"verdict": [CONFIRMED, CONFIRMED] + [SUSPECTED] * 5
+                          + [NO_REGRESSION] * 5, "change": changes})
+    assert whole_run_shift(frame) == (
+        "11 of 12 judged cells ran below their baseline (median −20%), together: a shift of "
+        "the whole run, which something every cell shares gives (the machine at another speed, "
+        "or a change in a library or driver); a kernel of the model that got slower would move "
+        "a few")
+    mixed = frame.assign(change=[-0.2, -0.15] + [0.02, -0.01] * 5)
+    assert whole_run_shift(mixed) is None
+    assert whole_run_shift(frame.iloc[:3]) is None  # too few cells to call it the whole run

@@ -114,6 +114,30 @@ def suspected_cells(frame: pd.DataFrame) -> list[str]:
     return [f"{_cell_name(row)}: {_drop_text(row)}" for row in rows]
 
 
+WHOLE_RUN_SHARE = 0.75
+"""When at least this share of the judged cells (four or more) moved the same way against
+their baselines, the run moved as a whole: the summary says so before the cells."""
+
+
+def whole_run_shift(frame: pd.DataFrame) -> str | None:
+    """"11 of 12 judged cells ran below their baseline (median −21 %): …" when the run moved
+    as a whole, else None. Such a shift comes from something every cell shares: the machine
+    at another speed, or a change that touches every batch (a library, a driver); a real
+    regression of one kernel moves a few cells. The confirmed cells still name what changed."""
+    judged = frame[frame["verdict"].isin(JUDGED).to_numpy(dtype=bool)]
+    change = pd.to_numeric(judged.get("change"), errors="coerce").dropna()
+    if len(change) < 4:
+        return None
+    for moved, way in ((change < 0, "below"), (change > 0, "above")):
+        if moved.sum() >= WHOLE_RUN_SHARE * len(change):
+            return (f"{int(moved.sum())} of {len(change)} judged cells ran {way} their baseline "
+                    f"(median {change[moved].median():+.0%}), together: a shift of the whole "
+                    "run, which something every cell shares gives (the machine at another "
+                    "speed, or a change in a library or driver); a kernel of the model that "
+                    "got slower would move a few".replace("-", "−"))
+    return None
+
+
 def disturbed_reason(frame: pd.DataFrame) -> str | None:
     """The reason when the whole run was not judged because its measurement was disturbed."""
     frame = _with_verdict_columns(frame)
@@ -208,6 +232,8 @@ def verdict_lines(frame: pd.DataFrame) -> list[str]:
         lines = [f"regressions: none confirmed in {judged} cells judged against history"]
     else:
         lines = [f"regressions: {_nothing_judged(frame)}"]
+    if shift := whole_run_shift(frame):
+        lines.append(f"  whole run: {shift}")
     if suspected:
         lines += [f"  suspected ({SUSPECTED_NOTE}):", *(f"    {line}" for line in suspected)]
     lines += [f"  environment changed: {line}" for line in environment_changes(frame)]
@@ -245,6 +271,8 @@ def regressions_markdown(frame: pd.DataFrame) -> str:
     else:
         nothing = _nothing_judged(frame)
         lines.append(f"{nothing[0].upper()}{nothing[1:]}.")  # "Not judged: ..."
+    if shift := whole_run_shift(frame):
+        lines += ["", f"**The whole run moved:** {shift}."]
     if suspected:
         lines += ["", f"**Suspected** ({_count(len(suspected), 'cell')}: {SUSPECTED_NOTE}):",
                   "", *(f"- {line}" for line in suspected)]
