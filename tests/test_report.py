@@ -328,3 +328,19 @@ def test_runs_without_a_sweep_say_so_and_plot_the_trials_own_step_times():
     assert "the throughput sweep timed no batch size" not in page
     assert "Step time vs batch size: the convergence runs' own" in page
     assert len(images(page)) == PLOTS_WITHOUT_DP - 2  # throughput and memory need the sweep
+
+
+def test_the_step_time_line_carries_its_standard_errors():
+    """The line t(B) = α + βB that B* and the throughput text use is a fit: its α and β are
+    stated with their standard errors, or said to have none (two batch sizes)."""
+    from batchscale.analysis.narrative import step_line_text
+    from batchscale.analysis.summary import StepTimeSummary
+
+    fitted = StepTimeSummary("synthetic", 3.86e-4, 2.24e-6, 0.85, "", 5e-5, 4.8e-7)
+    assert step_line_text(fitted) == ("t(B) ≈ 0.386 ± 0.05 ms + 2.24 ± 0.48 µs × B (± one "
+                                      "standard error; R² 0.85)")
+    exact = StepTimeSummary("synthetic", 3.86e-4, 2.24e-6, 1.0, "")
+    assert "no error estimate: a line through two batch sizes" in step_line_text(exact)
+    # from a sweep of six batch sizes, the analysis fills them in
+    summary = analyze(make_sweep(), make_runs(), None, AnalysisConfig(bootstrap_samples=20))
+    assert " ± " in step_line_text(summary.summary.step_time)

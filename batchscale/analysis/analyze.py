@@ -143,7 +143,8 @@ def analyze(
         throughput=throughput,
         memory=memory,
         step_time=StepTimeSummary(
-            source, step_fit.alpha_s, step_fit.beta_s, step_fit.r2, step_fit.reason
+            source, step_fit.alpha_s, step_fit.beta_s, step_fit.r2, step_fit.reason,
+            *(math.sqrt(v) if v >= 0 else math.nan for v in step_fit.covariance[:2]),
         ),
         optimal_batch_cap=cap,
         optimal_batch_line=b_star_line,

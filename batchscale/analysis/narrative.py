@@ -240,11 +240,19 @@ def _throughput_text(throughput: ThroughputSummary, step: StepTimeSummary,
             " each step longer."
         )
     if math.isfinite(step.alpha_s):
-        text += (
-            f" Step time t(B) ≈ {1e3 * step.alpha_s:.3g} ms + "
-            f"{1e6 * step.beta_s:.3g} µs × B (R² {step.r2:.2f})."
-        )
+        text += f" Step time {step_line_text(step)}."
     return text + _input_text(throughput, cpu_threads)
+
+
+def step_line_text(step: StepTimeSummary) -> str:
+    """"t(B) ≈ 0.386 ± 0.05 ms + 2.24 ± 0.48 µs × B (± one standard error; R² 0.85)", or, where
+    the points leave no degrees of freedom, says that the line has no error estimate."""
+    alpha, beta = 1e3 * step.alpha_s, 1e6 * step.beta_s
+    if math.isfinite(step.alpha_se_s) and math.isfinite(step.beta_se_s):
+        return (f"t(B) ≈ {alpha:.3g} ± {1e3 * step.alpha_se_s:.2g} ms + {beta:.3g} ± "
+                f"{1e6 * step.beta_se_s:.2g} µs × B (± one standard error; R² {step.r2:.2f})")
+    return (f"t(B) ≈ {alpha:.3g} ms + {beta:.3g} µs × B (R² {step.r2:.2f}; no error estimate: "
+            "a line through two batch sizes fits them exactly)")
 
 
 def _input_text(throughput: ThroughputSummary, cpu_threads: int | None) -> str:

@@ -88,6 +88,10 @@ class StepTimeSummary:
     beta_s: float
     r2: float
     reason: str
+    alpha_se_s: float = math.nan
+    beta_se_s: float = math.nan
+    """Standard errors of α and β from the fit's covariance; NaN without degrees of freedom
+    (two batch sizes fit any line exactly)."""
 
 
 @dataclass(frozen=True)
