@@ -36,12 +36,11 @@ from types import SimpleNamespace
 import yaml
 from kfp import dsl, kubernetes
 
-from batchscale.batch_schedule.stage import loop_refusal
 from batchscale.config import ExperimentConfig, KubernetesConfig, TolerationConfig
 from batchscale.errors import BadInput
 from batchscale.images import CPU_IMAGE, GPU_IMAGE, IMAGE_REF_ENV
+from batchscale.names import is_factory_spec
 from batchscale.quantities import cpu_quantity, mebibytes
-from batchscale.workloads import is_training_loop
 
 GPU_STAGES = ("throughput-sweep", "convergence", "batch-schedule")
 """Stages that measure: on the accelerator where the config gives them one."""
@@ -65,7 +64,7 @@ def uses_trainjob(cfg: ExperimentConfig) -> bool:
 def sweep_gpus(cfg: ExperimentConfig) -> int:
     """The sweep is one process: one worker's GPUs; none when it measures on the CPU, or for a
     TrainingLoop, whose sweep step only records that it measured nothing."""
-    if cfg.sweep.device == "cpu" or is_training_loop(cfg.workload):
+    if cfg.sweep.device == "cpu" or _is_loop(cfg.workload):
         return 0
     return cfg.kubernetes.gpus_per_worker
 
@@ -76,10 +75,22 @@ def cell_gpus(cfg: ExperimentConfig, workers: int) -> int:
     return 0 if uses_trainjob(cfg) else workers * cfg.kubernetes.gpus_per_worker
 
 
+def _is_loop(workload: str) -> bool | None:
+    """Whether the user's workload is a TrainingLoop (workloads.is_training_loop); a built-in
+    one is not, told without importing torch (compiling needs none)."""
+    if not is_factory_spec(workload):
+        return False
+    from batchscale.workloads import is_training_loop
+
+    return is_training_loop(workload)
+
+
 def check_devices(cfg: ExperimentConfig) -> None:
     """A sweep told to use CUDA in a pod that gets no GPU would fail only on the cluster; so
     would a batch schedule of a TrainingLoop (batchscale does not hold a loop's state)."""
-    if cfg.batch_schedule.enabled and is_training_loop(cfg.workload):
+    if cfg.batch_schedule.enabled and _is_loop(cfg.workload):
+        from batchscale.batch_schedule.stage import loop_refusal
+
         raise BadInput(f"{loop_refusal(cfg.workload)}, or set batch_schedule.enabled: false")
     if cfg.sweep.device == "cuda" and not cfg.kubernetes.gpus_per_worker:
         raise BadInput("sweep.device is 'cuda' but kubernetes.gpus_per_worker is 0, so the "

@@ -489,8 +489,7 @@ def test_a_run_that_moved_as_a_whole_is_said_before_its_cells():
     assert whole_run_shift(frame) == (
         "11 of 12 judged cells ran below their baseline (median −20%), together: a shift of "
         "the whole run, which something every cell shares gives (the machine at another speed, "
-        "or a change in a library or driver); a kernel of the model that got slower would move "
-        "a few")
+        "or a change in the code, a library or a driver)")
     mixed = frame.assign(change=[-0.2, -0.15] + [0.02, -0.01] * 5)
     assert whole_run_shift(mixed) is None
     assert whole_run_shift(frame.iloc[:3]) is None  # too few cells to call it the whole run

@@ -234,8 +234,7 @@ def _starved_note(runs: pd.DataFrame, max_share: float | None) -> str:
         return ""
     starved = known & (waits >= max_share)
     counts = numeric_column(runs, "workers")[starved]
-    which = ", ".join(sorted({f"{c:.0f}-worker" for c in counts[np.isfinite(counts)]},
-                             key=lambda w: int(w.split("-")[0])))
+    which = ", ".join(f"{c}-worker" for c in sorted({int(c) for c in counts if np.isfinite(c)}))
     return (
         f" — NOT TRUSTED: {int(starved.sum())} of {int(known.sum())} convergence trials "
         f"({which or 'of unknown worker count'}) waited for a CPU up to "

@@ -122,8 +122,8 @@ their baselines, the run moved as a whole: the summary says so before the cells.
 def whole_run_shift(frame: pd.DataFrame) -> str | None:
     """"11 of 12 judged cells ran below their baseline (median −21 %): …" when the run moved
     as a whole, else None. Such a shift comes from something every cell shares: the machine
-    at another speed, or a change that touches every batch (a library, a driver); a real
-    regression of one kernel moves a few cells. The confirmed cells still name what changed."""
+    at another speed, or a change in the code or a library that touches every batch. The
+    confirmed cells still name what changed."""
     judged = frame[frame["verdict"].isin(JUDGED).to_numpy(dtype=bool)]
     change = pd.to_numeric(judged.get("change"), errors="coerce").dropna()
     if len(change) < 4:
@@ -133,8 +133,7 @@ def whole_run_shift(frame: pd.DataFrame) -> str | None:
             return (f"{int(moved.sum())} of {len(change)} judged cells ran {way} their baseline "
                     f"(median {change[moved].median():+.0%}), together: a shift of the whole "
                     "run, which something every cell shares gives (the machine at another "
-                    "speed, or a change in a library or driver); a kernel of the model that "
-                    "got slower would move a few".replace("-", "−"))
+                    "speed, or a change in the code, a library or a driver)").replace("-", "−")
     return None
 
 
