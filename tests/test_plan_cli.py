@@ -46,7 +46,8 @@ def test_plan_prints_bands_assumptions_recommendation_and_check(lake, capsys, tm
     assert code == 0, text + captured.err
     assert "B_crit interval 48-96" in text
     assert "latency 0 µs per hop (assumed)" in text
-    assert "assumed, not measured: latency, hidden share" in text
+    assert ("not measured: link bandwidth (effective), latency (assumed), hidden share "
+            "(assumed)") in text
     assert "recommendation: Cheapest within the deadline of 60 min" in text
     assert "communication fitted without this cell" in text and "goal ±25% met" in text
     table = pq.read_table(out)
@@ -60,7 +61,8 @@ def test_a_stated_link_is_used_without_data_parallel_runs(lake, capsys):
                  "5", "--budget-device-hours", "1"])
     text = capsys.readouterr().out
     assert code == 0, text
-    assert "assumed, not measured: link bandwidth, latency, hidden share" in text
+    assert ("not measured: link bandwidth (assumed), latency (assumed), hidden share "
+            "(assumed)") in text
     assert "Fastest within the budget of 1 device-hours" in text
 
 

@@ -16,7 +16,7 @@ from batchscale.planner.inputs import gradient_bytes, read_plan_inputs
 from batchscale.planner.model import (
     ASSUMED,
     CHEAPEST_WITHIN_DEADLINE,
-    MEASURED,
+    EFFECTIVE,
     Objective,
 )
 from batchscale.planner.table import (
@@ -66,14 +66,15 @@ def test_one_worker_count_fits_bandwidth_with_latency_assumed_zero():
     # 2·(2−1)/2·1e6 bytes in 2 ms: 5e8 bytes/s
     assert comm.bandwidth_Bps == pytest.approx(5e8, rel=1e-6)
     assert comm.latency_s == 0.0
-    assert (comm.source.bandwidth, comm.source.latency) == (MEASURED, ASSUMED)
+    assert (comm.source.bandwidth, comm.source.latency) == (EFFECTIVE, ASSUMED)
     assert "cannot separate latency" in comm.note
 
 
 def test_stated_link_replaces_the_measured_one_and_is_assumed():
     comm = comm_model(inputs_of(pt.frames()), link_gbps=100, latency_us=5)
     assert comm.bandwidth_Bps == pytest.approx(12.5e9)
-    assert comm.source.assumed_names() == "link bandwidth, latency, hidden share"
+    assert comm.source.unmeasured_names() == (
+        "link bandwidth (assumed), latency (assumed), hidden share (assumed)")
     with pytest.raises(BadInput, match="needs --latency-us"):
         comm_model(inputs_of(pt.frames()), link_gbps=100)
 

@@ -12,7 +12,7 @@ from batchscale.checks import validate_table
 from batchscale.errors import BadInput
 from batchscale.planner.comm import comm_model
 from batchscale.planner.inputs import read_plan_inputs
-from batchscale.planner.model import BACKWARD_SHARE, MEASURED
+from batchscale.planner.model import BACKWARD_SHARE, EFFECTIVE, MEASURED, SET_TO_ZERO
 from batchscale.planner.table import check_rows, make_plan
 from batchscale.schemas import make_table
 
@@ -51,7 +51,8 @@ def test_two_message_sizes_separate_latency_from_bandwidth_at_one_worker_count()
     assert comm.bandwidth_Bps == pytest.approx(1e6 / 1.9e-3, rel=1e-6)
     assert comm.hidden_share == 0
     assert (comm.source.bandwidth, comm.source.latency, comm.source.hidden_share) == (
-        MEASURED, MEASURED, MEASURED)
+        EFFECTIVE, MEASURED, SET_TO_ZERO)
+    assert comm.source.unmeasured_names() == "link bandwidth (effective), hidden share (set to 0)"
     assert "1.8× the bare all-reduce" in comm.note and "contend" in comm.note
     assert "latency 50 µs per hop, 8 Gbit/s" in comm.note and "probe CV 10%" in comm.note
 
@@ -68,7 +69,7 @@ def test_a_step_exposing_less_than_the_all_reduce_hid_the_rest_behind_backward()
     assert comm.hidden_share == pytest.approx(0.5, rel=1e-6)
     assert comm.latency_s == pytest.approx(LATENCY_S, rel=1e-6)
     assert comm.bandwidth_Bps == pytest.approx(slow_bandwidth, rel=1e-6)
-    assert comm.source.assumed_names() == ""
+    assert comm.source.unmeasured_names() == ""
     # the plan reproduces the measured two-worker step: compute + (1 − 0.5)·1 ms
     plan = make_plan(inputs, comm, [1, 2, 8])
     row = next(r for r in plan.rows if (r.workers, r.per_worker_batch) == (2, 64))

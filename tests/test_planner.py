@@ -60,7 +60,8 @@ def test_a_given_link_is_marked_assumed():
     assert FAST_LINK.bandwidth_Bps == pytest.approx(12.5e9)
     assert FAST_LINK.latency_s == pytest.approx(5e-6)
     assert FAST_LINK.source == CommSource(ASSUMED, ASSUMED, ASSUMED)
-    assert FAST_LINK.source.assumed_names() == "link bandwidth, latency, hidden share"
+    assert FAST_LINK.source.unmeasured_names() == (
+        "link bandwidth (assumed), latency (assumed), hidden share (assumed)")
 
 
 @pytest.mark.parametrize("hidden_share", [-0.1, 1.5])
@@ -80,7 +81,7 @@ def test_fit_recovers_bandwidth_and_latency():
     assert model.bandwidth_Bps == pytest.approx(5e9, rel=1e-6)
     assert model.latency_s == pytest.approx(2e-5, rel=1e-6)
     assert model.source == CommSource(MEASURED, MEASURED, MEASURED)
-    assert model.source.assumed_names() == ""
+    assert model.source.unmeasured_names() == ""
     assert model.hidden_share == 0.3
 
 
@@ -148,7 +149,8 @@ def test_plan_row_known_answer():
     assert eight.device_hours.value == pytest.approx(8 * 1250 * (0.0228 + 0.007035) / 3600)
     assert eight.limit == LIMIT_PAST_B_CRIT
     assert eight.b_crit == Band(256, 200, 300)
-    assert eight.assumed == "link bandwidth, latency, hidden share"
+    assert eight.unmeasured == (
+        "link bandwidth (assumed), latency (assumed), hidden share (assumed)")
 
 
 def test_overlap_hides_no_more_than_the_backward_pass():

@@ -22,7 +22,9 @@ from batchscale.errors import BadInput
 from batchscale.fits import numeric_column
 from batchscale.planner.model import (
     ASSUMED,
+    EFFECTIVE,
     MEASURED,
+    SET_TO_ZERO,
     CommModel,
     CommSource,
     fit_comm_model,
@@ -139,12 +141,15 @@ def comm_model(inputs: PlanInputs, link_gbps: float | None = None,
     separable = cells["workers"].nunique() >= 2
     latency_s = None if separable and latency_us is None else (latency_us or 0.0) * 1e-6
     model = cells_model(inputs, latency_s)
+    # Without a probe of the link, the bandwidth is what the steps' exposed time implies: the
+    # link less whatever training hid, plus whatever else the steps waited for.
+    note = ("an effective bandwidth fitted to the data-parallel steps (no all-reduce probe), "
+            "with nothing taken as hidden")
     if latency_s is not None and latency_us is None:
-        note = ("latency assumed 0: one worker count measured cannot separate latency from "
-                "bandwidth, so past it the all-reduce is taken as bandwidth-bound")
-        model = CommModel(model.bandwidth_Bps, model.latency_s, model.hidden_share,
-                          CommSource(model.source.bandwidth, ASSUMED, ASSUMED), note)
-    return model
+        note += ("; latency assumed 0: one worker count measured cannot separate latency from "
+                 "bandwidth, so past it the all-reduce is taken as bandwidth-bound")
+    return CommModel(model.bandwidth_Bps, model.latency_s, model.hidden_share,
+                     CommSource(EFFECTIVE, model.source.latency, ASSUMED), note)
 
 
 def probed_model(inputs: PlanInputs, latency_us: float | None = None) -> CommModel:
@@ -174,13 +179,14 @@ def probed_model(inputs: PlanInputs, latency_us: float | None = None) -> CommMod
     ratio = float(np.median(exposed))
     spread = (f"{ratio:.2g}× the bare all-reduce (cells {exposed.min():.2g}–{exposed.max():.2g}×)"
               if len(exposed) > 1 else f"{ratio:.2g}× the bare all-reduce (one cell)")
-    source = CommSource(MEASURED, link.source.latency, MEASURED)
     if ratio <= 1:
         # A step no slower than its compute (ratio <= 0: the reference's own noise) hid it all.
-        return CommModel(link.bandwidth_Bps, link.latency_s, min(1.0, 1 - ratio), source,
+        return CommModel(link.bandwidth_Bps, link.latency_s, min(1.0, 1 - ratio),
+                         CommSource(MEASURED, link.source.latency, MEASURED),
                          f"{measured}; training exposed {spread}")
     effective = cells_model(inputs, link.latency_s)
-    return CommModel(effective.bandwidth_Bps, link.latency_s, 0.0, source,
+    return CommModel(effective.bandwidth_Bps, link.latency_s, 0.0,
+                     CommSource(EFFECTIVE, link.source.latency, SET_TO_ZERO),
                      f"{measured}; the data-parallel steps exposed {spread}: more than the "
                      "all-reduce itself (workers sharing one machine's cores contend), so an "
                      "effective bandwidth carries the excess and nothing is taken as hidden")
@@ -212,7 +218,7 @@ def _unresolved_link(inputs: PlanInputs, latency_s: float | None, why: str) -> C
                        "--latency-us")
     effective = cells_model(inputs, latency_s)
     return CommModel(effective.bandwidth_Bps, latency_s, 0.0,
-                     CommSource(MEASURED, MEASURED, ASSUMED),
+                     CommSource(EFFECTIVE, MEASURED, ASSUMED),
                      f"the all-reduce probes did not resolve the link's bandwidth ({why}"
                      f"{_probe_cv(probe)}): latency {latency_s * 1e6:.3g} µs per hop from "
                      "their small message, an effective bandwidth fitted to the data-parallel "

@@ -2,7 +2,7 @@
 N workers × b per worker from one run's fits and an all-reduce model; the time/cost Pareto front
 and a recommendation. No I/O: the CLI, lake, report and pipeline wire it in. A number is a claim:
 steps, times and device-hours carry the band from the B_crit interval (`Band`), communication
-parameters say whether they were measured or assumed (`CommSource`)."""
+parameters say whether they were measured, assumed, or set otherwise (`CommSource`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 MEASURED, ASSUMED = "measured", "assumed"
+# Neither measured nor assumed: a bandwidth fitted to the data-parallel steps' exposed time
+# carries the link and whatever else those steps waited for (workers contending for one host's
+# cores); a hidden share of 0 where the steps exposed more than the bare all-reduce is what is
+# left when none can be shown hidden, not a measurement of it.
+EFFECTIVE, SET_TO_ZERO = "effective", "set to 0"
 # Why adding workers stops helping at a plan point (PlanRow.limit).
 LIMIT_MEMORY, LIMIT_PAST_B_CRIT, LIMIT_COMMUNICATION = "memory", "past B_crit", "communication"
 # Past this share of the step time in the all-reduce, a worker adds more waiting than computing.
@@ -32,17 +37,19 @@ all-reduce overlapped with it can hide, whatever share of it a noisy run's fit s
 
 @dataclass(frozen=True)
 class CommSource:
-    """Where each communication parameter came from: MEASURED or ASSUMED."""
+    """Where each communication parameter came from: MEASURED, ASSUMED, EFFECTIVE (bandwidth)
+    or SET_TO_ZERO (hidden share)."""
 
     bandwidth: str
     latency: str
     hidden_share: str
 
-    def assumed_names(self) -> str:
-        """The assumed parameters in words ("" when all were measured)."""
+    def unmeasured_names(self) -> str:
+        """The parameters not measured, each with how it was set ("" when all were measured):
+        "link bandwidth (effective), hidden share (set to 0)"."""
         sources = (self.bandwidth, self.latency, self.hidden_share)
         pairs = zip(("link bandwidth", "latency", "hidden share"), sources, strict=True)
-        return ", ".join(name for name, source in pairs if source == ASSUMED)
+        return ", ".join(f"{name} ({source})" for name, source in pairs if source != MEASURED)
 
 
 def ring_regressors(workers: np.ndarray, gradient_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -173,8 +180,9 @@ class StepsFit:
 
 @dataclass(frozen=True)
 class PlanRow:
-    """One (workers, per-worker batch) point; `assumed` names the unmeasured communication
-    parameters, `limit` why adding workers stops helping here ("" when it still helps)."""
+    """One (workers, per-worker batch) point; `unmeasured` names the communication parameters
+    not measured, with how each was set; `limit` says why adding workers stops helping here
+    ("" when it still helps)."""
 
     workers: int
     per_worker_batch: int
@@ -188,7 +196,7 @@ class PlanRow:
     b_crit: Band
     feasible: bool
     limit: str
-    assumed: str
+    unmeasured: str
     compute_source: str = "line"  # "measured": one device's measured step at the micro-batch
     accumulation_steps: int = 1  # micro-batches per optimizer step (1: b fits as one batch)
 
@@ -248,7 +256,7 @@ def plan_rows(
     b_crit = Band(fit.e_min / fit.s_min, fit.b_crit_low, fit.b_crit_high)
     measured = {int(b): float(t) for b, t in (measured_step_s or {}).items()
                 if math.isfinite(t) and t > 0}
-    rows = []
+    rows, unmeasured = [], comm.source.unmeasured_names()
     for n in workers:
         all_reduce_s = comm.comm_time_s(n, gradient_bytes)
         for b in per_worker_batches:
@@ -266,7 +274,7 @@ def plan_rows(
             limit = _limit(n * b, comm_s / step_s, fit, max_per_worker_batch)
             hours = time_s.scaled(n / 3600)
             rows.append(PlanRow(n, b, n * b, step_s, comm_s, comm_s / step_s, steps, time_s, hours,
-                                b_crit, limit != LIMIT_MEMORY, limit, comm.source.assumed_names(),
+                                b_crit, limit != LIMIT_MEMORY, limit, unmeasured,
                                 "measured" if micro in measured else "line", k))
     return rows
 
@@ -317,7 +325,7 @@ def describe(row: PlanRow) -> str:
     )
     if row.limit:
         text += f"; adding workers stops helping here: {row.limit}"
-    return text + (f"; assumed, not measured: {row.assumed}" if row.assumed else "")
+    return text + (f"; not measured: {row.unmeasured}" if row.unmeasured else "")
 
 
 def _accumulated(row: PlanRow) -> str:

@@ -214,9 +214,9 @@ def plan_lines(plan: Plan) -> list[str]:
     if any(past_reach(r, inputs) for r in plan.rows):
         lines.append(f"  † {reach_note(inputs)}")
     lines.append(f"recommendation: {plan.recommendation}")
-    assumed = comm.source.assumed_names()
+    unmeasured = comm.source.unmeasured_names()
     disturbed = " (on a busy machine: NOT TRUSTED, above)" if disturbed_note(inputs) else ""
-    lines.append(f"assumed, not measured: {assumed}" if assumed else
+    lines.append(f"not measured: {unmeasured}" if unmeasured else
                  f"every communication parameter was measured{disturbed}")
     return lines
 
