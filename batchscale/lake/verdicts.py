@@ -91,8 +91,16 @@ def _drop_text(row: dict) -> str:
     if row["status"] != TrialStatus.OK:
         return f"{row['status']} now, timed fine in {_count(row['history_runs'], 'earlier run')}"
     return (f"{row['samples_per_s']:,.0f} samples/s vs median {row['history_median']:,.0f} "
-            f"({_percent(row['change'])}; noise allows a drop of {row['allowed_drop']:,.0f}) "
-            f"over {row['history_runs']} runs")
+            f"({_percent(row['change'])}; noise allows a drop of {row['allowed_drop']:,.0f}, "
+            f"{_allowed_by(row)}) over {row['history_runs']} runs")
+
+
+def _allowed_by(row: dict) -> str:
+    """Which bound set the allowed drop: the fixed floor, or the history's own scatter."""
+    floor = MIN_DROP_SHARE * row["history_median"]
+    if math.isclose(row["allowed_drop"], floor, rel_tol=1e-9):
+        return f"the {MIN_DROP_SHARE:.0%} floor, as this history scatters less"
+    return f"{NOISE_MADS:g} robust standard deviations of this history"
 
 
 def regressed_cells(frame: pd.DataFrame) -> list[str]:
