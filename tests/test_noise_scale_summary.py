@@ -35,3 +35,15 @@ def test_only_failed_estimates_give_no_figure():
     _, summary = noise_scale(_runs({"a": (16, -3.0), "b": (32, 0.0)}), pd.DataFrame())
     assert math.isnan(summary.b_simple_median) and summary.dropped == 2
     assert _b_simple_text(summary).startswith("Not available: every trial's final estimate (2)")
+
+
+def test_the_rules_shared_reference_trial_counts_once():
+    """At the reference batch the linear and sqrt rules give the same learning rate: their
+    trials there are one measurement under two ids, and count once."""
+    rows = [{"trial_id": f"{rule}-{batch}", "lr_rule": rule, "batch_size": batch, "lr": lr,
+             "seed": 0, "workers": 1, "b_simple": value}
+            for rule, batch, lr, value in [("linear", 32, 0.1, 50.0), ("sqrt", 32, 0.1, 50.0),
+                                           ("linear", 64, 0.2, 70.0), ("sqrt", 64, 0.14, 90.0)]]
+    by_batch, summary = noise_scale(pd.DataFrame(rows), pd.DataFrame())
+    assert summary.trials == 3 and summary.b_simple_median == 70.0
+    assert by_batch[32] == 50.0

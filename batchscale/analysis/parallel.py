@@ -19,7 +19,9 @@ def final_b_simple(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
 
     The training code estimates B_simple = tr Σ / |G|² (McCandlish et al. 2018, App. A) as a
     ratio of moving averages; it grows during training, so the final value is the one to
-    compare with B_crit at the target. Columns: trial_id, batch_size, b_simple.
+    compare with B_crit at the target. A trial that repeats another's batch size, learning
+    rate, seed and worker count (the rules' shared reference batch) counts once. Columns:
+    trial_id, batch_size, b_simple.
     """
     runs = ensure_columns(runs, schemas.RUNS)
     curves = ensure_columns(curves, schemas.CURVES)
@@ -41,7 +43,14 @@ def final_b_simple(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     logged = logged[np.isfinite(logged["b_simple"])].sort_values("step")
     last = logged.groupby("trial_id").last().reset_index()[["trial_id", "batch_size", "b_simple"]]
     merged = pd.concat([final[np.isfinite(final["b_simple"])], last], ignore_index=True)
-    return merged.drop_duplicates("trial_id", keep="first").reset_index(drop=True)
+    merged = merged.drop_duplicates("trial_id", keep="first")
+    # The LR rules agree at the reference batch, so their trials there train the same model on
+    # the same data: one measurement, under two trial ids, counted once.
+    setting = runs.drop_duplicates("trial_id").set_index("trial_id")[["lr", "seed", "workers"]]
+    keys = setting.reindex(merged["trial_id"].to_numpy()).set_axis(merged.index)
+    known = keys.notna().all(axis=1)
+    twice = known & pd.concat([merged[["batch_size"]], keys], axis=1).duplicated()
+    return merged[~twice].reset_index(drop=True)
 
 
 def noise_scale(runs: pd.DataFrame, curves: pd.DataFrame) -> tuple[pd.Series, NoiseScaleSummary]:
