@@ -28,7 +28,10 @@ from batchscale.fits import ensure_columns, matches, numeric_column
 from batchscale.schemas import RUNS, TUNED_RULE, RunStatus
 
 MEASURED_IN = {
-    StepTimeSource.CONVERGENCE: "measured in the convergence runs",
+    # The step time of a batch is pooled over its trials of every LR rule (a step's work does
+    # not depend on the learning rate), so the product can fall outside the seeds' own times.
+    StepTimeSource.CONVERGENCE: "measured in the convergence runs, the median over the batch's "
+                                "trials of every LR rule",
     StepTimeSource.SWEEP: "from the sweep",
     StepTimeSource.SWEEP_FIT: "from the sweep's line t(B)",
 }
