@@ -119,6 +119,12 @@ def test_cells_whose_seeds_overlap_the_fastest_are_named_as_just_as_fast():
     assert as_fast_text(found, rules=1) == (
         "; as fast within the seeds' spread: batch 32 (1.45 s [1.4, 1.5] over 2 seeds)")
     assert "batch 32 linear (" in as_fast_text(found, rules=2)
+    # with the results table's times, each cell's band sits around the table's figure (the
+    # basis the batch was chosen on): batch 32's 1.40-1.50 s around 1.6 s
+    timed = cells.assign(time_to_target_s=[1.5, 1.6, 4.0])
+    [(_, _, band)] = as_fast(runs, timed, "linear", 64)
+    assert (band.median, band.low, band.high) == pytest.approx((1.6, 1.6 * 1.4 / 1.45,
+                                                                1.6 * 1.5 / 1.45))
     # one seed has no spread to compare: nothing is claimed either way
     one = pd.DataFrame(seeds(64, "linear", 0.2, [120], 0.012) + seeds(32, "linear", 0.1, [140]))
     assert as_fast(one, cells, "linear", 64) == [] and as_fast_text([], rules=1) == ""

@@ -255,13 +255,15 @@ def test_the_rule_line_says_when_the_seeds_cannot_tell_the_rules_apart():
         "fewest steps to target at batch 128 (linear 75 [60, 70], sqrt 100 [100, 110])")
 
 
-def test_the_fastest_time_carries_its_seeds_measured_times():
+def test_the_fastest_time_carries_its_seeds_measured_spread():
     from batchscale.analysis.expected import Spread
     from batchscale.analysis.recommend import fastest_text
 
-    best = pd.Series({"time_to_target_s": 0.054, "steps_to_target": 75.0, "step_time_s": 7.2e-4,
-                      "step_time_source": "convergence"})
-    text = fastest_text(best, Spread(0.0539, 0.0435, 0.0643, 2))
-    assert text.startswith("fastest time to target: 0.054 s (75 steps × 0.72 ms per step")
-    assert text.endswith("; its 2 seeds took 0.0435–0.0643 s)")
-    assert "took" not in fastest_text(best, Spread(0.0539, 0.0539, 0.0539, 1))
+    best = pd.Series({"time_to_target_s": 0.054, "steps_to_target": 72.5,
+                      "step_time_s": 7.2e-4, "step_time_source": "convergence"})
+    text = fastest_text(best, Spread(0.054, 0.0435, 0.0643, 2))
+    assert text.startswith("fastest time to target: 0.054 s [0.0435, 0.0643] over 2 seeds "
+                           "(72.5 steps × 0.72 ms per step")
+    assert text.endswith("; the band is its seeds' measured times to target, as shares of their "
+                         "median)")
+    assert "band" not in fastest_text(best, Spread(0.054, 0.054, 0.054, 1))

@@ -136,20 +136,24 @@ TIED_TABLE = cell_table([("linear", 64, 40, 0.0506 / 40), ("linear", 16, 80, 0.0
 
 
 def test_tied_steps_do_not_make_a_zero_width_time_band():
+    """The table's 0.0506 s, with the seeds' measured spread around it: 0.0493 and 0.0522
+    are −2.9 % and +2.9 % of their median 0.05075."""
     text = expected_text(tied_runs(), TIED_TABLE, "linear", 64)
     assert "[0.0506, 0.0506]" not in text
-    assert text.endswith(" s of training [0.0493, 0.0522] over 2 seeds")
+    assert text.endswith("; 0.0506 s of training [0.0492, 0.052] over 2 seeds")
 
 
 def test_the_saving_in_time_takes_its_band_from_the_measured_times():
     text = versus_current(tied_runs(), TIED_TABLE, "linear", 64, 16)
-    # median 0.05075 / 0.0925 = 0.55; band 0.0493/0.095 = 0.52 .. 0.0522/0.090 = 0.58
-    assert text.endswith("0.50× [0.50, 0.50] the steps and 0.55× [0.52, 0.58] the training time")
+    # the table's times 0.0506 / 0.0935 = 0.54; each with its seeds' spread around it
+    # (64: 0.0492–0.0520; 16: 0.0910–0.0960), the band is 0.0492/0.0960 .. 0.0520/0.0910
+    assert text.endswith("0.50× [0.50, 0.50] the steps and 0.54× [0.51, 0.57] the training time")
 
 
 def test_one_run_says_its_time_has_no_spread():
     text = expected_text(tied_runs(times_64=(0.0493,)), TIED_TABLE, "linear", 64)
-    assert text == "40 steps (one seed: no spread); 0.0493 s of training (one seed: no spread)"
+    # the table's figure, as beside the card
+    assert text == "40 steps (one seed: no spread); 0.0506 s of training (one seed: no spread)"
 
 
 def test_without_measured_times_the_time_says_its_spread_is_unknown():

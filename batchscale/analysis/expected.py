@@ -5,12 +5,16 @@ user trains with today (`analysis.current_batch_size`, `analysis.current_lr`).
 The cell is (LR rule, batch, workers), at the recommended learning rate where one is given: runs
 with another worker count are another cell, not more seeds of this one. The band is the range
 over the seeds that reached the target at that cell (with one seed there is no spread, and the
-text says so instead of inventing one). Time is the runs' own measured times to target, with
-their range: steps × one step time would give seeds that tie on steps a zero-width band that
-no measurement showed; where the runs record no time to target, the time is steps × the cell's
-step time and is said to have no known spread. A ratio against today's batch takes its band
-from the extremes of both ranges (the slowest recommended seed against the fastest current
-one, and the other way round), so it holds whatever pairing of seeds is the fair one.
+text says so instead of inventing one). Time is the figure the results table gives the cell
+(its steps × the batch's step time, the basis the batch is chosen on), with the band of the
+runs' own measured times to target around it: their lowest and highest as shares of their
+median (steps × one step time alone would give seeds that tie on steps a zero-width band that
+no measurement showed). Where the table has no time for the cell, or the cell ran with more
+workers than the table's step time was measured with, the measured times stand as they are;
+where the runs record no time to target, the time is steps × the cell's step time and is said
+to have no known spread. A ratio against today's batch takes its band from the extremes of both
+ranges (the slowest recommended seed against the fastest current one, and the other way
+round), so it holds whatever pairing of seeds is the fair one.
 """
 
 from __future__ import annotations
@@ -156,6 +160,31 @@ def time_spread(runs: pd.DataFrame, rule: str, batch: int, workers: int | None =
     return _spread(_reached(runs, rule, batch, workers, lr), "time_to_target_s")
 
 
+def cell_time(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int,
+              workers: int | None = None, lr: float | None = None) -> Spread | None:
+    """The cell's time to target as the results table gives it, with its seeds' measured
+    spread around it (module docstring); the measured times as they are where the table has no
+    time for the cell or its step time is of another worker count."""
+    measured = time_spread(runs, rule, batch, workers, lr)
+    row = _cell(table, rule, batch)
+    times = numeric_column(row, "time_to_target_s") if "time_to_target_s" in row else []
+    centre = float(times[0]) if len(times) else math.nan
+    if (measured is None or not math.isfinite(centre) or measured.median <= 0
+            or not _at_table_workers(runs, rule, batch, workers, lr)):
+        return measured
+    return measured.scaled(centre / measured.median)
+
+
+def _at_table_workers(runs: pd.DataFrame, rule: str, batch: int, workers: int | None,
+                      lr: float | None) -> bool:
+    """Whether the cell's runs used the fewest workers run at `batch`, those the table's step
+    time is measured with (timetotarget.convergence_step_times)."""
+    every = ensure_columns(runs, RUNS)
+    counts = _worker_counts(every[numeric_column(every, "batch_size") == batch])
+    mine = _worker_counts(_reached(runs, rule, batch, workers, lr))
+    return bool(mine.size) and bool(counts.size) and mine[0] == counts.min()
+
+
 def step_time_at(table: pd.DataFrame, rule: str, batch: int) -> float:
     """The cell's step time from the analysis's cell table; NaN where it has none."""
     times = numeric_column(_cell(table, rule, batch), "step_time_s")
@@ -187,7 +216,7 @@ def expected_text(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int
         return f"no run of the {rule} rule at batch {batch} reached the target"
     text = f"{steps.text(' steps')}{_workers_said(runs, rule, batch, rows)}"
     flag = untrusted_time(table, rule, batch)
-    measured = _spread(rows, "time_to_target_s")
+    measured = cell_time(runs, table, rule, batch, workers, lr)
     if measured is not None:
         return f"{text}; {measured.text(' s of training')}{flag}"
     step_s = step_time_at(table, rule, batch)
@@ -198,18 +227,18 @@ def expected_text(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int
 
 def as_fast(runs: pd.DataFrame, cells: pd.DataFrame, rule: str, batch: int,
             workers: int | None = None) -> list[tuple[int, str, Spread]]:
-    """The other (batch, rule) cells of `cells` whose measured times to target over their
-    seeds overlap the (rule, batch) cell's: the seeds cannot tell them apart, so a rerun may
-    well pick one of them. Only cells with two or more seeds on each side (one seed has no
-    spread to compare)."""
-    best = time_spread(runs, rule, batch, workers)
+    """The other (batch, rule) cells of `cells` (the results table) whose times to target
+    (`cell_time`: the table's figure with its seeds' spread) overlap the (rule, batch) cell's:
+    the seeds cannot tell them apart, so a rerun may well pick one of them. Only cells with two
+    or more seeds on each side (one seed has no spread to compare)."""
+    best = cell_time(runs, cells, rule, batch, workers)
     if best is None or best.seeds < 2:
         return []
     found = []
     for other_rule, other_batch in zip(cells["lr_rule"], cells["batch_size"], strict=True):
         if (other_rule, int(other_batch)) == (rule, batch):
             continue
-        spread = time_spread(runs, other_rule, int(other_batch))
+        spread = cell_time(runs, cells, other_rule, int(other_batch))
         if spread is not None and spread.seeds >= 2 and best.overlaps(spread):
             found.append((int(other_batch), str(other_rule), spread))
     return sorted(found, key=lambda cell: cell[2].median)
@@ -259,8 +288,8 @@ def versus_current(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: in
                 "convergence.batch_sizes to quote a saving")
     parts = [f"{_ratio(rec, cur)} the steps"]
     flags = untrusted_time(table, rule, batch) or untrusted_time(table, rule, current_batch)
-    rec_t = time_spread(runs, rule, batch, workers, lr)
-    cur_t = time_spread(runs, rule, current_batch, workers)
+    rec_t = cell_time(runs, table, rule, batch, workers, lr)
+    cur_t = cell_time(runs, table, rule, current_batch, workers)
     rec_s, cur_s = step_time_at(table, rule, batch), step_time_at(table, rule, current_batch)
     if rec_t is not None and cur_t is not None:
         parts.append(f"{_ratio(rec_t, cur_t)} the training time{flags}")

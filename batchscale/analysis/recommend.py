@@ -14,10 +14,10 @@ from batchscale.analysis.expected import (
     as_fast,
     as_fast_text,
     cell_runs,
+    cell_time,
     expected_text,
     lr_versus_current,
     steps_spread,
-    time_spread,
     versus_current,
 )
 from batchscale.analysis.parallel import worker_choice
@@ -79,7 +79,7 @@ def recommend(
     at_batch = timed[timed["batch_size"] == batch].sort_values(["steps_to_target", "lr_rule"])
     rule = str(at_batch.iloc[0]["lr_rule"])
     workers, workers_reason = worker_choice(runs, (rule, batch))
-    batch_reason = fastest_text(best, time_spread(runs, rule, batch, workers))
+    batch_reason = fastest_text(best, cell_time(runs, timed, rule, batch, workers))
     model = BStar(*(b_star or {}).get(rule, (math.nan,) * 3))
     if math.isfinite(model.value):
         optimum = optimal_batch_text(model.value, model[1:3], model.cap, model.line,
@@ -113,15 +113,17 @@ def recommend(
 
 
 def fastest_text(best: pd.Series, seeds: Spread | None) -> str:
-    """"fastest time to target: 0.054 s (75 steps × 0.72 ms per step …; the seeds took
-    0.0435–0.0643 s)": the cell's median steps × its step time, and the seeds' own measured
-    times beside it, so the figure carries its spread."""
+    """"fastest time to target: 0.054 s [0.0434, 0.0645] over 2 seeds (75 steps × 0.72 ms per
+    step …)": the cell's median steps × its step time, as the results table has it, with its
+    seeds' measured spread around it (`expected.cell_time`), so the figure carries its spread."""
     source = MEASURED_IN.get(best.get("step_time_source"), "")
-    spread = (f"; its {seeds.seeds} {seeds.counted}s took {seeds.low:.3g}–{seeds.high:.3g} s"
-              if seeds is not None and seeds.seeds >= 2 else "")
-    return (f"fastest time to target: {best['time_to_target_s']:.3g} s "
-            f"({best['steps_to_target']:.0f} steps × {1e3 * best['step_time_s']:.3g} ms per step"
-            f"{' ' + source if source else ''}{spread})")
+    band = (f" [{seeds.low:.3g}, {seeds.high:.3g}] over {seeds.seeds} {seeds.counted}s"
+            if seeds is not None and seeds.seeds >= 2 else "")
+    said = ("; the band is its seeds' measured times to target, as shares of their median"
+            if band else "")
+    return (f"fastest time to target: {best['time_to_target_s']:.3g} s{band} "
+            f"({best['steps_to_target']:.3g} steps × {1e3 * best['step_time_s']:.3g} ms per step"
+            f"{' ' + source if source else ''}{said})")
 
 
 def fewest_steps_reason(runs: pd.DataFrame, at_batch: pd.DataFrame, rule: str, batch: int,
