@@ -85,8 +85,11 @@ def test_an_item_the_dataset_cannot_give_is_named_with_its_index(tmp_path):
             "index 101 in trial b8-sqrt-s0-w1 (batch size 8, seed 0) at step 0") in err, err
     assert "IndexError: point 101 is past the end of the file (101 points)" in err
     assert "The dataset must give an item for every index from 0 to 599 (its __len__ is 600)" in err
-    # torchrun's own output is kept, out of sight
-    assert (out / "work" / "r1" / "torchrun.log").is_file()
+    # where in the user's code, and its whole traceback in torchrun's log, out of sight
+    assert f"(at {Path(__file__).parent / (MODULE + '.py')}:" in err, err
+    log = (out / "work" / "r1" / "torchrun.log").read_text()
+    assert "traceback of the workload's error" in log and "Traceback (most recent" in log, log
+    assert f"{MODULE}.py" in log and "IndexError: point 101" in log
 
 
 def test_a_model_that_rejects_the_evaluation_batch_size_is_named(tmp_path):
@@ -109,7 +112,8 @@ def test_a_failing_batch_size_keeps_the_trials_that_finished(tmp_path):
         r"workload 'small-train-batches': Workload.loss \(the model's forward and the loss\) "
         r"failed in trial b32-sqrt-s0-w1 \(batch size 32, seed 0\) at step \d+, training, on a "
         r"micro-batch of 32 examples \(tensor \[32, 2\] float32, tensor \[32\] int64\): "
-        r"ValueError: training batches of at most 16 examples, got 32\. The model and the loss "
+        r"ValueError: training batches of at most 16 examples, got 32 "
+        r"\(at \S+user_code_error_workloads\.py:\d+\)\. The model and the loss "
         r"must accept every batch", err), err
     trials = out / "work" / "r1" / "trials"
     assert (trials / "b8-sqrt-s0-w1.run.parquet").is_file()
@@ -203,7 +207,8 @@ def test_the_cell_server_raises_a_user_error_instead_of_falling_back(tmp_path, m
         with pytest.raises(UserCodeError, match=r"Workload.loss \(the model's forward and the "
                            r"loss\) failed in trial "
                            rf"b{batch}-sqrt-s0-w{workers} .*ValueError: training "
-                           r"batches of at most 16 examples, got 32\. .*; finished trials "
+                           r"batches of at most 16 examples, got 32 \(at \S+\.py:\d+\)\. "
+                           r".*; finished trials "
                            rf"are kept in {re.escape(str(out / 'trials'))}$"):
             runner.run_convergence(cfg, [batch], data_dir="unused", out_dir=str(out),
                                    run_id="served", workers=workers, server=server)

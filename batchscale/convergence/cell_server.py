@@ -32,6 +32,7 @@ from pathlib import Path
 from batchscale.convergence.usererror import (
     ERROR_FILE_NAME,
     UserCodeError,
+    log_traceback,
     read_error_file,
     write_error_file,
 )
@@ -162,6 +163,7 @@ def serve(lines, reply) -> int:
             run_spec(read_spec(path))
         except UserCodeError as err:  # the same under torchrun: the caller raises it
             write_error_file(err, Path(path).parent / ERROR_FILE_NAME)
+            log_traceback(err)
             reply({"spec": path, "ok": False, "error": str(err)})
             return 1
         except BatchscaleError as err:

@@ -51,6 +51,7 @@ from batchscale.convergence.trialdata import load_data, workload_for_data
 from batchscale.convergence.trialstate import TrialState
 from batchscale.convergence.usererror import (
     UserCodeError,
+    log_traceback,
     restarted_after_user_error,
     write_error_file,
 )
@@ -476,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         if dist.is_initialized():  # the group is the spec's alone (cell_server keeps its own)
             dist.destroy_process_group()
     except UserCodeError as err:  # the launcher reads it back; no traceback, no restart
-        write_error_file(err)
+        write_error_file(err)  # first: the launcher then shows nothing printed after it
+        log_traceback(err)
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     except BatchscaleError as err:

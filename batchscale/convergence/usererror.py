@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
+import traceback
 from pathlib import Path
 
 from batchscale.contract_check import CHECK_EXAMPLES, describe_batch, transposed_list_hint
@@ -45,7 +47,34 @@ node's log where no launcher watches an error file (a TrainJob)."""
 
 
 class UserCodeError(BadInput):
-    """A Workload member raised inside a trial; deterministic, so never restarted (exit 2)."""
+    """A Workload member raised inside a trial; deterministic, so never restarted (exit 2).
+    `original`: the workload's own exception, whose traceback goes to the rank's log only."""
+
+    original: BaseException | None = None
+
+
+def error_site(err: BaseException) -> str:
+    """" (at my_model.py:42)": the innermost frame of `err`'s traceback in the user's own code
+    (outside installed packages, the standard library and batchscale); "" where none is."""
+    import batchscale
+
+    ours = str(Path(batchscale.__file__).parent)
+    system = (os.sep + "site-packages" + os.sep, os.sep + "lib" + os.sep + "python")
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        name = frame.filename
+        if not name.startswith(ours) and not any(part in name for part in system) \
+                and not name.startswith("<"):
+            return f" (at {name}:{frame.lineno})"
+    return ""
+
+
+def log_traceback(err: UserCodeError) -> None:
+    """The workload's own traceback, on this rank's stderr: the launcher keeps it in the cell's
+    log (torchrun.log) and shows the user the one-line message only."""
+    if err.original is not None:
+        print("traceback of the workload's error (the message below says what failed):",
+              file=sys.stderr)
+        traceback.print_exception(err.original, file=sys.stderr)
 
 
 def is_user_error(err: BaseException) -> bool:
@@ -149,9 +178,11 @@ def fail_if_user(trial, err: Exception, member: str, doing: str, hint: str,
     if not is_user_error(err):
         return
     failure = failure_of(err)
-    if failure is not None:
-        raise data_error(trial, failure, error_text(err), doing, split) from None
-    raise user_error(trial, member, error_text(err), doing, hint) from None
+    text = error_text(err) + error_site(err)
+    found = (data_error(trial, failure, text, doing, split) if failure is not None
+             else user_error(trial, member, text, doing, hint))
+    found.original = err
+    raise found from None
 
 
 def loss_failed(trial, err: Exception, rows: int, batch) -> None:
