@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import plan_tables as pt
 import pytest
 
@@ -104,43 +105,69 @@ def test_plan_table_passes_its_suite_and_marks_extrapolation():
     assert any(r["on_pareto_front"] for r in rows)
 
 
+def reached_below(data: dict, cut: int, reached_seeds: tuple[int, ...] = ()) -> dict:
+    """The run's tables where the linear rule's one-worker trials at `cut` and above did not
+    reach the target (but those of `reached_seeds`), and its analysis cells there have no S."""
+    analysis, runs = data["analysis"], data["runs"]
+    failed = (runs["batch_size"] >= cut) & ~runs["seed"].isin(reached_seeds)
+    return {**data, "analysis": analysis.assign(steps_to_target=analysis["steps_to_target"].where(
+        analysis["batch_size"] < cut)),
+        "runs": runs.assign(status=runs["status"].where(~failed, "not_reached"),
+                            steps_to_target=runs["steps_to_target"].where(~failed))}
+
+
 def test_rows_past_the_largest_batch_the_rule_reached_are_marked():
     """The rule's trials at 256 did not reach the target: the plan's S(B) there is the fit's
-    extrapolation, which those trials contradict; its rows, its report and a recommendation
-    that lands there say so."""
+    extrapolation, which those trials contradict; its rows are marked and said so in its
+    report, and are neither on the front nor recommended."""
     from batchscale.planner.section import what_if_markdown
     from batchscale.planner.table import plan_lines
 
-    data = pt.frames()
-    analysis = data["analysis"]
-    data["analysis"] = analysis.assign(steps_to_target=analysis["steps_to_target"].where(
-        analysis["batch_size"] < 256))
-    inputs = inputs_of(data)
+    inputs = inputs_of(reached_below(pt.frames(), 256))
     assert (inputs.reached_batches, inputs.unreached_batches) == ((16, 32, 64, 128), (256,))
+    assert inputs.unreached_trials == ((256, 0, 2),)
     plan = make_plan(inputs, comm_model(inputs), [1, 2],
                      Objective(CHEAPEST_WITHIN_DEADLINE, 3600))
     lines = plan_lines(plan)
     note = ("past batch 128, the largest at which the linear rule reached the target (its "
             "trials at 256 did not reach the target): S(B) there is the fit's extrapolation, "
-            "which those trials contradict")
+            "which those trials contradict, so such rows are neither on the front nor "
+            "recommended")
     assert f"  † {note}" in lines
     marked = [line for line in lines if "†" in line and not line.startswith("  †")]
     assert marked and all(" 256†" in line or " 512†" in line for line in marked), marked
     assert f"Global batches 256, 512 lie {note}." in what_if_markdown(plan)
     assert note not in plan.recommendation  # it chose a row the runs reached
-    # where the rule reached only up to 32, the front's fastest row (B = 64) lies past it
-    data["analysis"] = analysis.assign(steps_to_target=analysis["steps_to_target"].where(
-        analysis["batch_size"] < 64))
-    short = inputs_of(data)
+    assert all(row.global_batch <= 128 for row in plan.front)
+    # where the rule reached only up to 32, the fastest row the runs support is at B = 32
+    short = inputs_of(reached_below(pt.frames(), 64))
     fastest = make_plan(short, comm_model(short), [1, 2], None)
-    assert "B = 64)" in fastest.recommendation and (
-        "past batch 32, the largest at which the linear rule reached the target (its trials at "
-        "64, 128 and 256 did not reach the target)") in fastest.recommendation
-    # every batch reached up to 256: two workers' 512 is still past what the runs measured
+    assert all(row.global_batch <= 32 for row in fastest.front)
+    assert "B = 64)" not in fastest.recommendation and "B = 32)" in fastest.recommendation
+    # every batch reached up to 256: two workers' 512 is still past what the runs measured,
+    # an extrapolation no trial contradicts, so it may be on the front
     reached = inputs_of(pt.frames())
     assert ("  † past batch 256, the largest at which the linear rule reached the target: S(B) "
             "there is the fit's extrapolation") in plan_lines(make_plan(
                 reached, comm_model(reached), [1, 2], None))
+
+
+def test_a_batch_where_only_some_seeds_reached_is_counted_as_such():
+    """One of the two seeds reached at 256: its median did not, so the rule's S(B) there is
+    not measured, and the note says how many did rather than that none did."""
+    from batchscale.planner.table import reach_note
+
+    inputs = inputs_of(reached_below(pt.frames(), 256, reached_seeds=(0,)))
+    assert inputs.unreached_trials == ((256, 1, 2),)
+    assert reach_note(inputs).startswith(
+        "past batch 128, the largest at which the linear rule reached the target (its median "
+        "over the seeds did not reach the target: at 256 only 1 of 2 did)")
+    # another rule that reached further is named, with how to plan it
+    data = reached_below(pt.frames(), 256)
+    sqrt = pt.frames()["analysis"].assign(lr_rule="sqrt", s_min=pt.S_MIN * 1.5)
+    data["analysis"] = pd.concat([data["analysis"], sqrt], ignore_index=True)
+    assert reach_note(inputs_of(data)).endswith(
+        " (--lr-rule sqrt reached up to batch 256)")
 
 
 def test_open_b_crit_interval_is_stored_as_null_not_inf():

@@ -60,7 +60,13 @@ class PlanInputs:
     """The batch sizes at which the rule reached the target (S(B) measured: the fit rests on
     them); empty where not known."""
     unreached_batches: tuple[int, ...] = ()
-    """The batch sizes the rule ran at without reaching the target."""
+    """The batch sizes the rule ran at without reaching the target (its median over the seeds
+    did not)."""
+    unreached_trials: tuple[tuple[int, int, int], ...] = ()
+    """(batch, trials that reached, trials) of each of `unreached_batches`."""
+    other_reach: tuple[tuple[str, int], ...] = ()
+    """(rule, largest batch it reached the target at) of the other fitted rules that reached
+    past this rule's largest."""
 
     def compute_s(self, batch: float) -> float:
         """One device's seconds per step at `batch`: measured where it was, else the line."""
@@ -111,18 +117,40 @@ def read_plan_inputs(sweep: pd.DataFrame | None, runs: pd.DataFrame | None,
     inputs = PlanInputs(target, rule, fit, band_note, line, measured, source, max_b,
                         memory_note, float(recorded or grad_bytes), shares_host(runs),
                         pd.DataFrame(), batches, probe_points(runs),
-                        **rule_reach(analysis, rule))
+                        **rule_reach(analysis, rule, runs))
     return with_cells(inputs, data_parallel_cells(runs))
 
 
-def rule_reach(analysis: pd.DataFrame, rule: str) -> dict[str, tuple[int, ...]]:
-    """The batch sizes of `rule`'s analysis cells with and without a measured S(B)."""
-    cells = ensure_columns(analysis, schemas.ANALYSIS)
-    cells = cells[cells["lr_rule"].eq(rule).to_numpy(dtype=bool)]
-    steps = numeric_column(cells, "steps_to_target")
-    batches = numeric_column(cells, "batch_size").astype(int)
-    return {"reached_batches": tuple(sorted(set(batches[np.isfinite(steps)]))),
-            "unreached_batches": tuple(sorted(set(batches[~np.isfinite(steps)])))}
+def rule_reach(analysis: pd.DataFrame, rule: str, runs: pd.DataFrame | None = None) -> dict:
+    """The batch sizes of `rule`'s analysis cells with and without a measured S(B); with the
+    runs, how many of the trials at each unreached batch did reach, and the other rules that
+    reached past this one's largest batch."""
+    frame = ensure_columns(analysis, schemas.ANALYSIS)
+    reach = {}
+    for name in sorted(set(frame["lr_rule"].dropna())):
+        cells = frame[frame["lr_rule"].eq(name).to_numpy(dtype=bool)]
+        steps = numeric_column(cells, "steps_to_target")
+        batches = numeric_column(cells, "batch_size").astype(int)
+        reach[name] = (sorted(set(batches[np.isfinite(steps)])),
+                       sorted(set(batches[~np.isfinite(steps)])))
+    reached, unreached = reach.get(rule, ([], []))
+    largest = max(reached, default=0)
+    return {"reached_batches": tuple(reached), "unreached_batches": tuple(unreached),
+            "unreached_trials": _trials_reached(runs, rule, unreached),
+            "other_reach": tuple((name, max(done)) for name, (done, _) in reach.items()
+                                 if name != rule and done and max(done) > largest)}
+
+
+def _trials_reached(runs: pd.DataFrame | None, rule: str,
+                    batches: list[int]) -> tuple[tuple[int, int, int], ...]:
+    """(batch, trials that reached the target, trials) of `rule` at each of `batches`."""
+    if runs is None or runs.empty:
+        return ()
+    runs = ensure_columns(runs, schemas.RUNS)
+    mine = runs[runs["lr_rule"].eq(rule).to_numpy(dtype=bool)]
+    sizes = numeric_column(mine, "batch_size")
+    reached = mine["status"].eq(schemas.RunStatus.REACHED).to_numpy(dtype=bool)
+    return tuple((b, int(reached[sizes == b].sum()), int((sizes == b).sum())) for b in batches)
 
 
 def recorded_gradient_bytes(runs: pd.DataFrame) -> float | None:

@@ -61,12 +61,15 @@ def make_plan(inputs: PlanInputs, comm: CommModel, workers: Sequence[int],
     rows = plan_rows(inputs.step_line, inputs.steps_fit, comm, inputs.gradient_bytes,
                      sorted(set(workers)), inputs.per_worker_batches,
                      inputs.max_per_worker_batch, inputs.measured_step_s)
-    front = pareto_front(rows)
+    # Rows whose S(B) the rule's own trials contradict stay in the table, marked, but are
+    # neither on the front nor recommended.
+    front = pareto_front(r for r in rows if not contradicted(r, inputs))
     if objective is None:
         chosen, sentence = None, _without_objective(front)
         named = [front[0], front[-1]] if front else []
     else:
-        chosen, sentence = recommend(rows, objective)
+        chosen, sentence = recommend([r for r in rows if not contradicted(r, inputs)],
+                                     objective)
         named = [chosen] if chosen is not None else []
     if any(past_reach(r, inputs) for r in named):
         sentence += f" — {reach_note(inputs)}"
@@ -81,14 +84,40 @@ def past_reach(row: PlanRow, inputs: PlanInputs) -> bool:
     return bool(inputs.reached_batches) and row.global_batch > max(inputs.reached_batches)
 
 
+def contradicted(row: PlanRow, inputs: PlanInputs) -> bool:
+    """Whether the row lies past the rule's reach where the rule's trials ran at a larger
+    batch and did not reach the target: the fit's S(B) there is what they contradict."""
+    return past_reach(row, inputs) and any(b > max(inputs.reached_batches)
+                                           for b in inputs.unreached_batches)
+
+
 def reach_note(inputs: PlanInputs) -> str:
-    """Why a row past the rule's reach is marked, with the batches that ran and failed."""
+    """Why a row past the rule's reach is marked, with the batches that ran and failed (and how
+    many of their trials did reach), and the rules that reached further."""
     largest = max(inputs.reached_batches)
     failed = [b for b in inputs.unreached_batches if b > largest]
-    why = (f" (its trials at {_listed(failed)} did not reach the target)" if failed else "")
-    return (f"past batch {largest:,}, the largest at which the {inputs.lr_rule} rule reached the "
-            f"target{why}: S(B) there is the fit's extrapolation"
-            + (", which those trials contradict" if failed else ""))
+    text = (f"past batch {largest:,}, the largest at which the {inputs.lr_rule} rule reached the "
+            f"target{_failed_words(inputs, failed)}: S(B) there is the fit's extrapolation")
+    if failed:
+        text += (", which those trials contradict, so such rows are neither on the front nor "
+                 "recommended")
+    others = [f"--lr-rule {rule} reached up to batch {batch:,}"
+              for rule, batch in inputs.other_reach]
+    return text + (f" ({'; '.join(others)})" if others else "")
+
+
+def _failed_words(inputs: PlanInputs, failed: list[int]) -> str:
+    """" (its trials at 512 did not reach the target; at 256 only 1 of 2 did)"."""
+    if not failed:
+        return ""
+    counts = {b: (r, n) for b, r, n in inputs.unreached_trials}
+    none = [b for b in failed if counts.get(b, (0, 0))[0] == 0]
+    some = [f"at {b:,} only {counts[b][0]} of {counts[b][1]} did" for b in failed
+            if b not in none]
+    parts = ([f"its trials at {_listed(none)} did not reach the target"] if none else []) + some
+    if not none:
+        parts[0] = f"its median over the seeds did not reach the target: {parts[0]}"
+    return f" ({'; '.join(parts)})"
 
 
 def _listed(batches: list[int]) -> str:
