@@ -14,12 +14,19 @@ from batchscale.analysis.recommend import recommend
 from batchscale.analysis.timetotarget import open_reason
 
 
-def test_final_b_simple_prefers_runs_then_curves():
+def test_final_b_simple_reads_the_runs_and_the_curves_only_where_the_runs_record_none():
     runs = pd.DataFrame([run_row(8, "linear", 0.1, 0, 40, b_simple=33.0)])
     runs = pd.concat([runs, pd.DataFrame([run_row(16, "linear", 0.1, 0, 32)])])
     curves = make_curves(runs)
     final = final_b_simple(runs, curves).set_index("trial_id")["b_simple"]
     assert final["linear-8-0.1-0-1"] == 33.0
+    # its final estimate failed: an earlier curve value is not taken in its place, so the
+    # pipeline (with curves) and `batchscale analyze` (without) agree
+    assert "linear-16-0.1-0-1" not in final
+    assert final_b_simple(runs, pd.DataFrame()).set_index("trial_id")["b_simple"].to_dict() \
+        == final.to_dict()
+    older = runs.assign(b_simple=math.nan)  # a runs table that records none: the curves say it
+    final = final_b_simple(older, curves).set_index("trial_id")["b_simple"]
     assert final["linear-16-0.1-0-1"] == 10.0 + 32  # the curve's last logged value
 
 
