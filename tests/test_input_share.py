@@ -52,7 +52,8 @@ def test_rows_without_rerun_intervals_give_no_range():
 
 @pytest.mark.parametrize(("factor", "width", "words", "not_words"), [
     (0.7, 0.02, "reaches 70% of synthetic throughput", "may be"),
-    (0.7, 0.02, "the input pipeline is a bottleneck", "not resolved"),
+    (0.7, 0.02, "the input pipeline is a bottleneck. Read ahead of the step with "
+                "convergence.loader_workers", "not resolved"),
     (0.7, 0.2, "the input pipeline may be a bottleneck (the range allows either)", " is a bottle"),
     (0.95, 0.02, "reaches 95% of synthetic throughput at batch 1024 (91%–99%", "bottleneck"),
     (1.25, 0.3, "the two rows differ by their timing noise", "reaches"),

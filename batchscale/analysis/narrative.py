@@ -283,7 +283,10 @@ def _input_text(throughput: ThroughputSummary, cpu_threads: int | None) -> str:
                 f"pipeline's cost is not resolved{advice}.")
     text = f" Real input reaches {1 - share:.0%} of synthetic throughput at batch {best}{ratio}"
     if throughput.input_bottleneck:
-        return text + ": the input pipeline is a bottleneck."
+        return text + (": the input pipeline is a bottleneck. Read ahead of the step with "
+                       "convergence.loader_workers (background processes), or give your "
+                       "dataset a batched __getitems__ (one call per batch): "
+                       "docs/your-model.md.")
     if share <= INPUT_BOTTLENECK_SHARE:
         return text + "."
     return text + ": the input pipeline may be a bottleneck (the range allows either)."
