@@ -184,8 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     store = sub.add_parser("store", help="manage the local SeaweedFS object store")
     store.add_argument("action", choices=["up", "down", "status", "env"],
-                       help="start (idempotent), stop (only the process it started), show, or "
-                       "print `export` lines")
+                       help="start (idempotent), stop (only the process it started), show "
+                       "(exit 0 when it runs, 1 when it does not), or print `export` lines")
     store.set_defaults(func=cmd_store)
 
     sw = sub.add_parser("sweep", help="throughput sweep of one workload, outside the pipeline",
