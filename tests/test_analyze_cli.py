@@ -25,6 +25,7 @@ from batchscale.analysis.usertables import (
 )
 from batchscale.checks.suites import load_suite
 from batchscale.config import AnalysisConfig
+from batchscale.errors import BadInput
 from batchscale.external.stage import RUN_ID_PREFIX, read_user_table
 from batchscale.schemas import OLD_LR_RULES
 from batchscale.storage import read_table_file, write_table_atomic
@@ -202,6 +203,17 @@ def completed(tmp_path: Path, text: str):
     path = tmp_path / "runs.csv"
     path.write_text(text)
     return complete_runs(read_user_table(str(path), "runs table"))
+
+
+def test_a_parquet_file_without_an_extension_is_read_by_its_content(tmp_path):
+    """A pipeline run's artifacts (.batchscale/pipeline_root/…/runs) carry no extension."""
+    path = tmp_path / "runs"
+    write_table_atomic(path, pa.table({"batch_size": [4, 8], "steps_to_target": [100, 60]}))
+    assert read_user_table(str(path), "runs table").table.num_rows == 2
+    (tmp_path / "notes").write_text("batch_size,steps_to_target\n4,100\n")
+    with pytest.raises(BadInput, match="unknown file type '\\(no extension\\)'.*a Parquet file "
+                                       "without one"):
+        read_user_table(str(tmp_path / "notes"), "runs table")
 
 
 def test_fractional_examples_round_up_to_whole_steps(tmp_path):

@@ -265,8 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
         "analyze", help="the analysis (table, summary, report) on a runs table you bring, "
         "from batchscale or elsewhere", description=ANALYZE_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    an.add_argument("runs", help="runs table, .parquet or .csv: one row per training run")
-    an.add_argument("--sweep", help="sweep table, .parquet or .csv: step time per batch size")
+    an.add_argument("runs", help="runs table, .parquet or .csv (a Parquet file without an "
+                    "extension, as a pipeline run's artifacts are, reads as Parquet): one row per "
+                    "training run")
+    an.add_argument("--sweep", help="sweep table, .parquet or .csv (the same): step time per "
+                    "batch size")
     an.add_argument("--column", action="append", metavar="NAME=SOURCE",
                     help="read batchscale's column NAME from your column SOURCE, e.g. "
                     "--column steps_to_target=steps (sweep.NAME or runs.NAME: that table only); "

@@ -219,14 +219,25 @@ def _check_mapping_sources(mapping: dict[str, str], raw: dict[str, UserTable]) -
                            f"(columns found — {found})")
 
 
+def _parquet_by_content(path: Path) -> str:
+    """".parquet" for a file without an extension that starts with Parquet's magic bytes (a
+    pipeline run's artifacts under .batchscale/pipeline_root are named without one), else ""."""
+    try:
+        with path.open("rb") as fh:
+            return ".parquet" if fh.read(4) == b"PAR1" else ""
+    except OSError:
+        return ""
+
+
 def read_user_table(path_text: str, what: str) -> UserTable:
     """A Parquet or CSV file (by extension), read whole; BadInput naming the file otherwise."""
     path = Path(path_text)
     label = f"{what} {quote(path_text)}"
-    suffix = path.suffix.lower()
+    suffix = path.suffix.lower() or _parquet_by_content(path)
     if suffix not in FILE_TYPES:
         raise BadInput(f"{label}: unknown file type {quote(suffix or '(no extension)')}; "
-                       f"allowed: {', '.join(FILE_TYPES)} (by extension)")
+                       f"allowed: {', '.join(FILE_TYPES)} (by extension, or a Parquet file "
+                       "without one, as a pipeline run's artifacts are)")
     if not path.is_file():
         raise BadInput(f"{label} does not exist or is not a file")
     try:
