@@ -18,12 +18,15 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 class TaskLogFilter(io.TextIOBase):
     """kfp.local echoes each task's whole executor input (pages of JSON) and executor chatter.
-    Keep all of it in the run's log file; show the console only the tasks' own lines."""
+    Keep all of it in the run's log file; show the console only the tasks' own lines. kfp.local
+    colours task names and statuses: kept on a terminal, dropped where the console is a file
+    or a pipe, or NO_COLOR is set (no-color.org), as in the log file."""
 
     def __init__(self, console, log_file):
         self.console, self.log_file = console, log_file
         self.buffer = ""
         self.in_json = False
+        self.color = _is_terminal(console) and not os.environ.get("NO_COLOR")
 
     def writable(self) -> bool:
         return True
@@ -34,7 +37,7 @@ class TaskLogFilter(io.TextIOBase):
         while "\n" in self.buffer:
             line, self.buffer = self.buffer.split("\n", 1)
             if self.show(line):
-                self.console.write(line + "\n")
+                self.console.write((line if self.color else _ANSI.sub("", line)) + "\n")
         return len(text)
 
     def show(self, line: str) -> bool:
@@ -50,6 +53,13 @@ class TaskLogFilter(io.TextIOBase):
     def flush(self) -> None:
         self.console.flush()
         self.log_file.flush()
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        return False
 
 
 def run_local(cfg: ExperimentConfig, run_id: str, state_dir: Path) -> Path:
