@@ -164,3 +164,16 @@ def test_without_measured_times_the_time_says_its_spread_is_unknown():
     against = versus_current(runs, TIED_TABLE, "linear", 64, 16)
     assert against.endswith("0.54× the training time (steps × one step time: the runs record "
                             "no time to target, so its spread is unknown)")
+
+
+def test_a_learning_rate_next_to_one_that_failed_says_so():
+    """The linear rule reached at 128 (lr 0.2) on both seeds, and at 256 (lr 0.4) on one."""
+    runs = pd.DataFrame([run_row(128, "linear", 0.2, seed, 60) for seed in (0, 1)]
+                        + [run_row(256, "linear", 0.4, 0, 50),
+                           run_row(256, "linear", 0.4, 1, 500, status="not_reached")])
+    _, reason = learning_rate(runs, "linear", 128)
+    assert reason.endswith("; at batch 256, the next the rule ran (learning rate 0.4), 1 of 2 "
+                           "runs did not reach the target: the rule's next learning rate did "
+                           "not train every seed, so this one sits near its edge")
+    _, reason = learning_rate(runs[runs["batch_size"] == 128], "linear", 128)
+    assert "edge" not in reason

@@ -200,7 +200,28 @@ def learning_rate(runs: pd.DataFrame, rule: str, batch: int,
     runs_n = len(finite)
     return float(finite["lr"].iloc[0]), (f"what the {rule} rule gave at batch {batch} in "
                                          f"{'all ' if runs_n > 1 else ''}{runs_n} reached "
-                                         f"run{'s' if runs_n > 1 else ''}{others}")
+                                         f"run{'s' if runs_n > 1 else ''}{others}"
+                                         f"{_edge_text(runs, rule, batch, workers)}")
+
+
+def _edge_text(runs: pd.DataFrame, rule: str, batch: int, workers: int | None) -> str:
+    """"; at batch 256, the next the rule ran (learning rate 0.4), 1 of 2 runs did not reach
+    the target: …" where runs failed there, else "": the rule's next, larger learning rate
+    did not train every seed, so the recommended one sits near its edge."""
+    every = ensure_columns(runs, RUNS)
+    sizes = numeric_column(every[matches(every, "lr_rule", rule)], "batch_size")
+    larger = sorted({int(b) for b in sizes if np.isfinite(b) and b > batch})
+    if not larger:
+        return ""
+    cell = cell_runs(runs, rule, larger[0], workers)
+    failed = cell[~matches(cell, "status", RunStatus.REACHED)]
+    if failed.empty:
+        return ""
+    rates = sorted({f"{lr:.4g}" for lr in numeric_column(cell, "lr") if np.isfinite(lr)})
+    said = f" (learning rate {', '.join(rates)})" if rates else ""
+    return (f"; at batch {larger[0]}, the next the rule ran{said}, {len(failed)} of {len(cell)} "
+            "runs did not reach the target: the rule's next learning rate did not train "
+            "every seed, so this one sits near its edge")
 
 
 OUTCOMES = {
