@@ -100,6 +100,31 @@ def test_tuned_rule_tries_every_lr_at_every_batch_size():
     assert "b16-tuned-lr0.02-s0-w1" in {t.trial_id for t in trials}
 
 
+def test_rules_that_agree_at_the_reference_batch_train_it_once(tmp_path, digits_dir, capsys):
+    """linear and sqrt give the same learning rate at their reference batch: one torchrun
+    trial per seed there, recorded under both rules (the tuned rule's trials stay its own)."""
+    cfg = config(batch_sizes=[32, 64], lr_rules=["linear", "sqrt", "tuned"],
+                 lr_candidates=[0.05], reference_batch_size=32, base_lr=0.05)
+    spec = runner.build_spec(cfg, [32, 64], data_dir="unused", out_dir="unused", run_id="t")
+    assert [(t.trial_id, t.same_as) for t in spec.twins] == [("b32-sqrt-s0-w1",
+                                                              "b32-linear-s0-w1")]
+    assert "b32-sqrt-s0-w1" not in {t.trial_id for t in spec.trials}
+    assert {"b32-tuned-lr0.05-s0-w1", "b64-sqrt-s0-w1"} <= {t.trial_id for t in spec.trials}
+    curves, runs = runner.run_convergence(
+        config(batch_sizes=[32], lr_rules=["linear", "sqrt"], reference_batch_size=32),
+        [32], data_dir=str(digits_dir), out_dir=str(tmp_path / "out"), run_id="twins")
+    rows = {r["lr_rule"]: r for r in runs.to_pylist()}
+    assert set(rows) == {"linear", "sqrt"} and rows["sqrt"]["trial_id"] == "b32-sqrt-s0-w1"
+    same = ("steps_to_target", "train_time_s", "lr", "seed", "status")
+    assert [rows["sqrt"][k] for k in same] == [rows["linear"][k] for k in same]
+    assert set(curves.column("lr_rule").to_pylist()) == {"linear", "sqrt"}
+    assert validate_table("runs", runs).success and validate_table("curves", curves).success
+    assert "[b32-sqrt-s0-w1] the same training as b32-linear-s0-w1" in capsys.readouterr().err
+    # trained once: only the linear trial left result files
+    assert sorted(p.name for p in (tmp_path / "out" / "trials").glob("*.run.parquet")) == [
+        "b32-linear-s0-w1.run.parquet"]
+
+
 def test_tuned_rule_without_lr_candidates_names_the_field():
     with pytest.raises(BadInput, match="lr_candidates: the tuned rule needs at least one"):
         config(lr_rules=["tuned"])

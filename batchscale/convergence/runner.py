@@ -30,6 +30,7 @@ from batchscale.convergence.spec import (
     TargetSpec,
     TrainingSettings,
     TrialSpec,
+    TwinSpec,
 )
 from batchscale.convergence.usererror import (
     ERROR_FILE_ENV,
@@ -138,8 +139,25 @@ def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, 
         data_dir=str(data_dir), out_dir=str(out_dir), checkpoint_dir=str(checkpoint_dir),
         checkpoint_every_steps=c.checkpoint_every_steps, loader_workers=c.loader_workers,
         training=training,
-        trials=build_trials(cfg, batch_sizes, workers, prune_at_step, probe),
+        **split_twins(build_trials(cfg, batch_sizes, workers, prune_at_step, probe)),
         halving=halving_spec(c))
+
+
+def split_twins(trials: list[TrialSpec]) -> dict[str, list]:
+    """{"trials": what to train, "twins": the trials of a scaling rule that would train exactly
+    what an earlier one trains (same batch size, learning rate and seed: the rules agree at the
+    reference batch), recorded from it instead of trained again. The tuned rule's trials are
+    kept as they are: successive halving ranks them among themselves."""
+    kept, twins, seen = [], [], {}
+    for t in trials:
+        key = (t.batch_size, t.lr, t.seed, t.probe is not None)
+        if t.lr_rule != TUNED_RULE and key in seen:
+            twins.append(TwinSpec(trial_id=t.trial_id, lr_rule=t.lr_rule, same_as=seen[key]))
+            continue
+        if t.lr_rule != TUNED_RULE:
+            seen[key] = t.trial_id
+        kept.append(t)
+    return {"trials": kept, "twins": twins}
 
 
 def halving_spec(c) -> HalvingSpec | None:
@@ -288,14 +306,34 @@ def collect(spec: ConvergenceSpec,
             out: Location | None = None) -> tuple[pa.Table, pa.Table]:
     """(curves, runs) of every trial in the spec, read from the trial files."""
     out = out or open_location(spec.out_dir)
-    curves, runs = [], []
+    tables = {}
     for t in spec.trials:
         curves_name, run_name = train.trial_files(t.trial_id)
         if not out.exists(run_name):
             raise BatchscaleError(f"trial {t.trial_id} left no results in {out.uri}")
-        curves.append(out.get_table(curves_name))
-        runs.append(out.get_table(run_name))
-    return pa.concat_tables(curves), pa.concat_tables(runs)
+        tables[t.trial_id] = (out.get_table(curves_name), out.get_table(run_name))
+    pairs = [*tables.values(), *(tuple(_renamed(table, twin) for table in tables[twin.same_as])
+                                 for twin in spec.twins)]
+    return pa.concat_tables([c for c, _ in pairs]), pa.concat_tables([r for _, r in pairs])
+
+
+def say_twins(spec: ConvergenceSpec) -> None:
+    """One line per trial not trained because another trains the same thing."""
+    lrs = {t.trial_id: t for t in spec.trials}
+    for twin in spec.twins:
+        same = lrs[twin.same_as]
+        print(f"[{twin.trial_id}] the same training as {same.trial_id} (the {twin.lr_rule} and "
+              f"{same.lr_rule} rules both give learning rate {same.lr:g} at batch "
+              f"{same.batch_size}): trained once, recorded under both", file=sys.stderr)
+
+
+def _renamed(table: pa.Table, twin: TwinSpec) -> pa.Table:
+    """`table`'s rows as the twin's: its trial id and LR rule."""
+    for name, value in (("trial_id", twin.trial_id), ("lr_rule", twin.lr_rule)):
+        index = table.schema.get_field_index(name)
+        field = table.schema.field(index)
+        table = table.set_column(index, field, pa.array([value] * table.num_rows, field.type))
+    return table
 
 
 def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str,
@@ -326,6 +364,7 @@ def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
                                probe=probe)
     spec = build_spec(cfg, batch_sizes, data_dir=data_dir, out_dir=out_dir, run_id=run_id,
                       workers=workers, prune_at_step=prune_at_step, probe=probe)
+    say_twins(spec)
     check_checkpoints(spec)
     if not finished(spec):  # a resumed run reads finished trials back without a torchrun
         # timeout_s is per batch size: a cell of several batch sizes gets one limit per size.

@@ -63,6 +63,17 @@ class TrialSpec(_StrictModel):
     identity, for the reason `prune_at_step` is not (a probe has a trial id of its own)."""
 
 
+class TwinSpec(_StrictModel):
+    """A trial that would repeat another's training exactly: another LR rule giving the same
+    learning rate at the same batch size and seed (the rules agree at their reference batch).
+    It is not trained; its results are the other trial's, recorded under its own id and rule."""
+
+    trial_id: str
+    lr_rule: str
+    same_as: str
+    """The trained trial whose results it takes."""
+
+
 class TargetSpec(_StrictModel):
     """A target: the metric (batchscale/metrics.py) and the value that counts as reaching it."""
 
@@ -180,6 +191,8 @@ class ConvergenceSpec(_StrictModel):
     """The settings every trial trains under."""
     trials: list[TrialSpec] = Field(min_length=1)
     """The trials, run one after another."""
+    twins: list[TwinSpec] = []
+    """Trials not trained because one of `trials` trains the same thing (TwinSpec)."""
     halving: HalvingSpec | None = None
     """Successive halving of the tuned rule's learning rates; None: off."""
 

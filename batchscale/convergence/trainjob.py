@@ -38,6 +38,7 @@ from batchscale.convergence.runner import (
     build_spec,
     check_checkpoints,
     collect,
+    say_twins,
 )
 from batchscale.convergence.spec import ConvergenceSpec, ProbeSpec
 from batchscale.convergence.trainjob_body import (
@@ -87,6 +88,7 @@ def stage_inputs(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str
     spec = build_spec(cfg, batch_sizes, data_dir=data.uri, out_dir=root.child("out").uri,
                       run_id=run_id, workers=workers, prune_at_step=prune_at_step,
                       probe=probe)
+    say_twins(spec)
     text = spec.to_json()
     name = f"spec-{hashlib.sha256(text).hexdigest()[:SPEC_HASH_CHARS]}.json"
     root.put_bytes(name, text)
