@@ -171,9 +171,12 @@ def test_a_learning_rate_next_to_one_that_failed_says_so():
     runs = pd.DataFrame([run_row(128, "linear", 0.2, seed, 60) for seed in (0, 1)]
                         + [run_row(256, "linear", 0.4, 0, 50),
                            run_row(256, "linear", 0.4, 1, 500, status="not_reached")])
-    _, reason = learning_rate(runs, "linear", 128)
-    assert reason.endswith("; at batch 256, the next the rule ran (learning rate 0.4), 1 of 2 "
-                           "runs did not reach the target: the rule's next learning rate did "
-                           "not train every seed, so this one sits near its edge")
-    _, reason = learning_rate(runs[runs["batch_size"] == 128], "linear", 128)
-    assert "edge" not in reason
+    table = cell_table([("linear", 128, 60, 1e-3), ("linear", 256, 50, 1.5e-3)])
+    card = recommend(table, runs, current=(None, 0.05))
+    assert (card.batch_size, card.learning_rate) == (128, 0.2)
+    assert card.learning_rate_reason.endswith(
+        "; 4× your current 0.05; at batch 256, the next the rule ran (learning rate 0.4), 1 of 2 "
+        "runs did not reach the target: the rule's next learning rate did not train every "
+        "seed, so this one sits near its edge")
+    alone = recommend(table[table["batch_size"] == 128], runs[runs["batch_size"] == 128])
+    assert "edge" not in alone.learning_rate_reason

@@ -106,7 +106,9 @@ def recommend(
                           workers_reason + _starved_note(runs, max_cpu_wait_share), lr,
                           lr_reason + warmup_text(lr, warmup_steps if ran_schedule(runs)
                                                   else None)
-                          + lr_versus_current(lr, current_lr),
+                          + lr_versus_current(lr, current_lr)
+                          + (edge_text(runs, rule, batch, workers) if rule != TUNED_RULE
+                             else ""),
                           expected_text(runs, table, rule, batch, workers, lr),
                           versus_current(runs, table, rule, batch, current_batch, workers, lr),
                           shown)
@@ -200,11 +202,10 @@ def learning_rate(runs: pd.DataFrame, rule: str, batch: int,
     runs_n = len(finite)
     return float(finite["lr"].iloc[0]), (f"what the {rule} rule gave at batch {batch} in "
                                          f"{'all ' if runs_n > 1 else ''}{runs_n} reached "
-                                         f"run{'s' if runs_n > 1 else ''}{others}"
-                                         f"{_edge_text(runs, rule, batch, workers)}")
+                                         f"run{'s' if runs_n > 1 else ''}{others}")
 
 
-def _edge_text(runs: pd.DataFrame, rule: str, batch: int, workers: int | None) -> str:
+def edge_text(runs: pd.DataFrame, rule: str, batch: int, workers: int | None) -> str:
     """"; at batch 256, the next the rule ran (learning rate 0.4), 1 of 2 runs did not reach
     the target: …" where runs failed there, else "": the rule's next, larger learning rate
     did not train every seed, so the recommended one sits near its edge."""
