@@ -491,3 +491,17 @@ def test_an_adaptive_searchs_trials_are_read_at_the_level_its_stop_needs():
     assert "read at the" not in grid.markdown
     chosen = settings_for(AnalysisConfig(b_crit_read_level=0.95), adaptive=True)
     assert chosen.b_crit_read_level == 0.95
+
+
+def test_s_min_and_e_min_carry_their_standard_errors_to_the_table_and_the_text():
+    rng = np.random.default_rng(3)
+    steps = [(S_MIN + E_MIN / b) * math.exp(0.05 * rng.standard_normal()) for b in BATCHES]
+    fit = fit_critical_batch(BATCHES, steps)
+    lines = fit_lines(np.asarray(BATCHES, float), np.asarray(steps))
+    assert fit.s_min_se == pytest.approx(math.sqrt(float(lines.var_s)))
+    assert fit.e_min_se == pytest.approx(math.sqrt(float(lines.var_e)))
+    assert 0 < fit.s_min_se < fit.s_min and 0 < fit.e_min_se < fit.e_min
+    result = analyze(make_sweep(), make_runs(), None, AnalysisConfig(bootstrap_samples=50))
+    row = result.rows[0]
+    assert math.isfinite(row["s_min_se"]) and math.isfinite(row["e_min_se"])
+    assert "(± one standard error)" in result.markdown

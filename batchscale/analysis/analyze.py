@@ -315,6 +315,8 @@ def _rows(
             "saturation_batch": summary.throughput.saturation_batch,
             "s_min": float(fit.s_min),
             "e_min": float(fit.e_min),
+            "s_min_se": float(fit.s_min_se),
+            "e_min_se": float(fit.e_min_se),
             "b_crit": float(fit.b_crit),
             "b_crit_low": float(fit.b_crit_low),
             "b_crit_high": float(fit.b_crit_high),

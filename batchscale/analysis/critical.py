@@ -90,6 +90,9 @@ class CriticalBatchFit:
     bound: Literal["", "above", "below"] = ""
     """When the data support no number but a bound: B_crit lies above / below `bound_batch`."""
     bound_batch: float = math.nan
+    s_min_se: float = math.nan
+    e_min_se: float = math.nan
+    """S_min's and E_min's standard errors from the fit (interval.LineFits; NaN without B_crit)."""
 
 
 # --------------------------------------------------------------------------- steps to result
@@ -224,7 +227,8 @@ def fit_critical_batch(
             f" B_crit is below {smallest:,.0f}"
         )
         return _below(smallest, r2, reason)
-    return CriticalBatchFit(s_min, e_min, b_crit, r2)
+    return CriticalBatchFit(s_min, e_min, b_crit, r2, s_min_se=float(np.sqrt(fits.var_s)),
+                            e_min_se=float(np.sqrt(fits.var_e)))
 
 
 FALL_SEEN_SE = 2.0

@@ -146,6 +146,8 @@ def _summary(
     return CriticalBatchSummary(
         s_min=fit.s_min if supported else math.nan,
         e_min=fit.e_min if supported else math.nan,
+        s_min_se=fit.s_min_se if supported else math.nan,
+        e_min_se=fit.e_min_se if supported else math.nan,
         b_crit=fit.b_crit if supported else math.nan,
         b_crit_low=low,
         b_crit_high=high,

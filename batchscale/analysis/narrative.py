@@ -307,14 +307,20 @@ def _memory_text(memory: MemorySummary) -> str:
     return text
 
 
+def _se(value: float) -> str:
+    """" ± 4.1", or "" where the standard error is not known."""
+    return f" ± {_num(value)}" if math.isfinite(value) else ""
+
+
 def _critical_text(fit: CriticalBatchSummary, cap: float, line: str = "") -> str:
     if fit.bound:
         return _bound_text(fit)
     if fit.reason or not math.isfinite(fit.b_crit):
         return f"B_crit not estimated: {fit.reason or 'no fit'}."
     text = (
-        f"S_min ≈ {_num(fit.s_min)} steps and E_min ≈ {_num(fit.e_min)} examples, so"
-        f" B_crit = E_min/S_min ≈ {_num(fit.b_crit)}"
+        f"S_min ≈ {_num(fit.s_min)}{_se(fit.s_min_se)} steps and E_min ≈ {_num(fit.e_min)}"
+        f"{_se(fit.e_min_se)} examples{' (± one standard error)' if _se(fit.s_min_se) else ''},"
+        f" so B_crit = E_min/S_min ≈ {_num(fit.b_crit)}"
     )
     if math.isnan(fit.b_crit_low):
         text += f" (no interval: {fit.interval_note})."

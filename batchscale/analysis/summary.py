@@ -129,6 +129,9 @@ class CriticalBatchSummary:
     regimes: tuple[RegimeRange, ...]
     optimal_batch_interval: tuple[float, float] = (math.nan, math.nan)
     """B*'s 90 % interval (timetotarget.optimal_batch_interval); NaN without B*."""
+    s_min_se: float = math.nan
+    e_min_se: float = math.nan
+    """S_min's and E_min's standard errors from the fit (NaN without B_crit)."""
     interval_level: float = 0.90
     """The nominal level the B_crit interval was read at (above 0.90 for an adaptive search's
     trials, so that it holds the truth 90 % of the time: critical.read_level)."""

@@ -175,9 +175,19 @@ def _b_crit_line(fit: dict, rule: str, rows: list[dict], runs: pa.Table | None) 
         return b_crit_text(math.nan, fit["b_crit_bound"], fit["b_crit_bound_batch"])
     if fit["b_crit"] is not None and math.isfinite(fit["b_crit"]):
         return (f"{_fmt(fit['b_crit'], '.1f')} {_interval(fit, rule, rows, runs)} "
-                f"(S_min {_fmt(fit['s_min'], '.1f')}, E_min {_fmt(fit['e_min'], '.0f')})"
-                f"{_coarse_note(rule, runs)}")
+                f"({_fit_terms(fit)}){_coarse_note(rule, runs)}")
     return f"not estimated ({_no_fit_reason(rule, rows, runs)})"
+
+
+def _fit_terms(fit: dict) -> str:
+    """"S_min 56.6 ± 4.1, E_min 2667 ± 380 (± one standard error)", or without the errors in
+    tables from before they were recorded (layout 8)."""
+    s_se, e_se = fit.get("s_min_se"), fit.get("e_min_se")
+    known = all(v is not None and math.isfinite(v) for v in (s_se, e_se))
+    if not known:
+        return f"S_min {_fmt(fit['s_min'], '.1f')}, E_min {_fmt(fit['e_min'], '.0f')}"
+    return (f"S_min {_fmt(fit['s_min'], '.1f')} ± {s_se:.2g}, E_min "
+            f"{_fmt(fit['e_min'], '.0f')} ± {e_se:.2g} (± one standard error)")
 
 
 def _coarse_note(rule: str, runs: pa.Table | None) -> str:

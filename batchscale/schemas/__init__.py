@@ -129,7 +129,7 @@ ENV_FIELDS = [
     pa.field("study_id", pa.string()),
     pa.field("variant", pa.string()),
 ]
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """2: several targets per trial (runs: a row per trial and target, target_metric and
 target_value), every evaluated metric in curves, curves' train_loss on a fixed training subset
 (the running batch mean moved to train_batch_loss). 3: `study_id` and `variant` in every result
@@ -137,7 +137,8 @@ row. 4: `cuda_version`, `gpu_driver` and `image` (the regression check's softwar
 5: the answer card as a row of the analysis table (`answer`, `answer_*`). 6: the grid an
 adaptive search chose from, on each of its decisions (`grid_batch_sizes`, `grid_seeds`).
 7: the evaluation before the one that met a target (`runs.steps_before_target`), and where
-the analysis's sweep step time came from (`analysis.sweep_step_time_source`)."""
+the analysis's sweep step time came from (`analysis.sweep_step_time_source`). 8: S_min's and
+E_min's standard errors (`analysis.s_min_se`, `analysis.e_min_se`)."""
 
 __all__ = ["ANALYSIS", "CRITICAL_OVER_TRAINING", "CURVES", "DATASET", "DECISIONS", "ENV_FIELDS",
            "MANIFEST", "PLAN", "REGRESSIONS", "RESULT_TABLES", "RUNS", "SCHEDULE_CHECK",

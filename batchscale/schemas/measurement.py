@@ -184,6 +184,9 @@ ANALYSIS = pa.schema(
         pa.field("regime", pa.string()),
         pa.field("s_min", pa.float64()),
         pa.field("e_min", pa.float64()),
+        # Their standard errors from the fit (layout 8; null before, and without B_crit).
+        pa.field("s_min_se", pa.float64()),
+        pa.field("e_min_se", pa.float64()),
         pa.field("b_crit", pa.float64()),
         pa.field("b_crit_low", pa.float64()),
         pa.field("b_crit_high", pa.float64()),
