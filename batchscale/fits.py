@@ -139,6 +139,16 @@ def ensure_columns(frame: pd.DataFrame | None, schema: pa.Schema) -> pd.DataFram
     return frame.assign(**{name: pd.Series(np.nan, index=frame.index) for name in missing})
 
 
+def trained_trials(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per trial that was trained: a trial has a runs row per target, and a row
+    recorded from another trial's training (`trained_as`: the LR rules' shared reference
+    batch) spent nothing of its own."""
+    runs = runs.drop_duplicates("trial_id")
+    if "trained_as" not in runs:
+        return runs
+    return runs[runs["trained_as"].isna().to_numpy()]
+
+
 # --------------------------------------------------------------------------- throughput
 
 

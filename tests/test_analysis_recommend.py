@@ -25,8 +25,10 @@ def test_final_b_simple_reads_the_runs_and_the_curves_only_where_the_runs_record
     assert "linear-16-0.1-0-1" not in final
     assert final_b_simple(runs, pd.DataFrame()).set_index("trial_id")["b_simple"].to_dict() \
         == final.to_dict()
-    older = runs.assign(b_simple=math.nan)  # a runs table that records none: the curves say it
-    final = final_b_simple(older, curves).set_index("trial_id")["b_simple"]
+    # every final estimate failed: still none is taken from the curves
+    assert final_b_simple(runs.assign(b_simple=math.nan), curves).empty
+    elsewhere = runs.drop(columns="b_simple")  # a table without the column: the curves say it
+    final = final_b_simple(elsewhere, curves).set_index("trial_id")["b_simple"]
     assert final["linear-16-0.1-0-1"] == 10.0 + 32  # the curve's last logged value
 
 
@@ -268,9 +270,14 @@ def test_the_fastest_time_carries_its_seeds_measured_spread():
 
     best = pd.Series({"time_to_target_s": 0.054, "steps_to_target": 72.5,
                       "step_time_s": 7.2e-4, "step_time_source": "convergence"})
-    text = fastest_text(best, Spread(0.054, 0.0435, 0.0643, 2))
+    text = fastest_text(best, Spread(0.054, 0.0435, 0.0643, 2, on_table=True))
     assert text.startswith("fastest time to target: 0.054 s [0.0435, 0.0643] over 2 seeds "
                            "(72.5 steps × 0.72 ms per step")
     assert text.endswith("; the band is its seeds' measured times to target, as shares of their "
                          "median)")
-    assert "band" not in fastest_text(best, Spread(0.054, 0.054, 0.054, 1))
+    assert "band" not in fastest_text(best, Spread(0.054, 0.054, 0.054, 1, on_table=True))
+    # seeds timed on another basis (more workers than the table's step time): their own
+    # clocks, said as such, never as the figure's band
+    text = fastest_text(best, Spread(1.12, 1.08, 1.17, 2))
+    assert text.startswith("fastest time to target: 0.054 s (72.5 steps")
+    assert text.endswith("; its 2 seeds took 1.08–1.17 s)")

@@ -180,3 +180,20 @@ def test_a_learning_rate_next_to_one_that_failed_says_so():
         "seed, so this one sits near its edge")
     alone = recommend(table[table["batch_size"] == 128], runs[runs["batch_size"] == 128])
     assert "edge" not in alone.learning_rate_reason
+    # the constant rule's next batch has the same learning rate: nothing to say of it
+    constant = runs.assign(lr_rule="constant", lr=0.2)
+    card = recommend(table.assign(lr_rule="constant"), constant)
+    assert card.batch_size == 128 and "edge" not in card.learning_rate_reason
+
+
+def test_the_tuned_expectation_is_on_its_own_learning_rate_steps():
+    """The table's tuned cell is the LR of the fewest median steps (0.1: 245); the card's LR is
+    the single fastest run's (0.4: 90 and 400 steps, median 245 as well here, but its own
+    times): the time is that LR's median steps × the batch's step time, not the other LR's."""
+    runs = pd.DataFrame([run_row(64, "tuned", 0.1, seed, steps, time=steps * 0.01)
+                         for seed, steps in enumerate((240, 250))]
+                        + [run_row(64, "tuned", 0.4, seed, steps, time=steps * 0.01)
+                           for seed, steps in enumerate((90, 500))])
+    table = cell_table([("tuned", 64, 245, 0.01)])
+    text = expected_text(runs, table, "tuned", 64, lr=0.4)
+    assert text.startswith("295 steps [90, 500] over 2 seeds; 2.95 s of training [0.9, 5]"), text

@@ -25,6 +25,7 @@ from batchscale.convergence.spec import LATER_SETTINGS
 from batchscale.convergence.trialstate import TrialState
 from batchscale.data.prep import prepare
 from batchscale.errors import BadInput
+from batchscale.fits import trained_trials
 from batchscale.location import LocalLocation
 from batchscale.schemas import make_table
 from batchscale.workloads import get_workload
@@ -117,6 +118,9 @@ def test_rules_that_agree_at_the_reference_batch_train_it_once(tmp_path, digits_
     assert set(rows) == {"linear", "sqrt"} and rows["sqrt"]["trial_id"] == "b32-sqrt-s0-w1"
     same = ("steps_to_target", "train_time_s", "lr", "seed", "status")
     assert [rows["sqrt"][k] for k in same] == [rows["linear"][k] for k in same]
+    assert (rows["sqrt"]["trained_as"], rows["linear"]["trained_as"]) == ("b32-linear-s0-w1",
+                                                                          None)
+    assert list(trained_trials(runs.to_pandas())["trial_id"]) == ["b32-linear-s0-w1"]
     assert set(curves.column("lr_rule").to_pylist()) == {"linear", "sqrt"}
     assert validate_table("runs", runs).success and validate_table("curves", curves).success
     assert "[b32-sqrt-s0-w1] the same training as b32-linear-s0-w1" in capsys.readouterr().err

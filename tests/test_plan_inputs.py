@@ -131,8 +131,8 @@ def test_rows_past_the_largest_batch_the_rule_reached_are_marked():
     lines = plan_lines(plan)
     note = ("past batch 128, the largest at which the linear rule reached the target (its "
             "trials at 256 did not reach the target): S(B) there is the fit's extrapolation, "
-            "which those trials contradict, so such rows are neither on the front nor "
-            "recommended")
+            "which those trials contradict from batch 256 on, so rows there are neither on the "
+            "front nor recommended")
     assert f"  † {note}" in lines
     marked = [line for line in lines if "†" in line and not line.startswith("  †")]
     assert marked and all(" 256†" in line or " 512†" in line for line in marked), marked

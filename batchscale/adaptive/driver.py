@@ -47,7 +47,7 @@ from batchscale.convergence.cell_server import CellServer
 from batchscale.convergence.probe import b_simple_stable
 from batchscale.convergence.runner import run_convergence, torchrun_env, work_dir
 from batchscale.convergence.spec import ProbeSpec
-from batchscale.fits import StepTimeFit, fit_step_time
+from batchscale.fits import StepTimeFit, fit_step_time, trained_trials
 from batchscale.schemas import RunStatus, make_table
 from batchscale.storage import write_bytes_atomic
 
@@ -109,7 +109,7 @@ class Search:
                                  server=self.server, probe=probe)
         self.held_s[(out_dir.name, cell)] = held_wall_s(
             out_dir, cell.seed, time.monotonic() - started) * self.workers
-        trials = tables[1].to_pandas().drop_duplicates("trial_id")
+        trials = trained_trials(tables[1].to_pandas())
         self.trained_s[(out_dir.name, cell)] = float(
             (trials["train_time_s"] * trials["workers"]).sum())
         return tables
@@ -139,7 +139,7 @@ class Search:
         self.cells[cell] = self._launch(cell, out_dir, prune_at_step)
         if prune_at_step is None:
             return ""
-        trials = self.cells[cell][1].to_pandas().drop_duplicates("trial_id")
+        trials = trained_trials(self.cells[cell][1].to_pandas())
         pruned = int((trials["status"] == RunStatus.PRUNED).sum())
         return (f"; {pruned} of {len(trials)} trial(s) pruned (bound: step {prune_at_step}, "
                 f"{c.adaptive_prune_factor:g}× the fit's steps at the interval's far end)")
@@ -203,7 +203,7 @@ class Search:
         size and training seconds × workers over every trial (probes and stopped trials
         included), and every cell's launch wall time × workers (start-up included)."""
         _, runs = self.tables()
-        trials = runs.drop_duplicates("trial_id")
+        trials = trained_trials(runs)
         examples = int((trials["steps_run"] * trials["batch_size"]).sum())
         return (examples, float((trials["train_time_s"] * trials["workers"]).sum()),
                 float(sum(self.held_s.values())))
@@ -297,7 +297,7 @@ def probe_outcome(curves: pd.DataFrame, runs: pd.DataFrame, probe: ProbeSpec) ->
     budget), counted per way of ending."""
     rows = runs[(runs["target_metric"] == probe.metric) & (runs["target_value"] == probe.value)]
     endings: dict[str, int] = {}
-    for row in rows.drop_duplicates("trial_id").itertuples():
+    for row in trained_trials(rows).itertuples():
         curve = curves[curves["trial_id"] == row.trial_id].sort_values("step")
         why = _probe_ending(row.status, curve.to_dict("records"), probe)
         endings[why] = endings.get(why, 0) + 1

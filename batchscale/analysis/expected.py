@@ -46,6 +46,8 @@ class Spread:
     0 where the runs do not record it."""
     gaps_differ: bool = False
     """Whether the runs' gaps differ (then `evaluation_gap` is said as "up to")."""
+    on_table: bool = False
+    """Times only: placed on the results table's basis (`cell_time`), not the runs' own clocks."""
 
     def scaled(self, factor: float) -> Spread:
         return replace(self, median=self.median * factor, low=self.low * factor,
@@ -66,8 +68,8 @@ class Spread:
         """"110 [100, 120] steps over 3 seeds", or "110 steps (one seed: no spread)"; with an
         evaluation gap, what the range includes (unless `gap_said` is False: a line beside
         one that said it)."""
-        value = _g(self.median, digits)
-        band = f"[{_g(self.low, digits)}, {_g(self.high, digits)}]"
+        value = short_number(self.median, digits)
+        band = f"[{short_number(self.low, digits)}, {short_number(self.high, digits)}]"
         apart = f"{'up to ' if self.gaps_differ else ''}{self.evaluation_gap} steps apart"
         if self.seeds < 2:
             if self.evaluation_gap <= 1:
@@ -79,8 +81,10 @@ class Spread:
         return f"{value}{unit} {band} over {self.seeds} {self.counted}s{gap}"
 
 
-def _g(value: float, digits: int) -> str:
-    return f"{value:,.0f}" if abs(value) >= 10 ** digits else f"{value:.{digits}g}"
+def short_number(value: float, digits: int) -> str:
+    """`digits` significant digits, whole numbers from 10 ** (digits − 1) up, never in
+    exponent form: "0.0487", "72.5", "165", "1,234"."""
+    return f"{value:,.0f}" if abs(value) >= 10 ** (digits - 1) else f"{value:.{digits}g}"
 
 
 def cell_runs(runs: pd.DataFrame, rule: str, batch: int,
@@ -166,13 +170,34 @@ def cell_time(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int,
     spread around it (module docstring); the measured times as they are where the table has no
     time for the cell or its step time is of another worker count."""
     measured = time_spread(runs, rule, batch, workers, lr)
-    row = _cell(table, rule, batch)
-    times = numeric_column(row, "time_to_target_s") if "time_to_target_s" in row else []
-    centre = float(times[0]) if len(times) else math.nan
+    centre = _table_time(runs, table, rule, batch, workers, lr)
     if (measured is None or not math.isfinite(centre) or measured.median <= 0
             or not _at_table_workers(runs, rule, batch, workers, lr)):
         return measured
-    return measured.scaled(centre / measured.median)
+    return replace(measured.scaled(centre / measured.median), on_table=True)
+
+
+def _table_time(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int,
+                workers: int | None, lr: float | None) -> float:
+    """The table's time to target for the cell; at learning rate `lr` where the table's steps
+    are another learning rate's (the tuned rule's best median): those steps × its step time."""
+    row = _cell(table, rule, batch)
+    times = numeric_column(row, "time_to_target_s") if "time_to_target_s" in row else []
+    centre = float(times[0]) if len(times) else math.nan
+    steps = steps_spread(runs, rule, batch, workers, lr) if lr is not None else None
+    table_steps = numeric_column(row, "steps_to_target") if "steps_to_target" in row else []
+    if steps is None or not len(table_steps) or math.isclose(steps.median, table_steps[0]):
+        return centre
+    return steps.median * step_time_at(table, rule, batch)
+
+
+def on_one_basis(first: Spread | None, second: Spread | None,
+                 measured: tuple[Spread | None, Spread | None]) -> tuple:
+    """`first` and `second`, or both as measured where only one is on the table's basis: two
+    times are compared on one basis or not at all."""
+    if first is not None and second is not None and first.on_table != second.on_table:
+        return measured
+    return first, second
 
 
 def _at_table_workers(runs: pd.DataFrame, rule: str, batch: int, workers: int | None,
@@ -221,7 +246,7 @@ def expected_text(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int
         return f"{text}; {measured.text(' s of training')}{flag}"
     step_s = step_time_at(table, rule, batch)
     if math.isfinite(step_s):
-        text += f"; {_g(steps.median * step_s, 3)} s of training ({NO_TIME_SPREAD}){flag}"
+        text += f"; {short_number(steps.median * step_s, 3)} s of training ({NO_TIME_SPREAD}){flag}"
     return text
 
 
@@ -239,7 +264,10 @@ def as_fast(runs: pd.DataFrame, cells: pd.DataFrame, rule: str, batch: int,
         if (other_rule, int(other_batch)) == (rule, batch):
             continue
         spread = cell_time(runs, cells, other_rule, int(other_batch))
-        if spread is not None and spread.seeds >= 2 and best.overlaps(spread):
+        mine, spread = on_one_basis(best, spread, (
+            time_spread(runs, rule, batch, workers), time_spread(runs, other_rule,
+                                                                  int(other_batch))))
+        if spread is not None and spread.seeds >= 2 and mine.overlaps(spread):
             found.append((int(other_batch), str(other_rule), spread))
     return sorted(found, key=lambda cell: cell[2].median)
 
@@ -288,8 +316,11 @@ def versus_current(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: in
                 "convergence.batch_sizes to quote a saving")
     parts = [f"{_ratio(rec, cur)} the steps"]
     flags = untrusted_time(table, rule, batch) or untrusted_time(table, rule, current_batch)
-    rec_t = cell_time(runs, table, rule, batch, workers, lr)
-    cur_t = cell_time(runs, table, rule, current_batch, workers)
+    rec_t, cur_t = on_one_basis(
+        cell_time(runs, table, rule, batch, workers, lr),
+        cell_time(runs, table, rule, current_batch, workers),
+        (time_spread(runs, rule, batch, workers, lr),
+         time_spread(runs, rule, current_batch, workers)))
     rec_s, cur_s = step_time_at(table, rule, batch), step_time_at(table, rule, current_batch)
     if rec_t is not None and cur_t is not None:
         parts.append(f"{_ratio(rec_t, cur_t)} the training time{flags}")

@@ -15,18 +15,19 @@ from batchscale.schemas import RunStatus
 
 
 def final_b_simple(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
-    """The last B_simple of each trial: the runs table's, or, in a runs table that records
-    none (written before it did), the curve's last finite value.
+    """The last B_simple of each trial: the runs table's, or, in a runs table without the
+    column (a table from elsewhere), the curve's last finite value.
 
     The training code estimates B_simple = tr Σ / |G|² (McCandlish et al. 2018, App. A) as a
     ratio of moving averages; it grows during training, so the final value is the one to
-    compare with B_crit at the target. A trial whose runs row has none while others have one
-    ended with a failed estimate (|G|² ≤ 0: `NoiseScale.b_simple`) and is left out: its curve's
-    last finite value is an earlier estimate from as |G|² fell towards 0, too large to mean
-    anything, and `batchscale analyze` without the curves could not repeat it. A trial that
+    compare with B_crit at the target. A trial whose runs row has none (a column all trials
+    carry) ended with a failed estimate (|G|² ≤ 0: `NoiseScale.b_simple`) and is left out: its
+    curve's last finite value is an earlier estimate from as |G|² fell towards 0, too large to
+    mean anything, and `batchscale analyze` without the curves could not repeat it. A trial that
     repeats another's batch size, learning rate, seed and worker count (the rules' shared
     reference batch) counts once. Columns: trial_id, batch_size, b_simple.
     """
+    recorded = "b_simple" in runs.columns  # by the table's columns, not by its values
     runs = ensure_columns(runs, schemas.RUNS)
     curves = ensure_columns(curves, schemas.CURVES)
     final = pd.DataFrame(
@@ -45,7 +46,7 @@ def final_b_simple(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
         }
     )
     logged = logged[np.isfinite(logged["b_simple"])].sort_values("step")
-    if np.isfinite(final["b_simple"]).any():  # the runs record it: they alone say it
+    if recorded:  # the runs record it: they alone say it, failed estimates included
         logged = logged.iloc[0:0]
     last = logged.groupby("trial_id").last().reset_index()[["trial_id", "batch_size", "b_simple"]]
     merged = pd.concat([final[np.isfinite(final["b_simple"])], last], ignore_index=True)

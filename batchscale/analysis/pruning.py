@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from batchscale.fits import numeric_column
+from batchscale.fits import numeric_column, trained_trials
 from batchscale.schemas import TUNED_RULE, RunStatus
 
 
@@ -14,7 +14,7 @@ def pruning_text(runs: pd.DataFrame) -> str:
     (batch size, seed), each pruned learning rate's steps short of the most any surviving one
     ran. An estimate, and a low one: a pruned rate was behind the survivors at its rung, so it
     would likely have needed more steps, or never reached. Empty when nothing was pruned."""
-    trials = runs.drop_duplicates("trial_id")
+    trials = trained_trials(runs)
     pruned = trials["status"].eq(RunStatus.PRUNED).to_numpy(dtype=bool)
     if not pruned.any():
         return ""

@@ -17,6 +17,7 @@ from batchscale.analysis.expected import (
     cell_time,
     expected_text,
     lr_versus_current,
+    short_number,
     steps_spread,
     versus_current,
 )
@@ -119,13 +120,16 @@ def fastest_text(best: pd.Series, seeds: Spread | None) -> str:
     step …)": the cell's median steps × its step time, as the results table has it, with its
     seeds' measured spread around it (`expected.cell_time`), so the figure carries its spread."""
     source = MEASURED_IN.get(best.get("step_time_source"), "")
+    ranged = seeds is not None and seeds.seeds >= 2
     band = (f" [{seeds.low:.3g}, {seeds.high:.3g}] over {seeds.seeds} {seeds.counted}s"
-            if seeds is not None and seeds.seeds >= 2 else "")
+            if ranged and seeds.on_table else "")
     said = ("; the band is its seeds' measured times to target, as shares of their median"
             if band else "")
-    return (f"fastest time to target: {best['time_to_target_s']:.3g} s{band} "
-            f"({best['steps_to_target']:.3g} steps × {1e3 * best['step_time_s']:.3g} ms per step"
-            f"{' ' + source if source else ''}{said})")
+    if ranged and not seeds.on_table:  # their clocks, at the worker count chosen
+        said = f"; its {seeds.seeds} {seeds.counted}s took {seeds.low:.3g}–{seeds.high:.3g} s"
+    steps = short_number(best["steps_to_target"], 3)
+    return (f"fastest time to target: {best['time_to_target_s']:.3g} s{band} ({steps} steps × "
+            f"{1e3 * best['step_time_s']:.3g} ms per step{' ' + source if source else ''}{said})")
 
 
 def fewest_steps_reason(runs: pd.DataFrame, at_batch: pd.DataFrame, rule: str, batch: int,
@@ -216,9 +220,13 @@ def edge_text(runs: pd.DataFrame, rule: str, batch: int, workers: int | None) ->
         return ""
     cell = cell_runs(runs, rule, larger[0], workers)
     failed = cell[~matches(cell, "status", RunStatus.REACHED)]
-    if failed.empty:
+    here = numeric_column(cell_runs(runs, rule, batch, workers), "lr")
+    there = numeric_column(cell, "lr")
+    # Only a rule whose learning rate grows with the batch (not the constant rule) has a
+    # "next learning rate" to speak of.
+    if failed.empty or not (np.nanmin(there, initial=np.inf) > np.nanmax(here, initial=-np.inf)):
         return ""
-    rates = sorted({f"{lr:.4g}" for lr in numeric_column(cell, "lr") if np.isfinite(lr)})
+    rates = sorted({f"{lr:.4g}" for lr in there if np.isfinite(lr)})
     said = f" (learning rate {', '.join(rates)})" if rates else ""
     return (f"; at batch {larger[0]}, the next the rule ran{said}, {len(failed)} of {len(cell)} "
             "runs did not reach the target: the rule's next learning rate did not train "

@@ -312,8 +312,9 @@ def collect(spec: ConvergenceSpec,
         if not out.exists(run_name):
             raise BatchscaleError(f"trial {t.trial_id} left no results in {out.uri}")
         tables[t.trial_id] = (out.get_table(curves_name), out.get_table(run_name))
-    pairs = [*tables.values(), *(tuple(_renamed(table, twin) for table in tables[twin.same_as])
-                                 for twin in spec.twins)]
+    pairs = [*tables.values(), *((_renamed(tables[t.same_as][0], t),
+                                  _renamed(tables[t.same_as][1], t, trained_as=t.same_as))
+                                 for t in spec.twins)]
     return pa.concat_tables([c for c, _ in pairs]), pa.concat_tables([r for _, r in pairs])
 
 
@@ -327,10 +328,12 @@ def say_twins(spec: ConvergenceSpec) -> None:
               f"{same.batch_size}): trained once, recorded under both", file=sys.stderr)
 
 
-def _renamed(table: pa.Table, twin: TwinSpec) -> pa.Table:
-    """`table`'s rows as the twin's: its trial id and LR rule."""
-    for name, value in (("trial_id", twin.trial_id), ("lr_rule", twin.lr_rule)):
+def _renamed(table: pa.Table, twin: TwinSpec, **more: str) -> pa.Table:
+    """`table`'s rows as the twin's: its trial id and LR rule (and `more` columns' values)."""
+    for name, value in (("trial_id", twin.trial_id), ("lr_rule", twin.lr_rule), *more.items()):
         index = table.schema.get_field_index(name)
+        if index < 0:  # not a column of this table (curves have no trained_as)
+            continue
         field = table.schema.field(index)
         table = table.set_column(index, field, pa.array([value] * table.num_rows, field.type))
     return table

@@ -234,6 +234,8 @@ def read_user_table(path_text: str, what: str) -> UserTable:
     path = Path(path_text)
     label = f"{what} {quote(path_text)}"
     suffix = path.suffix.lower() or _parquet_by_content(path)
+    if not suffix and not path.is_file():
+        raise BadInput(f"{label} does not exist or is not a file")
     if suffix not in FILE_TYPES:
         raise BadInput(f"{label}: unknown file type {quote(suffix or '(no extension)')}; "
                        f"allowed: {', '.join(FILE_TYPES)} (by extension, or a Parquet file "

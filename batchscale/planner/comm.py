@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from batchscale.errors import BadInput
-from batchscale.fits import numeric_column
+from batchscale.fits import numeric_column, trained_trials
 from batchscale.planner.model import (
     ASSUMED,
     EFFECTIVE,
@@ -58,7 +58,8 @@ def data_parallel_cells(runs: pd.DataFrame) -> pd.DataFrame:
         "wait": numeric_column(runs, "cpu_wait_share"),
     })
     frame = frame[(frame["workers"] > 1) & np.isfinite(frame["t"]) & (frame["t"] > 0)]
-    cells = frame.drop_duplicates("trial_id").groupby(["batch_size", "workers"]).agg(
+    cells = frame[frame["trial_id"].isin(trained_trials(runs)["trial_id"])].drop_duplicates(
+        "trial_id").groupby(["batch_size", "workers"]).agg(
         step_time_s=("t", "median"), trials=("t", "size"), cpu_wait=("wait", "max"))
     return cells.reset_index()
 
@@ -101,7 +102,7 @@ def shared_compute_factor(inputs: PlanInputs, cells: pd.DataFrame) -> tuple[floa
 def probe_points(runs: pd.DataFrame) -> pd.DataFrame:
     """(workers, bytes, seconds, cv) of every data-parallel trial's all-reduce probe: its small
     message and its gradient, once per trial (a trial has a runs row per target)."""
-    trials = runs.drop_duplicates("trial_id")
+    trials = trained_trials(runs)
     workers = numeric_column(trials, "workers")
     small = numeric_column(trials, "allreduce_small_s")
     keep = (workers > 1) & np.isfinite(small) & np.isfinite(
@@ -148,6 +149,8 @@ def comm_model(inputs: PlanInputs, link_gbps: float | None = None,
     if latency_s is not None and latency_us is None:
         note += ("; latency assumed 0: one worker count measured cannot separate latency from "
                  "bandwidth, so past it the all-reduce is taken as bandwidth-bound")
+    if model.note:  # the fit's own (a negative latency set to 0)
+        note += f"; {model.note}"
     return CommModel(model.bandwidth_Bps, model.latency_s, model.hidden_share,
                      CommSource(EFFECTIVE, model.source.latency, ASSUMED), note)
 

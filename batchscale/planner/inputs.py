@@ -126,8 +126,9 @@ def rule_reach(analysis: pd.DataFrame, rule: str, runs: pd.DataFrame | None = No
     runs, how many of the trials at each unreached batch did reach, and the other rules that
     reached past this one's largest batch."""
     frame = ensure_columns(analysis, schemas.ANALYSIS)
+    fitted = set(_fitted(frame)["lr_rule"]) | {rule}  # only rules a plan can be made for
     reach = {}
-    for name in sorted(set(frame["lr_rule"].dropna())):
+    for name in sorted(set(frame["lr_rule"].dropna()) & fitted):
         cells = frame[frame["lr_rule"].eq(name).to_numpy(dtype=bool)]
         steps = numeric_column(cells, "steps_to_target")
         batches = numeric_column(cells, "batch_size").astype(int)
@@ -148,6 +149,9 @@ def _trials_reached(runs: pd.DataFrame | None, rule: str,
         return ()
     runs = ensure_columns(runs, schemas.RUNS)
     mine = runs[runs["lr_rule"].eq(rule).to_numpy(dtype=bool)]
+    # pruned and probed trials stopped early by design: not reached, but not tried either
+    mine = mine[~mine["status"].isin([schemas.RunStatus.PRUNED, schemas.RunStatus.PROBED])
+                .to_numpy(dtype=bool)]
     sizes = numeric_column(mine, "batch_size")
     reached = mine["status"].eq(schemas.RunStatus.REACHED).to_numpy(dtype=bool)
     return tuple((b, int(reached[sizes == b].sum()), int((sizes == b).sum())) for b in batches)

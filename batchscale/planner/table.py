@@ -85,10 +85,10 @@ def past_reach(row: PlanRow, inputs: PlanInputs) -> bool:
 
 
 def contradicted(row: PlanRow, inputs: PlanInputs) -> bool:
-    """Whether the row lies past the rule's reach where the rule's trials ran at a larger
-    batch and did not reach the target: the fit's S(B) there is what they contradict."""
-    return past_reach(row, inputs) and any(b > max(inputs.reached_batches)
-                                           for b in inputs.unreached_batches)
+    """Whether the row lies past the rule's reach, at or past the smallest batch where its
+    trials ran and did not reach the target: the fit's S(B) there is what they contradict."""
+    failed = [b for b in inputs.unreached_batches if b > max(inputs.reached_batches, default=0)]
+    return past_reach(row, inputs) and bool(failed) and row.global_batch >= min(failed)
 
 
 def reach_note(inputs: PlanInputs) -> str:
@@ -99,8 +99,8 @@ def reach_note(inputs: PlanInputs) -> str:
     text = (f"past batch {largest:,}, the largest at which the {inputs.lr_rule} rule reached the "
             f"target{_failed_words(inputs, failed)}: S(B) there is the fit's extrapolation")
     if failed:
-        text += (", which those trials contradict, so such rows are neither on the front nor "
-                 "recommended")
+        text += (f", which those trials contradict from batch {min(failed):,} on, so rows there "
+                 "are neither on the front nor recommended")
     others = [f"--lr-rule {rule} reached up to batch {batch:,}"
               for rule, batch in inputs.other_reach]
     return text + (f" ({'; '.join(others)})" if others else "")

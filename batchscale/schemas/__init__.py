@@ -138,7 +138,8 @@ row. 4: `cuda_version`, `gpu_driver` and `image` (the regression check's softwar
 adaptive search chose from, on each of its decisions (`grid_batch_sizes`, `grid_seeds`).
 7: the evaluation before the one that met a target (`runs.steps_before_target`), and where
 the analysis's sweep step time came from (`analysis.sweep_step_time_source`). 8: S_min's and
-E_min's standard errors (`analysis.s_min_se`, `analysis.e_min_se`)."""
+E_min's standard errors (`analysis.s_min_se`, `analysis.e_min_se`), and the trial a runs row's
+results come from where it was not trained itself (`runs.trained_as`)."""
 
 __all__ = ["ANALYSIS", "CRITICAL_OVER_TRAINING", "CURVES", "DATASET", "DECISIONS", "ENV_FIELDS",
            "MANIFEST", "PLAN", "REGRESSIONS", "RESULT_TABLES", "RUNS", "SCHEDULE_CHECK",

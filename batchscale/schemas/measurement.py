@@ -169,6 +169,10 @@ RUNS = pa.schema(
         # when the target was reached, for pruned and probed trials (the status says it), and
         # in rows written before it was recorded.
         pa.field("stop_reason", pa.string()),
+        # Where this row's trial was not trained itself because another trial trains exactly
+        # the same (another LR rule's, at the rules' shared reference batch): that trial's id,
+        # whose results these are. Null for a trained trial, and in rows before layout 8.
+        pa.field("trained_as", pa.string()),
     ]
 )
 
@@ -312,7 +316,9 @@ PLAN = pa.schema(
         pa.field("bandwidth_Bps", pa.float64(), nullable=False),
         pa.field("latency_s", pa.float64(), nullable=False),
         pa.field("hidden_share", pa.float64(), nullable=False),
-        # "measured" or "assumed" (a link the user stated, or what the data cannot separate).
+        # "measured", "assumed" (a link the user stated, or what the data cannot separate),
+        # "effective" (a bandwidth fitted to the data-parallel steps) or, for the hidden share,
+        # "set to 0" (the steps exposed more than the bare all-reduce).
         pa.field("bandwidth_source", pa.string(), nullable=False),
         pa.field("latency_source", pa.string(), nullable=False),
         pa.field("hidden_share_source", pa.string(), nullable=False),
