@@ -505,3 +505,18 @@ def test_s_min_and_e_min_carry_their_standard_errors_to_the_table_and_the_text()
     row = result.rows[0]
     assert math.isfinite(row["s_min_se"]) and math.isfinite(row["e_min_se"])
     assert "(± one standard error)" in result.markdown
+
+
+def test_the_run_summary_states_s_min_and_e_min_with_their_errors_in_plain_numbers():
+    from batchscale.lake.summary import convergence_lines
+    from batchscale.schemas import make_table
+
+    result = analyze(make_sweep(), make_runs(), None, AnalysisConfig(bootstrap_samples=50))
+    rows = [{**r, "s_min_se": 11.2, "e_min_se": 320.4} for r in result.rows]
+    lines = convergence_lines(make_table("analysis", rows, {}))
+    line = next(x for x in lines if x.startswith("  B_crit ("))
+    assert " ± 11, E_min " in line and " ± 320; ± one standard error)" in line, line
+    old = [{**r, "s_min_se": None, "e_min_se": None} for r in result.rows]  # before layout 8
+    line = next(x for x in convergence_lines(make_table("analysis", old, {}))
+                if x.startswith("  B_crit ("))
+    assert "±" not in line and "E_min" in line, line

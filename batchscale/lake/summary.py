@@ -186,8 +186,16 @@ def _fit_terms(fit: dict) -> str:
     known = all(v is not None and math.isfinite(v) for v in (s_se, e_se))
     if not known:
         return f"S_min {_fmt(fit['s_min'], '.1f')}, E_min {_fmt(fit['e_min'], '.0f')}"
-    return (f"S_min {_fmt(fit['s_min'], '.1f')} ± {s_se:.2g}, E_min "
-            f"{_fmt(fit['e_min'], '.0f')} ± {e_se:.2g} (± one standard error)")
+    return (f"S_min {_fmt(fit['s_min'], '.1f')} ± {_two_digits(s_se)}, E_min "
+            f"{_fmt(fit['e_min'], '.0f')} ± {_two_digits(e_se)}; ± one standard error")
+
+
+def _two_digits(value: float) -> str:
+    """Two significant digits, never in exponent form: 0.57, 11, 320, 4,100."""
+    if not value > 0:
+        return "0"
+    places = 1 - math.floor(math.log10(value))
+    return f"{round(value, places):,.{max(0, places)}f}"
 
 
 def _coarse_note(rule: str, runs: pa.Table | None) -> str:
