@@ -492,31 +492,3 @@ def test_an_adaptive_searchs_trials_are_read_at_the_level_its_stop_needs():
     chosen = settings_for(AnalysisConfig(b_crit_read_level=0.95), adaptive=True)
     assert chosen.b_crit_read_level == 0.95
 
-
-def test_s_min_and_e_min_carry_their_standard_errors_to_the_table_and_the_text():
-    rng = np.random.default_rng(3)
-    steps = [(S_MIN + E_MIN / b) * math.exp(0.05 * rng.standard_normal()) for b in BATCHES]
-    fit = fit_critical_batch(BATCHES, steps)
-    lines = fit_lines(np.asarray(BATCHES, float), np.asarray(steps))
-    assert fit.s_min_se == pytest.approx(math.sqrt(float(lines.var_s)))
-    assert fit.e_min_se == pytest.approx(math.sqrt(float(lines.var_e)))
-    assert 0 < fit.s_min_se < fit.s_min and 0 < fit.e_min_se < fit.e_min
-    result = analyze(make_sweep(), make_runs(), None, AnalysisConfig(bootstrap_samples=50))
-    row = result.rows[0]
-    assert math.isfinite(row["s_min_se"]) and math.isfinite(row["e_min_se"])
-    assert "(± one standard error)" in result.markdown
-
-
-def test_the_run_summary_states_s_min_and_e_min_with_their_errors_in_plain_numbers():
-    from batchscale.lake.summary import convergence_lines
-    from batchscale.schemas import make_table
-
-    result = analyze(make_sweep(), make_runs(), None, AnalysisConfig(bootstrap_samples=50))
-    rows = [{**r, "s_min_se": 11.2, "e_min_se": 320.4} for r in result.rows]
-    lines = convergence_lines(make_table("analysis", rows, {}))
-    line = next(x for x in lines if x.startswith("  B_crit ("))
-    assert " ± 11, E_min " in line and " ± 320; ± one standard error)" in line, line
-    old = [{**r, "s_min_se": None, "e_min_se": None} for r in result.rows]  # before layout 8
-    line = next(x for x in convergence_lines(make_table("analysis", old, {}))
-                if x.startswith("  B_crit ("))
-    assert "±" not in line and "E_min" in line, line
