@@ -25,7 +25,11 @@ def test_negative_final_estimates_are_left_out_and_counted():
     assert (summary.trials, summary.dropped) == (4, 1)
     assert summary.b_simple_median == 35.0
     assert (summary.quartile_low, summary.quartile_high) == (27.5, 482.725)
-    assert by_batch[16] == 1810.9  # the failed estimate does not pull its batch's median
+    # The failed estimate does not pull its batch's median, nor widen its range.
+    assert by_batch.loc[16].to_dict() == {"median": 1810.9, "low": 1810.9, "high": 1810.9,
+                                          "trials": 1}
+    assert by_batch.loc[32].to_dict() == {"median": 25.0, "low": 20.0, "high": 30.0,
+                                          "trials": 2}
     text = _b_simple_text(summary)
     assert "median 35 over 4 trials (half of them between 27.5 and 483)" in text
     assert "1 trial(s) ended with an estimate ≤ 0" in text
@@ -46,4 +50,4 @@ def test_the_rules_shared_reference_trial_counts_once():
                                            ("linear", 64, 0.2, 70.0), ("sqrt", 64, 0.14, 90.0)]]
     by_batch, summary = noise_scale(pd.DataFrame(rows), pd.DataFrame())
     assert summary.trials == 3 and summary.b_simple_median == 70.0
-    assert by_batch[32] == 50.0
+    assert by_batch.loc[32, "median"] == 50.0 and by_batch.loc[32, "trials"] == 1

@@ -21,6 +21,7 @@ import pandas as pd
 from batchscale import schemas
 from batchscale.analysis.critical import steps_to_result
 from batchscale.analysis.critical_summary import critical_by_rule
+from batchscale.analysis.expected import row_bands
 from batchscale.analysis.gap import gap_summary
 from batchscale.analysis.narrative import render_markdown
 from batchscale.analysis.parallel import noise_scale
@@ -168,7 +169,7 @@ def analyze(
         pruning=pruning_text(every_trial),
         lr_rule_given=lr_rule_given,
     )
-    rows = _rows(table, summary, labels, b_simple)
+    rows = _rows(table, summary, labels, b_simple, runs)
     return AnalysisResult(rows, summary, render_markdown(summary))
 
 
@@ -290,7 +291,8 @@ def _rows(
     table: pd.DataFrame,
     summary: AnalysisSummary,
     labels: dict[str, pd.DataFrame],
-    b_simple: pd.Series,
+    b_simple: pd.DataFrame,
+    runs: pd.DataFrame,
 ) -> list[dict]:
     """The analysis table: one row per (lr_rule, batch), columns of schemas.ANALYSIS."""
     slopes = {
@@ -311,7 +313,8 @@ def _rows(
             "time_to_target_s": float(cell.time_to_target_s),
             "samples_per_s": float(cell.samples_per_s),
             "regime": label.regime if label is not None else None,
-            "b_simple": float(b_simple.get(float(cell.batch_size), math.nan)),
+            **_b_simple_columns(b_simple, cell.batch_size),
+            **_band_columns(runs, cell),
             "saturation_batch": summary.throughput.saturation_batch,
             "s_min": float(fit.s_min),
             "e_min": float(fit.e_min),
@@ -335,6 +338,34 @@ def _rows(
         row.update(answer_columns(summary.recommendation, row["lr_rule"], row["batch_size"]))
         rows.append({name: row[name] for name in ANALYSIS_COLUMNS})
     return rows
+
+
+def _band_columns(runs: pd.DataFrame, cell) -> dict:
+    """The row's spread over its seeds (`expected.row_bands`): NaN where no trial at the row's
+    learning rate reached the target, or no time was measured."""
+    lr = float(cell.best_lr)
+    if not math.isfinite(lr):
+        return {"trials_at_lr": int(cell.trials), "reached_at_lr": 0, "steps_low": math.nan,
+                "steps_high": math.nan, "time_to_target_s_low": math.nan,
+                "time_to_target_s_high": math.nan}
+    bands = row_bands(runs, str(cell.lr_rule), int(cell.batch_size), lr,
+                      float(cell.time_to_target_s))
+    steps, time = bands.steps, bands.time
+    return {"trials_at_lr": bands.trials, "reached_at_lr": bands.reached,
+            "steps_low": steps.low if steps else math.nan,
+            "steps_high": steps.high if steps else math.nan,
+            "time_to_target_s_low": time.low if time else math.nan,
+            "time_to_target_s_high": time.high if time else math.nan}
+
+
+def _b_simple_columns(b_simple: pd.DataFrame, batch: int) -> dict:
+    """The batch's final B_simple over its trials (every LR rule's): median, lowest, highest."""
+    if float(batch) not in b_simple.index:
+        return {"b_simple": math.nan, "b_simple_low": math.nan, "b_simple_high": math.nan,
+                "b_simple_trials": 0}
+    found = b_simple.loc[float(batch)]
+    return {"b_simple": float(found["median"]), "b_simple_low": float(found["low"]),
+            "b_simple_high": float(found["high"]), "b_simple_trials": int(found["trials"])}
 
 
 def answer_columns(recommendation: Recommendation, lr_rule: str, batch_size: int) -> dict:

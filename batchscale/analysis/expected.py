@@ -191,6 +191,35 @@ def _table_time(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int,
     return steps.median * step_time_at(table, rule, batch)
 
 
+@dataclass(frozen=True)
+class RowBands:
+    """The results table's bands for one (rule, batch) row: the trials at the row's learning
+    rate (every worker count, as the row's median pools them), how many reached the target,
+    their steps to target, and their measured times to target placed around the row's time as
+    shares of their median (the card's basis, `cell_time`)."""
+
+    trials: int
+    reached: int
+    steps: Spread | None
+    time: Spread | None
+
+
+def row_bands(runs: pd.DataFrame, rule: str, batch: int, lr: float,
+              table_time: float) -> RowBands:
+    """`RowBands` for the row of `rule` at `batch` whose steps are learning rate `lr`'s."""
+    runs = ensure_columns(runs, RUNS)
+    at_lr = runs[matches(runs, "lr_rule", rule) & (numeric_column(runs, "batch_size") == batch)
+                 & (numeric_column(runs, "lr") == lr)]
+    reached = at_lr[matches(at_lr, "status", RunStatus.REACHED)
+                    & np.isfinite(numeric_column(at_lr, "steps_to_target"))]
+    time = _spread(reached, "time_to_target_s")
+    if time is not None and time.median > 0 and math.isfinite(table_time):
+        time = replace(time.scaled(table_time / time.median), on_table=True)
+    else:
+        time = None
+    return RowBands(len(at_lr), len(reached), _steps(reached), time)
+
+
 def on_one_basis(first: Spread | None, second: Spread | None,
                  measured: tuple[Spread | None, Spread | None]) -> tuple:
     """`first` and `second`, or both as measured where only one is on the table's basis: two

@@ -60,15 +60,19 @@ def final_b_simple(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     return merged[~twice].reset_index(drop=True)
 
 
-def noise_scale(runs: pd.DataFrame, curves: pd.DataFrame) -> tuple[pd.Series, NoiseScaleSummary]:
-    """The median final B_simple per batch size, and over all trials with its interquartile
-    range. A final estimate ≤ 0 is left out and counted: B_simple = tr Σ / |G|² cannot be
-    negative, but its unbiased estimate of |G|² can when the noise swamps the gradient, and
-    such a value says only that the estimate failed there."""
+def noise_scale(runs: pd.DataFrame,
+                curves: pd.DataFrame) -> tuple[pd.DataFrame, NoiseScaleSummary]:
+    """The final B_simple per batch size (its median over the batch's trials, their lowest and
+    highest, and how many: columns median, low, high, trials, indexed by batch_size), and over
+    all trials its median with the interquartile range. A final estimate ≤ 0 is left out and
+    counted: B_simple = tr Σ / |G|² cannot be negative, but its unbiased estimate of |G|² can
+    when the noise swamps the gradient, and such a value says only that the estimate failed
+    there."""
     final = final_b_simple(runs, curves)
     usable = final[final["b_simple"] > 0]
     dropped = int(len(final) - len(usable))
-    by_batch = usable.groupby("batch_size")["b_simple"].median()
+    by_batch = usable.groupby("batch_size")["b_simple"].agg(
+        median="median", low="min", high="max", trials="size")
     if final.empty:
         return by_batch, NoiseScaleSummary(math.nan, 0, "no B_simple recorded")
     if usable.empty:

@@ -157,15 +157,38 @@ def convergence_lines(analysis: pa.Table, runs: pa.Table | None = None) -> list[
     rules = sorted({r["lr_rule"] for r in rows})
     batches = sorted({r["batch_size"] for r in rows})
     cell = {(r["lr_rule"], r["batch_size"]): r for r in rows}
-    lines = ["steps to target S(B) (Shallue: median over seeds, best LR):",
-             f"  {'batch':>6s} " + " ".join(f"{rule:>10s}" for rule in rules)]
+    lines = ["steps to target S(B) (Shallue: median over seeds, best LR; [fewest, most] over "
+             "the seeds that reached it, and how many of them did where not all):",
+             f"  {'batch':>6s} " + " ".join(f"{rule:>20s}" for rule in rules)]
     for b in batches:
         lines.append(f"  {b:6d} " + " ".join(
-            f"{_fmt(cell.get((rule, b), {}).get('steps_to_target')):>10s}" for rule in rules))
+            f"{_steps_cell(cell.get((rule, b), {})):>20s}" for rule in rules))
     for rule in rules:
         fit = next(r for r in rows if r["lr_rule"] == rule)
         lines.append(f"  B_crit ({rule}): {_b_crit_line(fit, rule, rows, runs)}")
     return lines
+
+
+def _steps_cell(row: dict) -> str:
+    """"90 [81, 90]", "165 (one seed)", "70 [60, 70] 2/3" (2 of 3 seeds reached), "-" where
+    the median did not reach; the figure alone in rows before layout 9."""
+    steps = row.get("steps_to_target")
+    if steps is None or not math.isfinite(steps):
+        return "-"
+    low, high = row.get("steps_low"), row.get("steps_high")
+    trials, reached = row.get("trials_at_lr"), row.get("reached_at_lr")
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        return _steps_number(steps)
+    if reached == 1 and low == high:
+        return f"{_steps_number(steps)} (one seed)"
+    text = f"{_steps_number(steps)} [{_steps_number(low)}, {_steps_number(high)}]"
+    return text + (f" {reached}/{trials}" if trials and reached is not None
+                   and reached < trials else "")
+
+
+def _steps_number(value: float) -> str:
+    """Whole steps as such, a median between two seeds with its half: "90", "72.5"."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
 
 
 def _b_crit_line(fit: dict, rule: str, rows: list[dict], runs: pa.Table | None) -> str:

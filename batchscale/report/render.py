@@ -40,10 +40,10 @@ MACROS = "report_macros.j2"
 TABLE_COLUMNS = (
     ("lr_rule", "LR rule"),
     ("batch_size", "batch"),
-    ("steps_to_target", "steps"),
+    ("steps_to_target", "steps [seeds' range]"),
     ("examples_to_target", "examples"),
     ("step_time_s", "step time (s)"),
-    ("time_to_target_s", "time to target (s)"),
+    ("time_to_target_s", "time to target (s) [seeds' range]"),
     ("samples_per_s", "samples/s"),
     ("step_time_source", "step time from"),
     ("sweep_step_time_s", "sweep step time (s)"),
@@ -52,12 +52,17 @@ TABLE_COLUMNS = (
     ("fit_slope", "slope (fit)"),
     ("measured_slope", "slope (measured)"),
     ("b_crit", "B_crit"),
-    ("b_simple", "B_simple"),
+    ("b_simple", "B_simple [trials' range]"),
 )
 """Columns of the results table. B_crit is shown as `b_crit_text` says it (a number or a
 bound, from the b_crit, b_crit_bound and b_crit_bound_batch columns); a timing flag as the
-ratio of the two step times (its sentence is in the quality box); names without underscores,
-so they wrap."""
+ratio of the two step times (its sentence is in the quality box); steps, time to target and
+B_simple with their range over the seeds or trials behind them (`_ranged`); names without
+underscores, so they wrap."""
+RANGED = {"steps_to_target": ("steps_low", "steps_high"),
+          "time_to_target_s": ("time_to_target_s_low", "time_to_target_s_high"),
+          "b_simple": ("b_simple_low", "b_simple_high")}
+"""Figures shown with their range, and the columns that hold it (analysis layout 9)."""
 
 
 @dataclass(frozen=True)
@@ -195,10 +200,31 @@ def _table_cells(row: dict) -> list[tuple[str, bool]]:
     for key in ("regime", "step_time_source"):
         if isinstance(cells[key], str):
             cells[key] = cells[key].replace("_", " ")
+    shown = {key: _ranged(row, key) for key in RANGED}
     return [
-        (_fmt(cells[key]), isinstance(cells[key], str) or cells[key] is None)
+        (shown[key], False) if key in shown
+        else (_fmt(cells[key]), isinstance(cells[key], str) or cells[key] is None)
         for key, _ in TABLE_COLUMNS
     ]
+
+
+def _ranged(row: dict, key: str) -> str:
+    """"100 [90, 120]"; "100 (one seed)" where one figure is behind it; with the seeds that did
+    not reach counted ("70 [60, 70], 2 of 3 reached"). Rows before layout 9 show the figure
+    alone, as they recorded it."""
+    value = row.get(key)
+    if not isinstance(value, float) or math.isnan(value):
+        return ""
+    low, high = (row.get(name) for name in RANGED[key])
+    count = row.get("b_simple_trials" if key == "b_simple" else "reached_at_lr")
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return _fmt(value) + (" (range not measured)" if count else "")
+    text = (f"{_fmt(value)} (one {'trial' if key == 'b_simple' else 'seed'})"
+            if count == 1 and low == high else f"{_fmt(value)} [{_fmt(low)}, {_fmt(high)}]")
+    trials = row.get("trials_at_lr")
+    if key == "steps_to_target" and trials and count is not None and count < trials:
+        text += f", {count} of {trials} reached"
+    return text
 
 
 def _b_crit_cell(row: dict) -> str | float:

@@ -129,7 +129,7 @@ ENV_FIELDS = [
     pa.field("study_id", pa.string()),
     pa.field("variant", pa.string()),
 ]
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """2: several targets per trial (runs: a row per trial and target, target_metric and
 target_value), every evaluated metric in curves, curves' train_loss on a fixed training subset
 (the running batch mean moved to train_batch_loss). 3: `study_id` and `variant` in every result
@@ -139,7 +139,10 @@ adaptive search chose from, on each of its decisions (`grid_batch_sizes`, `grid_
 7: the evaluation before the one that met a target (`runs.steps_before_target`), and where
 the analysis's sweep step time came from (`analysis.sweep_step_time_source`). 8: S_min's and
 E_min's standard errors (`analysis.s_min_se`, `analysis.e_min_se`), and the trial a runs row's
-results come from where it was not trained itself (`runs.trained_as`)."""
+results come from where it was not trained itself (`runs.trained_as`). 9: the analysis
+rows' spread over seeds (`trials_at_lr`, `reached_at_lr`, `steps_low`/`_high`,
+`time_to_target_s_low`/`_high`) and over a batch's B_simple estimates (`b_simple_low`/`_high`,
+`b_simple_trials`)."""
 
 __all__ = ["ANALYSIS", "CRITICAL_OVER_TRAINING", "CURVES", "DATASET", "DECISIONS", "ENV_FIELDS",
            "MANIFEST", "PLAN", "REGRESSIONS", "RESULT_TABLES", "RUNS", "SCHEDULE_CHECK",

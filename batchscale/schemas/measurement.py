@@ -185,6 +185,17 @@ ANALYSIS = pa.schema(
         pa.field("step_time_s", pa.float64()),
         pa.field("time_to_target_s", pa.float64()),
         pa.field("samples_per_s", pa.float64()),
+        # The spread behind steps_to_target (layout 9; null before): the trials at the row's
+        # learning rate (its seeds; every LR tried where none reached), how many reached the
+        # target, the lowest and highest steps of those (the low end reaching back over the
+        # evaluation gap, steps_before_target), and their measured times to target placed
+        # around time_to_target_s as shares of their median (null where none was recorded).
+        pa.field("trials_at_lr", pa.int64()),
+        pa.field("reached_at_lr", pa.int64()),
+        pa.field("steps_low", pa.float64()),
+        pa.field("steps_high", pa.float64()),
+        pa.field("time_to_target_s_low", pa.float64()),
+        pa.field("time_to_target_s_high", pa.float64()),
         pa.field("regime", pa.string()),
         pa.field("s_min", pa.float64()),
         pa.field("e_min", pa.float64()),
@@ -194,7 +205,13 @@ ANALYSIS = pa.schema(
         pa.field("b_crit", pa.float64()),
         pa.field("b_crit_low", pa.float64()),
         pa.field("b_crit_high", pa.float64()),
+        # The batch's final gradient noise scale: the median over its trials of every LR rule
+        # whose estimate did not fail, their lowest and highest, and how many (layout 9; null
+        # before).
         pa.field("b_simple", pa.float64()),
+        pa.field("b_simple_low", pa.float64()),
+        pa.field("b_simple_high", pa.float64()),
+        pa.field("b_simple_trials", pa.int64()),
         pa.field("saturation_batch", pa.int64()),
         # When the data support no B_crit: "above" or "below" `b_crit_bound_batch`.
         pa.field("b_crit_bound", pa.string()),
