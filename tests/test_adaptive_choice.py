@@ -203,20 +203,6 @@ def test_the_cheapest_narrowing_is_counted_in_device_seconds_not_examples():
     assert cell == by_examples and "per example" in why
 
 
-def test_a_launchs_own_share_is_read_after_the_first_launch():
-    """held − trained over the launches after the first: the first also paid the start-up."""
-    from batchscale.adaptive.driver import Search
-    from batchscale.config import parse_config
-
-    search = Search(parse_config({"convergence": {"strategy": "adaptive"}}), "t", "data", 1,
-                    echo=lambda line: None)
-    assert math.isnan(search.cell_cost().overhead_s)
-    for i, (held, trained) in enumerate([(5.0, 0.1), (0.6, 0.2), (0.9, 0.3), (0.5, 0.2)]):
-        key = (f"b{i}", Cell(2**i, 0))
-        search.held_s[key], search.trained_s[key] = held, trained
-    assert search.cell_cost().overhead_s == pytest.approx(0.4)  # median of 0.4, 0.6, 0.3
-
-
 def test_when_no_cell_is_expected_to_narrow_the_interval_the_search_stops():
     """Steps that scatter ±40 % around their fit (interval ×15 wide): a third seed at the
     smallest batch is not expected to narrow it, so the search stops spending, says why and

@@ -8,17 +8,20 @@ is timed the same way in tests/test_adaptive_driver.py."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from unittest import mock
 
 import numpy as np
 import pandas as pd
+import pytest
 from test_claims_adaptive import BATCHES, EVAL_EVERY, SEEDS, simulated_cell
 
 from batchscale.adaptive import driver
-from batchscale.adaptive.choice import STOP_DEVICE_BUDGET
+from batchscale.adaptive.choice import STOP_DEVICE_BUDGET, Cell, CellCost
 from batchscale.config import parse_config
+from batchscale.fits import StepTimeFit
 
 LAUNCH_S = 0.05
 
@@ -111,3 +114,31 @@ def test_a_progress_lines_interval_ratio_keeps_few_digits_however_wide():
     prints ×3.24e+05, not ×323847.09; a usual ratio keeps its two decimals."""
     assert driver._ratio(1.92) == "1.92" and driver._ratio(99.5) == "99.50"
     assert driver._ratio(323847.09) == "3.24e+05"
+
+
+def test_a_launchs_own_share_is_read_after_the_first_launch():
+    """held − trained over the launches after the first: the first also paid the start-up."""
+    search = driver.Search(parse_config({"convergence": {"strategy": "adaptive"}}), "t", "data", 1,
+                    echo=lambda line: None)
+    assert math.isnan(search.cell_cost().overhead_s)
+    for i, (held, trained) in enumerate([(5.0, 0.1), (0.6, 0.2), (0.9, 0.3), (0.5, 0.2)]):
+        key = (f"b{i}", Cell(2**i, 0))
+        search.held_s[key], search.trained_s[key] = held, trained
+    assert search.cell_cost().overhead_s == pytest.approx(0.4)  # median of 0.4, 0.6, 0.3
+
+
+def test_a_cell_is_priced_for_the_trials_it_trains_the_reference_batch_once():
+    """At the reference batch the linear and sqrt rules give one learning rate: that cell
+    trains one trial, not two, and is priced so; the tuned rule trains every candidate."""
+    config = {"convergence": {"strategy": "adaptive", "lr_rules": ["linear", "sqrt"],
+                              "reference_batch_size": 32, "batch_sizes": [8, 32, 128]}}
+    cost = driver.Search(parse_config(config), "t", "data", 1, echo=lambda line: None).cell_cost()
+    assert cost.trainings == {8: 2, 32: 1, 128: 2}
+    line = StepTimeFit(1e-3, 0.0, 1.0)
+    priced = CellCost(line, 0.0, rules=2, trainings=cost.trainings)
+    assert priced.device_s(32, 100) == pytest.approx(0.1)
+    assert priced.device_s(8, 100) == pytest.approx(0.2)
+    tuned = {"convergence": {**config["convergence"], "lr_rules": ["linear", "tuned"],
+                             "lr_candidates": [0.01, 0.1, 1.0]}}
+    assert driver.Search(parse_config(tuned), "t", "data", 1,
+                  echo=lambda line: None).cell_cost().trainings == {8: 4, 32: 4, 128: 4}

@@ -14,8 +14,8 @@ a second seed, because seed scatter is what a search that stops early most needs
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -287,7 +287,10 @@ class CellCost:
     """What a cell is predicted to hold in device-seconds, the currency a user pays: a fixed
     share per launch (evaluation, the data, the hand-off to the process group), measured as
     held minus training time over the launches after the first (which also paid the start-up),
-    plus its steps at the step-time line's t(B) = α + βB, for every LR rule and worker.
+    plus its steps at the step-time line's t(B) = α + βB, for every trial the cell trains at
+    that batch and every worker. `trainings` maps a batch size to the trials one seed trains
+    there (every rule's learning rates, the rules' shared reference batch trained once); a
+    batch it does not name trains `rules` trials.
 
     Examples alone mislead here: a small batch costs few examples but as many fixed per-step
     costs as a large one, so on a device with a large α a search ranked by examples spends its
@@ -297,6 +300,7 @@ class CellCost:
     overhead_s: float
     rules: int = 1
     workers: int = 1
+    trainings: Mapping[int, int] = field(default_factory=dict)
 
     def device_s(self, batch_size: int, steps: float) -> float:
         """Predicted held device-seconds of a cell at `batch_size` taking `steps`; NaN without a
@@ -305,7 +309,8 @@ class CellCost:
         if not (math.isfinite(step_s) and step_s > 0 and math.isfinite(steps)):
             return math.nan
         overhead = self.overhead_s if math.isfinite(self.overhead_s) else 0.0
-        return max(overhead, 0.0) + self.rules * self.workers * steps * step_s
+        trials = self.trainings.get(batch_size, self.rules)
+        return max(overhead, 0.0) + trials * self.workers * steps * step_s
 
 
 def unsupported_next(state: IntervalState, done: Sequence[Cell], candidates: Sequence[Cell],

@@ -45,7 +45,12 @@ from batchscale.analysis.timetotarget import closed_interval
 from batchscale.config import ExperimentConfig
 from batchscale.convergence.cell_server import CellServer
 from batchscale.convergence.probe import b_simple_stable
-from batchscale.convergence.runner import run_convergence, torchrun_env, work_dir
+from batchscale.convergence.runner import (
+    run_convergence,
+    torchrun_env,
+    trainings_per_seed,
+    work_dir,
+)
 from batchscale.convergence.spec import ProbeSpec
 from batchscale.fits import StepTimeFit, fit_step_time, trained_trials
 from batchscale.schemas import RunStatus, make_table
@@ -190,7 +195,9 @@ class Search:
         overhead = [self.held_s[k] - self.trained_s[k] for k in launches if k in self.trained_s]
         line = self.step_line() if self.trained() else NO_LINE
         return CellCost(line, float(np.median(overhead)) if overhead else math.nan,
-                        rules=len(self.cfg.convergence.lr_rules), workers=self.workers)
+                        rules=len(self.cfg.convergence.lr_rules), workers=self.workers,
+                        trainings={b: trainings_per_seed(self.cfg, b)
+                                   for b in self.cfg.convergence.batch_sizes})
 
     def objective_ratio(self, state: IntervalState) -> float:
         """high/low of what the search narrows: B_crit's interval, or B*'s."""

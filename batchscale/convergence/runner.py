@@ -143,6 +143,14 @@ def build_spec(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: str, 
         halving=halving_spec(c))
 
 
+def trainings_per_seed(cfg: ExperimentConfig, batch_size: int) -> int:
+    """How many trials one seed trains at `batch_size`: every rule's learning rates, less the
+    twins `split_twins` records instead of training."""
+    seed = cfg.convergence.seeds[0]
+    kept = split_twins(build_trials(cfg, [batch_size], 1))["trials"]
+    return sum(t.seed == seed for t in kept)
+
+
 def split_twins(trials: list[TrialSpec]) -> dict[str, list]:
     """{"trials": what to train, "twins": the trials of a scaling rule that would train exactly
     what an earlier one trains (same batch size, learning rate and seed: the rules agree at the
