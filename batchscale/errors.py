@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import sys
+import traceback
 from collections.abc import Iterator
+from pathlib import Path
 
 
 class BatchscaleError(Exception):
@@ -71,3 +74,16 @@ def task_refusal(log_text: str) -> BatchscaleError | None:
     error = BatchscaleError(record["message"])
     error.exit_code = int(record["exit_code"])
     return error
+
+
+def error_site(err: BaseException) -> str:
+    """" (at my_model.py:42)": the innermost frame of `err`'s traceback in the user's own code
+    (outside installed packages, the standard library and batchscale); "" where none is."""
+    ours = str(Path(__file__).parent)  # the batchscale package
+    system = (os.sep + "site-packages" + os.sep, os.sep + "lib" + os.sep + "python")
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        name = frame.filename
+        if not name.startswith(ours) and not any(part in name for part in system) \
+                and not name.startswith("<"):
+            return f" (at {name}:{frame.lineno})"
+    return ""

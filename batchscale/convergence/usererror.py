@@ -24,7 +24,7 @@ from pathlib import Path
 
 from batchscale.contract_check import CHECK_EXAMPLES, describe_batch, transposed_list_hint
 from batchscale.datasplit import DataFailure, error_text, failure_of
-from batchscale.errors import BadInput, BatchscaleError
+from batchscale.errors import BadInput, BatchscaleError, error_site
 
 __all__ = ["UserCodeError", "data_error", "error_text", "evaluation_failed", "fail_if_user",
            "is_user_error", "loss_failed", "read_error_file", "restarted_after_user_error",
@@ -51,21 +51,6 @@ class UserCodeError(BadInput):
     `original`: the workload's own exception, whose traceback goes to the rank's log only."""
 
     original: BaseException | None = None
-
-
-def error_site(err: BaseException) -> str:
-    """" (at my_model.py:42)": the innermost frame of `err`'s traceback in the user's own code
-    (outside installed packages, the standard library and batchscale); "" where none is."""
-    import batchscale
-
-    ours = str(Path(batchscale.__file__).parent)
-    system = (os.sep + "site-packages" + os.sep, os.sep + "lib" + os.sep + "python")
-    for frame in reversed(traceback.extract_tb(err.__traceback__)):
-        name = frame.filename
-        if not name.startswith(ours) and not any(part in name for part in system) \
-                and not name.startswith("<"):
-            return f" (at {name}:{frame.lineno})"
-    return ""
 
 
 def log_traceback(err: UserCodeError) -> None:

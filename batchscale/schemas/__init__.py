@@ -36,6 +36,11 @@ class TrialStatus(StrEnum):
     ERROR = "error"
 
 
+DIED_WITHOUT_RESULT = "trial process exited"
+"""Begins a sweep row's error where its trial process died without a result: the machine, not
+the workload's code (the convergence stage tells the two apart by it)."""
+
+
 class Quality(StrEnum):
     """`quality` of a timed sweep row: can its figures be trusted?"""
 
@@ -144,8 +149,9 @@ rows' spread over seeds (`trials_at_lr`, `reached_at_lr`, `steps_low`/`_high`,
 `time_to_target_s_low`/`_high`) and over a batch's B_simple estimates (`b_simple_low`/`_high`,
 `b_simple_trials`)."""
 
-__all__ = ["ANALYSIS", "CRITICAL_OVER_TRAINING", "CURVES", "DATASET", "DECISIONS", "ENV_FIELDS",
-           "MANIFEST", "PLAN", "REGRESSIONS", "RESULT_TABLES", "RUNS", "SCHEDULE_CHECK",
+__all__ = ["ANALYSIS", "CRITICAL_OVER_TRAINING", "CURVES", "DATASET", "DECISIONS",
+           "DIED_WITHOUT_RESULT", "ENV_FIELDS", "MANIFEST", "PLAN", "REGRESSIONS",
+           "RESULT_TABLES", "RUNS", "SCHEDULE_CHECK",
            "SCHEMA_VERSION", "STUDY", "STUDY_AXES", "SWEEP", "TABLES", "Quality", "RunStatus",
            "StopKind", "stop_kind",
            "OLD_LR_RULES", "TUNED_RULE", "TrialStatus", "current_lr_rules", "make_table",

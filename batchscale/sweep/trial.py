@@ -23,7 +23,7 @@ import torch
 
 from batchscale.conditions import gpu_conditions
 from batchscale.config import SweepConfig
-from batchscale.errors import BadInput
+from batchscale.errors import BadInput, error_site
 from batchscale.precision import autocast as precision_autocast
 from batchscale.schemas import TrialStatus
 from batchscale.stopping import die_with_parent
@@ -279,7 +279,8 @@ def run_trial(spec: SweepTrial) -> TrialResult:
         status = TrialStatus.OOM if is_oom(err) else TrialStatus.ERROR
         return TrialResult(status, peak_memory_bytes=memory.peak_bytes(),
                            memory_source=memory.source,
-                           error=f"{type(err).__name__}: {str(err)[:ERROR_MESSAGE_CHARS]}")
+                           error=f"{type(err).__name__}: {str(err)[:ERROR_MESSAGE_CHARS]}"
+                                 f"{error_site(err)}")
 
 
 def trial_process_main(spec: SweepTrial, conn) -> None:
