@@ -107,3 +107,20 @@ def test_the_report_and_the_run_summary_show_each_figure_with_its_range():
     row_64 = next(line for line in lines if line.split()[0] == "64")
     assert row_32.split()[1:] == ["100", "[90,", "120]"]
     assert row_64.split()[1:] == ["70", "[60,", "70]", "2/3"]
+
+
+def test_a_row_whose_median_did_not_reach_counts_the_seeds_that_did():
+    """Batch 512: one of two seeds reached, so the median (+inf for the other) did not; the row
+    says how many did instead of a bare dash."""
+    from batchscale.lake.summary import _steps_cell
+    from batchscale.report.render import _ranged
+
+    runs = pd.concat([_runs(), pd.DataFrame([
+        run_row(512, "linear", 1.6, 0, 30), run_row(512, "linear", 1.6, 1, 500,
+                                                    status="not_reached")])])
+    result = analyze(make_sweep(), runs, None, AnalysisConfig(bootstrap_samples=20))
+    row = _rows(result)[("linear", 512)]
+    assert math.isnan(row["steps_to_target"])
+    assert (row["trials_at_lr"], row["reached_at_lr"]) == (2, 1)
+    assert _ranged(row, "steps_to_target") == "not reached (1 of 2 did)"
+    assert _steps_cell(row) == "- 1/2"

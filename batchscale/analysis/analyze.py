@@ -344,8 +344,9 @@ def _band_columns(runs: pd.DataFrame, cell) -> dict:
     """The row's spread over its seeds (`expected.row_bands`): NaN where no trial at the row's
     learning rate reached the target, or no time was measured."""
     lr = float(cell.best_lr)
-    if not math.isfinite(lr):
-        return {"trials_at_lr": int(cell.trials), "reached_at_lr": 0, "steps_low": math.nan,
+    if not math.isfinite(lr):  # no learning rate's median reached: count every trial
+        return {"trials_at_lr": int(cell.trials), "reached_at_lr": int(cell.reached),
+                "steps_low": math.nan,
                 "steps_high": math.nan, "time_to_target_s_low": math.nan,
                 "time_to_target_s_high": math.nan}
     bands = row_bands(runs, str(cell.lr_rule), int(cell.batch_size), lr,

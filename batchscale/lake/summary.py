@@ -173,10 +173,10 @@ def _steps_cell(row: dict) -> str:
     """"90 [81, 90]", "165 (one seed)", "70 [60, 70] 2/3" (2 of 3 seeds reached), "-" where
     the median did not reach; the figure alone in rows before layout 9."""
     steps = row.get("steps_to_target")
-    if steps is None or not math.isfinite(steps):
-        return "-"
-    low, high = row.get("steps_low"), row.get("steps_high")
     trials, reached = row.get("trials_at_lr"), row.get("reached_at_lr")
+    if steps is None or not math.isfinite(steps):
+        return f"- {reached}/{trials}" if trials and reached else "-"
+    low, high = row.get("steps_low"), row.get("steps_high")
     if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return _steps_number(steps)
     if reached == 1 and low == high:

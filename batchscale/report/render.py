@@ -210,18 +210,20 @@ def _table_cells(row: dict) -> list[tuple[str, bool]]:
 
 def _ranged(row: dict, key: str) -> str:
     """"100 [90, 120]"; "100 (one seed)" where one figure is behind it; with the seeds that did
-    not reach counted ("70 [60, 70], 2 of 3 reached"). Rows before layout 9 show the figure
-    alone, as they recorded it."""
+    not reach counted ("70 [60, 70], 2 of 3 reached"), and where the median did not reach but
+    some seeds did, "not reached (1 of 2 did)". Rows before layout 9 show the figure alone, as
+    they recorded it."""
     value = row.get(key)
+    trials, reached = row.get("trials_at_lr"), row.get("reached_at_lr")
     if not isinstance(value, float) or math.isnan(value):
-        return ""
+        steps_row = key == "steps_to_target" and trials and reached
+        return f"not reached ({reached} of {trials} did)" if steps_row else ""
     low, high = (row.get(name) for name in RANGED[key])
     count = row.get("b_simple_trials" if key == "b_simple" else "reached_at_lr")
     if low is None or high is None or math.isnan(low) or math.isnan(high):
         return _fmt(value) + (" (range not measured)" if count else "")
     text = (f"{_fmt(value)} (one {'trial' if key == 'b_simple' else 'seed'})"
             if count == 1 and low == high else f"{_fmt(value)} [{_fmt(low)}, {_fmt(high)}]")
-    trials = row.get("trials_at_lr")
     if key == "steps_to_target" and trials and count is not None and count < trials:
         text += f", {count} of {trials} reached"
     return text

@@ -186,10 +186,10 @@ ANALYSIS = pa.schema(
         pa.field("time_to_target_s", pa.float64()),
         pa.field("samples_per_s", pa.float64()),
         # The spread behind steps_to_target (layout 9; null before): the trials at the row's
-        # learning rate (its seeds; every LR tried where none reached), how many reached the
-        # target, the lowest and highest steps of those (the low end reaching back over the
-        # evaluation gap, steps_before_target), and their measured times to target placed
-        # around time_to_target_s as shares of their median (null where none was recorded).
+        # learning rate (its seeds; every LR tried where no LR's median reached), how many
+        # reached the target, the lowest and highest steps of those (the low end reaching back
+        # over the evaluation gap, steps_before_target), and their measured times to target
+        # placed around time_to_target_s as shares of their median (null where none was).
         pa.field("trials_at_lr", pa.int64()),
         pa.field("reached_at_lr", pa.int64()),
         pa.field("steps_low", pa.float64()),
