@@ -158,7 +158,7 @@ def convergence_lines(analysis: pa.Table, runs: pa.Table | None = None) -> list[
     batches = sorted({r["batch_size"] for r in rows})
     cell = {(r["lr_rule"], r["batch_size"]): r for r in rows}
     lines = ["steps to target S(B) (Shallue: median over seeds, best LR; [fewest, most] over "
-             "the seeds that reached it, and how many of them did where not all):",
+             "its trials that reached it, and reached/ran where not all did; -: none did):",
              f"  {'batch':>6s} " + " ".join(f"{rule:>20s}" for rule in rules)]
     for b in batches:
         lines.append(f"  {b:6d} " + " ".join(
