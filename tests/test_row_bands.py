@@ -123,4 +123,7 @@ def test_a_row_whose_median_did_not_reach_counts_the_seeds_that_did():
     assert math.isnan(row["steps_to_target"])
     assert (row["trials_at_lr"], row["reached_at_lr"]) == (2, 1)
     assert _ranged(row, "steps_to_target") == "not reached (1 of 2 did)"
+    none = dict(row, reached_at_lr=0)
+    assert (_ranged(none, "steps_to_target"), _steps_cell(none)) == ("not reached (0 of 2 did)",
+                                                                      "-")
     assert _steps_cell(row) == "- 1/2"

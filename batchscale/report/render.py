@@ -216,7 +216,7 @@ def _ranged(row: dict, key: str) -> str:
     value = row.get(key)
     trials, reached = row.get("trials_at_lr"), row.get("reached_at_lr")
     if not isinstance(value, float) or math.isnan(value):
-        steps_row = key == "steps_to_target" and trials and reached
+        steps_row = key == "steps_to_target" and trials and reached is not None
         return f"not reached ({reached} of {trials} did)" if steps_row else ""
     low, high = (row.get(name) for name in RANGED[key])
     count = row.get("b_simple_trials" if key == "b_simple" else "reached_at_lr")
