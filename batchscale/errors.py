@@ -76,6 +76,10 @@ def task_refusal(log_text: str) -> BatchscaleError | None:
     return error
 
 
+SITE_PREFIX = " (at "
+"""Begins `error_site`'s text: how an error message names the line of the user's code."""
+
+
 def error_site(err: BaseException) -> str:
     """" (at my_model.py:42)": the innermost frame of `err`'s traceback in the user's own code
     (outside installed packages, the standard library and batchscale); "" where none is."""
@@ -85,5 +89,5 @@ def error_site(err: BaseException) -> str:
         name = frame.filename
         if not name.startswith(ours) and not any(part in name for part in system) \
                 and not name.startswith("<"):
-            return f" (at {name}:{frame.lineno})"
+            return f"{SITE_PREFIX}{name}:{frame.lineno})"
     return ""

@@ -35,6 +35,12 @@ def _runs() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _table() -> pd.DataFrame:
+    """The results table's row of linear at 32: 100 steps × 1 ms."""
+    return pd.DataFrame([{"lr_rule": "linear", "batch_size": 32, "steps_to_target": 100.0,
+                          "step_time_s": 1e-3, "time_to_target_s": 0.1}])
+
+
 def test_a_rows_steps_carry_the_range_of_the_seeds_at_its_learning_rate():
     result = analyze(make_sweep(), _runs(), None, AnalysisConfig(bootstrap_samples=20))
     row = _rows(result)[("linear", 32)]
@@ -75,13 +81,13 @@ def test_the_evaluation_gap_widens_the_low_end_as_the_card_says_it():
     before: its steps could be as few as that one's step + 1."""
     runs = _runs()
     runs["steps_before_target"] = runs["steps_to_target"] - 10
-    bands = row_bands(runs, "linear", 32, 0.1, table_time=1.0)
+    bands = row_bands(runs, _table(), "linear", 32, 0.1)
     assert (bands.steps.low, bands.steps.high, bands.steps.evaluation_gap) == (81.0, 120.0, 10)
 
 
 def test_no_time_recorded_gives_no_time_band():
     runs = _runs().assign(time_to_target_s=None)
-    bands = row_bands(runs, "linear", 32, 0.1, table_time=1.0)
+    bands = row_bands(runs, _table(), "linear", 32, 0.1)
     assert bands.time is None and bands.steps is not None
 
 
@@ -98,7 +104,10 @@ def test_the_report_and_the_run_summary_show_each_figure_with_its_range():
     assert _ranged(rows[("linear", 128)], "b_simple") == ""
     one = dict(rows[("linear", 32)], steps_low=90.0, steps_high=90.0, reached_at_lr=1,
                trials_at_lr=1, steps_to_target=90.0)
-    assert _ranged(one, "steps_to_target") == "90 (one seed)"
+    assert _ranged(one, "steps_to_target") == "90 (one trial)"
+    gap = dict(one, steps_low=81.0)
+    assert _ranged(gap, "steps_to_target") == ("90 [81, 90] (one trial: the gap between "
+                                               "evaluations)")
     layout_8 = {k: v for k, v in rows[("linear", 32)].items()
                 if k not in ("steps_low", "steps_high", "trials_at_lr", "reached_at_lr")}
     assert _ranged(layout_8, "steps_to_target") == "100"
@@ -127,3 +136,40 @@ def test_a_row_whose_median_did_not_reach_counts_the_seeds_that_did():
     assert (_ranged(none, "steps_to_target"), _steps_cell(none)) == ("not reached (0 of 2 did)",
                                                                       "-")
     assert _steps_cell(row) == "- 1/2"
+
+
+def test_a_seed_that_did_not_reach_keeps_the_time_band_around_the_rows_own_figure():
+    """Batch 64: seeds of 60 and 70 steps (0.08 s, 0.09 s) and one that did not reach. The
+    row's median counts that one as never reaching: 70 steps, the second seed's. Its time band
+    is the measured times as shares of that seed's, so it ends at the row's time, and the card
+    says the same median with the seed that did not reach."""
+    from batchscale.analysis.expected import expected_text
+
+    runs = _runs()
+    result = analyze(make_sweep(), runs, None, AnalysisConfig(bootstrap_samples=20))
+    row = _rows(result)[("linear", 64)]
+    time = row["time_to_target_s"]
+    assert math.isclose(row["time_to_target_s_high"], time)
+    assert math.isclose(row["time_to_target_s_low"], time * 0.08 / 0.09)
+    table = pd.DataFrame(result.rows)
+    text = expected_text(runs, table, "linear", 64)
+    assert text.startswith("70 steps [60, 70] over 2 seeds; 1 more did not reach the target, "
+                           "which the median counts as never reaching"), text
+
+
+def test_with_two_worker_counts_the_steps_pool_them_and_the_time_is_the_cards():
+    """Batch 32 also ran on 2 workers (seeds 0 and 1: 95 and 105 steps, their wall times half
+    as long). The steps' range covers the 5 trials its median is over; the time band is the
+    card's, from the 1-worker seeds the table's step time is of."""
+    from batchscale.analysis.expected import cell_time
+
+    runs = pd.concat([_runs(), pd.DataFrame([
+        run_row(32, "linear", 0.1, seed, steps, workers=2, time=time)
+        for seed, steps, time in [(0, 95, 0.05), (1, 105, 0.06)]])])
+    result = analyze(make_sweep(), runs, None, AnalysisConfig(bootstrap_samples=20))
+    row = _rows(result)[("linear", 32)]
+    assert (row["trials_at_lr"], row["reached_at_lr"]) == (5, 5)
+    assert (row["steps_low"], row["steps_high"]) == (90.0, 120.0)
+    card = cell_time(runs, pd.DataFrame(result.rows), "linear", 32, lr=0.1)
+    assert card.on_table and card.seeds == 3
+    assert (row["time_to_target_s_low"], row["time_to_target_s_high"]) == (card.low, card.high)

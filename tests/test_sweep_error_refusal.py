@@ -11,15 +11,22 @@ import pandas as pd
 import pytest
 
 from batchscale.adaptive.stage import refuse_failed_batches, run_stage
+from batchscale.config import parse_config
 from batchscale.errors import BadInput
 
 RAISED = ("ValueError: training batches of at most 16 examples, got 32 "
           "(at /home/me/model.py:45)")
 
 
-def _sweep(tmp_path, rows: list[tuple[str, int, str, str | None]]) -> str:
+def _cfg(**convergence):
+    return parse_config({"convergence": {"batch_sizes": [8, 16, 32, 64], **convergence}})
+
+
+def _sweep(tmp_path, rows: list[tuple], **columns) -> str:
+    """Rows of (input_mode, batch_size, status, error); `columns` set on every row."""
     path = tmp_path / "sweep.parquet"
-    pd.DataFrame([{"input_mode": mode, "batch_size": batch, "status": status, "error": error}
+    pd.DataFrame([{"input_mode": mode, "batch_size": batch, "status": status, "error": error,
+                   "precision": "fp32", **columns}
                   for mode, batch, status, error in rows]).to_parquet(path)
     return str(path)
 
@@ -30,23 +37,43 @@ def test_a_batch_the_workload_raised_at_is_refused_with_its_error_and_the_sizes_
                               ("real", 64, "error", RAISED.replace("32", "64")),
                               ("synthetic", 32, "error", RAISED)])
     with pytest.raises(BadInput) as refused:
-        refuse_failed_batches(sweep, [8, 16, 32, 64])
+        refuse_failed_batches(sweep, [8, 16, 32, 64], _cfg(), workers=1)
     text = str(refused.value)
-    assert ("the throughput sweep found the workload's code failing at batch size 32, 64 on "
-            f"real input (batch 32: {RAISED}); every convergence trial there would fail the "
-            "same way, so none was started") in text
-    assert "leave 32, 64 out (convergence.batch_sizes, --batch-sizes 8 16)" in text
+    assert ("the throughput sweep found the workload's code failing on real input at the batch "
+            f"sizes 32, 64 of this convergence cell (batch 32: {RAISED}); every trial there "
+            "would fail the same way, so none was started") in text
+    assert "leave 32, 64 out of convergence.batch_sizes ([8, 16])" in text
 
 
-def test_what_the_machine_did_or_another_cell_raised_is_not_refused(tmp_path):
+def test_the_sweeps_batch_is_per_device_and_the_cells_is_global(tmp_path):
+    """With 2 workers and 2 accumulation steps a global batch of 128 trains 32 per device,
+    where the sweep saw the model raise; a global 32 (8 per device) trains."""
+    sweep = _sweep(tmp_path, [("real", 8, "ok", None), ("real", 32, "error", RAISED)])
+    cfg = _cfg(batch_sizes=[32, 64, 128], accumulation_steps=2, workers=2)
+    refuse_failed_batches(sweep, [32, 64], cfg, workers=2)
+    with pytest.raises(BadInput, match=r"batch size 128 of this convergence cell \(batch 128 "
+                                        r"\(32 per device\): ValueError"):
+        refuse_failed_batches(sweep, [32, 128], cfg, workers=2)
+
+
+def test_what_is_not_the_users_code_as_the_trials_run_it_is_not_refused(tmp_path):
+    """The machine, batchscale's own checks, a batch that had been timed, a sweep compiled or
+    in another precision or memory layout than the trials, another cell's batch: not
+    refused."""
     sweep = _sweep(tmp_path, [
-        ("real", 32, "error", "trial process exited with code 1 before reporting a result"),
-        ("real", 64, "error", RAISED), ("synthetic", 16, "error", RAISED),
-        ("real", 128, "oom", "CUDA out of memory")])
-    refuse_failed_batches(sweep, [16, 32, 128])  # 64 raised, but is not this cell's
-    refuse_failed_batches(None, [64])  # no sweep given: nothing to read
-    with pytest.raises(BadInput, match="or use batch sizes it accepts"):
-        refuse_failed_batches(sweep, [64])
+        ("real", 16, "error", "trial process exited with code 1 before reporting a result"),
+        ("real", 32, "error", "ValueError: the dataset has 20 training rows, fewer than 32"),
+        ("real", 64, "error", f"round 2/2: {RAISED} (earlier trials had timed it at 1.0 ms per "
+                              "step; a batch that fails once is not counted as fitting)"),
+        ("real", 128, "oom", "CUDA out of memory"), ("synthetic", 8, "error", RAISED),
+        ("real", 256, "error", RAISED)])
+    refuse_failed_batches(sweep, [8, 16, 32, 64, 128], _cfg(), workers=1)
+    refuse_failed_batches(None, [256], _cfg(), workers=1)  # no sweep given: nothing to read
+    with pytest.raises(BadInput, match="give convergence.batch_sizes sizes it accepts"):
+        refuse_failed_batches(sweep, [256], _cfg(batch_sizes=[256]), workers=1)
+    for other in ({"compiled": True}, {"channels_last": True}, {"precision": "bf16"}):
+        refuse_failed_batches(_sweep(tmp_path, [("real", 256, "error", RAISED)], **other),
+                              [256], _cfg(), workers=1)
 
 
 def test_the_stage_refuses_before_starting_any_trial(tmp_path, monkeypatch):
@@ -78,6 +105,8 @@ def test_a_real_sweep_names_the_users_line_and_the_convergence_refuses_that_batc
     assert real_32["status"] == TrialStatus.ERROR
     assert re.fullmatch(r"ValueError: training batches of at most 16 examples, got 32 "
                         r"\(at \S+user_code_error_workloads\.py:\d+\)", real_32["error"])
-    refuse_failed_batches(str(out), [8])
-    with pytest.raises(BadInput, match=r"at batch size 32 on real input .*--batch-sizes 8\)"):
-        refuse_failed_batches(str(out), [8, 32])
+    cfg = _cfg(batch_sizes=[8, 32])
+    refuse_failed_batches(str(out), [8], cfg, workers=1)
+    with pytest.raises(BadInput, match=r"at the batch size 32 of this convergence cell .*"
+                                        r"leave 32 out of convergence.batch_sizes \(\[8\]\)"):
+        refuse_failed_batches(str(out), [8, 32], cfg, workers=1)

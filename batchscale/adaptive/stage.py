@@ -21,7 +21,7 @@ def run_stage(config: str | Config, run_id: str, batch_sizes: str, workers: int,
     cfg = stage_config(config)
     sizes = (cfg.convergence.batch_sizes if batch_sizes == ADAPTIVE_CELL
              else runner.parse_batch_sizes(batch_sizes))
-    refuse_failed_batches(sweep_path, sizes)
+    refuse_failed_batches(sweep_path, sizes, cfg, workers)
     if batch_sizes != ADAPTIVE_CELL:
         runner.run_stage(config, run_id, batch_sizes, workers, dataset_dir, curves_path,
                          runs_path)
@@ -53,36 +53,49 @@ def largest_batch(sweep_path: str | None) -> int | None:
     return int(largest) if math.isfinite(largest) else None
 
 
-def refuse_failed_batches(sweep_path: str | None, batch_sizes: list[int]) -> None:
-    """Raise BadInput, naming the batch sizes and the workload's error, where the sweep's real
-    input rows at any of `batch_sizes` raised in the workload's code: every trial there would
-    raise it again, after the trials before it had trained. A trial process that died without
-    a result (the machine, not the code) is left to the trials."""
+def refuse_failed_batches(sweep_path: str | None, batch_sizes: list[int], cfg,
+                          workers: int) -> None:
+    """Raise BadInput, naming the batch sizes and the workload's error, where the sweep saw the
+    workload's own code raise on real input at the per-device batch a trial of `batch_sizes`
+    trains on (global batch ÷ workers ÷ accumulation steps): every trial there would raise it
+    again, after the trials before it had trained. Only an error that names a line of the
+    user's code (`errors.error_site`), at a batch the sweep never timed, measured as the trials
+    train (no torch.compile, no channels_last, the trials' precision): anything else (the
+    machine, a library, a path only the sweep takes) is left to the trials."""
     from batchscale import schemas
-    from batchscale.errors import BadInput
+    from batchscale.errors import SITE_PREFIX, BadInput
     from batchscale.fits import ensure_columns, matches
     from batchscale.storage import read_table_file
 
     if sweep_path is None:
         return
+    c = cfg.convergence
     sweep = ensure_columns(read_table_file(sweep_path).to_pandas(), schemas.SWEEP)
-    died = schemas.DIED_WITHOUT_RESULT
+    errors = sweep["error"].fillna("").astype(str)
     raised = sweep[matches(sweep, "status", schemas.TrialStatus.ERROR)
                    & matches(sweep, "input_mode", "real")
-                   & sweep["batch_size"].isin(batch_sizes)
-                   & ~sweep["error"].fillna(died).str.contains(died, regex=False)]
-    if raised.empty:
+                   & errors.str.contains(SITE_PREFIX, regex=False)
+                   & ~errors.str.contains(schemas.TIMED_BEFORE, regex=False)
+                   & (sweep["compiled"] != True)  # noqa: E712 (null: not compiled)
+                   & (sweep["channels_last"] != True)  # noqa: E712
+                   & matches(sweep, "precision", c.precision)]
+    per_device = {b: b // (workers * c.accumulation_steps) for b in batch_sizes
+                  if b % (workers * c.accumulation_steps) == 0}
+    failed = sorted(b for b, device in per_device.items()
+                    if (raised["batch_size"] == device).any())
+    if not failed:
         return
-    failed = sorted(int(b) for b in raised["batch_size"].unique())
-    first = raised.sort_values("batch_size").iloc[0]
-    left = [b for b in batch_sizes if b not in failed]
-    keep = (f"leave {_sizes(failed)} out (convergence.batch_sizes, --batch-sizes "
-            f"{' '.join(map(str, left))})" if left else "use batch sizes it accepts")
+    first = raised[raised["batch_size"] == per_device[failed[0]]].iloc[0]
+    device = (f" ({int(first['batch_size'])} per device)" if per_device[failed[0]] != failed[0]
+              else "")
+    left = [b for b in c.batch_sizes if b not in failed]
+    keep = (f"leave {_sizes(failed)} out of convergence.batch_sizes ({left})" if left
+            else "give convergence.batch_sizes sizes it accepts")
     raise BadInput(
-        f"the throughput sweep found the workload's code failing at batch size "
-        f"{_sizes(failed)} on real input (batch {int(first['batch_size'])}: {first['error']}); "
-        f"every convergence trial there would fail the same way, so none was started. Fix the "
-        f"workload so it takes those batches, or {keep}.")
+        f"the throughput sweep found the workload's code failing on real input at the batch "
+        f"{'sizes' if len(failed) > 1 else 'size'} {_sizes(failed)} of this convergence cell "
+        f"(batch {failed[0]}{device}: {first['error']}); every trial there would fail the same "
+        f"way, so none was started. Fix the workload so it takes those batches, or {keep}.")
 
 
 def _sizes(sizes: list[int]) -> str:

@@ -314,7 +314,7 @@ def _rows(
             "samples_per_s": float(cell.samples_per_s),
             "regime": label.regime if label is not None else None,
             **_b_simple_columns(b_simple, cell.batch_size),
-            **_band_columns(runs, cell),
+            **_band_columns(runs, table, cell),
             "saturation_batch": summary.throughput.saturation_batch,
             "s_min": float(fit.s_min),
             "e_min": float(fit.e_min),
@@ -340,7 +340,7 @@ def _rows(
     return rows
 
 
-def _band_columns(runs: pd.DataFrame, cell) -> dict:
+def _band_columns(runs: pd.DataFrame, table: pd.DataFrame, cell) -> dict:
     """The row's spread over its seeds (`expected.row_bands`): NaN where no trial at the row's
     learning rate reached the target, or no time was measured."""
     lr = float(cell.best_lr)
@@ -349,8 +349,7 @@ def _band_columns(runs: pd.DataFrame, cell) -> dict:
                 "steps_low": math.nan,
                 "steps_high": math.nan, "time_to_target_s_low": math.nan,
                 "time_to_target_s_high": math.nan}
-    bands = row_bands(runs, str(cell.lr_rule), int(cell.batch_size), lr,
-                      float(cell.time_to_target_s))
+    bands = row_bands(runs, table, str(cell.lr_rule), int(cell.batch_size), lr)
     steps, time = bands.steps, bands.time
     return {"trials_at_lr": bands.trials, "reached_at_lr": bands.reached,
             "steps_low": steps.low if steps else math.nan,

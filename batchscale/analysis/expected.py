@@ -8,8 +8,9 @@ over the seeds that reached the target at that cell (with one seed there is no s
 text says so instead of inventing one). Time is the figure the results table gives the cell
 (its steps × the batch's step time, the basis the batch is chosen on), with the band of the
 runs' own measured times to target around it: their lowest and highest as shares of their
-median (steps × one step time alone would give seeds that tie on steps a zero-width band that
-no measurement showed). Where the table has no time for the cell, or the cell ran with more
+median, which counts a run that did not reach as never reaching, as the table's steps do
+(steps × one step time alone would give seeds that tie on steps a zero-width band that no
+measurement showed). Where the table has no time for the cell, or the cell ran with more
 workers than the table's step time was measured with, the measured times stand as they are;
 where the runs record no time to target, the time is steps × the cell's step time and is said
 to have no known spread. A ratio against today's batch takes its band from the extremes of both
@@ -48,6 +49,9 @@ class Spread:
     """Whether the runs' gaps differ (then `evaluation_gap` is said as "up to")."""
     on_table: bool = False
     """Times only: placed on the results table's basis (`cell_time`), not the runs' own clocks."""
+    unreached: int = 0
+    """Runs of the cell that did not reach the target, counted in the median as never reaching
+    (as the results table counts them) where it stays finite; `seeds` counts those that did."""
 
     def scaled(self, factor: float) -> Spread:
         return replace(self, median=self.median * factor, low=self.low * factor,
@@ -78,7 +82,9 @@ class Spread:
                     f"evaluations, {apart})")
         gap = (f" (read at evaluations {apart}: the range includes the gap)"
                if self.evaluation_gap > 1 and gap_said else "")
-        return f"{value}{unit} {band} over {self.seeds} {self.counted}s{gap}"
+        missed = (f"; {self.unreached} more did not reach the target, which the median counts "
+                  "as never reaching" if self.unreached else "")
+        return f"{value}{unit} {band} over {self.seeds} {self.counted}s{gap}{missed}"
 
 
 def short_number(value: float, digits: int) -> str:
@@ -109,28 +115,47 @@ def _worker_counts(frame: pd.DataFrame) -> np.ndarray:
     return np.where(np.isfinite(counts), counts, 1.0)
 
 
+@dataclass(frozen=True)
+class CellRows:
+    """A cell's runs that reached the target, and how many of its runs did not."""
+
+    reached: pd.DataFrame
+    unreached: int = 0
+
+
 def _reached(runs: pd.DataFrame, rule: str, batch: int, workers: int | None,
-             lr: float | None) -> pd.DataFrame:
+             lr: float | None) -> CellRows:
     """The cell's runs that reached the target (at learning rate `lr`, where given)."""
     cell = cell_runs(runs, rule, batch, workers)
+    if lr is not None:
+        cell = cell[numeric_column(cell, "lr") == lr]
+    return _split_reached(cell)
+
+
+def _split_reached(cell: pd.DataFrame) -> CellRows:
     keep = (matches(cell, "status", RunStatus.REACHED)
             & np.isfinite(numeric_column(cell, "steps_to_target")))
-    if lr is not None:
-        keep &= numeric_column(cell, "lr") == lr
-    return cell[keep]
+    return CellRows(cell[keep], int((~keep).sum()))
 
 
-def _spread(rows: pd.DataFrame, column: str) -> Spread | None:
-    """Median and range of `column` over `rows` (its finite values); None where none is."""
+def _spread(cell: CellRows, column: str) -> Spread | None:
+    """Median and range of `column` over the reached runs (its finite values), the median
+    counting the runs that did not reach as never reaching where it stays finite, as the
+    results table does; None where no value is."""
+    rows = cell.reached
     values = numeric_column(rows, column)
     finite = np.isfinite(values)
     if not finite.any():
         return None
     values = values[finite]
+    unreached = cell.unreached
+    counted = float(np.median(np.concatenate([values, np.full(unreached, np.inf)])))
+    median = counted if math.isfinite(counted) else float(np.median(values))
     # Count seeds only where each run is a seed of its own; otherwise say runs.
     one_per_seed = rows["seed"][finite].nunique() == values.size
-    return Spread(float(np.median(values)), float(values.min()), float(values.max()),
-                  int(values.size), "seed" if one_per_seed else "run")
+    return Spread(median, float(values.min()), float(values.max()), int(values.size),
+                  "seed" if one_per_seed else "run",
+                  unreached=unreached if math.isfinite(counted) else 0)
 
 
 def steps_spread(runs: pd.DataFrame, rule: str, batch: int, workers: int | None = None,
@@ -140,11 +165,12 @@ def steps_spread(runs: pd.DataFrame, rule: str, batch: int, workers: int | None 
     return _steps(_reached(runs, rule, batch, workers, lr))
 
 
-def _steps(rows: pd.DataFrame) -> Spread | None:
-    """The steps to target over `rows`: a run's count is its first evaluation that met the
-    target, so where the runs record the evaluation before it (steps_before_target) the range's
-    low end reaches back to the step after that one."""
-    spread = _spread(rows, "steps_to_target")
+def _steps(cell: CellRows) -> Spread | None:
+    """The steps to target over the cell's reached runs: a run's count is its first
+    evaluation that met the target, so where the runs record the evaluation before it
+    (steps_before_target) the range's low end reaches back to the step after that one."""
+    spread = _spread(cell, "steps_to_target")
+    rows = cell.reached
     if spread is None or "steps_before_target" not in rows:
         return spread
     steps = numeric_column(rows, "steps_to_target")
@@ -195,8 +221,9 @@ def _table_time(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int,
 class RowBands:
     """The results table's bands for one (rule, batch) row: the trials at the row's learning
     rate (every worker count, as the row's median pools them), how many reached the target,
-    their steps to target, and their measured times to target placed around the row's time as
-    shares of their median (the card's basis, `cell_time`)."""
+    their steps to target, and the card's time to target for the cell (`cell_time`: the
+    measured times of the seeds at the worker count the table's step time is of, placed
+    around the row's time)."""
 
     trials: int
     reached: int
@@ -204,20 +231,18 @@ class RowBands:
     time: Spread | None
 
 
-def row_bands(runs: pd.DataFrame, rule: str, batch: int, lr: float,
-              table_time: float) -> RowBands:
-    """`RowBands` for the row of `rule` at `batch` whose steps are learning rate `lr`'s."""
+def row_bands(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int,
+              lr: float) -> RowBands:
+    """`RowBands` for the row of `rule` at `batch` whose steps are learning rate `lr`'s: the
+    steps over every trial its median is over; the time as the card gives it (`cell_time`),
+    where that is on the table's basis."""
     runs = ensure_columns(runs, RUNS)
     at_lr = runs[matches(runs, "lr_rule", rule) & (numeric_column(runs, "batch_size") == batch)
                  & (numeric_column(runs, "lr") == lr)]
-    reached = at_lr[matches(at_lr, "status", RunStatus.REACHED)
-                    & np.isfinite(numeric_column(at_lr, "steps_to_target"))]
-    time = _spread(reached, "time_to_target_s")
-    if time is not None and time.median > 0 and math.isfinite(table_time):
-        time = replace(time.scaled(table_time / time.median), on_table=True)
-    else:
-        time = None
-    return RowBands(len(at_lr), len(reached), _steps(reached), time)
+    reached = _split_reached(at_lr)
+    time = cell_time(runs, table, rule, batch, lr=lr)
+    return RowBands(len(at_lr), len(reached.reached), _steps(reached),
+                    time if time is not None and time.on_table else None)
 
 
 def on_one_basis(first: Spread | None, second: Spread | None,
@@ -235,7 +260,7 @@ def _at_table_workers(runs: pd.DataFrame, rule: str, batch: int, workers: int | 
     time is measured with (timetotarget.convergence_step_times)."""
     every = ensure_columns(runs, RUNS)
     counts = _worker_counts(every[numeric_column(every, "batch_size") == batch])
-    mine = _worker_counts(_reached(runs, rule, batch, workers, lr))
+    mine = _worker_counts(_reached(runs, rule, batch, workers, lr).reached)
     return bool(mine.size) and bool(counts.size) and mine[0] == counts.min()
 
 
@@ -268,7 +293,7 @@ def expected_text(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int
     steps = _steps(rows)
     if steps is None:
         return f"no run of the {rule} rule at batch {batch} reached the target"
-    text = f"{steps.text(' steps')}{_workers_said(runs, rule, batch, rows)}"
+    text = f"{steps.text(' steps')}{_workers_said(runs, rule, batch, rows.reached)}"
     flag = untrusted_time(table, rule, batch)
     measured = cell_time(runs, table, rule, batch, workers, lr)
     if measured is not None:

@@ -158,7 +158,8 @@ def convergence_lines(analysis: pa.Table, runs: pa.Table | None = None) -> list[
     batches = sorted({r["batch_size"] for r in rows})
     cell = {(r["lr_rule"], r["batch_size"]): r for r in rows}
     lines = ["steps to target S(B) (Shallue: median over seeds, best LR; [fewest, most] over "
-             "its trials that reached it, and reached/ran where not all did; -: none did):",
+             "its trials that reached it, and reached/ran where not all did; -: the median "
+             "did not reach):",
              f"  {'batch':>6s} " + " ".join(f"{rule:>20s}" for rule in rules)]
     for b in batches:
         lines.append(f"  {b:6d} " + " ".join(

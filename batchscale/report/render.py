@@ -40,7 +40,7 @@ MACROS = "report_macros.j2"
 TABLE_COLUMNS = (
     ("lr_rule", "LR rule"),
     ("batch_size", "batch"),
-    ("steps_to_target", "steps [seeds' range]"),
+    ("steps_to_target", "steps [trials' range]"),
     ("examples_to_target", "examples"),
     ("step_time_s", "step time (s)"),
     ("time_to_target_s", "time to target (s) [seeds' range]"),
@@ -222,8 +222,11 @@ def _ranged(row: dict, key: str) -> str:
     count = row.get("b_simple_trials" if key == "b_simple" else "reached_at_lr")
     if low is None or high is None or math.isnan(low) or math.isnan(high):
         return _fmt(value) + (" (range not measured)" if count else "")
-    text = (f"{_fmt(value)} (one {'trial' if key == 'b_simple' else 'seed'})"
-            if count == 1 and low == high else f"{_fmt(value)} [{_fmt(low)}, {_fmt(high)}]")
+    one = "trial" if key in ("b_simple", "steps_to_target") else "seed"
+    text = (f"{_fmt(value)} (one {one})" if count == 1 and low == high
+            else f"{_fmt(value)} [{_fmt(low)}, {_fmt(high)}]")
+    if count == 1 and low != high:  # one run: the range is the gap between evaluations
+        text += f" (one {one}: the gap between evaluations)"
     if key == "steps_to_target" and trials and count is not None and count < trials:
         text += f", {count} of {trials} reached"
     return text

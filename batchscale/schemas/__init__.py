@@ -36,9 +36,9 @@ class TrialStatus(StrEnum):
     ERROR = "error"
 
 
-DIED_WITHOUT_RESULT = "trial process exited"
-"""Begins a sweep row's error where its trial process died without a result: the machine, not
-the workload's code (the convergence stage tells the two apart by it)."""
+TIMED_BEFORE = "earlier trials had timed it"
+"""In a sweep row's error where the batch failed only after earlier rounds had timed it: the
+batch can run, so the convergence stage does not refuse it."""
 
 
 class Quality(StrEnum):
@@ -150,7 +150,7 @@ rows' spread over seeds (`trials_at_lr`, `reached_at_lr`, `steps_low`/`_high`,
 `b_simple_trials`)."""
 
 __all__ = ["ANALYSIS", "CRITICAL_OVER_TRAINING", "CURVES", "DATASET", "DECISIONS",
-           "DIED_WITHOUT_RESULT", "ENV_FIELDS", "MANIFEST", "PLAN", "REGRESSIONS",
+           "TIMED_BEFORE", "ENV_FIELDS", "MANIFEST", "PLAN", "REGRESSIONS",
            "RESULT_TABLES", "RUNS", "SCHEDULE_CHECK",
            "SCHEMA_VERSION", "STUDY", "STUDY_AXES", "SWEEP", "TABLES", "Quality", "RunStatus",
            "StopKind", "stop_kind",

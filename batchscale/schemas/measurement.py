@@ -100,6 +100,9 @@ CURVES = pa.schema(
         pa.field("train_loss", pa.float64()),
         pa.field("val_accuracy", pa.float64()),
         pa.field("lr", pa.float64(), nullable=False),
+        # The gradient noise scale estimate at this step, as measured (convergence/noise.py): a
+        # ratio of two noisy estimates, so ≤ 0 where the noise swamped tr Σ or |G|² (a failed
+        # estimate, which plots and the analysis leave out); null where |G|² estimated ≤ 0.
         pa.field("b_simple", pa.float64()),
         # The trial's optimizer (sgd, adamw) and compute precision (fp32, bf16); null in rows
         # written before they were recorded (then sgd and fp32) or in a user's table.
@@ -140,6 +143,9 @@ RUNS = pa.schema(
         # The one val_accuracy target of version 1 rows; in version 2 rows, target_value where
         # target_metric is val_accuracy, else null.
         pa.field("target_val_accuracy", pa.float64()),
+        # The trial's last gradient noise scale estimate, as measured (≤ 0: failed, as in
+        # curves.b_simple; null: failed or not measured); the analysis leaves both out and
+        # counts the ≤ 0 ones.
         pa.field("b_simple", pa.float64()),
         pa.field("train_time_s", pa.float64(), nullable=False),
         # Share of the trial threads' runnable time spent waiting for a CPU (a busy machine;

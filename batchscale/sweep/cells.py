@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from batchscale.conditions import others_load, overloaded, starved
-from batchscale.schemas import TrialStatus
+from batchscale.schemas import TIMED_BEFORE, TrialStatus
 from batchscale.sweep.rounds import Combined, Overload, combine, judge
 from batchscale.sweep.trial import TrialResult
 from batchscale.timing import StepTimes
@@ -109,7 +109,7 @@ def _failure_text(cell: SweepCell) -> str:
     if not cell.trials:
         return error
     earlier = combine(cell.trials).median_s
-    return (f"{cell.failure_label}: {error} (earlier trials had timed it at "
+    return (f"{cell.failure_label}: {error} ({TIMED_BEFORE} at "
             f"{earlier * 1e3:.3f} ms per step; a batch that fails once is not counted as "
             "fitting)")
 

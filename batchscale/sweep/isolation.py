@@ -21,7 +21,7 @@ import os
 import signal
 from multiprocessing.connection import Connection
 
-from batchscale.schemas import DIED_WITHOUT_RESULT, TrialStatus
+from batchscale.schemas import TrialStatus
 from batchscale.stopping import signals_held
 from batchscale.sweep.trial import (
     SweepTrial,
@@ -122,5 +122,5 @@ def _died(exitcode: int | None) -> TrialResult:
     if exitcode == -signal.SIGKILL:
         return TrialResult(TrialStatus.OOM, error="trial process was killed (SIGKILL), most likely "
                                              "by the kernel's out-of-memory killer")
-    return TrialResult(TrialStatus.ERROR, error=f"{DIED_WITHOUT_RESULT} with code {exitcode} "
+    return TrialResult(TrialStatus.ERROR, error=f"trial process exited with code {exitcode} "
                                            "before reporting a result")
