@@ -135,6 +135,12 @@ def test_a_row_whose_median_did_not_reach_counts_the_seeds_that_did():
     none = dict(row, reached_at_lr=0)
     assert (_ranged(none, "steps_to_target"), _steps_cell(none)) == ("not reached (0 of 2 did)",
                                                                       "-")
+    from batchscale.analysis.expected import steps_spread
+
+    # The card's figure for that cell is the seed that did, and says so.
+    assert steps_spread(runs, "linear", 512).text(" steps") == (
+        "30 steps (one seed: no spread); 1 more did not reach the target, and the figure is of "
+        "those that did")
     assert _steps_cell(row) == "- 1/2"
 
 

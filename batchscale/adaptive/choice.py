@@ -290,7 +290,8 @@ class CellCost:
     plus its steps at the step-time line's t(B) = α + βB, for every trial the cell trains at
     that batch and every worker. `trainings` maps a batch size to the trials one seed trains
     there (every rule's learning rates, the rules' shared reference batch trained once); a
-    batch it does not name trains `rules` trials.
+    batch it does not name trains `rules` trials. With successive halving the tuned rule's
+    candidates are priced as full trials, though most stop at a rung: an upper bound there.
 
     Examples alone mislead here: a small batch costs few examples but as many fixed per-step
     costs as a large one, so on a device with a large α a search ranked by examples spends its

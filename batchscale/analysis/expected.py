@@ -50,8 +50,10 @@ class Spread:
     on_table: bool = False
     """Times only: placed on the results table's basis (`cell_time`), not the runs' own clocks."""
     unreached: int = 0
-    """Runs of the cell that did not reach the target, counted in the median as never reaching
-    (as the results table counts them) where it stays finite; `seeds` counts those that did."""
+    """Runs of the cell that did not reach the target (`seeds` counts those that did)."""
+    median_counts_unreached: bool = False
+    """Whether the median counts them as never reaching, as the results table does: where it
+    stays finite (fewer than half did not reach); otherwise it is of those that did."""
 
     def scaled(self, factor: float) -> Spread:
         return replace(self, median=self.median * factor, low=self.low * factor,
@@ -77,14 +79,19 @@ class Spread:
         apart = f"{'up to ' if self.gaps_differ else ''}{self.evaluation_gap} steps apart"
         if self.seeds < 2:
             if self.evaluation_gap <= 1:
-                return f"{value}{unit} (one {self.counted}: no spread)"
+                return f"{value}{unit} (one {self.counted}: no spread){self._missed()}"
             return (f"{value}{unit} {band} (one {self.counted}: the range is the gap between "
-                    f"evaluations, {apart})")
+                    f"evaluations, {apart}){self._missed()}")
         gap = (f" (read at evaluations {apart}: the range includes the gap)"
                if self.evaluation_gap > 1 and gap_said else "")
-        missed = (f"; {self.unreached} more did not reach the target, which the median counts "
-                  "as never reaching" if self.unreached else "")
-        return f"{value}{unit} {band} over {self.seeds} {self.counted}s{gap}{missed}"
+        return f"{value}{unit} {band} over {self.seeds} {self.counted}s{gap}{self._missed()}"
+
+    def _missed(self) -> str:
+        if not self.unreached:
+            return ""
+        how = ("which the median counts as never reaching" if self.median_counts_unreached
+               else "and the figure is of those that did")
+        return f"; {self.unreached} more did not reach the target, {how}"
 
 
 def short_number(value: float, digits: int) -> str:
@@ -155,7 +162,7 @@ def _spread(cell: CellRows, column: str) -> Spread | None:
     one_per_seed = rows["seed"][finite].nunique() == values.size
     return Spread(median, float(values.min()), float(values.max()), int(values.size),
                   "seed" if one_per_seed else "run",
-                  unreached=unreached if math.isfinite(counted) else 0)
+                  unreached=unreached, median_counts_unreached=math.isfinite(counted))
 
 
 def steps_spread(runs: pd.DataFrame, rule: str, batch: int, workers: int | None = None,
