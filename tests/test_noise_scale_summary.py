@@ -51,3 +51,13 @@ def test_the_rules_shared_reference_trial_counts_once():
     by_batch, summary = noise_scale(pd.DataFrame(rows), pd.DataFrame())
     assert summary.trials == 3 and summary.b_simple_median == 70.0
     assert by_batch.loc[32, "median"] == 50.0 and by_batch.loc[32, "trials"] == 1
+
+
+def test_the_b_simple_plot_says_how_many_failed_estimates_its_log_axis_leaves_out():
+    from batchscale.analysis.plots import _failed_estimates
+
+    curves = pd.DataFrame({"b_simple": [12.0, -3.0, 40.0, 0.0, None]})
+    assert _failed_estimates(curves) == (" (2 of 4 estimates ≤ 0, failed where the noise swamped "
+                                         "|G|², are not shown)")
+    assert _failed_estimates(pd.DataFrame({"b_simple": [1.0]})) == ""
+    assert _failed_estimates(pd.DataFrame()) == ""

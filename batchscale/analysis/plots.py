@@ -103,12 +103,21 @@ def convergence_plots(
         ),
         make_plot(
             lambda: draw_b_simple(curves, summary),
-            "Gradient noise scale B_simple during training",
+            "Gradient noise scale B_simple during training" + _failed_estimates(curves),
             ("B_simple during training needs the curves table; the trials' final values are"
              " summarized in the text" if math.isfinite(summary.noise_scale.b_simple_median)
              else "B_simple was not recorded"),
         ),
     ]
+
+
+def _failed_estimates(curves: pd.DataFrame) -> str:
+    """Says how many logged estimates the log axis leaves out (≤ 0: failed where the noise
+    swamped the squared gradient), "" where none."""
+    values = pd.to_numeric(curves["b_simple"], errors="coerce") if "b_simple" in curves else []
+    failed = int((values <= 0).sum()) if len(values) else 0
+    return (f" ({failed} of {int(np.isfinite(values).sum())} estimates ≤ 0, failed where the "
+            "noise swamped |G|², are not shown)" if failed else "")
 
 
 def parallel_plot(runs: pd.DataFrame) -> Plot:
