@@ -357,6 +357,11 @@ def largest_fitting_batch(sweep: pd.DataFrame) -> tuple[float, str]:
         return math.nan, f"memory not measured: {NO_SWEEP_GIVEN}"
     if oom.size == 0 and ok.size == 0:
         return math.nan, "memory not measured: no batch size ran"
+    if oom.size == 0 and not np.isfinite(numeric_column(sweep, "peak_memory_bytes")).any():
+        # A table from elsewhere with neither an out-of-memory row nor a peak: its rows say
+        # nothing about memory, so "nothing ran out" would be a claim it never made.
+        return math.nan, ("memory not measured: the sweep table records no peak memory and no "
+                          "out-of-memory row")
     if oom.size == 0:
         return math.inf, f"no batch ran out of memory up to batch {int(np.nanmax(ok))}"
     smallest_oom = int(np.nanmin(oom))

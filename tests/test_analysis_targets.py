@@ -229,3 +229,18 @@ def test_run_summary_says_why_a_b_crit_has_no_interval():
     line = _b_crit_line(fit, "sqrt", rows, one_seed)
     assert line.startswith("21.9 (no interval: one seed per batch size: nothing to resample)")
     assert "[-, -]" not in _b_crit_line(fit, "sqrt", rows, None)
+
+
+def test_a_table_that_names_no_target_value_says_what_the_plot_needs_not_that_b_crit_is_missing():
+    """A user's runs table with no target columns: its one target has no value, but it has a
+    B_crit; the plot's note must not say it has none."""
+    import dataclasses
+
+    from batchscale.analysis.plots_targets import target_plot
+
+    result = analyze(make_sweep(), make_runs(), None, SETTINGS)
+    unnamed = tuple(dataclasses.replace(f, value=math.nan) for f in result.summary.targets)
+    assert any(math.isfinite(f.b_crit) for f in unnamed)
+    plot = target_plot(dataclasses.replace(result.summary, targets=unnamed))
+    assert plot.image_uri is None
+    assert plot.missing.startswith("one target value per metric")

@@ -232,6 +232,16 @@ def test_empty_or_nan_steps_count_as_not_reached_and_say_so(tmp_path):
     assert [r["seed"] for r in runs.rows] == [0, 1]  # no seed column: each row is one run
 
 
+def test_rows_identical_in_every_column_are_named_where_no_seed_tells_them_apart(tmp_path):
+    runs = completed(tmp_path, "batch_size,steps_to_target\n8,100\n16,60\n8,100\n")
+    assert [r["seed"] for r in runs.rows] == [0, 0, 1]
+    assert any("rows 1 and 3 are identical in every column" in n and "if one is a copy" in n
+               for n in runs.notes)
+    assert any("no workers column: each run is read as 1 worker" in n for n in runs.notes)
+    different = completed(tmp_path, "batch_size,steps_to_target\n8,100\n8,110\n")
+    assert not any("identical" in n for n in different.notes)
+
+
 def test_the_lr_rules_read_are_the_ones_the_suites_allow():
     """Today's rules, and the old names rows written before still carry."""
     for kind in ("runs", "analysis"):

@@ -197,3 +197,32 @@ def test_the_tuned_expectation_is_on_its_own_learning_rate_steps():
     table = cell_table([("tuned", 64, 245, 0.01)])
     text = expected_text(runs, table, "tuned", 64, lr=0.4)
     assert text.startswith("295 steps [90, 500] over 2 seeds; 2.95 s of training [0.9, 5]"), text
+
+
+def test_a_step_time_from_the_sweeps_line_past_the_batches_it_timed_is_flagged_extrapolated():
+    """A table from elsewhere: the sweep timed batches 32 and 64, the runs go to 4,096. The
+    card's batch sits where only the line t(B) gives a step time: it says so, and how far."""
+    from batchscale.analysis.analyze import analyze
+    from batchscale.analysis.recommend import extrapolated_text
+    from batchscale.config import AnalysisConfig
+
+    batches = [32, 64, 128, 256, 512, 1024, 2048, 4096]
+    runs = pd.DataFrame([{"trial_id": f"t{b}", "batch_size": b, "lr_rule": "sqrt", "lr": 0.1,
+                          "seed": 0, "workers": 1, "status": "reached",
+                          "steps_to_target": round(2000 * (1 + 500 / b))} for b in batches])
+    sweep = pd.DataFrame([{"input_mode": "synthetic", "batch_size": b, "status": "ok",
+                           "step_time_median_s": 0.05 + 0.0002 * b} for b in (32, 64)])
+    result = analyze(sweep, runs, None, AnalysisConfig(bootstrap_samples=20))
+    card = result.summary.recommendation
+    assert card.batch_size > 64
+    assert ("— EXTRAPOLATED: the sweep timed batches 32–64 only, so this step time is its line "
+            f"t(B) {card.batch_size / 64:.2g}× past them") in card.batch_reason
+    inside = pd.Series({"batch_size": 48, "step_time_source": "sweep_fit",
+                        "sweep_timed_low": 32.0, "sweep_timed_high": 64.0})
+    assert extrapolated_text(inside) == ""  # between the batches timed: interpolated
+    below = inside.copy()
+    below["batch_size"] = 8
+    assert "4× past them" in extrapolated_text(below)
+    measured = inside.copy()
+    measured["step_time_source"], measured["batch_size"] = "sweep", 128
+    assert extrapolated_text(measured) == ""

@@ -73,9 +73,15 @@ def test_largest_fitting_batch_is_below_the_smallest_oom():
         + [sweep_row(b, None, status="oom") for b in (512, 1024)]
     )
     assert largest_fitting_batch(sweep) == (256.0, "batch 512 ran out of memory")
-    no_oom, reason = largest_fitting_batch(sweep.iloc[:3])
+    measured = sweep.iloc[:3].assign(peak_memory_bytes=[1e6, 2e6, 3e6])
+    no_oom, reason = largest_fitting_batch(measured)
     assert no_oom == math.inf and "up to batch 256" in reason
     assert math.isnan(largest_fitting_batch(pd.DataFrame())[0])
+    # A table from elsewhere with no peak memory and no out-of-memory row says nothing of
+    # memory: not "nothing ran out".
+    silent, reason = largest_fitting_batch(sweep.iloc[:3])
+    assert math.isnan(silent) and reason == ("memory not measured: the sweep table records no "
+                                             "peak memory and no out-of-memory row")
 
 
 def test_an_oom_below_batches_that_fit_is_named_not_hidden():

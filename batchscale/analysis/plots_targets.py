@@ -23,15 +23,14 @@ BOUND_ARROW_FACTOR = 1.6
 
 
 def target_plot(summary: AnalysisSummary) -> Plot:
-    values = {(f.metric, f.value) for f in summary.targets if math.isfinite(f.value)}
-    one_each = len(values) == len({metric for metric, _ in values})
+    fitted = any(math.isfinite(f.b_crit) or f.bound for f in summary.targets)
     return make_plot(
         lambda: draw_b_crit_vs_target(summary.targets),
-        "B_crit vs target value, one series per metric and LR rule (bars: the bootstrap"
-        " interval; open markers with arrows: bounds, B_crit lies beyond them)",
+        "B_crit vs target value, one series per metric and LR rule (bars: the 90 % interval;"
+        " open markers with arrows: bounds, B_crit lies beyond them)",
         "one target value per metric: B_crit against the target needs two or more values of"
         " one metric (convergence.targets); the table above has each target's B_crit"
-        if values and one_each else "no target has a B_crit or a bound",
+        if fitted else "no target has a B_crit or a bound",
     )
 
 

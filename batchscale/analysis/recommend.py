@@ -129,7 +129,22 @@ def fastest_text(best: pd.Series, seeds: Spread | None) -> str:
         said = f"; its {seeds.seeds} {seeds.counted}s took {seeds.low:.3g}–{seeds.high:.3g} s"
     steps = short_number(best["steps_to_target"], 3)
     return (f"fastest time to target: {best['time_to_target_s']:.3g} s{band} ({steps} steps × "
-            f"{1e3 * best['step_time_s']:.3g} ms per step{' ' + source if source else ''}{said})")
+            f"{1e3 * best['step_time_s']:.3g} ms per step{' ' + source if source else ''}{said})"
+            f"{extrapolated_text(best)}")
+
+
+def extrapolated_text(cell: pd.Series) -> str:
+    """" — EXTRAPOLATED: …" where the cell's step time is the sweep's line t(B) outside the
+    batches the sweep timed (the results table's sweep_timed_low/high), else ""."""
+    low, high = cell.get("sweep_timed_low", math.nan), cell.get("sweep_timed_high", math.nan)
+    batch = float(cell["batch_size"])
+    if cell.get("step_time_source") != StepTimeSource.SWEEP_FIT or not (
+            math.isfinite(low) and math.isfinite(high)) or low <= batch <= high:
+        return ""
+    factor = batch / high if batch > high else low / batch
+    return (f" — EXTRAPOLATED: the sweep timed batches {low:,.0f}–{high:,.0f} only, so this "
+            f"step time is its line t(B) {factor:.2g}× past them; time this batch (sweep."
+            "batch_sizes) to trust it")
 
 
 def fewest_steps_reason(runs: pd.DataFrame, at_batch: pd.DataFrame, rule: str, batch: int,

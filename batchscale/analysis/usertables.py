@@ -311,6 +311,8 @@ def _fill_run_settings(user: UserTable, col: dict, typed: dict, notes: list[str]
         col["lr"] = [PLACEHOLDER_LR] * len(col["lr"])
     _require(user, "workers", col["workers"], _positive, "is not positive",
              "workers are whole numbers ≥ 1, or an empty cell (1)")
+    if "workers" not in typed:
+        notes.append("runs: no workers column: each run is read as 1 worker")
     col["workers"] = [1 if v is None else v for v in col["workers"]]
     if "seed" in typed:
         _require(user, "seed", col["seed"], lambda v: True, "", "give every row a seed, or "
@@ -318,7 +320,25 @@ def _fill_run_settings(user: UserTable, col: dict, typed: dict, notes: list[str]
     else:
         notes.append("runs: no seed column: each row is one run, numbered as seeds 0, 1, … per "
                      "(lr_rule, batch_size, lr, workers) in file order")
+        notes.extend(_identical_rows(col))
         col["seed"] = _numbered_seeds(col)
+
+
+def _identical_rows(col: dict) -> list[str]:
+    """A note naming rows identical in every column: without seeds they count as two runs,
+    which a copied line would fake."""
+    first: dict[tuple, int] = {}
+    pairs = []
+    for i, row in enumerate(zip(*(col[name] for name in sorted(col)), strict=True)):
+        if row in first:
+            pairs.append(f"{first[row] + 1} and {i + 1}")
+        else:
+            first[row] = i
+    if not pairs:
+        return []
+    return [f"runs: rows {'; '.join(pairs)} are identical in every column (data rows counted "
+            "from 1): read as separate runs (seeds) of the same setting; if one is a copy, "
+            "delete it"]
 
 
 def _numbered_seeds(col: dict) -> list[int]:
