@@ -39,9 +39,9 @@ def test_a_batch_the_workload_raised_at_is_refused_with_its_error_and_the_sizes_
     with pytest.raises(BadInput) as refused:
         refuse_failed_batches(sweep, [8, 16, 32, 64], _cfg(), workers=1)
     text = str(refused.value)
-    assert ("the throughput sweep found the workload's code failing on real input at the batch "
-            f"sizes 32, 64 of this convergence cell (batch 32: {RAISED}); every trial there "
-            "would fail the same way, so none was started") in text
+    assert ("the throughput sweep found the workload's code failing on real input at "
+            f"convergence.batch_sizes 32, 64 (batch 32: {RAISED}); every trial there would fail "
+            "the same way, so none was started") in text
     assert "leave 32, 64 out of convergence.batch_sizes ([8, 16])" in text
 
 
@@ -51,7 +51,7 @@ def test_the_sweeps_batch_is_per_device_and_the_cells_is_global(tmp_path):
     sweep = _sweep(tmp_path, [("real", 8, "ok", None), ("real", 32, "error", RAISED)])
     cfg = _cfg(batch_sizes=[32, 64, 128], accumulation_steps=2, workers=2)
     refuse_failed_batches(sweep, [32, 64], cfg, workers=2)
-    with pytest.raises(BadInput, match=r"batch size 128 of this convergence cell \(batch 128 "
+    with pytest.raises(BadInput, match=r"convergence.batch_sizes 128 \(batch 128 "
                                         r"\(32 per device\): ValueError"):
         refuse_failed_batches(sweep, [32, 128], cfg, workers=2)
 
@@ -82,7 +82,7 @@ def test_the_stage_refuses_before_starting_any_trial(tmp_path, monkeypatch):
     started = []
     monkeypatch.setattr(runner, "run_stage", lambda *args: started.append(args))
     sweep = _sweep(tmp_path, [("real", 32, "error", RAISED)])
-    with pytest.raises(BadInput, match="batch size 32"):
+    with pytest.raises(BadInput, match="convergence.batch_sizes 32 "):
         run_stage("{}", "r1", "8,32", 1, str(tmp_path), str(tmp_path / "c"), str(tmp_path / "r"),
                   str(tmp_path / "d"), sweep_path=sweep)
     assert not started
@@ -107,6 +107,6 @@ def test_a_real_sweep_names_the_users_line_and_the_convergence_refuses_that_batc
                         r"\(at \S+user_code_error_workloads\.py:\d+\)", real_32["error"])
     cfg = _cfg(batch_sizes=[8, 32])
     refuse_failed_batches(str(out), [8], cfg, workers=1)
-    with pytest.raises(BadInput, match=r"at the batch size 32 of this convergence cell .*"
+    with pytest.raises(BadInput, match=r"at convergence.batch_sizes 32 \(batch 32: .*"
                                         r"leave 32 out of convergence.batch_sizes \(\[8\]\)"):
         refuse_failed_batches(str(out), [8, 32], cfg, workers=1)

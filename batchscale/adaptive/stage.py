@@ -92,10 +92,10 @@ def refuse_failed_batches(sweep_path: str | None, batch_sizes: list[int], cfg,
     keep = (f"leave {_sizes(failed)} out of convergence.batch_sizes ({left})" if left
             else "give convergence.batch_sizes sizes it accepts")
     raise BadInput(
-        f"the throughput sweep found the workload's code failing on real input at the batch "
-        f"{'sizes' if len(failed) > 1 else 'size'} {_sizes(failed)} of this convergence cell "
-        f"(batch {failed[0]}{device}: {first['error']}); every trial there would fail the same "
-        f"way, so none was started. Fix the workload so it takes those batches, or {keep}.")
+        f"the throughput sweep found the workload's code failing on real input at "
+        f"convergence.batch_sizes {_sizes(failed)} (batch {failed[0]}{device}: "
+        f"{first['error']}); every trial there would fail the same way, so none was started. "
+        f"Fix the workload so it takes those batches, or {keep}.")
 
 
 def _sizes(sizes: list[int]) -> str:
