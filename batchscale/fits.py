@@ -194,6 +194,18 @@ def saturation_batch(
     return find_saturation(sweep, tolerance, input_mode)[0]
 
 
+def failed_batches(sweep: pd.DataFrame) -> list[int]:
+    """The batch sizes whose sweep row raised an error (status error, any input mode), in
+    order: a bigger batch there cannot be measured as the workload is."""
+    sweep = ensure_columns(sweep, schemas.SWEEP)
+    failed = numeric_column(sweep, "batch_size")[matches(sweep, "status", TrialStatus.ERROR)]
+    return sorted({int(b) for b in failed if math.isfinite(b)})
+
+
+def _listed(batches: list[int]) -> str:
+    return ", ".join(f"{b:,}" for b in batches)
+
+
 def find_saturation(sweep: pd.DataFrame, tolerance: float = DEFAULT_SATURATION_TOLERANCE,
                input_mode: str = "synthetic") -> tuple[int | None, str]:
     """(`saturation_batch`, what it is or why there is none). A batch within `tolerance` of
@@ -210,8 +222,12 @@ def find_saturation(sweep: pd.DataFrame, tolerance: float = DEFAULT_SATURATION_T
     best = curve["samples_per_s"].max()
     first = int(batches[curve["samples_per_s"] >= (1.0 - tolerance) * best].min())
     if first == int(batches.max()):
+        larger = [b for b in failed_batches(sweep) if b > first]
+        advice = (f"batch {_listed(larger)} failed in the sweep (status error), so no larger "
+                  "batch can be measured as the workload is" if larger
+                  else "measure larger batches")
         return None, (f"samples/s still grows at {first:,}, the largest batch measured "
-                      f"({input_mode} input): no saturation seen; measure larger batches")
+                      f"({input_mode} input): no saturation seen; {advice}")
     return first, f"smallest batch within {tolerance:.0%} of the best samples/s"
 
 

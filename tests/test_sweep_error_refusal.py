@@ -4,6 +4,7 @@ trial there would raise it again, after the trials before it had spent their tim
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -110,3 +111,34 @@ def test_a_real_sweep_names_the_users_line_and_the_convergence_refuses_that_batc
     with pytest.raises(BadInput, match=r"at convergence.batch_sizes 32 \(batch 32: .*"
                                         r"leave 32 out of convergence.batch_sizes \(\[8\]\)"):
         refuse_failed_batches(str(out), [8, 32], cfg, workers=1)
+
+
+def test_where_larger_batches_failed_in_the_sweep_no_output_asks_to_measure_them():
+    """After leaving the batches the model refuses out of the convergence, the sweep's error
+    rows remain: the saturation line and B_crit's bound say those batches failed instead of
+    "measure larger batches"."""
+    from dataclasses import replace
+
+    from batchscale.analysis.narrative import _bound_text
+    from batchscale.analysis.summary import CriticalBatchSummary
+    from batchscale.fits import failed_batches, find_saturation
+
+    rows = [{"input_mode": "synthetic", "batch_size": b, "status": "ok",
+             "step_time_median_s": 0.001 * (1 + b / 64),
+             "samples_per_s": b / (0.001 * (1 + b / 64))} for b in (16, 32, 64)]
+    rows += [{"input_mode": mode, "batch_size": b, "status": "error", "error": RAISED}
+             for mode in ("synthetic", "real") for b in (256, 128)]
+    sweep = pd.DataFrame(rows)
+    assert failed_batches(sweep) == [128, 256]
+    batch, reason = find_saturation(sweep, 0.01)
+    assert batch is None and reason.endswith(
+        "no saturation seen; batch 128, 256 failed in the sweep (status error), so no larger "
+        "batch can be measured as the workload is")
+    assert find_saturation(sweep[sweep["status"] == "ok"], 0.01)[1].endswith(
+        "measure larger batches")
+    fields = {name: math.nan for name in CriticalBatchSummary.__dataclass_fields__}
+    fit = replace(CriticalBatchSummary(**fields), bound="above", bound_batch=64.0, reason="",
+                  regimes=())
+    assert "(batch 128, 256 failed in the sweep, so the workload as it is cannot run a bigger " \
+           "one)" in _bound_text(fit, (128, 256))
+    assert "(measure a bigger one to find B_crit)" in _bound_text(fit, ())

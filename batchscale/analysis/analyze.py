@@ -57,6 +57,7 @@ from batchscale.fits import (
     TIMING_MODES,
     StepTimeFit,
     ensure_columns,
+    failed_batches,
     find_saturation,
     fit_memory,
     fit_step_time,
@@ -186,6 +187,7 @@ def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSumm
             timing_input_mode=None,
             saturation_batch=None,
             saturation_reason=_untimed_reason(sweep),
+            failed_batches=tuple(failed_batches(sweep)),
             saturation_tolerance=tolerance,
             saturated_at_smallest_batch=False,
             best_samples_per_s=math.nan,
@@ -205,6 +207,7 @@ def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSumm
                                "share_high": math.nan}))
     return ThroughputSummary(
         timing_input_mode=mode,
+        failed_batches=tuple(failed_batches(sweep)),
         saturation_batch=saturation,
         saturation_reason=reason,
         saturation_tolerance=tolerance,

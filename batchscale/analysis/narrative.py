@@ -78,7 +78,8 @@ def narrative_markdown(summary: AnalysisSummary, *, with_quality: bool = True) -
         lines.append(f"- **Target.** The steps, B_crit and the recommendation below are for"
                      f" {summary.target} ({summary.target_reason}).")
     for rule, fit in summary.critical_batch.items():
-        text = _critical_text(fit, summary.optimal_batch_cap, summary.optimal_batch_line)
+        text = _critical_text(fit, summary.optimal_batch_cap, summary.optimal_batch_line,
+                              summary.throughput.failed_batches)
         label = (f"{rule} LR rule" if summary.lr_rule_given or rule != DEFAULT_LR_RULE
                  else "no LR rule given: the fewest steps over the runs' learning rates")
         lines.append(f"- **Steps to target ({label}).** {text}")
@@ -312,9 +313,10 @@ def _se(value: float) -> str:
     return f" ± {_num(value)}" if math.isfinite(value) else ""
 
 
-def _critical_text(fit: CriticalBatchSummary, cap: float, line: str = "") -> str:
+def _critical_text(fit: CriticalBatchSummary, cap: float, line: str = "",
+                   failed: tuple[int, ...] = ()) -> str:
     if fit.bound:
-        return _bound_text(fit)
+        return _bound_text(fit, failed)
     if fit.reason or not math.isfinite(fit.b_crit):
         return f"B_crit not estimated: {fit.reason or 'no fit'}."
     text = (
@@ -348,15 +350,20 @@ def _level_text(fit: CriticalBatchSummary) -> str:
     return f", read at the {fit.interval_level:.0%} level: {why}" if why else ""
 
 
-def _bound_text(fit: CriticalBatchSummary) -> str:
-    """A B_crit the data bound but do not pin down: the bound and what it means, no number."""
+def _bound_text(fit: CriticalBatchSummary, failed: tuple[int, ...] = ()) -> str:
+    """A B_crit the data bound but do not pin down: the bound and what it means, no number;
+    where the sweep saw the bigger batches fail (`failed`), that instead of "measure one"."""
     text = f"B_crit {b_crit_text(fit.b_crit, fit.bound, fit.bound_batch)}"
     # Said of the fit, not of the table beside it: with scattered steps a measured drop can
     # sit inside what the fit cannot tell from noise.
     if fit.bound == "above":
+        bigger = [b for b in failed if b > fit.bound_batch]
+        advice = (f"batch {', '.join(f'{b:,}' for b in bigger)} failed in the sweep, so the "
+                  "workload as it is cannot run a bigger one" if bigger
+                  else "measure a bigger one to find B_crit")
         text += (
             " — the fit cannot tell S_min from zero: as far as these data show, a bigger batch"
-            " still saves steps in proportion (measure a bigger one to find B_crit)."
+            f" still saves steps in proportion ({advice})."
         )
     else:
         text += (

@@ -137,9 +137,11 @@ def extrapolated_text(cell: pd.Series) -> str:
     """" — EXTRAPOLATED: …" where the cell's step time is the sweep's line t(B) outside the
     batches the sweep timed (the results table's sweep_timed_low/high), else ""."""
     low, high = cell.get("sweep_timed_low", math.nan), cell.get("sweep_timed_high", math.nan)
-    batch = float(cell["batch_size"])
     if cell.get("step_time_source") != StepTimeSource.SWEEP_FIT or not (
-            math.isfinite(low) and math.isfinite(high)) or low <= batch <= high:
+            math.isfinite(low) and math.isfinite(high)):
+        return ""
+    batch = float(cell["batch_size"])
+    if low <= batch <= high:
         return ""
     factor = batch / high if batch > high else low / batch
     return (f" — EXTRAPOLATED: the sweep timed batches {low:,.0f}–{high:,.0f} only, so this "

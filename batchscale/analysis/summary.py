@@ -43,6 +43,8 @@ class ThroughputSummary:
     NaN: a row has none."""
     best_rerun_interval: tuple[float, float] = (math.nan, math.nan)
     """The best row's 90 % rerun interval of samples/s (sweep/rounds.py); NaN: none recorded."""
+    failed_batches: tuple[int, ...] = ()
+    """Batch sizes whose sweep row raised an error (fits.failed_batches)."""
 
     @property
     def input_share_bounds(self) -> tuple[float, float]:
