@@ -179,3 +179,19 @@ def test_with_two_worker_counts_the_steps_pool_them_and_the_time_is_the_cards():
     card = cell_time(runs, pd.DataFrame(result.rows), "linear", 32, lr=0.1)
     assert card.on_table and card.seeds == 3
     assert (row["time_to_target_s_low"], row["time_to_target_s_high"]) == (card.low, card.high)
+
+
+def test_the_time_bands_low_end_reaches_back_over_the_evaluation_gap_as_the_steps_does():
+    """Seeds met the target at 90, 100, 120 steps (0.10, 0.11, 0.15 s), each 10 steps after the
+    evaluation before: the first could have taken 81 steps, so 0.10 × 81/90 = 0.09 s."""
+    from batchscale.analysis.expected import time_spread
+
+    runs = _runs()
+    runs["steps_before_target"] = runs["steps_to_target"] - 10
+    spread = time_spread(runs, "linear", 32, lr=0.1)
+    assert math.isclose(spread.low, 0.09) and spread.high == 0.15
+    assert spread.evaluation_gap == 10
+    result = analyze(make_sweep(), runs, None, AnalysisConfig(bootstrap_samples=20))
+    row = _rows(result)[("linear", 32)]
+    assert math.isclose(row["time_to_target_s_low"], row["time_to_target_s"] * 0.09 / 0.11)
+    assert row["steps_low"] == 81.0

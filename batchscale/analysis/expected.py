@@ -194,7 +194,27 @@ def time_spread(runs: pd.DataFrame, rule: str, batch: int, workers: int | None =
                 lr: float | None = None) -> Spread | None:
     """The measured time to target (s) over the same runs as `steps_spread`; None where none
     of them records one."""
-    return _spread(_reached(runs, rule, batch, workers, lr), "time_to_target_s")
+    return _times(_reached(runs, rule, batch, workers, lr))
+
+
+def _times(cell: CellRows) -> Spread | None:
+    """The measured times to target over the cell's reached runs, the low end reaching back
+    over the evaluation gap as the steps' does: a run that met the target at step S, with the
+    evaluation before it at step b, could have taken as little as its time × (b + 1) / S."""
+    spread = _spread(cell, "time_to_target_s")
+    rows = cell.reached
+    if spread is None or "steps_before_target" not in rows:
+        return spread
+    times = numeric_column(rows, "time_to_target_s")
+    steps = numeric_column(rows, "steps_to_target")
+    before = numeric_column(rows, "steps_before_target")
+    known = np.isfinite(times) & np.isfinite(steps) & np.isfinite(before) & (steps > 0)
+    if not known.any():
+        return spread
+    earliest = times[known] * (before[known] + 1) / steps[known]
+    gaps = steps[known] - before[known]
+    return replace(spread, low=min(spread.low, float(np.min(earliest))),
+                   evaluation_gap=int(gaps.max()), gaps_differ=bool(gaps.min() != gaps.max()))
 
 
 def cell_time(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int,
@@ -304,7 +324,7 @@ def expected_text(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int
     flag = untrusted_time(table, rule, batch)
     measured = cell_time(runs, table, rule, batch, workers, lr)
     if measured is not None:
-        return f"{text}; {measured.text(' s of training')}{flag}"
+        return f"{text}; {measured.text(' s of training', gap_said=False)}{flag}"
     step_s = step_time_at(table, rule, batch)
     if math.isfinite(step_s):
         text += f"; {short_number(steps.median * step_s, 3)} s of training ({NO_TIME_SPREAD}){flag}"

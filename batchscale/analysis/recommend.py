@@ -123,7 +123,9 @@ def fastest_text(best: pd.Series, seeds: Spread | None) -> str:
     ranged = seeds is not None and seeds.seeds >= 2
     band = (f" [{seeds.low:.3g}, {seeds.high:.3g}] over {seeds.seeds} {seeds.counted}s"
             if ranged and seeds.on_table else "")
-    said = ("; the band is its seeds' measured times to target, as shares of their median"
+    gap = (", its low end reaching back over the gap between evaluations"
+           if seeds is not None and seeds.evaluation_gap > 1 else "")
+    said = (f"; the band is its seeds' measured times to target, as shares of their median{gap}"
             if band else "")
     if ranged and not seeds.on_table:  # their clocks, at the worker count chosen
         said = f"; its {seeds.seeds} {seeds.counted}s took {seeds.low:.3g}–{seeds.high:.3g} s"
