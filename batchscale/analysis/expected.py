@@ -358,7 +358,7 @@ def as_fast_text(cells: list[tuple[int, str, Spread]], rules: int, limit: int = 
     or "" where no cell is; the rule is named where the table has several."""
     if not cells:
         return ""
-    shown = [f"batch {b}{f' {r}' if rules > 1 else ''} ({s.text(' s')})"
+    shown = [f"batch {b}{f' {r}' if rules > 1 else ''} ({s.text(' s', gap_said=False)})"
              for b, r, s in cells[:limit]]
     more = f" and {len(cells) - limit} more" if len(cells) > limit else ""
     return f"; as fast within the seeds' spread: {', '.join(shown)}{more}"
