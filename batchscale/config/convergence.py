@@ -154,7 +154,8 @@ class ConvergenceConfig(_Strict):
     """Shorthand for one target, val_accuracy >= this value (null: 0.95); used when `targets`
     is empty (give one or the other)."""
     targets: list[TargetConfig] = []
-    """Targets every trial trains to, each {metric, value[, primary]}: a trial records the
+    """Targets every trial trains to, each {metric, value[, primary]} (in YAML: `targets: [{metric:
+    val_loss, value: 0.3, primary: true}, {metric: val_accuracy, value: 0.9}]`): a trial records the
     first step, examples and time at which it reaches each one and trains until it has reached
     all of them (or max_steps, divergence, a stall); the runs table has a row per (trial,
     target) and the analysis fits B_crit per target. Empty: the workload's default target
