@@ -92,9 +92,10 @@ def narrative_markdown(summary: AnalysisSummary, *, with_quality: bool = True) -
     lines.append(f"- **Gradient noise scale.** {_b_simple_text(summary.noise_scale)}")
     if summary.pruning:
         lines.append(f"- **Pruned trials.** {summary.pruning}")
-    if summary.recommendation.batch_size is not None:
+    card = summary.recommendation
+    if card.batch_size is not None and card.expected:
         lines.append(
-            f"- **Fastest to target:** {_num(summary.min_time_to_target_s)} s of training"
+            f"- **To target at the recommended batch {card.batch_size}:** {card.expected}"
             f" ({_sources_text(summary.step_time_sources)})."
         )
     return "\n".join(lines) + "\n"
