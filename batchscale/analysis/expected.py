@@ -176,18 +176,27 @@ def _steps(cell: CellRows) -> Spread | None:
     """The steps to target over the cell's reached runs: a run's count is its first
     evaluation that met the target, so where the runs record the evaluation before it
     (steps_before_target) the range's low end reaches back to the step after that one."""
-    spread = _spread(cell, "steps_to_target")
+    return _reaching_back(cell, "steps_to_target", lambda value, steps, before: before + 1)
+
+
+def _reaching_back(cell: CellRows, column: str, earliest) -> Spread | None:
+    """`column`'s spread over the cell's reached runs, its low end reaching back over the
+    evaluation gap: `earliest(value, steps, before)` is the least a run's value could have been
+    had it met the target right after the evaluation before (steps_before_target)."""
+    spread = _spread(cell, column)
     rows = cell.reached
     if spread is None or "steps_before_target" not in rows:
         return spread
+    values = numeric_column(rows, column)
     steps = numeric_column(rows, "steps_to_target")
     before = numeric_column(rows, "steps_before_target")
-    known = np.isfinite(steps) & np.isfinite(before)
+    known = np.isfinite(values) & np.isfinite(steps) & np.isfinite(before) & (steps > 0)
     if not known.any():
         return spread
     gaps = steps[known] - before[known]
-    return replace(spread, low=min(spread.low, float(np.min(before[known])) + 1),
-                   evaluation_gap=int(gaps.max()), gaps_differ=bool(gaps.min() != gaps.max()))
+    low = float(np.min(earliest(values[known], steps[known], before[known])))
+    return replace(spread, low=min(spread.low, low), evaluation_gap=int(gaps.max()),
+                   gaps_differ=bool(gaps.min() != gaps.max()))
 
 
 def time_spread(runs: pd.DataFrame, rule: str, batch: int, workers: int | None = None,
@@ -201,20 +210,8 @@ def _times(cell: CellRows) -> Spread | None:
     """The measured times to target over the cell's reached runs, the low end reaching back
     over the evaluation gap as the steps' does: a run that met the target at step S, with the
     evaluation before it at step b, could have taken as little as its time × (b + 1) / S."""
-    spread = _spread(cell, "time_to_target_s")
-    rows = cell.reached
-    if spread is None or "steps_before_target" not in rows:
-        return spread
-    times = numeric_column(rows, "time_to_target_s")
-    steps = numeric_column(rows, "steps_to_target")
-    before = numeric_column(rows, "steps_before_target")
-    known = np.isfinite(times) & np.isfinite(steps) & np.isfinite(before) & (steps > 0)
-    if not known.any():
-        return spread
-    earliest = times[known] * (before[known] + 1) / steps[known]
-    gaps = steps[known] - before[known]
-    return replace(spread, low=min(spread.low, float(np.min(earliest))),
-                   evaluation_gap=int(gaps.max()), gaps_differ=bool(gaps.min() != gaps.max()))
+    return _reaching_back(cell, "time_to_target_s",
+                          lambda value, steps, before: value * (before + 1) / steps)
 
 
 def cell_time(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int,
