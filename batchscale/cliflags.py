@@ -42,8 +42,9 @@ OLD_FLAGS = {"torch_compile": "--compile", "image_size_px": "--image-size",
              "lr_rules": "--lr-rule", "lr_candidates": "--lr-grid"}
 # What a flag's help adds to its config field's docstring.
 FLAG_NOTES = {"workload": "Your own training as 'package.module:name': a batchscale.Workload "
-                          "(model, data, loss, metrics), a TrainingLoop (your loop; converge "
-                          "only), a function returning one, or a model factory returning a "
+                          "(model, data, loss, metrics), a TrainingLoop (your loop: converge, "
+                          "run and analyze take it; the sweep has nothing to time in it), a "
+                          "function returning one, or a model factory returning a "
                           "torch.nn.Module (docs/your-model.md). It runs your code with your "
                           "rights, like any Python import; modules of Python's standard "
                           "library are refused."}

@@ -143,6 +143,9 @@ def test_misbehaving_loops_fail_their_trial_and_the_others_go_on(tmp_path):
         assert runs.loc[at_16, "stop_reason"].str.contains(message, regex=False).all(), how
         assert runs.loc[~at_16, "status"].eq("reached").all(), (how, result.stderr)
         assert runs.loc[~at_16, "stop_reason"].isna().all(), how
+        if status == "failed":  # the command goes on, and names what failed at its end
+            assert re.search(r"note: 2 of 6 trials failed \(status failed: .*\): b16-\S+: .*"
+                             + re.escape(message), result.stderr), result.stderr
 
 
 def test_a_loop_in_a_two_worker_group_measures_the_noise_scale(tmp_path):
@@ -274,3 +277,20 @@ def test_the_adaptive_search_runs_a_users_own_loop_and_analyze_reports_it(tmp_pa
     assert analysis.returncode == 0, analysis.stderr
     assert "## Adaptive search" in analysis.stdout
     assert "a grid of 6 batch sizes × 3 seeds" in analysis.stdout
+
+
+def test_a_reported_metric_is_a_number_or_a_one_element_tensor_never_text():
+    """float() reads "0.92" and a one-element tensor alike; only the second is a number a loop
+    should report."""
+    import numpy as np
+    import pytest
+    import torch
+
+    from batchscale.convergence.loop_trial import LoopStop, _number
+
+    assert _number("val_accuracy", torch.tensor(0.5)) == 0.5
+    assert _number("val_accuracy", np.float32(0.25)) == 0.25
+    assert _number("val_loss", 3) == 3.0
+    for bad in ("0.92", b"0.9", torch.tensor([0.5, 0.6]), None, [0.5]):
+        with pytest.raises(LoopStop, match="not a number"):
+            _number("val_accuracy", bad)

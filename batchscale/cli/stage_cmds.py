@@ -153,12 +153,28 @@ def cmd_converge(args) -> int:
     write_table_atomic(written[0], curves)
     write_table_atomic(written[1], runs)
     print("wrote " + ", ".join(map(str, written)))
+    if note := _failed_note(runs.to_pylist()):
+        print(note, file=sys.stderr)
     if RunStatus.REACHED not in runs.column("status").to_pylist():
         wanted = " or ".join(t.label for t in cfg.convergence.resolved_targets())
         raise BatchscaleError(
             f"no trial reached {wanted}: {_why_short(runs.to_pylist(), cfg.convergence)} "
             "(each trial's stop_reason and curve are in the tables above)")
     return 0
+
+
+def _failed_note(rows: list[dict], shown: int = 3) -> str:
+    """"note: 2 of 16 trials failed …" naming the first few and why, where a TrainingLoop's
+    trials failed (the command goes on with the others: exit 0 while any reached); "" else."""
+    trials = {r["trial_id"]: r for r in rows}
+    failed = [r for r in trials.values() if r["status"] == RunStatus.FAILED]
+    if not failed:
+        return ""
+    named = "; ".join(f"{r['trial_id']}: {r.get('stop_reason') or 'no reason recorded'}"
+                      for r in failed[:shown])
+    more = f"; and {len(failed) - shown} more" if len(failed) > shown else ""
+    return (f"note: {len(failed)} of {len(trials)} trials failed (status failed: the loop raised "
+            f"or broke its contract; the analysis leaves them out): {named}{more}")
 
 
 def _grid(cfg, data_dir: str, work: Path, run_id: str):

@@ -196,11 +196,15 @@ class LoopTrial:
 
 
 def _number(name: str, value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise LoopStop(f"trial.report: metric {name!r} is {type(value).__name__} "
-                       f"{value!r}, not a number") from None
+    """A metric's value as a float: a number, or a one-element tensor or array. Text is refused
+    though float() would read it: "0.92" is a loop reporting the wrong thing."""
+    if not isinstance(value, (str, bytes)):
+        try:
+            return float(value)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    raise LoopStop(f"trial.report: metric {name!r} is {type(value).__name__} {value!r}, not a "
+                   "number (a Python or NumPy number, or a one-element tensor)")
 
 
 class NoiseHook:
