@@ -267,8 +267,11 @@ def test_the_section_and_the_answer_card_come_from_the_tables_and_agree():
     assert found.rows[0][4] == "13 [5.3, 25.5]" and found.rows[1][4] == "above 64"
     text = " ".join(found.paragraphs)
     assert "**Schedule**: 8, 64 from val_loss 2.400." in text
-    assert "2 of 2 seeds" in text and "meets the 25% goal" in text
+    assert "2 of 2 seeds" in text and ("meets the goal of 25% fewer steps that makes a schedule "
+                                       "worth taking") in text
     assert found.answer.startswith("**Batch-size schedule: 8, 64 from val_loss 2.400**")
+    assert "the examples of a constant 8 (where it starts; no other fixed batch was run beside " \
+           "it)" in found.answer
     assert "(#critical-over-training)" in found.answer
     worse = check.assign(steps_to_target=[900.0, 810.0, 901.0, 809.0])
     lost = schedule_section.section(schedule_section.Findings.from_tables(crit, worse))
@@ -299,7 +302,11 @@ def test_the_terminal_summary_line_says_what_the_check_found():
         "batch-size schedule: 8, 64 from val_loss 2.400 — 0.46 [")
     worse = schedule_section.Findings.from_tables(
         crit, check.assign(steps_to_target=[900.0, 810.0, 901.0, 809.0]))
-    assert "does not establish the 25% goal" in schedule_section.summary_line(worse)
+    worse_line = schedule_section.summary_line(worse)
+    assert "does not establish the goal of 25% fewer steps" in worse_line
+    # 900 and 901 steps lie outside the prediction the branches made: said, not left to guess.
+    assert "did not hold: the scheduled runs' steps lie outside it" in worse_line
+    assert "did not hold" not in schedule_section.summary_line(found)
     # One seed: no interval anywhere, said once rather than after every figure.
     one = schedule_section.Findings.from_tables(crit, check[check["seed"] == 0])
     text = schedule_section.markdown(one, "w")

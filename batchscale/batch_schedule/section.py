@@ -315,13 +315,30 @@ def _check_text(f: Findings) -> str:
     return (f"**Check** ({c['paired']} of {c['seeds']} seeds with both runs at the target"
             f"{diverged}{'; one seed, so no intervals' if one else ''}): the schedule took "
             f"{r(steps, '.2f')}× the constant run's steps "
-            f"({saving}; {verdict} the {STEP_GOAL:.0%} goal), "
+            f"({saving}; {verdict} the goal of {STEP_GOAL:.0%} fewer steps that makes a schedule "
+            "worth taking), "
             f"{r(c['examples_to_target'], '.2f')}× its examples and "
             f"{r(c['train_time_s_to_target'], '.2f')}× its training time"
             f"{f.timing_flag()}; steps to "
             f"the target: scheduled {r(c['scheduled_steps'], ',.0f')}, constant "
             f"{r(c['constant_steps'], ',.0f')}. Validation loss at the stop: scheduled "
-            f"{r(sched, '.4f')}, constant {r(const, '.4f')}.")
+            f"{r(sched, '.4f')}, constant {r(const, '.4f')}.{_missed_prediction(f)}")
+
+
+def _missed_prediction(f: Findings) -> str:
+    """" The prediction … did not hold …" where the check's scheduled steps lie wholly outside
+    the prediction's interval; "" where they overlap or either is missing."""
+    p, measured = f.prediction, f.summary["scheduled_steps"]
+    if p is None or not all(math.isfinite(v) for v in (p["predicted_steps_low"],
+                                                        p["predicted_steps_high"], measured[0])):
+        return ""
+    low, high = ((measured[1], measured[2]) if math.isfinite(measured[1])
+                 else (measured[0], measured[0]))
+    if p["predicted_steps_low"] <= high and low <= p["predicted_steps_high"]:
+        return ""
+    return (f" The prediction ({p['predicted_steps']:,.0f} steps [{p['predicted_steps_low']:,.0f}"
+            f", {p['predicted_steps_high']:,.0f}]) did not hold: the scheduled runs' steps lie "
+            "outside it, so the check, not the prediction, says what the schedule does.")
 
 
 def _cost_text(f: Findings) -> str:
@@ -338,9 +355,11 @@ def answer_line(f: Findings) -> str | None:
     if not f.wins:
         return None
     steps, seeds = f.summary["steps_to_target"], f.summary["paired"]
+    examples = f.summary["examples_to_target"]
     return (f"**Batch-size schedule: {f.schedule_text()}** — it took {_range(steps, '.2f')}× "
-            f"the steps of a constant {f.base_batch} to {f.target}, checked from {seeds} seeds "
-            f"([evidence](#{SECTION_ID})).")
+            f"the steps and {_range(examples, '.2f')}× the examples of a constant "
+            f"{f.base_batch} (where it starts; no other fixed batch was run beside it) to "
+            f"{f.target}, checked from {seeds} seeds ([evidence](#{SECTION_ID})).")
 
 
 def summary_line(f: Findings) -> str:
@@ -348,9 +367,11 @@ def summary_line(f: Findings) -> str:
     check, else what the check (or its absence) says."""
     if f.wins:
         steps = f.summary["steps_to_target"]
+        examples = f.summary["examples_to_target"]
         return (f"batch-size schedule: {f.schedule_text()} — {_range(steps, '.2f')}x the "
-                f"steps of a constant {f.base_batch} (checked from {f.summary['paired']} "
-                "seeds)")
+                f"steps and {_range(examples, '.2f')}x the examples of a constant "
+                f"{f.base_batch}, where it starts (checked from {f.summary['paired']} seeds; "
+                "no other fixed batch was run beside it)")
     check = _check_text(f).replace("**", "")
     return f"batch-size schedule: {f.schedule_text()} — {check}"
 
