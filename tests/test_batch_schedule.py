@@ -442,3 +442,17 @@ def test_a_milestone_within_the_curves_own_scatter_is_not_branched():
     assert row.reason.startswith("the reference run's val_loss fell only 0.013 from step 300 "
                                  "(0.251) to step 330 (0.238), within its own scatter")
     assert row.batches_reached == 0 and math.isnan(row.b_crit)
+
+
+def test_a_scheduled_batch_above_its_checkpoints_b_crit_is_marked_and_a_missing_b_simple_said():
+    """The schedule never shrinks the batch, so an earlier checkpoint's bound can keep it above
+    a later one's B_crit interval: the table says so. No B_simple at any checkpoint: said why."""
+    from batchscale.batch_schedule.section import _scheduled_cell, _tracking_text
+
+    row = {"scheduled_batch_size": 128, "b_crit_high": 81.0, "b_crit_bound": None}
+    assert _scheduled_cell(row) == ("128 (kept from an earlier checkpoint: above this one's "
+                                    "B_crit interval)")
+    assert _scheduled_cell({**row, "scheduled_batch_size": 64}) == "64"
+    assert _scheduled_cell({**row, "b_crit_bound": "above", "b_crit_high": float("nan")}) == "128"
+    text = _tracking_text({"ratio_mean": None, "points": 0})
+    assert "no checkpoint has both figures" in text and "nothing to compare" in text

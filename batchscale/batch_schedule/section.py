@@ -236,7 +236,18 @@ def table_rows(f: Findings) -> list[list[str]]:
     return [[f"{r['checkpoint_step']:,}", f"{r['examples']:,}", f"{r['val_loss']:.4f}",
              f"{r['milestone_loss']:.4f}", crit_text(r),
              f"{r['b_simple']:.3g}" if math.isfinite(r["b_simple"]) else "–",
-             str(r["scheduled_batch_size"])] for r in f.crit.to_dict("records")]
+             _scheduled_cell(r)] for r in f.crit.to_dict("records")]
+
+
+def _scheduled_cell(row: dict) -> str:
+    """The scheduled batch, marked where it sits above this checkpoint's B_crit interval: the
+    schedule never shrinks the batch, so an earlier checkpoint's larger B_crit (or bound) keeps
+    it there."""
+    batch = row["scheduled_batch_size"]
+    high, bound = row.get("b_crit_high", math.nan), row.get("b_crit_bound")
+    if not (isinstance(bound, str) and bound) and math.isfinite(high) and batch > high:
+        return f"{batch} (kept from an earlier checkpoint: above this one's B_crit interval)"
+    return str(batch)
 
 
 def sentences(f: Findings) -> list[str]:
@@ -258,6 +269,10 @@ def markdown(f: Findings, workload: str) -> str:
 
 
 def _tracking_text(t: dict) -> str:
+    if t["ratio_mean"] is None and not t["points"]:
+        return ("**B_simple against B_crit**: no checkpoint has both figures (a B_simple of "
+                "– is an estimate that failed or was not yet made there: a ratio of two noisy "
+                "terms, it can fall to 0 or below); nothing to compare.")
     if t["ratio_mean"] is None:
         return (f"**B_simple against B_crit**: {t['points']} checkpoint(s) with both figures; "
                 "too few to compare.")
