@@ -42,3 +42,16 @@ def test_the_run_summary_states_s_min_and_e_min_with_their_errors_in_plain_numbe
     line = next(x for x in convergence_lines(make_table("analysis", old, {}))
                 if x.startswith("  B_crit ("))
     assert "±" not in line and "E_min" in line, line
+
+
+def test_a_floor_the_fit_cannot_pin_gives_no_bound_where_the_steps_fell_slower_than_one_over_b():
+    """From a user's own loop: 285, 145 and 65 steps at batch 16, 32 and 128. S_min is not
+    clearly above zero with three batch sizes, but from 32 to 128 the steps fell 2.2× where 1/B
+    would give 4×: "B_crit above 128" (grow the batch) would contradict the table. Even at
+    S_min's upper bound B_crit lies inside the batches measured: no number and no bound."""
+    fit = fit_critical_batch([16, 32, 128], [285, 145, 65])
+    assert fit.bound == "" and math.isnan(fit.b_crit)
+    assert "the floor they fall towards is not clear (S_min" in fit.reason
+    assert "inside the batches measured; more batch sizes or seeds would tell" in fit.reason
+    exact = fit_critical_batch([16, 32, 128], [400, 200, 50])  # exactly 1/B: the bound stands
+    assert (exact.bound, exact.bound_batch) == ("above", 128)

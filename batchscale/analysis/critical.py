@@ -20,6 +20,11 @@ import numpy as np
 import pandas as pd
 
 from batchscale import schemas
+from batchscale.analysis.critical_reasons import (
+    fitted_fall,
+    neither_clear_reason,
+    too_few_reason,
+)
 from batchscale.analysis.evaluations import coarse_evaluations
 from batchscale.analysis.interval import (
     fieller_interval,
@@ -40,8 +45,6 @@ MAXIMAL_PARALLELISM_SLOPE = -0.2
 PERFECT_SCALING = "perfect_scaling"
 DIMINISHING_RETURNS = "diminishing_returns"
 MAXIMAL_DATA_PARALLELISM = "maximal_data_parallelism"
-MIN_CRITICAL_FIT_BATCHES = 3
-"""Two parameters fit any two points exactly: a third batch size is the first check."""
 SUPPORT_CONFIDENCE = 0.95
 """B_crit is a number only if S_min and E_min are each above zero with this one-sided
 confidence (Student t on the fit's standard errors): the same as the two-sided 90 % interval
@@ -196,7 +199,7 @@ def fit_critical_batch(
     than MIN_CRITICAL_FIT_BATCHES left there is no fit, and the reason says which reached.
     """
     b, s = positive_pairs(batch, steps)
-    short = _too_few_reason(as_floats(batch), b)
+    short = too_few_reason(as_floats(batch), b)
     if short:
         return CriticalBatchFit(math.nan, math.nan, math.nan, math.nan, short)
     fits = fit_lines(b, s)
@@ -206,12 +209,11 @@ def fit_critical_batch(
     e_clear, s_clear = float(fits.t_e_min) >= needed, float(fits.t_s_min) >= needed
     if not (e_clear or s_clear):
         return CriticalBatchFit(math.nan, math.nan, math.nan, r2,
-                                _neither_clear_reason(fits, needed, smallest, largest))
+                                neither_clear_reason(fits, needed, smallest, largest))
     if not e_clear:
         return _e_min_unclear(fits, needed, smallest, largest, r2)
     if not s_clear:
-        reason = f"steps still fall like 1/B up to {largest:,.0f}: B_crit is above {largest:,.0f}"
-        return _above(largest, r2, reason)
+        return _s_min_unclear(fits, needed, smallest, largest, r2)
     b_crit = e_min / s_min
     if b_crit > range_factor * largest:
         reason = (
@@ -231,25 +233,6 @@ def fit_critical_batch(
                             e_min_se=float(np.sqrt(fits.var_e)))
 
 
-FALL_SEEN_SE = 2.0
-"""E_min this many standard errors above zero: the steps visibly fall with the batch, even
-where too few batch sizes make it short of the fit's support rule."""
-
-
-def _neither_clear_reason(fits, needed: float, smallest: float, largest: float) -> str:
-    """Why neither S_min nor E_min is clear. Where the fitted steps visibly fall with the batch
-    (E_min at least FALL_SEEN_SE standard errors up: a few batch sizes, steps that halve) it
-    says so with the figures, since "too much scatter to tell" would contradict the table
-    beside it."""
-    if not float(fits.t_e_min) >= FALL_SEEN_SE:
-        return (f"the steps scatter too much (±{float(fits.scatter):.0%} about the fit) to tell "
-                "whether a bigger batch saves steps")
-    return (f"{_fitted_fall(fits, smallest, largest)} neither the part that falls like 1/B "
-            f"(E_min, {float(fits.t_e_min):.1f} standard errors from zero) nor the floor S_min "
-            f"({float(fits.t_s_min):.1f}) is clear ({needed:.1f} needed); more batch sizes or "
-            "seeds would tell")
-
-
 def _e_min_unclear(fits, needed: float, smallest: float, largest: float,
                    r2: float) -> CriticalBatchFit:
     """E_min is not clearly positive. "Below the smallest batch" is a claim only when even
@@ -260,42 +243,28 @@ def _e_min_unclear(fits, needed: float, smallest: float, largest: float,
     e_high = e_min + needed * math.sqrt(max(float(fits.var_e), 0.0))
     if s_min > 0 and e_high / s_min < smallest:
         return _below(smallest, r2, f"no batch size saved steps: B_crit is below {smallest:,.0f}")
-    reason = (f"{_fitted_fall(fits, smallest, largest)} that fall is not clear (E_min "
+    reason = (f"{fitted_fall(fits, smallest, largest)} that fall is not clear (E_min "
               f"{float(fits.t_e_min):.1f} standard errors from zero, {needed:.1f} needed); "
               "more seeds or batch sizes would tell")
     return CriticalBatchFit(math.nan, math.nan, math.nan, r2, reason)
 
 
-def _fitted_fall(fits, smallest: float, largest: float) -> str:
-    """"the fitted steps fall from 137 at batch 8 to 31 at 128, but with 3 batch sizes and ±14%
-    scatter about the fit": the start of a reason for a fall the fit cannot vouch for."""
-    s_min, e_min = float(fits.s_min), float(fits.e_min)
-    return (f"the fitted steps fall from {s_min + e_min / smallest:,.0f} at batch "
-            f"{smallest:,.0f} to {s_min + e_min / largest:,.0f} at {largest:,.0f}, but with "
-            f"{int(fits.points)} batch sizes and ±{float(fits.scatter):.0%} scatter about the "
-            "fit")
-
-
-def _too_few_reason(batches_run: np.ndarray, reached: np.ndarray) -> str:
-    """Why there are too few batch sizes to fit ("" when there are enough)."""
-    run = np.unique(batches_run[np.isfinite(batches_run) & (batches_run > 0)])
-    done = np.unique(reached)
-    if done.size >= MIN_CRITICAL_FIT_BATCHES:
-        return ""
-    if run.size == 0:
-        return "no trials with a batch size: nothing to fit"
-    if run.size == 1:
-        return (
-            f"one batch size measured ({run[0]:,.0f}): B_crit needs steps to target at"
-            f" {MIN_CRITICAL_FIT_BATCHES} or more batch sizes"
-        )
-    if done.size == 0:
-        return f"no batch size reached the target (of {run.size} run): no steps to fit"
-    listed = ", ".join(f"{value:,.0f}" for value in done)
-    return (
-        f"only {done.size} of {run.size} batch sizes reached the target ({listed}): B_crit"
-        f" needs {MIN_CRITICAL_FIT_BATCHES} or more"
-    )
+def _s_min_unclear(fits, needed: float, smallest: float, largest: float,
+                   r2: float) -> CriticalBatchFit:
+    """S_min is not clearly positive. "Above the largest batch" is a claim only when even
+    S_min's upper bound puts B_crit there (as `_e_min_unclear` for "below"): steps that fell
+    clearly slower than 1/B with too few batch sizes to pin the floor give no bound, which
+    would tell the user to keep growing the batch against the table."""
+    e_min = float(fits.e_min)
+    s_high = float(fits.s_min) + needed * math.sqrt(max(float(fits.var_s), 0.0))
+    if s_high <= 0 or e_min / s_high > largest:
+        return _above(largest, r2, f"steps still fall like 1/B up to {largest:,.0f}: B_crit is "
+                                   f"above {largest:,.0f}")
+    reason = (f"{fitted_fall(fits, smallest, largest)} the floor they fall towards is not clear "
+              f"(S_min {float(fits.t_s_min):.1f} standard errors from zero, {needed:.1f} "
+              f"needed), and even at its upper bound B_crit would be near {e_min / s_high:,.0f}, "
+              f"inside the batches measured; more batch sizes or seeds would tell")
+    return CriticalBatchFit(math.nan, math.nan, math.nan, r2, reason)
 
 
 def _above(largest: float, r2: float, reason: str) -> CriticalBatchFit:

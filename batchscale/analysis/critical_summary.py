@@ -13,13 +13,13 @@ import pandas as pd
 
 from batchscale.analysis.critical import (
     BOOTSTRAP_CONFIDENCE,
-    MIN_CRITICAL_FIT_BATCHES,
     CriticalBatchFit,
     bootstrap_critical_batch,
     fit_critical_batch,
     interval_note,
     regimes,
 )
+from batchscale.analysis.critical_reasons import MIN_CRITICAL_FIT_BATCHES
 from batchscale.analysis.summary import CriticalBatchSummary, RegimeRange
 from batchscale.analysis.timetotarget import optimal_batch, optimal_batch_interval
 from batchscale.config import AnalysisConfig

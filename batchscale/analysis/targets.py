@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from batchscale.analysis.critical import MIN_CRITICAL_FIT_BATCHES, steps_to_result
+from batchscale.analysis.critical import steps_to_result
+from batchscale.analysis.critical_reasons import MIN_CRITICAL_FIT_BATCHES
 from batchscale.analysis.critical_summary import critical_by_rule
 from batchscale.analysis.summary import CriticalBatchSummary, TargetCriticalBatch
 from batchscale.config import AnalysisConfig
