@@ -61,3 +61,13 @@ def test_the_b_simple_plot_says_how_many_failed_estimates_its_log_axis_leaves_ou
                                          "|G|², are not shown)")
     assert _failed_estimates(pd.DataFrame({"b_simple": [1.0]})) == ""
     assert _failed_estimates(pd.DataFrame()) == ""
+
+
+def test_no_b_simple_at_all_says_why_it_can_be_missing():
+    runs = pd.DataFrame([{"trial_id": "a", "batch_size": 16, "b_simple": None}])
+    by_batch, summary = noise_scale(runs, pd.DataFrame())
+    assert by_batch.empty and math.isnan(summary.b_simple_median)
+    assert _b_simple_text(summary).startswith(
+        "Not available: no B_simple recorded: the trials measured none (it needs two gradients")
+    assert "a TrainingLoop on one worker has only its own, so run it on two workers" in \
+        summary.reason

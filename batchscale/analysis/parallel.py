@@ -60,6 +60,11 @@ def final_b_simple(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     return merged[~twice].reset_index(drop=True)
 
 
+NO_B_SIMPLE = ("no B_simple recorded: the trials measured none (it needs two gradients of "
+               "different batch sizes at a step: a TrainingLoop on one worker has only its own, "
+               "so run it on two workers; a table from elsewhere may not record it)")
+
+
 def noise_scale(runs: pd.DataFrame,
                 curves: pd.DataFrame) -> tuple[pd.DataFrame, NoiseScaleSummary]:
     """The final B_simple per batch size (its median over the batch's trials, their lowest and
@@ -74,7 +79,7 @@ def noise_scale(runs: pd.DataFrame,
     by_batch = usable.groupby("batch_size")["b_simple"].agg(
         median="median", low="min", high="max", trials="size")
     if final.empty:
-        return by_batch, NoiseScaleSummary(math.nan, 0, "no B_simple recorded")
+        return by_batch, NoiseScaleSummary(math.nan, 0, NO_B_SIMPLE)
     if usable.empty:
         return by_batch, NoiseScaleSummary(
             math.nan, 0, f"every trial's final estimate ({dropped}) was ≤ 0: the gradient "
