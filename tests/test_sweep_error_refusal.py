@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from batchscale.adaptive.stage import refuse_failed_batches, run_stage
+from batchscale.adaptive.stage import _read_sweep, refuse_failed_batches, run_stage
 from batchscale.config import parse_config
 from batchscale.errors import BadInput
 
@@ -32,9 +32,14 @@ def _sweep(tmp_path, rows: list[tuple], **columns) -> str:
     return str(path)
 
 
+def _table(tmp_path, rows: list[tuple], **columns):
+    """`_sweep`'s file read back as the stage reads it."""
+    return _read_sweep(_sweep(tmp_path, rows, **columns))
+
+
 def test_a_batch_the_workload_raised_at_is_refused_with_its_error_and_the_sizes_to_keep(
         tmp_path):
-    sweep = _sweep(tmp_path, [("real", 8, "ok", None), ("real", 32, "error", RAISED),
+    sweep = _table(tmp_path, [("real", 8, "ok", None), ("real", 32, "error", RAISED),
                               ("real", 64, "error", RAISED.replace("32", "64")),
                               ("synthetic", 32, "error", RAISED)])
     with pytest.raises(BadInput) as refused:
@@ -49,7 +54,7 @@ def test_a_batch_the_workload_raised_at_is_refused_with_its_error_and_the_sizes_
 def test_the_sweeps_batch_is_per_device_and_the_cells_is_global(tmp_path):
     """With 2 workers and 2 accumulation steps a global batch of 128 trains 32 per device,
     where the sweep saw the model raise; a global 32 (8 per device) trains."""
-    sweep = _sweep(tmp_path, [("real", 8, "ok", None), ("real", 32, "error", RAISED)])
+    sweep = _table(tmp_path, [("real", 8, "ok", None), ("real", 32, "error", RAISED)])
     cfg = _cfg(batch_sizes=[32, 64, 128], accumulation_steps=2, workers=2)
     refuse_failed_batches(sweep, [32, 64], cfg, workers=2)
     with pytest.raises(BadInput, match=r"convergence.batch_sizes 128 \(batch 128 "
@@ -61,7 +66,7 @@ def test_what_is_not_the_users_code_as_the_trials_run_it_is_not_refused(tmp_path
     """The machine, batchscale's own checks, a batch that had been timed, a sweep compiled or
     in another precision or memory layout than the trials, another cell's batch: not
     refused."""
-    sweep = _sweep(tmp_path, [
+    sweep = _table(tmp_path, [
         ("real", 16, "error", "trial process exited with code 1 before reporting a result"),
         ("real", 32, "error", "ValueError: the dataset has 20 training rows, fewer than 32"),
         ("real", 64, "error", f"round 2/2: {RAISED} (earlier trials had timed it at 1.0 ms per "
@@ -73,7 +78,7 @@ def test_what_is_not_the_users_code_as_the_trials_run_it_is_not_refused(tmp_path
     with pytest.raises(BadInput, match="give convergence.batch_sizes sizes it accepts"):
         refuse_failed_batches(sweep, [256], _cfg(batch_sizes=[256]), workers=1)
     for other in ({"compiled": True}, {"channels_last": True}, {"precision": "bf16"}):
-        refuse_failed_batches(_sweep(tmp_path, [("real", 256, "error", RAISED)], **other),
+        refuse_failed_batches(_table(tmp_path, [("real", 256, "error", RAISED)], **other),
                               [256], _cfg(), workers=1)
 
 
@@ -107,10 +112,10 @@ def test_a_real_sweep_names_the_users_line_and_the_convergence_refuses_that_batc
     assert re.fullmatch(r"ValueError: training batches of at most 16 examples, got 32 "
                         r"\(at \S+user_code_error_workloads\.py:\d+\)", real_32["error"])
     cfg = _cfg(batch_sizes=[8, 32])
-    refuse_failed_batches(str(out), [8], cfg, workers=1)
+    refuse_failed_batches(_read_sweep(str(out)), [8], cfg, workers=1)
     with pytest.raises(BadInput, match=r"at convergence.batch_sizes 32 \(batch 32: .*"
                                         r"leave 32 out of convergence.batch_sizes \(\[8\]\)"):
-        refuse_failed_batches(str(out), [8, 32], cfg, workers=1)
+        refuse_failed_batches(_read_sweep(str(out)), [8, 32], cfg, workers=1)
 
 
 def test_where_larger_batches_failed_in_the_sweep_no_output_asks_to_measure_them():

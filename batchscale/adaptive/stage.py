@@ -21,7 +21,8 @@ def run_stage(config: str | Config, run_id: str, batch_sizes: str, workers: int,
     cfg = stage_config(config)
     sizes = (cfg.convergence.batch_sizes if batch_sizes == ADAPTIVE_CELL
              else runner.parse_batch_sizes(batch_sizes))
-    refuse_failed_batches(sweep_path, sizes, cfg, workers)
+    sweep = _read_sweep(sweep_path)
+    refuse_failed_batches(sweep, sizes, cfg, workers)
     if batch_sizes != ADAPTIVE_CELL:
         runner.run_stage(config, run_id, batch_sizes, workers, dataset_dir, curves_path,
                          runs_path)
@@ -31,46 +32,52 @@ def run_stage(config: str | Config, run_id: str, batch_sizes: str, workers: int,
 
     curves, runs, decisions = run_adaptive(cfg, data_dir=dataset_dir, run_id=run_id,
                                            workers=workers,
-                                           largest_batch=largest_batch(sweep_path))
+                                           largest_batch=largest_batch(sweep))
     write_table_atomic(curves_path, curves)
     write_table_atomic(runs_path, runs)
     write_table_atomic(decisions_path, decisions)
 
 
-def largest_batch(sweep_path: str | None) -> int | None:
-    """The largest batch that fitted in the sweep's memory (its OOM boundary); None without a
-    sweep or an OOM (every batch the sweep tried fitted: nothing to clip at)."""
-    import math
-
+def _read_sweep(sweep_path: str | None):
+    """The validated sweep table with every column of its schema; None without one."""
     from batchscale import schemas
-    from batchscale.fits import ensure_columns, largest_fitting_batch
+    from batchscale.fits import ensure_columns
     from batchscale.storage import read_table_file
 
     if sweep_path is None:
         return None
-    sweep = ensure_columns(read_table_file(sweep_path).to_pandas(), schemas.SWEEP)
+    return ensure_columns(read_table_file(sweep_path).to_pandas(), schemas.SWEEP)
+
+
+def largest_batch(sweep) -> int | None:
+    """The largest batch that fitted in the sweep's memory (its OOM boundary); None without a
+    sweep or an OOM (every batch the sweep tried fitted: nothing to clip at)."""
+    import math
+
+    from batchscale.fits import largest_fitting_batch
+
+    if sweep is None:
+        return None
     largest, _ = largest_fitting_batch(sweep)
     return int(largest) if math.isfinite(largest) else None
 
 
-def refuse_failed_batches(sweep_path: str | None, batch_sizes: list[int], cfg,
-                          workers: int) -> None:
-    """Raise BadInput, naming the batch sizes and the workload's error, where the sweep saw the
-    workload's own code raise on real input at the per-device batch a trial of `batch_sizes`
-    trains on (global batch ÷ workers ÷ accumulation steps): every trial there would raise it
-    again, after the trials before it had trained. Only an error that names a line of the
-    user's code (`errors.error_site`), at a batch the sweep never timed, measured as the trials
-    train (no torch.compile, no channels_last, the trials' precision): anything else (the
-    machine, a library, a path only the sweep takes) is left to the trials."""
+def refuse_failed_batches(sweep, batch_sizes: list[int], cfg, workers: int) -> None:
+    """Raise BadInput, naming the batch sizes and the workload's error, where the sweep (the
+    table `_read_sweep` gives; None: none) saw the workload's own code raise on real input at
+    the per-device batch a trial of `batch_sizes` trains on (global batch ÷ workers ÷
+    accumulation steps): every trial there would raise it again, after the trials before it
+    had trained. Only an error that names a line of the user's code (`errors.error_site`), at
+    a batch the sweep never timed, measured as the trials train (no torch.compile, no
+    channels_last, the trials' precision): anything else (the machine, a library, a path only
+    the sweep takes) is left to the trials."""
     from batchscale import schemas
     from batchscale.errors import SITE_PREFIX, BadInput
-    from batchscale.fits import ensure_columns, matches
-    from batchscale.storage import read_table_file
+    from batchscale.fits import matches
 
-    if sweep_path is None:
+    if sweep is None:
         return
     c = cfg.convergence
-    sweep = ensure_columns(read_table_file(sweep_path).to_pandas(), schemas.SWEEP)
     errors = sweep["error"].fillna("").astype(str)
     raised = sweep[matches(sweep, "status", schemas.TrialStatus.ERROR)
                    & matches(sweep, "input_mode", "real")

@@ -265,17 +265,17 @@ def _cell_table(
     table = table.assign(
         time_to_target_s=time_to_target(numeric_column(table, "steps_to_target"), times),
         samples_per_s=numeric_column(table, "batch_size") / times,
-        sweep_timed_low=_sweep_timed(sweep, min), sweep_timed_high=_sweep_timed(sweep, max),
     )
+    table["sweep_timed_low"], table["sweep_timed_high"] = _sweep_timed(sweep)
     return table, fit, source
 
 
-def _sweep_timed(sweep: pd.DataFrame, end) -> float:
-    """The smallest or largest batch (`end`: min, max) whose row the sweep's line t(B) is
-    fitted to; NaN where it timed none. Past them the line is an extrapolation."""
+def _sweep_timed(sweep: pd.DataFrame) -> tuple[float, float]:
+    """The smallest and largest batch whose row the sweep's line t(B) is fitted to; NaN where
+    it timed none. Past them the line is an extrapolation."""
     mode = timing_mode(sweep)
     timed = throughput_curve(sweep, mode)["batch_size"] if mode else []
-    return float(end(timed)) if len(timed) else math.nan
+    return (float(min(timed)), float(max(timed))) if len(timed) else (math.nan, math.nan)
 
 
 def _b_star_line(sweep: pd.DataFrame, throughput: ThroughputSummary,
