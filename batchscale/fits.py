@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from batchscale import schemas
 from batchscale.config import AnalysisConfig
+from batchscale.errors import SITE_PREFIX
 from batchscale.schemas import Quality, TrialStatus
 from batchscale.tdist import t_quantile
 
@@ -195,10 +196,14 @@ def saturation_batch(
 
 
 def failed_batches(sweep: pd.DataFrame) -> list[int]:
-    """The batch sizes whose sweep row raised an error (status error, any input mode), in
-    order: a bigger batch there cannot be measured as the workload is."""
+    """The batch sizes whose sweep row raised an error in the workload's own code (status
+    error, the error naming a line of it: `errors.error_site`; any input mode), in order: a
+    bigger batch there cannot be measured as the workload is. A trial process that died
+    without a result is the machine's failure, not the workload's, and is not counted."""
     sweep = ensure_columns(sweep, schemas.SWEEP)
-    failed = numeric_column(sweep, "batch_size")[matches(sweep, "status", TrialStatus.ERROR)]
+    own = sweep["error"].fillna("").astype(str).str.contains(SITE_PREFIX, regex=False)
+    raised = matches(sweep, "status", TrialStatus.ERROR) & own.to_numpy(dtype=bool)
+    failed = numeric_column(sweep, "batch_size")[raised]
     return sorted({int(b) for b in failed if math.isfinite(b)})
 
 

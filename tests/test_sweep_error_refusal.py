@@ -133,8 +133,10 @@ def test_where_larger_batches_failed_in_the_sweep_no_output_asks_to_measure_them
              "samples_per_s": b / (0.001 * (1 + b / 64))} for b in (16, 32, 64)]
     rows += [{"input_mode": mode, "batch_size": b, "status": "error", "error": RAISED}
              for mode in ("synthetic", "real") for b in (256, 128)]
+    rows.append({"input_mode": "real", "batch_size": 512, "status": "error",
+                 "error": "trial process exited with code 0 before reporting a result"})
     sweep = pd.DataFrame(rows)
-    assert failed_batches(sweep) == [128, 256]
+    assert failed_batches(sweep) == [128, 256]  # 512's process died: the machine, not the code
     batch, reason = find_saturation(sweep, 0.01)
     assert batch is None and reason.endswith(
         "no saturation seen; batch 128, 256 failed in the sweep (status error), so no larger "

@@ -171,7 +171,7 @@ def convergence_lines(analysis: pa.Table, runs: pa.Table | None = None) -> list[
 
 
 def _steps_cell(row: dict) -> str:
-    """"90 [81, 90]", "165 (one seed)", "70 [60, 70] 2/3" (2 of 3 seeds reached), "-" where
+    """"90 [81, 90]", "165 (one trial)", "70 [60, 70] 2/3" (2 of 3 trials reached), "-" where
     the median did not reach; the figure alone in rows before layout 9."""
     steps = row.get("steps_to_target")
     trials, reached = row.get("trials_at_lr"), row.get("reached_at_lr")
@@ -181,7 +181,7 @@ def _steps_cell(row: dict) -> str:
     if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return _steps_number(steps)
     if reached == 1 and low == high:
-        return f"{_steps_number(steps)} (one seed)"
+        return f"{_steps_number(steps)} (one trial)"
     text = f"{_steps_number(steps)} [{_steps_number(low)}, {_steps_number(high)}]"
     return text + (f" {reached}/{trials}" if trials and reached is not None
                    and reached < trials else "")
