@@ -366,7 +366,7 @@ def test_the_search_narrows_b_star_when_asked_and_reads_the_line_from_its_trials
 
 def test_the_pipelines_search_is_clipped_at_the_sweeps_memory_boundary(tmp_path):
     """The search stage reads the largest batch that fitted from the validated sweep table."""
-    from batchscale.adaptive.stage import largest_batch
+    from batchscale.adaptive.stage import _read_sweep, largest_batch
     from batchscale.schemas import make_table
     from batchscale.storage import write_table_atomic
 
@@ -378,10 +378,10 @@ def test_the_pipelines_search_is_clipped_at_the_sweeps_memory_boundary(tmp_path)
            "python_version": "3", "device_name": "cpu", "world_size": 1}
     path = tmp_path / "sweep.parquet"
     write_table_atomic(path, make_table("sweep", rows, env))
-    assert largest_batch(str(path)) == 256
+    assert largest_batch(_read_sweep(str(path))) == 256
     write_table_atomic(path, make_table("sweep", rows[:2], env))
-    assert largest_batch(str(path)) is None  # nothing ran out of memory: nothing to clip at
-    assert largest_batch(None) is None
+    assert largest_batch(_read_sweep(str(path))) is None  # nothing ran out: nothing to clip at
+    assert largest_batch(_read_sweep(None)) is None
 
 
 def test_without_an_interval_the_next_cell_is_named_for_what_it_is():
