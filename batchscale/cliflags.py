@@ -176,9 +176,15 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self._given: list[str] = []
+        self._siblings: dict[str, Parser] = {}
 
     def parse_known_args(self, args=None, namespace=None):
         self._given = list(sys.argv[1:] if args is None else args)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, command in action.choices.items():
+                    command._siblings = {other: parser for other, parser
+                                         in action.choices.items() if other != name}
         return super().parse_known_args(args, namespace)
 
     def parse_args(self, args=None, namespace=None):
@@ -228,11 +234,27 @@ class Parser(argparse.ArgumentParser):
                 and word.split("=")[0] not in known]
 
     def _nearest_hint(self, unknown: list[str]) -> str:
-        nearest = difflib.get_close_matches(unknown[0].split("=")[0], self._flags(True), n=1,
-                                            cutoff=0.6) if unknown else []
+        flag = unknown[0].split("=")[0] if unknown else ""
+        nearest = difflib.get_close_matches(flag, self._flags(True), n=1, cutoff=0.6)
+        if nearest and difflib.SequenceMatcher(None, flag, nearest[0]).ratio() >= 0.8:
+            return f"; did you mean {nearest[0]}?"
+        command = self._like_named_command_taking(unknown)
+        if command:
+            return (f"; {flag} is a flag of `{command}`, not of `{self.prog}`: did you mean "
+                    f"`{command}`?")
         if nearest:
             return f"; did you mean {nearest[0]}?"
         return f"; `{self.prog} --help` lists its flags"
+
+    def _like_named_command_taking(self, unknown: list[str]) -> str | None:
+        """The sibling command named like this one (`batch-schedule` for `schedule`) that
+        takes every unknown flag: the likelier slip is the command's name, not the flags."""
+        own = self.prog.split()[-1]
+        takers = {name: parser for name, parser in self._siblings.items()
+                  if unknown and all(word.split("=")[0] in parser._flags(True)
+                                     for word in unknown)}
+        close = difflib.get_close_matches(own, list(takers), n=1, cutoff=0.6)
+        return takers[close[0]].prog if close else None
 
 
 class _FieldFlag(argparse.Action):

@@ -40,6 +40,15 @@ def test_a_flag_with_no_near_neighbour_points_at_the_commands_help(capsys):
     assert "unrecognized arguments: --verbose; `batchscale --help` lists its flags" in err
 
 
+def test_a_flag_of_a_like_named_command_points_at_that_command(capsys):
+    """`schedule` (a recurring KFP run) is one slip from `batch-schedule`, which takes --out."""
+    err = parse_error(["schedule", "--out", "x"], capsys)
+    assert "unrecognized arguments: --out; --out is a flag of `batchscale batch-schedule`, " \
+           "not of `batchscale schedule`: did you mean `batchscale batch-schedule`?" in err
+    err = parse_error(["store", "--config", "x"], capsys)
+    assert "`batchscale store --help` lists its flags" in err
+
+
 def test_a_misspelt_command_gets_the_nearest_one(capsys):
     assert "did you mean sweep?" in parse_error(["swep"], capsys)
 
