@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 from test_analyze import make_runs, make_sweep, run_row, sweep_line
@@ -283,10 +284,15 @@ def test_convergence_runs_starved_of_cpu_flag_their_cells_and_the_recommendation
     assert [flag.batch_size for flag in busy.summary.quality.timing_flags] == [16]
     assert "1 batch size whose convergence step times are flagged" in headline(
         busy.summary.quality)
-    # how many trials, and of which worker count: not every trial was slowed
-    starved = int((waits >= 0.1).sum())
-    assert (f"NOT TRUSTED: {starved} of {len(runs)} convergence trials (1-worker) waited for a "
-            "CPU up to 38%") in busy.summary.recommendation.workers_reason
+    # one worker count: the worker line compared no times, so it has nothing to distrust
+    assert busy.summary.recommendation.workers_reason == "only 1 worker measured"
+    # two: how many trials, and of which worker count (not every trial was slowed)
+    two = pd.concat([runs, runs.assign(workers=2, trial_id=runs["trial_id"] + "-w2")])
+    two_waits = np.where((two["batch_size"] == 16) & (two["workers"] == 2), 0.38, 0.004)
+    compared = analyze(make_sweep(), two.assign(cpu_wait_share=two_waits), None, SETTINGS)
+    starved = int((two_waits >= 0.1).sum())
+    assert (f"NOT TRUSTED: {starved} of {len(two)} convergence trials (2-worker) waited for a "
+            "CPU up to 38%") in compared.summary.recommendation.workers_reason
     everywhere = analyze(make_sweep(), runs.assign(cpu_wait_share=0.38), None, SETTINGS)
     assert "NOT TRUSTED: the convergence runs' threads waited" in \
         everywhere.summary.recommendation.batch_reason

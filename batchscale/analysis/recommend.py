@@ -21,7 +21,7 @@ from batchscale.analysis.expected import (
     steps_spread,
     versus_current,
 )
-from batchscale.analysis.parallel import worker_choice
+from batchscale.analysis.parallel import worker_choice, worker_counts
 from batchscale.analysis.summary import Recommendation
 from batchscale.analysis.timetotarget import BStar, StepTimeSource, optimal_batch_text
 from batchscale.analysis.usertables import DEFAULT_LR_RULE
@@ -280,11 +280,13 @@ def _other_lrs_text(failed: pd.DataFrame) -> str:
 
 def _starved_note(runs: pd.DataFrame, max_share: float | None) -> str:
     """" — NOT TRUSTED: …" when any convergence trial waited for a CPU at least `max_share` of
-    its runnable time (the worker comparison's times come from all of them), else ""."""
+    its runnable time (the worker comparison's times come from all of them), else "". With
+    one worker count nothing was compared on time, so there is nothing to distrust."""
     runs = ensure_columns(runs, RUNS)
     waits = numeric_column(runs, "cpu_wait_share")
     known = np.isfinite(waits)
-    if max_share is None or not known.any() or waits[known].max() < max_share:
+    if (max_share is None or not known.any() or waits[known].max() < max_share
+            or len(worker_counts(runs)) < 2):
         return ""
     starved = known & (waits >= max_share)
     counts = numeric_column(runs, "workers")[starved]
