@@ -65,8 +65,8 @@ class TrainingLoop:
     when `trial.should_stop()` says so. torch is seeded with `trial.seed` before it is called.
     `trial` is a batchscale.convergence.loop_trial.LoopTrial."""
     metrics: tuple[str, ...] = ("val_loss",)
-    """The metrics `report` carries, as target names (`batchscale metrics`: val_loss,
-    val_accuracy, train_loss, ...; their direction is known)."""
+    """The metrics `report` carries, as target names (val_loss, val_accuracy, train_loss, ...:
+    docs/your-model.md lists them; their direction is known)."""
     targets: tuple[tuple[str, float], ...] = ()
     """The loop's default targets, e.g. (("val_accuracy", 0.9),): used when the config sets
     none (`convergence.targets`). Empty: a config must name one."""

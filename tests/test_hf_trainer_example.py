@@ -39,6 +39,11 @@ def test_a_hugging_face_trainer_runs_as_a_users_loop(tmp_path):
     assert steps[16] > steps[128]
     curves = pq.read_table(out / "curves.parquet").to_pandas()
     assert (curves["val_accuracy"].groupby(curves["trial_id"]).max() >= 0.85).all()
+    # the lr column is the Trainer's own linear decay (report(lr=...)), not the config's
+    # schedule: falling at every evaluation, below the trial's peak
+    for trial_id, curve in curves.sort_values("step").groupby("trial_id"):
+        peak = runs.set_index("trial_id").loc[trial_id, "lr"]
+        assert (curve["lr"].diff().dropna() < 0).all() and (curve["lr"] < peak).all(), curve
     analysis = run_cli(["analyze", str(out / "runs.parquet"), "--out", str(tmp_path / "an")],
                        cwd=work)
     assert analysis.returncode == 0, analysis.stderr

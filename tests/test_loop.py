@@ -279,6 +279,20 @@ def test_the_adaptive_search_runs_a_users_own_loop_and_analyze_reports_it(tmp_pa
     assert "a grid of 6 batch sizes × 3 seeds" in analysis.stdout
 
 
+def test_a_loop_with_its_own_schedule_reports_its_learning_rate(monkeypatch):
+    """`report(lr=...)` is what the curves table records; without it, `lr_at`'s schedule."""
+    from batchscale.convergence.loop_trial import LoopStop
+
+    trial, reports = _timed_trial([0.0], monkeypatch)
+    trial.report(5, {"val_accuracy": 0.5}, lr=0.0375)
+    assert reports[-1]["lr"] == 0.0375
+    for bad in (-0.1, float("nan"), "0.1"):
+        with pytest.raises(LoopStop, match="argument 'lr' is|must be a finite learning rate"):
+            trial.report(10, {"val_accuracy": 0.6}, lr=bad)
+    trial.report(10, {"val_accuracy": 0.6})
+    assert reports[-1]["lr"] is None  # the runner records lr_at(step - 1) for it
+
+
 def test_a_reported_metric_is_a_number_or_a_one_element_tensor_never_text():
     """float() reads "0.92" and a one-element tensor alike; only the second is a number a loop
     should report."""

@@ -89,7 +89,9 @@ class LoopOutcome:
         row = {"step": step, "examples_seen": report["examples_seen"],
                "train_time_s": report["train_time_s"],
                "train_batch_loss": metrics.get("train_loss"),
-               "lr": self.schedule.at(max(step - 1, 0)), "b_simple": report["b_simple"],
+               "lr": (self.schedule.at(max(step - 1, 0)) if report.get("lr") is None
+                      else report["lr"]),
+               "b_simple": report["b_simple"],
                "at_gap_budget": False, **metrics}
         s.curve.append(row)
         s.step = step

@@ -5,6 +5,7 @@ gradient noise scale, and the two calls that connect the loop to batchscale (`re
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -157,10 +158,13 @@ class LoopTrial:
             self._sync()
             self._eval_s += time.perf_counter() - start
 
-    def report(self, step: int, metrics: dict[str, float], examples: int | None = None) -> None:
+    def report(self, step: int, metrics: dict[str, float], examples: int | None = None,
+               lr: float | None = None) -> None:
         """Record an evaluation after `step` optimizer steps (`examples` default step x
-        batch_size): the metrics by target name (val_accuracy, val_loss, train_loss, ...).
-        Call it on every rank at the same steps; rank 0's metrics are recorded."""
+        batch_size): the metrics by target name (val_accuracy, val_loss, train_loss, ...), and
+        `lr`, the learning rate your optimizer used for the step (default `lr_at(step - 1)`:
+        give it when your loop has its own schedule, so the curves table holds yours). Call it
+        on every rank at the same steps; rank 0's metrics are recorded."""
         if self._status is not None:
             return  # already finished: the loop ran on past should_stop()
         self._sync()
@@ -168,6 +172,7 @@ class LoopTrial:
                                                         else step * self.batch_size),
                "train_time_s": self._train_time_s(),
                "metrics": {k: _number(k, v) for k, v in dict(metrics).items()},
+               "lr": None if lr is None else _learning_rate(lr),
                "b_simple": self._noise.noise.b_simple if self._noise else None}
         self._status = self._on_report(row)
 
@@ -195,7 +200,7 @@ class LoopTrial:
             torch.cuda.synchronize(self.device)
 
 
-def _number(name: str, value: Any) -> float:
+def _number(name: str, value: Any, what: str = "metric") -> float:
     """A metric's value as a float: a number, or a one-element tensor or array. Text is refused
     though float() would read it: "0.92" is a loop reporting the wrong thing."""
     if not isinstance(value, (str, bytes)):
@@ -203,8 +208,17 @@ def _number(name: str, value: Any) -> float:
             return float(value)
         except (TypeError, ValueError, RuntimeError):
             pass
-    raise LoopStop(f"trial.report: metric {name!r} is {type(value).__name__} {value!r}, not a "
+    raise LoopStop(f"trial.report: {what} {name!r} is {type(value).__name__} {value!r}, not a "
                    "number (a Python or NumPy number, or a one-element tensor)")
+
+
+def _learning_rate(value: Any) -> float:
+    """`report(lr=...)` as a float: a finite number at or above 0 (a warm-up starts at 0)."""
+    lr = _number("lr", value, what="argument")
+    if not math.isfinite(lr) or lr < 0:
+        raise LoopStop(f"trial.report: lr is {lr!r}; it must be a finite learning rate, 0 or "
+                       "more (the one your optimizer used for the step)")
+    return lr
 
 
 class NoiseHook:

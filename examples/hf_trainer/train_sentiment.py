@@ -80,7 +80,8 @@ class ReportToBatchscale(TrainerCallback):  # batchscale: each evaluation is a r
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         self.trial.report(step=state.global_step, metrics={
-            "val_loss": metrics["eval_loss"], "val_accuracy": metrics["eval_accuracy"]})
+            "val_loss": metrics["eval_loss"], "val_accuracy": metrics["eval_accuracy"]},
+            lr=kwargs["optimizer"].param_groups[0]["lr"])  # the Trainer's own schedule
         if self.trial.should_stop():
             control.should_training_stop = True
 
