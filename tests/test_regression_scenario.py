@@ -44,7 +44,7 @@ pytestmark = [
     pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity"),
 ]
 
-WORKLOAD = "scenario_model:build"
+MODULE = "scenario_model"
 BATCH_SIZES = ("16", "64")
 IMAGE_SIZE_PX = "8"
 LIGHT_WIDTH, HEAVY_WIDTH = 512, 1536
@@ -76,6 +76,8 @@ MEASURE_ATTEMPTS = 6
 CI machine: once, after the busy run, the machine stayed about 20 % slower for four runs in a
 row (the check rightly confirmed that drop, naming no code change between the runs); each run
 at the new speed enters the baseline, which then follows it."""
+SCENARIO_ATTEMPTS = 2
+"""Scenarios, each from a fresh history, before the machine is called too busy for it."""
 BASELINE_RUNS = 4
 """One more than the check's minimum: a baseline of three runs has a MAD too tight to trust."""
 
@@ -84,14 +86,14 @@ def sweep_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0))[:2]
 
 
-def write_model(folder: Path, width: int, depth: int) -> None:
-    (folder / "scenario_model.py").write_text(textwrap.dedent(MODEL.format(width=width,
-                                                                           depth=depth)))
-    for cached in folder.glob("__pycache__/scenario_model*"):
+def write_model(folder: Path, module: str, width: int, depth: int) -> None:
+    (folder / f"{module}.py").write_text(textwrap.dedent(MODEL.format(width=width,
+                                                                      depth=depth)))
+    for cached in folder.glob(f"__pycache__/{module}.*"):
         cached.unlink()
 
 
-def run_sweep(folder: Path, run_id: str, commit: str, idle_wait_s: float) -> Path:
+def run_sweep(folder: Path, workload: str, run_id: str, commit: str, idle_wait_s: float) -> Path:
     """One real `batchscale sweep` of the user model, pinned to at most two CPUs, its trials
     on one thread as a scheduled run's are (`scheduled_config`); before re-measuring a
     disturbed row it waits up to `idle_wait_s` for them to be idle."""
@@ -101,7 +103,7 @@ def run_sweep(folder: Path, run_id: str, commit: str, idle_wait_s: float) -> Pat
     env = {**os.environ, "PYTHONPATH": str(folder), "BATCHSCALE_GIT_COMMIT": commit}
     cpus = ",".join(map(str, sweep_cpus()))
     command = ["taskset", "-c", cpus, str(Path(sys.executable).with_name("batchscale")), "sweep",
-               "--workload", WORKLOAD, "--batch-sizes", *BATCH_SIZES, "--image-size-px",
+               "--workload", workload, "--batch-sizes", *BATCH_SIZES, "--image-size-px",
                IMAGE_SIZE_PX, "--time-budget-s", "1.0", "--config", str(config),
                "--run-id", run_id, "--out", str(out)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
@@ -109,16 +111,17 @@ def run_sweep(folder: Path, run_id: str, commit: str, idle_wait_s: float) -> Pat
     return out
 
 
-def publish(store, monkeypatch, folder: Path, run_id: str, sweep: Path) -> tuple[Path, str]:
+def publish(store, monkeypatch, folder: Path, workload: str, run_id: str,
+            sweep: Path) -> tuple[Path, str]:
     """Publish the real sweep with small synthetic convergence tables (the check reads only the
     sweep); returns the verdict table's path and the report's Regressions Markdown."""
     for name, value in store_env(store).items():
         monkeypatch.setenv(name, value)
-    paths = write_run_files(folder / run_id, run_id, {}, workload=WORKLOAD)
+    paths = write_run_files(folder / run_id, run_id, {}, workload=workload)
     paths["sweep_path"] = str(sweep)
     out = folder / run_id / "out"
     out.mkdir()
-    run_stage(config_json(workload=WORKLOAD), run_id,
+    run_stage(config_json(workload=workload), run_id,
               regressions_path=str(out / "regressions.parquet"),
               markdown_path=str(out / "regressions.md"), **paths)
     return out / "regressions.parquet", (out / "regressions.md").read_text()
@@ -134,27 +137,39 @@ def shown(frame: pd.DataFrame) -> str:
                   "allowed_drop", "history_runs", "reason"]].to_string()
 
 
-def gate_passes(path: Path) -> bool:
+def gate_passes(path: Path, workload: str) -> bool:
     try:
-        gate_stage(config_json(workload=WORKLOAD, fail_on_regression=True), str(path))
+        gate_stage(config_json(workload=workload, fail_on_regression=True), str(path))
     except RegressionFound:
         return False
     return True
 
 
-class Scenario:
-    """Publishes runs in order under fresh run ids. A run meant to be quiet that the check calls
-    disturbed (other work on the machine) is published, as a scheduled run would be, and
-    repeated, up to MEASURE_ATTEMPTS times: the check leaves disturbed runs out of baselines and
-    of "two in a row", so the repeat is what the next scheduled run would be."""
+class MachineChangedSpeed(Exception):
+    """A quiet step that could not be judged, or would not settle, in MEASURE_ATTEMPTS runs."""
 
-    def __init__(self, store, monkeypatch, folder: Path):
+
+class Scenario:
+    """Publishes runs of one workload (`module`:build) in order under fresh run ids. A run
+    meant to be quiet that the check calls disturbed (other work on the machine) is published,
+    as a scheduled run would be, and repeated, up to MEASURE_ATTEMPTS times: the check leaves
+    disturbed runs out of baselines and of "two in a row", so the repeat is what the next
+    scheduled run would be."""
+
+    def __init__(self, store, monkeypatch, folder: Path, attempt: int):
         self.store, self.monkeypatch, self.folder = store, monkeypatch, folder
-        self.count = 0
+        self.module, self.attempt, self.count = f"{MODULE}{attempt}", attempt, 0
+        self.workload = f"{self.module}:build"
+
+    def write_model(self, width: int, depth: int) -> None:
+        write_model(self.folder, self.module, width, depth)
+
+    def gate_passes(self, path: Path) -> bool:
+        return gate_passes(path, self.workload)
 
     def run(self, commit: str, neighbour: bool = False) -> tuple[str, Path, str]:
         self.count += 1
-        run_id = f"20260601T{self.count:06d}Z-scen{self.count:02d}"
+        run_id = f"2026060{self.attempt + 1}T{self.count:06d}Z-scen{self.count:02d}"
         # One spinner per CPU of the sweep's: its trials run on one thread, which the kernel
         # would move to a CPU left free.
         spinners = [subprocess.Popen([sys.executable, "-c", SPIN, str(cpu),
@@ -165,13 +180,14 @@ class Scenario:
                 time.sleep(0.3)  # let them start spinning
             # A scheduled run waits for a neighbour to go before re-measuring; this test's
             # neighbour stays, so its run does not wait for it.
-            sweep = run_sweep(self.folder, run_id, commit,
+            sweep = run_sweep(self.folder, self.workload, run_id, commit,
                               0 if neighbour else SCHEDULED_IDLE_WAIT_S)
         finally:
             for spinner in spinners:
                 spinner.kill()
                 spinner.wait()
-        path, text = publish(self.store, self.monkeypatch, self.folder, run_id, sweep)
+        path, text = publish(self.store, self.monkeypatch, self.folder, self.workload, run_id,
+                             sweep)
         return run_id, path, text
 
     def quiet_run(self, commit: str, settled: bool = False) -> tuple[str, Path, str]:
@@ -185,15 +201,27 @@ class Scenario:
                 return run_id, path, text
             if not settled and not found.eq("not_judged").all():
                 return run_id, path, text
-        pytest.fail(f"{MEASURE_ATTEMPTS} runs in a row were too disturbed to judge or below "
-                    "their baselines: the machine is too busy for this scenario (see the "
-                    "Regressions text)\n" + text)
+        raise MachineChangedSpeed(
+            f"{MEASURE_ATTEMPTS} runs in a row were too disturbed to judge or below their "
+            "baselines: the machine is too busy for this scenario (see the Regressions text)\n"
+            + text)
 
 
 def test_busy_neighbour_is_not_a_regression_and_a_heavier_model_is_confirmed(
         object_store, monkeypatch, tmp_path):
-    scenario = Scenario(object_store, monkeypatch, tmp_path)
-    write_model(tmp_path, LIGHT_WIDTH, depth=1)
+    """The scenario once more from a fresh history (another workload name) when the machine
+    itself changed speed for minutes in a quiet step: the check then rightly confirms a drop
+    with no code change between the runs, which is not what this scenario is about."""
+    for attempt in range(SCENARIO_ATTEMPTS):
+        try:
+            return play(Scenario(object_store, monkeypatch, tmp_path, attempt))
+        except MachineChangedSpeed as err:
+            changed = err
+    pytest.fail(f"in {SCENARIO_ATTEMPTS} scenarios: {changed}")
+
+
+def play(scenario: Scenario) -> None:
+    scenario.write_model(LIGHT_WIDTH, depth=1)
     for _ in range(BASELINE_RUNS):
         scenario.quiet_run("good")
 
@@ -203,16 +231,16 @@ def test_busy_neighbour_is_not_a_regression_and_a_heavier_model_is_confirmed(
     # run is below the baseline (suspected, never failing).
     assert any(reason in busy_text for reason in (
         "Not judged", "Not judged, measured unstably", "Suspected", "No confirmed"))
-    assert gate_passes(busy)
+    assert scenario.gate_passes(busy)
 
     last_good, quiet_again, _ = scenario.quiet_run("good", settled=True)
-    assert gate_passes(quiet_again)
+    assert scenario.gate_passes(quiet_again)
 
-    write_model(tmp_path, HEAVY_WIDTH, depth=2)
+    scenario.write_model(HEAVY_WIDTH, depth=2)
     first_bad, path, first_text = scenario.quiet_run("heavy")
     first = verdicts(path)
     assert first["verdict"].eq("suspected").all(), shown(first)
-    assert "Suspected" in first_text and gate_passes(path)
+    assert "Suspected" in first_text and scenario.gate_passes(path)
 
     _, path, second_text = scenario.quiet_run("heavy")
     second = verdicts(path)
@@ -222,4 +250,4 @@ def test_busy_neighbour_is_not_a_regression_and_a_heavier_model_is_confirmed(
     assert second["last_good_commit"].eq("good").all()
     assert second["attribution"].str.contains("changed: git_commit good -> heavy").all()
     assert "regressed" in second_text and first_bad in second_text
-    assert not gate_passes(path)
+    assert not scenario.gate_passes(path)
