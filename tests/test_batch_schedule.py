@@ -208,6 +208,12 @@ def test_the_command_writes_a_checked_table_and_a_summary_that_agree(prepared, t
     for r in table:
         assert f"| {r['checkpoint_step']:,} |" in text
     assert "**Check** (2 of 2 seeds" in text and "× the constant run's steps" in text
+    check = pq.read_table(out / "schedule_check.parquet").to_pandas()
+    scheduled = check[check["schedule"] == "scheduled"]
+    last = scheduled["stages"].iloc[0].split(":")[-1]  # "from_loss:batch,...": the last batch
+    finals = check[check["schedule"] == "constant_final"]
+    assert sorted(finals["seed"]) == [0, 1] and finals["batch_sizes"].eq(last).all()
+    assert f"Against a constant {last} from the first step (the schedule's last batch" in text
     assert json.loads((out / "validation.json").read_text())[0]["success"]
     assert (out / "critical_over_training.png").stat().st_size > 1000
     assert "B_crit" in capsys.readouterr().out

@@ -5,7 +5,8 @@ from its newest checkpoint):
 - the reference run: B0 from the first check seed, saving its state at every checkpoint step;
 - branches: from each checkpoint, one short run per batch size to the checkpoint's milestone
   (the loss the reference reached `milestone_steps` later), all on one fresh data stream;
-- the check: the scheduled and the constant-B0 run, from each check seed, to the target.
+- the check: the scheduled run, the constant-B0 run and a constant run at the schedule's last
+  batch, from each check seed, to the target.
 """
 
 from __future__ import annotations
@@ -177,14 +178,16 @@ def branch(setup: Setup, cfg, checkpoint: dict, batch_size: int, milestone_loss:
 
 
 def check_run(setup: Setup, cfg, target: Target, stages: list[Stage], seed: int,
-              name: str, work: Path) -> dict:
-    """One run of the check from `seed`: B0, then each stage's batch once the validation loss
-    has reached the stage's `from_loss`, until `target` or max_steps."""
+              name: str, work: Path, start_batch: int | None = None) -> dict:
+    """One run of the check from `seed`: `start_batch` (default B0), then each stage's batch
+    once the validation loss has reached the stage's `from_loss`, until `target` or
+    max_steps."""
     path = work / "check" / f"{name}-seed-{seed}.json"
     done = _read_json(path)
     if done is not None:
         return done
-    run, batch, todo = Run(setup, seed), cfg.base_batch_size, list(stages)
+    batch = cfg.base_batch_size if start_batch is None else start_batch
+    run, todo = Run(setup, seed), list(stages)
     curve, diverged = [_eval_row(run, batch)], False
     while run.step < cfg.max_steps and not reached(target.metric, curve[-1][target.metric],
                                                    target.value):

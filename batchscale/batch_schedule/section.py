@@ -14,13 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE
 from batchscale.analysis.figures import Plot, make_plot
+from batchscale.batch_schedule.check import LEVEL, check_summary, t_interval
 from batchscale.config import AnalysisConfig
-from batchscale.tdist import t_quantile
 
-LEVEL = BOOTSTRAP_CONFIDENCE
-"""Every interval here is at B_crit's level (90 %)."""
 STEP_GOAL = 0.25
 """The schedule is worth taking when it needs at least this share fewer optimizer steps."""
 MIN_RANK_POINTS = 3
@@ -35,29 +32,6 @@ DEFAULT_MAX_CPU_WAIT_SHARE = AnalysisConfig.model_fields["max_cpu_wait_share"].d
 
 
 # ------------------------------------------------------------------------------ statistics
-
-
-def _t_interval(values: np.ndarray) -> tuple[float, float, float]:
-    mean = float(values.mean())
-    if values.size < 2:
-        return mean, math.nan, math.nan
-    half = (t_quantile(0.5 + LEVEL / 2, values.size - 1) * values.std(ddof=1)
-            / math.sqrt(values.size))
-    return mean, mean - half, mean + half
-
-
-def paired_ratio(scheduled, constant) -> tuple[float, float, float]:
-    """Geometric mean of scheduled/constant over paired seeds with a Student-t interval on the
-    log ratios (NaN interval from one pair)."""
-    return geometric_interval(np.asarray(scheduled, dtype=float)
-                              / np.asarray(constant, dtype=float))
-
-
-def geometric_interval(values) -> tuple[float, float, float]:
-    """Geometric mean of positive figures (steps, a loss) with a Student-t interval on their
-    logs: the ends stay positive, as the figures are."""
-    return tuple(math.exp(v) if math.isfinite(v) else math.nan
-                 for v in _t_interval(np.log(np.asarray(values, dtype=float))))
 
 
 def _spearman(x: np.ndarray, y: np.ndarray) -> float:
@@ -89,7 +63,7 @@ def tracking(crit: pd.DataFrame, seed: int = 0) -> dict:
     result = {"points": len(both), "ratio_mean": None, "rank": None}
     if len(both) >= 2:
         logs = np.log(both["b_simple"].to_numpy() / both["b_crit"].to_numpy())
-        result["ratio_mean"] = tuple(math.exp(v) for v in _t_interval(logs))
+        result["ratio_mean"] = tuple(math.exp(v) for v in t_interval(logs))
     if len(both) >= MIN_RANK_POINTS:
         x, y = both["b_simple"].to_numpy(), both["b_crit"].to_numpy()
         rho, low, high = _spearman(x, y), math.nan, math.nan
@@ -102,29 +76,6 @@ def tracking(crit: pd.DataFrame, seed: int = 0) -> dict:
                                                        [tail, 1 - tail]))
         result["rank"] = (rho, low, high, _permutation_p(x, y, rho))
     return result
-
-
-def check_summary(check: pd.DataFrame) -> dict:
-    """The check over seeds where both runs reached the target: paired ratios (scheduled /
-    constant) of steps, examples and training time, each schedule's steps and loss at the stop."""
-    rows = check.to_dict("records")
-    by = {(r["schedule"], r["seed"]): r for r in rows}
-    seeds = sorted({r["seed"] for r in rows if r["schedule"] == "scheduled"})
-    pairs = [(by[("scheduled", s)], by[("constant", s)]) for s in seeds
-             if ("constant", s) in by and by[("scheduled", s)]["reached"]
-             and by[("constant", s)]["reached"]]
-    summary = {"seeds": len(seeds), "paired": len(pairs),
-               "diverged": sum(bool(r["diverged"]) for r in rows)}
-    if not pairs:
-        return summary
-    for key in ("steps_to_target", "examples_to_target", "train_time_s_to_target"):
-        summary[key] = paired_ratio([a[key] for a, _ in pairs], [b[key] for _, b in pairs])
-    for name, index in (("scheduled", 0), ("constant", 1)):
-        summary[f"{name}_final_val_loss"] = geometric_interval([p[index]["final_val_loss"]
-                                                                for p in pairs])
-        summary[f"{name}_steps"] = geometric_interval([p[index]["steps_to_target"]
-                                                       for p in pairs])
-    return summary
 
 
 # ------------------------------------------------------------------------------- findings
@@ -191,7 +142,8 @@ class Findings:
     def wins(self) -> bool:
         """The check shows the schedule needs fewer steps (the interval's top below 1)."""
         steps = self.summary.get("steps_to_target")
-        return bool(steps) and math.isfinite(steps[2]) and steps[2] < 1
+        return (bool(steps) and math.isfinite(steps[2]) and steps[2] < 1
+                and not final_dominates(self.summary.get("final")))
 
     def schedule_text(self) -> str:
         if not self.stages:
@@ -337,7 +289,51 @@ def _check_text(f: Findings) -> str:
             f"{f.timing_flag()}; steps to "
             f"the target: scheduled {r(c['scheduled_steps'], ',.0f')}, constant "
             f"{r(c['constant_steps'], ',.0f')}. Validation loss at the stop: scheduled "
-            f"{r(sched, '.4f')}, constant {r(const, '.4f')}.{_missed_prediction(f)}")
+            f"{r(sched, '.4f')}, constant {r(const, '.4f')}.{_missed_prediction(f)}"
+            f"{_final_text(c['final'])}")
+
+
+def _final_text(final: dict | None) -> str:
+    """" Against a constant N from the first step …": the schedule against its own last batch,
+    the fixed batch a user would otherwise jump to; "" where the table has no such runs."""
+    if final is None:
+        return ""
+    n, runs, reached = final["batch_size"], final["runs"], final["reached"]
+    diverged = f", {final['diverged']} diverged" if final["diverged"] else ""
+    if not final["paired"]:
+        return (f" A constant {n} from the first step (the schedule's last batch) reached the "
+                f"target in {reached} of {runs} seeds{diverged}, none of them beside a "
+                "scheduled run that reached it: no ratio to give.")
+    said = final["paired"] < 2
+    steps, examples = final["steps_to_target"], final["examples_to_target"]
+    dominated = (f"; the constant {n} needed fewer steps and no more examples, so take it "
+                 "rather than the schedule" if final_dominates(final) else "")
+    return (f" Against a constant {n} from the first step (the schedule's last batch; "
+            f"{reached} of {runs} seeds reached the target{diverged}"
+            f"{'; one seed, so no intervals' if said else ''}): the schedule took "
+            f"{_range(steps, '.2f', said)}× its steps and {_range(examples, '.2f', said)}× its "
+            f"examples{dominated}.")
+
+
+def final_dominates(final: dict | None) -> bool:
+    """Whether the constant run at the schedule's last batch needed more than the schedule in
+    neither steps nor examples, by the near ends of the ratios' intervals (the ratios alone
+    from one seed): the schedule is then no answer to take."""
+    if not final or not final["paired"]:
+        return False
+    near = [low if math.isfinite(low) else value
+            for value, low, _ in (final["steps_to_target"], final["examples_to_target"])]
+    return near[0] > 1 and near[1] >= 1
+
+
+def _fixed_batches_text(f: Findings) -> str:
+    """What the schedule was run beside, for the card and the terminal line."""
+    final = f.summary["final"]
+    if final is None or not final["paired"]:
+        return "where it starts; no other fixed batch was run beside it"
+    return (f"where it starts, and {_range(final['steps_to_target'], '.2f')}× the steps and "
+            f"{_range(final['examples_to_target'], '.2f')}× the examples of a constant "
+            f"{final['batch_size']}, its last batch")
 
 
 def _missed_prediction(f: Findings) -> str:
@@ -373,7 +369,7 @@ def answer_line(f: Findings) -> str | None:
     examples = f.summary["examples_to_target"]
     return (f"**Batch-size schedule: {f.schedule_text()}** — it took {_range(steps, '.2f')}× "
             f"the steps and {_range(examples, '.2f')}× the examples of a constant "
-            f"{f.base_batch} (where it starts; no other fixed batch was run beside it) to "
+            f"{f.base_batch} ({_fixed_batches_text(f)}) to "
             f"{f.target}, checked from {seeds} seeds ([evidence](#{SECTION_ID})).")
 
 
@@ -385,8 +381,8 @@ def summary_line(f: Findings) -> str:
         examples = f.summary["examples_to_target"]
         return (f"batch-size schedule: {f.schedule_text()} — {_range(steps, '.2f')}x the "
                 f"steps and {_range(examples, '.2f')}x the examples of a constant "
-                f"{f.base_batch}, where it starts (checked from {f.summary['paired']} seeds; "
-                "no other fixed batch was run beside it)")
+                f"{f.base_batch} ({_fixed_batches_text(f).replace('×', 'x')}; checked from "
+                f"{f.summary['paired']} seeds)")
     check = _check_text(f).replace("**", "")
     return f"batch-size schedule: {f.schedule_text()} — {check}"
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchscale.batch_schedule import fit, measure
+from batchscale.batch_schedule.check import FINAL_CONSTANT
 from batchscale.batch_schedule.measure import Target
 from batchscale.batch_schedule.section import crit_text
 from batchscale.batch_schedule.tables import Outcome
@@ -113,6 +114,12 @@ def measure_schedule(cfg, data_dir: str, work: Path, run_id: str,
                 echo(f"check: constant run from seed {s}")
                 outcome.check_rows.append(measure.check_run(setup, bs, target, [], s,
                                                             "constant", work))
+            # the schedule's last batch from the start: what the schedule must beat in
+            # examples, as the constant B0 in steps
+            final = stages[-1].batch_size
+            echo(f"check: constant run at the schedule's last batch {final} from seed {s}")
+            outcome.check_rows.append(measure.check_run(setup, bs, target, [], s,
+                                                        FINAL_CONSTANT, work, final))
     return outcome
 
 
