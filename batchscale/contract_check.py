@@ -278,9 +278,15 @@ def _per_position(value: object, rows: int) -> bool:
 
 
 def _shown(value: object) -> str:
+    """A returned value for a message: its type, its shape and dtype where it has them (what a
+    truncated repr of a tensor hides), and its repr cut short."""
+    shape = getattr(value, "shape", None)
+    kind = type(value).__name__
+    if shape is not None and hasattr(value, "dtype"):
+        kind += f" of shape {list(shape)} ({value.dtype})"
     try:
-        return f"{type(value).__name__} {reprlib.repr(value)}"
+        return f"{kind} {reprlib.repr(value)}"
     except Exception:
-        return type(value).__name__
+        return kind
 
 

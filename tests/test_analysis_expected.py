@@ -61,11 +61,21 @@ def test_the_saving_against_today_takes_its_band_from_both_ranges():
 @pytest.mark.parametrize(("current", "expected"), [
     (None, "give the batch size you train with today"),
     (64, "you already train at batch 64: keep it"),
-    (48, "your batch 48 did not reach the target with the linear rule among the measured batch "
-         "sizes (16, 64): add it to convergence.batch_sizes"),
+    (48, "your batch 48 was not trained (the trials ran at batch 16, 64): to quote a saving, "
+         "train it beside them (in convergence.batch_sizes with strategy grid; an adaptive "
+         "search trains only the batches it chooses among them)"),
 ])
 def test_without_a_measured_current_batch_it_says_what_to_give(current, expected):
     assert expected in versus_current(RUNS, obvious_table(), "linear", 64, current)
+
+
+def test_a_current_batch_trained_without_reaching_the_target_is_not_told_to_be_added():
+    failed = pd.concat([RUNS[RUNS["batch_size"] == 64],
+                        RUNS[RUNS["batch_size"] == 16].assign(status="not_reached",
+                                                              steps_to_target=float("nan"))])
+    text = versus_current(failed, obvious_table(), "linear", 64, 16)
+    assert text == ("your batch 16 did not reach the target with the linear rule (the trials ran "
+                    "at batch 16, 64), so there is no saving to quote against it")
 
 
 def test_the_recommendation_lists_the_outcome_and_the_learning_rate_against_today():

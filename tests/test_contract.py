@@ -165,7 +165,8 @@ def _leaves(batch) -> list:
     ("list_features", (), r"linear\(\): argument 'input' .* must be Tensor, not list\. The "
                           r"field 'x' came out as 2 tensors of 2 values, one per list position"
                           r".* return a tensor from __getitem__"),
-    ("vector_loss", (), "expected a scalar floating-point tensor"),
+    ("vector_loss", (), r"Workload.loss returned Tensor of shape \[2\] \(torch.float32\) .*"
+                        "expected a scalar floating-point tensor"),
     ("nan_loss", (), "expected a finite value"),
     ("no_accuracy", (), "must return accuracy"),
     ("unknown_metric", (), "Workload.metrics names 'val_f1'; allowed: val_accuracy"),
@@ -190,6 +191,19 @@ def test_converge_refuses_a_broken_workload_before_any_trial(tmp_path):
     assert "Traceback" not in result.stderr
     assert "Workload.loss failed" in result.stderr and "the model must accept" in result.stderr
     assert not (out / "runs.parquet").exists() and not (out / "work").exists()
+
+
+def test_run_refuses_a_workload_whose_evaluation_cannot_work_before_any_stage(tmp_path):
+    """`run` checks the evaluation and the data as the convergence stage will, before it
+    prepares data, starts the store or sweeps: nothing is written."""
+    config = tmp_path / "mine.yaml"
+    config.write_text("workload: contract_workloads:no_accuracy\n"
+                      "convergence: {batch_sizes: [8, 32]}\n")
+    result = run_cli(["run", "--config", str(config)], cwd=tmp_path,
+                     env={"PYTHONPATH": str(TESTS_DIR)})
+    assert result.returncode == 2, result.stderr
+    assert "must return accuracy" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / ".batchscale").exists()
 
 
 def test_sweep_of_a_factory_that_rejects_its_input_exits_2(tmp_path):

@@ -439,6 +439,7 @@ def test_the_summary_says_at_which_level_the_b_crit_intervals_are_read():
     assert level_lines(AnalysisConfig(), adaptive=False) == []
     assert level_lines(AnalysisConfig(), adaptive=True) == [
         "  (B_crit intervals: 90%, read at the 98% level: an adaptive search chose these trials "
-        "and stopped once its interval was narrow, which a 90% reading over-claims)"]
+        "from the results so far (where to train next, when to stop), which a 90% reading "
+        "over-claims)"]
     assert "analysis.b_crit_read_level" in level_lines(AnalysisConfig(b_crit_read_level=0.95),
                                                        adaptive=False)[0]

@@ -10,10 +10,10 @@ import math
 
 import pandas as pd
 import pytest
-from clean_tables import critical_over_training_rows, schedule_check_rows
 
 from batchscale.batch_schedule import section
 from batchscale.batch_schedule.check import FINAL_CONSTANT, check_summary
+from clean_tables import critical_over_training_rows, schedule_check_rows
 
 
 def with_final(steps: tuple[float, float], examples: tuple[float, float],

@@ -419,11 +419,17 @@ def _stop_reason(search: Search, state: IntervalState, runs: pd.DataFrame,
             return forecast.words(c.target_interval_ratio)
     examples, _, held_s = search.spent()
     if c.adaptive_budget_examples and examples >= c.adaptive_budget_examples:
-        return STOP_BUDGET
+        return (f"{STOP_BUDGET}: {examples:,} examples against adaptive_budget_examples "
+                f"{c.adaptive_budget_examples:,}{BUDGET_CHECKED}")
     if c.adaptive_budget_device_s and held_s >= c.adaptive_budget_device_s:
-        return STOP_DEVICE_BUDGET
+        return (f"{STOP_DEVICE_BUDGET}: {held_s:,.1f} device-seconds held against "
+                f"adaptive_budget_device_s {c.adaptive_budget_device_s:g}{BUDGET_CHECKED}")
     cells = len(search.cells) + len(search.probes)
     return "cell limit reached" if cells >= c.adaptive_max_cells else ""
+
+
+BUDGET_CHECKED = (" (a budget is checked before each refining cell: the probes and the placed "
+                  "cells run first, and a cell once started trains to its end)")
 
 
 def _refine(search: Search, allowed: list[int], prediction: NoisePrediction) -> None:

@@ -64,8 +64,9 @@ def read_level_reason(level: float) -> str:
     if level == BOOTSTRAP_CONFIDENCE:
         return ""
     if level == ADAPTIVE_READ_LEVEL:
-        return ("an adaptive search chose these trials and stopped once its interval was "
-                f"narrow, which a {BOOTSTRAP_CONFIDENCE:.0%} reading over-claims")
+        return ("an adaptive search chose these trials from the results so far (where to "
+                "train next, when to stop), which a "
+                f"{BOOTSTRAP_CONFIDENCE:.0%} reading over-claims")
     return "analysis.b_crit_read_level"
 
 

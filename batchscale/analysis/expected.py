@@ -389,9 +389,15 @@ def versus_current(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: in
     if cur is None:
         measured = sorted({int(b) for b in numeric_column(ensure_columns(runs, RUNS),
                                                           "batch_size") if np.isfinite(b)})
+        listed = ", ".join(map(str, measured))
+        if current_batch not in measured:
+            return (f"your batch {current_batch} was not trained (the trials ran at batch "
+                    f"{listed}): to quote a saving, train it beside them (in "
+                    "convergence.batch_sizes with strategy grid; an adaptive search trains "
+                    "only the batches it chooses among them)")
         return (f"your batch {current_batch} did not reach the target with the {rule} rule "
-                f"among the measured batch sizes ({', '.join(map(str, measured))}): add it to "
-                "convergence.batch_sizes to quote a saving")
+                f"(the trials ran at batch {listed}), so there is no saving to quote against "
+                "it")
     parts = [f"{_ratio(rec, cur)} the steps"]
     flags = untrusted_time(table, rule, batch) or untrusted_time(table, rule, current_batch)
     rec_t, cur_t = on_one_basis(

@@ -70,10 +70,11 @@ def cmd_run(args) -> int:
     # A user factory that cannot be imported or returns no nn.Module fails here, not later.
     workload = get_workload(cfg.workload, image_size=cfg.sweep.image_size_px)
     cfg = with_workload_targets(cfg, workload)
-    # A TrainingLoop is checked as the convergence stage will run it (it has no sweep; the
-    # sweep stage says so); the convergence stage checks a Workload's evaluation itself.
-    check_workload(workload, targets=cfg.convergence.resolved_targets(),
-                   convergence=workload.loop is not None)
+    # Checked as the convergence stage will run it (its loss and evaluation on two examples,
+    # its data against the largest batch): a mistake there is refused now, not after the data
+    # preparation and the whole sweep.
+    check_workload(workload, batch_sizes=cfg.convergence.batch_sizes,
+                   targets=cfg.convergence.resolved_targets(), convergence=True)
     if workload.loop is not None and cfg.batch_schedule.enabled:
         from batchscale.batch_schedule.stage import loop_refusal
 

@@ -41,8 +41,9 @@ SCHEDULE_CHECK = pa.schema(
     [
         # The batch-size schedule's check (batchscale/batch_schedule/): one row per (schedule,
         # seed), the scheduled run, the constant-base_batch_size run and the constant run at
-        # the schedule's last batch trained to the same target. Steps, examples and training seconds to the target are interpolated between
-        # the evaluations around the first that reached it (NaN: not reached).
+        # the schedule's last batch trained to the same target. Steps, examples and training
+        # seconds to the target are interpolated between the evaluations around the first
+        # that reached it (NaN: not reached).
         pa.field("schedule", pa.string(), nullable=False),  # scheduled, constant, constant_final
         pa.field("seed", pa.int64(), nullable=False),
         # The constant run that is the reference run itself (the first check seed's): its row
