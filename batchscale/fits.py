@@ -228,6 +228,13 @@ def find_saturation(sweep: pd.DataFrame, tolerance: float = DEFAULT_SATURATION_T
     first = int(batches[curve["samples_per_s"] >= (1.0 - tolerance) * best].min())
     if first == int(batches.max()):
         larger = [b for b in failed_batches(sweep) if b > first]
+        unstable = [int(b) for b in throughput_curve(sweep, input_mode, include_unstable=True)
+                    ["batch_size"] if b > first]
+        if unstable:
+            return None, (f"samples/s still grows at {first:,}, the largest batch measured "
+                          f"stably ({input_mode} input); batch {_listed(unstable)} were timed "
+                          "but flagged unstable and left out, so whether it goes on growing is "
+                          "not known: rerun the sweep on a quieter machine")
         advice = (f"batch {_listed(larger)} failed in the sweep (status error), so no larger "
                   "batch can be measured as the workload is" if larger
                   else "measure larger batches")

@@ -48,6 +48,20 @@ def test_no_saturation_batch_while_samples_per_s_still_grows_at_the_largest_batc
     assert saturation_batch(pd.DataFrame(rows)) == 512
 
 
+def test_larger_batches_flagged_unstable_are_named_not_called_unmeasured():
+    """Timed at 4–128 on a busy machine, only 4 and 8 stable: growth is seen up to 8, and the
+    reason says the larger batches were measured but left out, not that 8 was the largest."""
+    rows = [sweep_row(b, b / s) for b, s in {4: 600, 8: 979}.items()]
+    rows += [{**sweep_row(b, b / s), "quality": "unstable"}
+             for b, s in {16: 1100, 64: 1300, 128: 1369}.items()]
+    batch, reason = find_saturation(pd.DataFrame(rows))
+    assert batch is None
+    assert reason == ("samples/s still grows at 8, the largest batch measured stably (synthetic "
+                      "input); batch 16, 64, 128 were timed but flagged unstable and left out, "
+                      "so whether it goes on growing is not known: rerun the sweep on a quieter "
+                      "machine")
+
+
 def test_fit_step_time_recovers_line():
     batch = np.array([1, 4, 16, 64, 256])
     fit = fit_step_time(batch, 0.002 + 1e-5 * batch)
