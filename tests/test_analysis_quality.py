@@ -208,7 +208,14 @@ def test_a_cell_whose_step_times_disagree_is_flagged():
     # make_sweep's real input takes 1.2× the device's time: the slow side is judged against it
     assert "8.33× the sweep's 1.24 ms (real-input measurement)" in row["timing_flag"]
     assert "more than the 2× allowed" in row["timing_flag"]
+    assert "thread(s)" not in row["timing_flag"]  # neither table says, or they agree
     assert row["step_time_s"] == pytest.approx(10 * line(16))
+    # a one-thread sweep beside two-thread trials: the flag names both counts
+    threads = analyze(make_sweep().assign(threads=1), runs.assign(threads=2), None, SETTINGS)
+    flag = next(r["timing_flag"] for r in threads.rows if r["batch_size"] == 16)
+    assert flag.endswith("; the sweep timed on 1 thread(s) and the convergence runs trained on "
+                         "2, which alone moves a step time on a CPU (sweep.threads sets the "
+                         "sweep's only: docs/sweep.md)")
     assert [flag.batch_size for flag in result.summary.quality.timing_flags] == [16]
     page = render_html(result, make_sweep(), runs, None)
     assert 'class="quality"' in page and "<strong>Timing.</strong> At batch 16" in page

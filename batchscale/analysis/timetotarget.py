@@ -308,10 +308,11 @@ def cell_step_times(
         columns["step_time_source"].append(source)
         columns["sweep_step_time_s"].append(sweep_time)
         columns["sweep_step_time_source"].append(sweep_source)
+        disagree = timing_flag(own, SweepTime(sweep_time, sweep_source, device_mode),
+                               SweepTime(read_time, read_source, "real"), disagreement_factor)
         flags = [
             starved_flag(waits.get(batch), max_cpu_wait_share) if math.isfinite(own) else None,
-            timing_flag(own, SweepTime(sweep_time, sweep_source, device_mode),
-                        SweepTime(read_time, read_source, "real"), disagreement_factor),
+            disagree and disagree + threads_note(sweep, runs),
         ]
         columns["timing_flag"].append("; ".join(f for f in flags if f) or None)
     # object Series keep None as None (a text column of the analysis table: null, not NaN)
@@ -377,6 +378,22 @@ def timing_flag(convergence_s: float, device: SweepTime, reading: SweepTime,
         f"the convergence runs took {_ms(convergence_s)} per step, {comparison}: more than the"
         f" {factor:g}× allowed, so one of them is off, most likely {cause}"
     )
+
+
+def threads_note(sweep: pd.DataFrame | None, runs: pd.DataFrame) -> str:
+    """"; the sweep timed on 1 thread and the convergence runs trained on 2, …" where the two
+    tables' `threads` differ (a step time moves with them on a CPU), else ""."""
+    def counts(frame) -> list[int]:
+        if frame is None or "threads" not in frame:
+            return []
+        return sorted({int(t) for t in numeric_column(frame, "threads") if np.isfinite(t)})
+
+    swept, trained = counts(sweep), counts(runs)
+    if not swept or not trained or swept == trained:
+        return ""
+    return (f"; the sweep timed on {'/'.join(map(str, swept))} thread(s) and the convergence "
+            f"runs trained on {'/'.join(map(str, trained))}, which alone moves a step time on a "
+            "CPU (sweep.threads sets the sweep's only: docs/sweep.md)")
 
 
 def _sweep_text(time: SweepTime) -> str:
