@@ -51,9 +51,14 @@ def task_refusals() -> Iterator[None]:
     """Around a pipeline task's stage call: a BatchscaleError (bad input, a failed validation,
     a regression) ends the task with the error's exit status and its message, not the KFP
     executor's traceback; a machine-readable line after it lets `batchscale run` say which
-    task refused what, with the same exit status."""
+    task refused what, with the same exit status. Ctrl-C (the terminal sends it to every task
+    process of `batchscale run`) ends the task with exit 130 and no traceback: whatever the
+    stage had finished is written by then, and `batchscale run` says so."""
     try:
         yield
+    except KeyboardInterrupt:
+        print("batchscale: interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     except BatchscaleError as err:
         from batchscale.names import redact_url
 

@@ -25,11 +25,11 @@ def analysis(
     metrics: Output[Metrics],
     summary: Output[Markdown],
 ):
-    from batchscale.config.stage_inputs import StageConfig
     from batchscale.errors import task_refusals
-    from batchscale.report.stage import run_task
 
     with task_refusals():
+        from batchscale.config.stage_inputs import StageConfig
+        from batchscale.report.stage import run_task
         cfg = StageConfig(experiment, analysis=analysis_config, convergence=convergence_config,
                           sweep=sweep_config)
     run_task(metrics, cfg, run_id, sweep.path, curves.path, runs.path, decisions.path,
@@ -55,11 +55,11 @@ def analysis_with_schedule(
     metrics: Output[Metrics],
     summary: Output[Markdown],
 ):
-    from batchscale.config.stage_inputs import StageConfig
     from batchscale.errors import task_refusals
-    from batchscale.report.stage import run_task
 
     with task_refusals():
+        from batchscale.config.stage_inputs import StageConfig
+        from batchscale.report.stage import run_task
         cfg = StageConfig(experiment, analysis=analysis_config, convergence=convergence_config,
                           sweep=sweep_config)
     run_task(metrics, cfg, run_id, sweep.path, curves.path, runs.path, decisions.path,

@@ -16,13 +16,13 @@ def batch_schedule(experiment: dict, batch_schedule_config: dict, convergence_co
     import sys
     import tempfile
 
-    from batchscale.batch_schedule.stage import run_stage
-    from batchscale.config.stage_inputs import StageConfig
     from batchscale.errors import task_refusals
 
     # Trials and validation pages live only as long as the task: a local run's executor shares
     # /tmp with the next one, so nothing is left there.
     with task_refusals(), tempfile.TemporaryDirectory(prefix="batch-schedule-") as work:
+        from batchscale.batch_schedule.stage import run_stage
+        from batchscale.config.stage_inputs import StageConfig
         cfg = StageConfig(experiment, batch_schedule=batch_schedule_config,
                           convergence=convergence_config, analysis=analysis_config)
         run_stage(cfg, run_id, dataset.path, critical_over_training.path,

@@ -12,11 +12,11 @@ def convergence(experiment: dict, convergence_config: dict, analysis_config: dic
                 kubernetes_config: dict, run_id: str, batch_sizes: str, workers: str,
                 dataset: Input[Dataset], sweep: Input[Dataset], curves: Output[Dataset],
                 runs: Output[Dataset], decisions: Output[Dataset]):
-    from batchscale.adaptive.stage import run_stage
-    from batchscale.config.stage_inputs import StageConfig
     from batchscale.errors import task_refusals
 
     with task_refusals():
+        from batchscale.adaptive.stage import run_stage
+        from batchscale.config.stage_inputs import StageConfig
         cfg = StageConfig(experiment, convergence=convergence_config, analysis=analysis_config,
                           kubernetes=kubernetes_config)
         run_stage(cfg, run_id, batch_sizes, int(workers), dataset.path, curves.path, runs.path,

@@ -16,11 +16,11 @@ def publish(experiment: dict, publish_config: dict, analysis_config: dict,
             decisions: Input[Dataset], plan: Input[Dataset],
             lake_manifest: Output[Artifact],
             regressions: Output[Dataset], regressions_summary: Output[Markdown]):
-    from batchscale.config.stage_inputs import StageConfig
     from batchscale.errors import task_refusals
-    from batchscale.lake.publish import run_task
 
     with task_refusals():
+        from batchscale.config.stage_inputs import StageConfig
+        from batchscale.lake.publish import run_task
         cfg = StageConfig(experiment, publish=publish_config, analysis=analysis_config,
                           convergence=convergence_config, sweep=sweep_config)
     run_task(lake_manifest.path, cfg, run_id, dataset.path, sweep.path, curves.path,
@@ -39,11 +39,11 @@ def publish_with_schedule(experiment: dict, publish_config: dict, analysis_confi
                           schedule_check: Input[Dataset], lake_manifest: Output[Artifact],
                           regressions: Output[Dataset], regressions_summary: Output[Markdown]):
     """publish, with the batch-schedule stage's two tables (a config that enables it)."""
-    from batchscale.config.stage_inputs import StageConfig
     from batchscale.errors import task_refusals
-    from batchscale.lake.publish import run_task
 
     with task_refusals():
+        from batchscale.config.stage_inputs import StageConfig
+        from batchscale.lake.publish import run_task
         cfg = StageConfig(experiment, publish=publish_config, analysis=analysis_config,
                           convergence=convergence_config, sweep=sweep_config)
     run_task(lake_manifest.path, cfg, run_id, dataset.path, sweep.path, curves.path,
@@ -54,9 +54,9 @@ def publish_with_schedule(experiment: dict, publish_config: dict, analysis_confi
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def regression_gate(experiment: dict, publish_config: dict, regressions: Input[Dataset]):
-    from batchscale.config.stage_inputs import StageConfig
     from batchscale.errors import task_refusals
-    from batchscale.lake.publish import gate_stage
 
     with task_refusals():
+        from batchscale.config.stage_inputs import StageConfig
+        from batchscale.lake.publish import gate_stage
         gate_stage(StageConfig(experiment, publish=publish_config), regressions.path)

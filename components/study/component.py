@@ -21,12 +21,12 @@ def variant_run_id(study_id: str, variant: str) -> str:
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def compare_study(config: dict, study_id: str, study: Output[Dataset],
                   study_axes: Output[Dataset], report: Output[HTML], answer: Output[Markdown]):
-    from batchscale.config.stage_inputs import config_from_input
     from batchscale.errors import task_refusals
-    from batchscale.study.stage import run_compare_stage
 
     # The whole study config: its variants are whole experiments, made from it here.
     with task_refusals():
+        from batchscale.config.stage_inputs import config_from_input
+        from batchscale.study.stage import run_compare_stage
         study_config = config_from_input(config, "pipeline input config")
         markdown = run_compare_stage(study_config, study_id, study.path, study_axes.path,
                                      report.path)
