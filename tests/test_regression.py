@@ -494,3 +494,17 @@ def test_a_run_that_moved_as_a_whole_is_said_before_its_cells():
     assert whole_run_shift(mixed) is None
     assert whole_run_shift(frame.iloc[:3]) is None  # too few cells to call it the whole run
 
+
+
+def test_a_null_wait_limit_in_the_config_turns_the_run_level_check_off_too(tmp_path,
+                                                                            object_store):
+    """`sweep.max_cpu_wait_share: null` reaches the publish stage's check as None (off), not as
+    'unset' (its 10 % default): a busy run is then judged, not called disturbed."""
+    from batchscale.lake.publish import write_regressions
+
+    rows = [measured_row(b, MEAN_RATE, cpu_wait=0.3) for b in BATCHES]
+    for limits, verdict in (((0.25, 0.1), NOT_JUDGED), ((0.25, None), "insufficient_history")):
+        found = write_regressions(object_store, "20261206T000000Z-null01",
+                                  run_frame("20261206T000000Z-null01", rows), HISTORY,
+                                  tmp_path / f"{limits[1]}.parquet", limits)
+        assert set(found["verdict"]) == {verdict}, found[["verdict", "reason"]]

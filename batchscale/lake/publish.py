@@ -143,12 +143,13 @@ def _create_only(store: ObjectStore, run_id: str, key: str, data: bytes) -> bool
 
 def write_regressions(store: ObjectStore, run_id: str, sweep: pd.DataFrame,
                       history_runs: int, path: str | Path,
-                      quality_limits: tuple[float | None, float | None] = (None, None),
+                      quality_limits: tuple[float | None, float | None] | None = None,
                       no_sweep: str | None = None) -> pd.DataFrame:
     """Judge `sweep` against the lake's history and write the verdicts to `path`; when this
     run's verdicts are already stored (a retried publish), copy those bytes instead.
     `quality_limits`: the sweep's (max_unstable_share, max_cpu_wait_share), which decide
-    whether a run was too disturbed to judge (None: the regression check's defaults).
+    whether a run was too disturbed to judge, a None in it turning that check off, as in the
+    config (None for both: the regression check's defaults).
     `no_sweep`: why the run has no sweep rows (a TrainingLoop): the verdicts table is left
     empty, saying so."""
     date = publish_date(store, run_id)
@@ -161,9 +162,9 @@ def write_regressions(store: ObjectStore, run_id: str, sweep: pd.DataFrame,
     else:
         workloads = sorted(sweep["workload"].unique())
         history = read_history(store, run_id, workloads)
-        unstable, waits = quality_limits
-        limits = {k: v for k, v in (("max_unstable_share", unstable),
-                                    ("max_cpu_wait_share", waits)) if v is not None}
+        limits = ({} if quality_limits is None else
+                  dict(zip(("max_unstable_share", "max_cpu_wait_share"), quality_limits,
+                           strict=True)))
         write_table_atomic(path, regressions_table(check_regressions(sweep, history,
                                                                      history_runs, **limits)))
     return read_table_file(path).to_pandas()
