@@ -348,6 +348,16 @@ def test_nothing_changed_in_the_recorded_versions_is_said_so():
         "no change in git_commit, batchscale_version, torch_version, cuda_version, gpu_driver, "
         "python_version, image recorded between them "
         "(look outside the code: data, driver, node)").all()
+    # A user's own workload module: its code is not batchscale's commit, and that is said.
+    mine = {"workload": "teamtrain:workload"}
+    history = pd.concat([three_quiet_runs(**mine), quiet_run("slow1", scale=0.6, **mine)],
+                        ignore_index=True)
+    table = check_regressions(quiet_run("slow2", scale=0.6, **mine), history, HISTORY)
+    assert set(table["verdict"]) == {CONFIRMED}
+    assert table["attribution"].str.endswith(
+        "recorded between them (look at your workload's own code, whose commit is not "
+        "recorded unless BATCHSCALE_GIT_COMMIT names it: git_commit is batchscale's; then "
+        "the data, driver, node)").all()
 
 
 def test_a_blip_is_suspected_then_cleared_and_fails_nothing(tmp_path):

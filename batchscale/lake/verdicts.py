@@ -63,6 +63,11 @@ def attribution_text(good: dict, bad: dict, fields: tuple[str, ...]) -> str:
                and value_text(f, good) != value_text(f, bad)]
     if changed:
         return f"{between}; changed: {', '.join(changed)}"
+    if ":" in str(bad.get("workload", "")):  # a user's module:attribute, versioned elsewhere
+        return (f"{between}; no change in {', '.join(fields)} recorded between them (look at "
+                "your workload's own code, whose commit is not recorded unless "
+                "BATCHSCALE_GIT_COMMIT names it: git_commit is batchscale's; then the data, "
+                "driver, node)")
     return (f"{between}; no change in {', '.join(fields)} recorded between them (look outside "
             "the code: data, driver, node)")
 
