@@ -238,6 +238,16 @@ def test_a_timing_flag_without_both_step_times_is_not_a_nan_ratio():
     assert _timing_cell({**flagged, "step_time_s": 0.02}) == "10× the sweep"
     assert _timing_cell({**flagged, "step_time_s": float("nan")}) == "flagged (see the quality box)"
     assert _timing_cell({**flagged, "timing_flag": None, "step_time_s": 0.02}) is None
+    # The ratio the flag's sentence gives, against the input it names (a real-input row, where
+    # the table's sweep column holds the synthetic one): the table and the text agree.
+    sentence = ("the convergence runs took 198 ms per step, 34.9× the sweep's 5.67 ms "
+                "(real-input line): more than the 2× allowed, so one of them is off")
+    assert _timing_cell({**flagged, "timing_flag": sentence, "step_time_s": 0.198}) == \
+        "34.9× the sweep (real input)"
+    faster = ("the convergence runs took 1 ms per step, 3.1× less than the sweep's 3.1 ms "
+              "(synthetic-input measurement): more than the 2× allowed")
+    assert _timing_cell({**flagged, "timing_flag": faster, "step_time_s": 0.001}) == \
+        "3.1× less than the sweep (synthetic input)"
 
 
 def test_a_sweep_step_time_from_its_line_is_marked_as_the_line():

@@ -9,6 +9,7 @@ analysis's own Markdown (`narrative`), turned into HTML by `batchscale.html.mark
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import pandas as pd
@@ -248,10 +249,18 @@ def _sweep_time_cell(row: dict) -> str | float:
     return value
 
 
+_FLAG_RATIO = re.compile(r"([\d.]+× (?:less than )?)the sweep's [^(]*\((\w+)-input ")
+
+
 def _timing_cell(row: dict) -> str | None:
-    """A flagged cell as "10× the sweep" (the full sentence is in the quality box)."""
+    """A flagged cell as "10× the sweep (real input)", the ratio its flag's sentence gives (the
+    full sentence is in the quality box): the flag judges the slow side against the real-input
+    time where the sweep timed it, which the table's own sweep column does not show."""
     if not row["timing_flag"]:
         return None
+    said = _FLAG_RATIO.search(row["timing_flag"])
+    if said:
+        return f"{said[1]}the sweep ({said[2]} input)"
     ratio = row["step_time_s"] / row["sweep_step_time_s"]
     if not math.isfinite(ratio):  # one of the two step times is missing
         return "flagged (see the quality box)"
