@@ -285,8 +285,8 @@ def _interval_words(state: IntervalState, read_at: float = BOOTSTRAP_CONFIDENCE,
 def _prediction_words(p: NoisePrediction) -> str:
     if not math.isfinite(p.b_crit):
         return p.reason
-    words = (f"B_simple {p.method} predicts B_crit ≈ {p.b_crit:.3g} "
-             f"[{p.low:.3g}, {p.high:.3g}] from {p.evaluations} evaluations")
+    words = (f"B_simple {p.method} predicts B_crit ≈ {p.b_crit:.3g} (interquartile range "
+             f"{p.low:.3g}–{p.high:.3g}) from {p.evaluations} evaluations")
     return words + (f" ({p.reason})" if p.reason else "")
 
 
