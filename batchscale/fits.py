@@ -201,7 +201,8 @@ def failed_batches(sweep: pd.DataFrame) -> list[int]:
     bigger batch there cannot be measured as the workload is. A trial process that died
     without a result is the machine's failure, not the workload's, and is not counted."""
     sweep = ensure_columns(sweep, schemas.SWEEP)
-    own = sweep["error"].fillna("").astype(str).str.contains(SITE_PREFIX, regex=False)
+    # an error column with no text reads back as float NaN: only strings name a line
+    own = sweep["error"].map(lambda e: isinstance(e, str) and SITE_PREFIX in e)
     raised = matches(sweep, "status", TrialStatus.ERROR) & own.to_numpy(dtype=bool)
     failed = numeric_column(sweep, "batch_size")[raised]
     return sorted({int(b) for b in failed if math.isfinite(b)})
