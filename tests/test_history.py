@@ -247,6 +247,13 @@ def test_history_prints_a_bound_as_a_bound_and_reads_older_runs_without_the_colu
     bound = next(line for line in lines if RUN_IDS[1] in line)
     assert "> 1,024  above 1,024: steps still fall like 1/B" in bound
     assert plot_history(history, tmp_path / "h.png").read_bytes().startswith(PNG_SIGNATURE)
+    # An interval reaching past the batches the fit measured says so, as the run's summary does.
+    cut = critical_frame([{"run_id": RUN_IDS[2], "lr_rule": "sqrt", "batch_size": b,
+                           "b_crit": 23.0, "b_crit_low": 8.0, "b_crit_high": 74.0}
+                          for b in (16, 64, 256)])
+    reaching = critical_lines(History(WORKLOAD, throughput, _critical(cut)))
+    assert any(line.endswith("23  [8, 74] (reaches below 16, the smallest batch measured)")
+               for line in reaching), reaching
 
 
 def test_run_summary_states_bounds_edge_cases_and_quality():

@@ -165,7 +165,14 @@ def _critical(analysis: pd.DataFrame | None) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     if "b_crit_bound" not in analysis:
         analysis = analysis.assign(b_crit_bound=None, b_crit_bound_batch=math.nan)
-    return analysis[columns].drop_duplicates([*RUN_KEYS, "lr_rule"])
+    critical = analysis[columns].drop_duplicates([*RUN_KEYS, "lr_rule"])
+    if "batch_size" not in analysis:
+        return critical.assign(smallest_batch=math.nan, largest_batch=math.nan)
+    # the batches each rule's fit was measured over: where its interval reaches past them
+    span = (pd.to_numeric(analysis["batch_size"], errors="coerce")
+            .groupby([analysis["run_id"], analysis["lr_rule"]]).agg(["min", "max"])
+            .rename(columns={"min": "smallest_batch", "max": "largest_batch"}))
+    return critical.join(span, on=["run_id", "lr_rule"])
 
 
 def _number(value: float) -> str:
@@ -264,9 +271,17 @@ def _b_crit_cells(row) -> tuple[str, str]:
         sign = BOUND_SIGNS[row.b_crit_bound]
         return (f"{sign} {_number(row.b_crit_bound_batch)}",
                 b_crit_text(math.nan, row.b_crit_bound, row.b_crit_bound_batch))
-    interval = (f"[{_number(row.b_crit_low)}, {_number(row.b_crit_high)}]"
-                if math.isfinite(row.b_crit_low) else "-")
-    return _number(row.b_crit), interval
+    if not math.isfinite(row.b_crit_low):
+        return _number(row.b_crit), "-"
+    interval = f"[{_number(row.b_crit_low)}, {_number(row.b_crit_high)}]"
+    smallest, largest = (getattr(row, name, math.nan) for name in ("smallest_batch",
+                                                                   "largest_batch"))
+    past = []
+    if math.isfinite(smallest) and row.b_crit_low < smallest:
+        past.append(f"below {_number(smallest)}, the smallest batch measured")
+    if math.isfinite(largest) and row.b_crit_high > largest:
+        past.append(f"above {_number(largest)}, the largest batch measured")
+    return _number(row.b_crit), interval + (f" (reaches {' and '.join(past)})" if past else "")
 
 
 def default_plot_path(workload: str) -> Path:
