@@ -201,11 +201,16 @@ def failed_batches(sweep: pd.DataFrame) -> list[int]:
     bigger batch there cannot be measured as the workload is. A trial process that died
     without a result is the machine's failure, not the workload's, and is not counted."""
     sweep = ensure_columns(sweep, schemas.SWEEP)
-    # an error column with no text reads back as float NaN: only strings name a line
-    own = sweep["error"].map(lambda e: isinstance(e, str) and SITE_PREFIX in e)
-    raised = matches(sweep, "status", TrialStatus.ERROR) & own.to_numpy(dtype=bool)
-    failed = numeric_column(sweep, "batch_size")[raised]
+    failed = numeric_column(sweep, "batch_size")[own_code_errors(sweep)]
     return sorted({int(b) for b in failed if math.isfinite(b)})
+
+
+def own_code_errors(sweep: pd.DataFrame) -> np.ndarray:
+    """Per row: the trial raised (status error) and its error names a line of the workload's
+    own code (`errors.error_site`), not of a library or of a process that died."""
+    # an error column with no text reads back as float NaN: only strings name a line
+    named = sweep["error"].map(lambda e: isinstance(e, str) and SITE_PREFIX in e)
+    return matches(sweep, "status", TrialStatus.ERROR) & named.to_numpy(dtype=bool)
 
 
 def _listed(batches: list[int]) -> str:

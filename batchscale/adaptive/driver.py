@@ -399,6 +399,10 @@ def _environment(search: Search, runs: pa.Table) -> dict:
     return {**env, "device_name": runs.column("device_name")[0].as_py()}
 
 
+BUDGET_CHECKED = (" (a budget is checked before each refining cell: the probes and the placed "
+                  "cells run first, and a cell once started trains to its end)")
+
+
 def _stop_reason(search: Search, state: IntervalState, runs: pd.DataFrame,
                  allowed: list[int]) -> str:
     """Why the search stops before choosing another cell; "" to go on. An interval cut at the
@@ -426,10 +430,6 @@ def _stop_reason(search: Search, state: IntervalState, runs: pd.DataFrame,
                 f"adaptive_budget_device_s {c.adaptive_budget_device_s:g}{BUDGET_CHECKED}")
     cells = len(search.cells) + len(search.probes)
     return "cell limit reached" if cells >= c.adaptive_max_cells else ""
-
-
-BUDGET_CHECKED = (" (a budget is checked before each refining cell: the probes and the placed "
-                  "cells run first, and a cell once started trains to its end)")
 
 
 def _refine(search: Search, allowed: list[int], prediction: NoisePrediction) -> None:

@@ -72,17 +72,17 @@ def refuse_failed_batches(sweep, batch_sizes: list[int], cfg, workers: int) -> N
     channels_last, the trials' precision): anything else (the machine, a library, a path only
     the sweep takes) is left to the trials."""
     from batchscale import schemas
-    from batchscale.errors import SITE_PREFIX, BadInput
-    from batchscale.fits import matches
+    from batchscale.errors import BadInput
+    from batchscale.fits import matches, own_code_errors
 
     if sweep is None:
         return
     c = cfg.convergence
-    errors = sweep["error"].fillna("").astype(str)
-    raised = sweep[matches(sweep, "status", schemas.TrialStatus.ERROR)
+    timed_before = sweep["error"].map(lambda e: isinstance(e, str)
+                                      and schemas.TIMED_BEFORE in e).to_numpy(dtype=bool)
+    raised = sweep[own_code_errors(sweep)
                    & matches(sweep, "input_mode", "real")
-                   & errors.str.contains(SITE_PREFIX, regex=False)
-                   & ~errors.str.contains(schemas.TIMED_BEFORE, regex=False)
+                   & ~timed_before
                    & (sweep["compiled"] != True)  # noqa: E712 (null: not compiled)
                    & (sweep["channels_last"] != True)  # noqa: E712
                    & matches(sweep, "precision", c.precision)]

@@ -293,6 +293,7 @@ def cell_step_times(
     swept, swept_source = sweep_step_times(sweep, batches)
     reading, reading_source = _reading_step_times(sweep, batches)
     device_mode = timing_mode(sweep)
+    threads = threads_note(sweep, runs)
     columns: dict[str, list] = {
         "step_time_s": [], "step_time_source": [], "sweep_step_time_s": [],
         "sweep_step_time_source": [], "timing_flag": [],
@@ -312,7 +313,7 @@ def cell_step_times(
                                SweepTime(read_time, read_source, "real"), disagreement_factor)
         flags = [
             starved_flag(waits.get(batch), max_cpu_wait_share) if math.isfinite(own) else None,
-            disagree and disagree + threads_note(sweep, runs),
+            disagree and disagree + threads,
         ]
         columns["timing_flag"].append("; ".join(f for f in flags if f) or None)
     # object Series keep None as None (a text column of the analysis table: null, not NaN)
