@@ -287,6 +287,15 @@ class _OldFlag(argparse.Action):
         self.new(parser, namespace, values, flag)
 
 
+def _how_many(field) -> str:
+    """"One or more", or the list's length bounds where the field sets them ("2 to 8 values")."""
+    low = next((m.min_length for m in field.metadata if hasattr(m, "min_length")), None) or 1
+    high = next((m.max_length for m in field.metadata if hasattr(m, "max_length")), None)
+    if high is None:
+        return "One or more" if low == 1 else f"{low} or more"
+    return f"{low} to {high} values"
+
+
 def add_config_flags(parser: argparse.ArgumentParser, section: str | None,
                      fields: list[str]) -> None:
     """A flag per config field of `section` (None: the top level), named after it, with the
@@ -304,7 +313,7 @@ def add_config_flags(parser: argparse.ArgumentParser, section: str | None,
             text = FlagText.of(field.annotation)
             old = tuple(RENAMED_VALUES.get((section, name), ()))
             text = dataclasses.replace(text, old_choices=old) if old else text
-            more = " One or more, separated by spaces or commas." if text.is_list else ""
+            more = f" {_how_many(field)}, separated by spaces or commas." if text.is_list else ""
             new = parser.add_argument(flag_for(name), dest=name, help=doc + more,
                                       action=_FieldFlag, text=text)
         if name in OLD_FLAGS:

@@ -208,17 +208,17 @@ def critical_over_training_rows() -> list[dict]:
     """A checkpoint with B_crit and its interval, and one whose branches support only a bound."""
     nan = float("nan")
     common = {"base_batch_size": 8, "lr_rule": "sqrt", "branch_device_s": 4.2,
-              "cpu_wait_share": 0.02}
+              "cpu_wait_share": 0.02, "base_batch_lr": 0.05}
     return [
         {**common, "checkpoint_step": 100, "examples": 800, "val_loss": 2.7,
          "milestone_loss": 2.6, "batches_reached": 4, "b_crit": 13.0, "b_crit_low": 5.3,
          "b_crit_high": 25.5, "s_min": 9.0, "e_min": 117.0, "b_simple": 6.5,
-         "scheduled_batch_size": 8},
+         "scheduled_batch_size": 8, "scheduled_lr": 0.05},
         {**common, "checkpoint_step": 300, "examples": 2400, "val_loss": 2.4,
          "milestone_loss": 2.35, "batches_reached": 4, "b_crit": nan, "b_crit_low": nan,
          "b_crit_high": nan, "b_crit_bound": "above", "b_crit_bound_batch": 64.0,
          "b_crit_reason": "steps still fall like 1/B", "s_min": nan, "e_min": nan,
-         "b_simple": nan, "scheduled_batch_size": 64},
+         "b_simple": nan, "scheduled_batch_size": 64, "scheduled_lr": 0.05 * 8 ** 0.5},
     ]
 
 

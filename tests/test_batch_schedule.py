@@ -204,7 +204,11 @@ def test_the_command_writes_a_checked_table_and_a_summary_that_agree(prepared, t
     table = pq.read_table(out / "critical_over_training.parquet").to_pylist()
     assert [r["checkpoint_step"] for r in table] == [20, 60]
     assert all(r["scheduled_batch_size"] >= 4 and r["git_commit"] for r in table)
+    # each stage's learning rate, by the linear rule from base_lr 0.1 at reference batch 32
+    assert all(r["scheduled_lr"] == pytest.approx(0.1 * r["scheduled_batch_size"] / 32)
+               and r["base_batch_lr"] == pytest.approx(0.1 * 4 / 32) for r in table)
     text = (out / "batch_schedule.md").read_text()
+    assert f"**Schedule**: 4 at LR {0.1 * 4 / 32:.3g}" in text
     for r in table:
         assert f"| {r['checkpoint_step']:,} |" in text
     assert "**Check** (2 of 2 seeds" in text and "× the constant run's steps" in text
@@ -272,10 +276,11 @@ def test_the_section_and_the_answer_card_come_from_the_tables_and_agree():
     assert [row[0] for row in found.rows] == ["100", "300"]
     assert found.rows[0][4] == "13 [5.3, 25.5]" and found.rows[1][4] == "above 64"
     text = " ".join(found.paragraphs)
-    assert "**Schedule**: 8, 64 from val_loss 2.400." in text
+    assert "**Schedule**: 8 at LR 0.05, 64 from val_loss 2.400 at LR 0.141." in text
     assert "2 of 2 seeds" in text and ("meets the goal of 25% fewer steps that makes a schedule "
                                        "worth taking") in text
-    assert found.answer.startswith("**Batch-size schedule: 8, 64 from val_loss 2.400**")
+    assert found.answer.startswith(
+        "**Batch-size schedule: 8 at LR 0.05, 64 from val_loss 2.400 at LR 0.141**")
     assert "the examples of a constant 8 (where it starts; no other fixed batch was run beside " \
            "it)" in found.answer
     assert "(#critical-over-training)" in found.answer
@@ -305,7 +310,7 @@ def test_the_terminal_summary_line_says_what_the_check_found():
     crit, check = pd.DataFrame(critical_over_training_rows()), pd.DataFrame(schedule_check_rows())
     found = schedule_section.Findings.from_tables(crit, check)
     assert schedule_section.summary_line(found).startswith(
-        "batch-size schedule: 8, 64 from val_loss 2.400 — 0.46 [")
+        "batch-size schedule: 8 at LR 0.05, 64 from val_loss 2.400 at LR 0.141 — 0.46 [")
     worse = schedule_section.Findings.from_tables(
         crit, check.assign(steps_to_target=[900.0, 810.0, 901.0, 809.0]))
     worse_line = schedule_section.summary_line(worse)

@@ -45,7 +45,8 @@ def test_the_schedule_is_set_against_a_constant_run_at_its_last_batch():
     text = section.markdown(found, "w")
     assert ("Against a constant 64 from the first step (the schedule's last batch; 2 of 2 seeds "
             "reached the target): the schedule took 0.90 [") in text
-    assert "take it rather than the schedule" not in text
+    assert "take the constant" not in text
+    assert "the schedule needed fewer steps than the constant 64 too." in text
     # The card names both fixed batches; the old caveat is gone.
     assert found.wins and "of a constant 64, its last batch" in section.answer_line(found)
     assert "no other fixed batch" not in section.answer_line(found)
@@ -59,8 +60,30 @@ def test_a_schedule_its_last_batch_beats_is_not_put_on_the_card():
     found = findings(check)
     assert check_summary(check)["steps_to_target"][2] < 1  # it beats the constant 8 ...
     assert not found.wins and section.answer_line(found) is None  # ... not the constant 64
-    assert ("the constant 64 needed fewer steps and no more examples, so take it rather than "
-            "the schedule") in section.markdown(found, "w")
+    assert ("the constant 64 needed fewer steps, and the schedule no fewer examples: take the "
+            "constant 64 rather than the schedule.") in section.markdown(found, "w")
+
+
+def test_fewer_steps_at_the_last_batch_and_no_shown_saving_in_examples_is_a_verdict_too():
+    """The constant 64 needs clearly fewer steps; the seeds disagree on examples: the schedule
+    is not shown to save anything over it, and the text says what would tell."""
+    check = with_final(steps=(200.0, 205.0), examples=(4_000.0, 20_000.0))
+    found = findings(check)
+    low, high = check_summary(check)["final"]["examples_to_target"][1:]
+    assert low < 1 < high
+    assert not found.wins and section.answer_line(found) is None
+    assert ("the schedule is not shown to need fewer examples (more batch_schedule.check_seeds "
+            "would tell): take the constant 64 rather than the schedule.") in section.markdown(
+        found, "w")
+
+
+def test_a_trade_of_steps_for_examples_is_named_as_one():
+    check = with_final(steps=(200.0, 205.0), examples=(26_000.0, 26_500.0))
+    found = findings(check)
+    assert found.wins  # it still beats the constant 8, and saves examples against the 64
+    assert ("the constant 64 needed fewer steps and the schedule fewer examples: the constant "
+            "64 where device time costs most, the schedule where data does.") in section.markdown(
+        found, "w")
 
 
 def test_a_last_batch_that_never_reached_the_target_gives_no_ratio():

@@ -100,11 +100,20 @@ def reference_run(setup: Setup, cfg, target: Target, seed: int, work: Path,
             run.save(str(folder), f"step-{run.step}.pt", {"curve": curve})
             echo(f"reference run: checkpoint at step {run.step}, {VAL_LOSS} "
                  f"{curve[-1][VAL_LOSS]:.4f}")
-        if run.step >= last_needed and reached(target.metric, curve[-1][target.metric],
-                                               target.value):
+        # the target is judged on the regular grid alone, as in every run of the check: the
+        # extra evaluations at checkpoints and milestones would give this run alone more
+        # chances to cross it, and fewer steps
+        if (run.step >= last_needed and not run.step % cfg.eval_every_steps
+                and reached(target.metric, curve[-1][target.metric], target.value)):
             break
     _write_json(folder / "final.json", {"curve": curve})
     return curve
+
+
+def on_grid(curve: list[dict], eval_every_steps: int) -> list[dict]:
+    """The evaluations of a reference curve at the steps every check run evaluates (multiples
+    of `eval_every_steps`), without those added at checkpoints and milestones."""
+    return [row for row in curve if row["step"] % eval_every_steps == 0]
 
 
 def value_at(curve: list[dict], step: int, column: str = VAL_LOSS) -> float:

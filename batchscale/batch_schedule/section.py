@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from batchscale.analysis.figures import Plot, make_plot
+from batchscale.analysis.figures import Plot
 from batchscale.batch_schedule.check import LEVEL, check_summary, t_interval
+from batchscale.batch_schedule.plot import plot
+from batchscale.conditions import shares_apart
 from batchscale.config import AnalysisConfig
 
 STEP_GOAL = 0.25
@@ -115,8 +117,9 @@ class Findings:
         limit = self.max_cpu_wait_share
         if limit is None or not math.isfinite(worst) or worst <= limit:
             return ""
-        return (f" (seconds NOT TRUSTED: a run waited for a CPU {worst:.0%} of its runnable "
-                f"time, above analysis.max_cpu_wait_share {limit:.0%})")
+        worst_text, limit_text = shares_apart(worst, limit)
+        return (f" (seconds NOT TRUSTED: a run waited for a CPU {worst_text} of its runnable "
+                f"time, above analysis.max_cpu_wait_share {limit_text})")
 
     @property
     def stages(self) -> list[tuple[float, int]]:
@@ -145,11 +148,29 @@ class Findings:
         return (bool(steps) and math.isfinite(steps[2]) and steps[2] < 1
                 and not final_dominates(self.summary.get("final")))
 
+    def peak_lrs(self) -> dict[int, float]:
+        """The learning rate each batch of the schedule trains at (the LR rule's peak), where
+        the table records it (not in rows written before layout 10)."""
+        lrs = {}
+        for column, batches in (("base_batch_lr", self.crit["base_batch_size"]),
+                                ("scheduled_lr", self.crit["scheduled_batch_size"])):
+            if column not in self.crit:
+                continue
+            values = pd.to_numeric(self.crit[column], errors="coerce")
+            lrs.update({int(b): float(v) for b, v in zip(batches, values, strict=True)
+                        if math.isfinite(v)})
+        return lrs
+
     def schedule_text(self) -> str:
+        lrs = self.peak_lrs()
+
+        def at(batch: int) -> str:
+            return f" at LR {lrs[batch]:.3g}" if batch in lrs else ""
+
         if not self.stages:
-            return f"constant {self.base_batch}"
-        return f"{self.base_batch}" + "".join(f", {b} from val_loss {loss:.3f}"
-                                              for loss, b in self.stages)
+            return f"constant {self.base_batch}{at(self.base_batch)}"
+        return f"{self.base_batch}{at(self.base_batch)}" + "".join(
+            f", {b} from val_loss {loss:.3f}{at(b)}" for loss, b in self.stages)
 
     def cost_s(self) -> dict:
         others = self.check[~self.check["reference"]]
@@ -204,8 +225,19 @@ def _scheduled_cell(row: dict) -> str:
 
 def sentences(f: Findings) -> list[str]:
     """The section's paragraphs (Markdown), after its table."""
-    return [_tracking_text(f.tracking), f"**Schedule**: {f.schedule_text()}.",
+    return [_tracking_text(f.tracking), f"**Schedule**: {f.schedule_text()}.{_lr_text(f)}",
             _prediction_text(f), _check_text(f), _cost_text(f)]
+
+
+def _lr_text(f: Findings) -> str:
+    """How the schedule's learning rates were chosen and applied, so a user can reproduce the
+    runs the check trained."""
+    if not f.stages or not f.peak_lrs():
+        return ""
+    return (f" Each batch trains at the {f.rule} rule's peak learning rate for it (from "
+            "convergence.base_lr at convergence.reference_batch_size, as in the reference "
+            "run); the warm-up runs once, from the first step, and at a switch the learning "
+            "rate changes with the batch, as in the check's scheduled runs.")
 
 
 def markdown(f: Findings, workload: str) -> str:
@@ -259,8 +291,10 @@ def _check_text(f: Findings) -> str:
     if not f.stages:
         return "**Check**: not run (the schedule is the constant batch)."
     if not c["seeds"]:
-        return ("**Check**: not run — the reference run did not reach the target within "
-                "batch_schedule.max_steps, so there is no constant run to compare with.")
+        return ("**Check**: not run, so the schedule above is untested — the reference run did "
+                f"not reach the target within batch_schedule.max_steps{_short_of(f)}, so there "
+                "is no constant run to compare with. Raise batch_schedule.max_steps, or set a "
+                "target the reference run reaches.")
     diverged = f" ({c['diverged']} run(s) diverged)" if c["diverged"] else ""
     if not c["paired"]:
         return ("**Check**: no seed where both the scheduled and the constant run reached the "
@@ -293,6 +327,18 @@ def _check_text(f: Findings) -> str:
             f"{_final_text(c['final'])}")
 
 
+def _short_of(f: Findings) -> str:
+    """" (it stopped at step N with val_accuracy X against 0.95)": how far the reference run
+    got; "" where its row does not say."""
+    ref = f.reference
+    value, steps = ref.get("final_metric"), ref.get("steps_run")
+    if not (isinstance(value, float) and math.isfinite(value)) or steps is None:
+        return ""
+    metric, target = str(ref["target_metric"]), float(ref["target_value"])
+    return (f" (it stopped at step {int(steps):,} with {metric} {value:.4g}, the target being "
+            f"{target:g}{', after diverging' if ref.get('diverged') else ''})")
+
+
 def _final_text(final: dict | None) -> str:
     """" Against a constant N from the first step …": the schedule against its own last batch,
     the fixed batch a user would otherwise jump to; "" where the table has no such runs."""
@@ -306,24 +352,49 @@ def _final_text(final: dict | None) -> str:
                 "scheduled run that reached it: no ratio to give.")
     said = final["paired"] < 2
     steps, examples = final["steps_to_target"], final["examples_to_target"]
-    dominated = (f"; the constant {n} needed fewer steps and no more examples, so take it "
-                 "rather than the schedule" if final_dominates(final) else "")
     return (f" Against a constant {n} from the first step (the schedule's last batch; "
             f"{reached} of {runs} seeds reached the target{diverged}"
             f"{'; one seed, so no intervals' if said else ''}): the schedule took "
             f"{_range(steps, '.2f', said)}× its steps and {_range(examples, '.2f', said)}× its "
-            f"examples{dominated}.")
+            f"examples; {_final_verdict(final)}.")
+
+
+def _ends(ratio: tuple) -> tuple[float, float]:
+    """A ratio's (low, high) ends: its interval, or the ratio itself from one seed."""
+    value, low, high = ratio
+    return (low, high) if math.isfinite(low) else (value, value)
+
+
+def _final_verdict(final: dict) -> str:
+    """What the ratios against the constant last batch mean for a user choosing between the
+    two (a ratio is shown above or below 1 only when its whole interval is)."""
+    n = final["batch_size"]
+    steps, examples = _ends(final["steps_to_target"]), _ends(final["examples_to_target"])
+    more_seeds = "more batch_schedule.check_seeds would tell"
+    if final_dominates(final):
+        fewer = ("no fewer examples" if examples[0] >= 1 else
+                 f"is not shown to need fewer examples ({more_seeds})")
+        return (f"the constant {n} needed fewer steps, and the schedule {fewer}: take the "
+                f"constant {n} rather than the schedule")
+    if steps[0] > 1:  # examples shown fewer, or dominance would hold
+        return (f"the constant {n} needed fewer steps and the schedule fewer examples: the "
+                f"constant {n} where device time costs most, the schedule where data does")
+    if steps[1] < 1:
+        return f"the schedule needed fewer steps than the constant {n} too"
+    return (f"neither is shown to need fewer steps than the other ({more_seeds}), so the "
+            f"simpler constant {n} is as good an answer as far as these seeds show"
+            if examples[1] >= 1 else
+            "neither is shown to need fewer steps, and the schedule needed fewer examples")
 
 
 def final_dominates(final: dict | None) -> bool:
-    """Whether the constant run at the schedule's last batch needed more than the schedule in
-    neither steps nor examples, by the near ends of the ratios' intervals (the ratios alone
-    from one seed): the schedule is then no answer to take."""
+    """Whether the constant run at the schedule's last batch is shown to need fewer steps while
+    the schedule is not shown to need fewer examples (by the ratios' intervals; the ratios
+    alone from one seed): the schedule is then no answer to take."""
     if not final or not final["paired"]:
         return False
-    near = [low if math.isfinite(low) else value
-            for value, low, _ in (final["steps_to_target"], final["examples_to_target"])]
-    return near[0] > 1 and near[1] >= 1
+    steps, examples = _ends(final["steps_to_target"]), _ends(final["examples_to_target"])
+    return steps[0] > 1 and examples[1] >= 1
 
 
 def _fixed_batches_text(f: Findings) -> str:
@@ -385,49 +456,6 @@ def summary_line(f: Findings) -> str:
                 f"{f.summary['paired']} seeds)")
     check = _check_text(f).replace("**", "")
     return f"batch-size schedule: {f.schedule_text()} — {check}"
-
-
-# -------------------------------------------------------------------------------- the plot
-
-
-def plot(f: Findings, curve: list[dict] | None = None) -> Plot:
-    """B_crit at each checkpoint with its interval (a triangle for a bound), B_simple (along the
-    reference run when its curve is given, else at the checkpoints) and the scheduled batch,
-    against examples seen, log y."""
-    return make_plot(lambda: _draw(f, curve), "B_crit over training, B_simple and the schedule",
-                     "no checkpoint was measured")
-
-
-def _draw(f: Findings, curve: list[dict] | None):
-    from batchscale.analysis.figures import new_axes
-
-    if f.crit.empty:
-        return None
-    fig, ax = new_axes("examples seen by the reference run", "batch size (examples)",
-                       x_base=None, log_y=True)
-    points = ([(r["examples"], r["b_simple"]) for r in curve or []
-               if r.get("b_simple") and r["b_simple"] > 0]
-              or [(r["examples"], r["b_simple"]) for r in f.crit.to_dict("records")
-                  if math.isfinite(r["b_simple"]) and r["b_simple"] > 0])
-    if points:
-        ax.plot(*zip(*points, strict=True), color="tab:gray", marker="" if curve else ".",
-                label="B_simple (reference run)")
-    for r in f.crit.to_dict("records"):
-        if math.isfinite(r["b_crit"]):
-            low = r["b_crit"] - r["b_crit_low"] if math.isfinite(r["b_crit_low"]) else 0
-            high = r["b_crit_high"] - r["b_crit"] if math.isfinite(r["b_crit_high"]) else 0
-            ax.errorbar(r["examples"], r["b_crit"], yerr=[[low], [high]], fmt="o",
-                        color="tab:blue", capsize=4)
-        elif isinstance(r["b_crit_bound"], str) and r["b_crit_bound"]:
-            ax.plot(r["examples"], r["b_crit_bound_batch"], linestyle="none", color="tab:blue",
-                    marker="^" if r["b_crit_bound"] == "above" else "v")
-    ax.plot([], [], "o", color="tab:blue", label=f"B_crit ({LEVEL:.0%}); triangles: bounds")
-    xs = [0, *f.crit["examples"], max(f.crit["examples"].max(), points[-1][0] if points else 0)]
-    ys = [f.base_batch, *f.crit["scheduled_batch_size"]]
-    ax.step(xs, [*ys, ys[-1]], where="post", color="tab:orange",
-            label="scheduled batch (from the checkpoint's loss on)")
-    ax.legend()
-    return fig
 
 
 # ----------------------------------------------------------------------------- the section

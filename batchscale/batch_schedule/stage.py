@@ -95,12 +95,14 @@ def measure_schedule(cfg, data_dir: str, work: Path, run_id: str,
         echo(f"checkpoint {step}: steps to {milestone:.4f} "
              + ", ".join(f"{r['batch_size']}: {r['steps_to_milestone']:.1f}" for r in rows)
              + f" -> B_crit {crit_text(fits[-1].table_row())}")
-    reference = measure.to_target(curve, target)
+    reference = measure.to_target(measure.on_grid(curve, bs.eval_every_steps), target)
     stages = fit.plan_schedule(fits, bs.base_batch_size, bs.branch_batch_sizes)
     outcome = Outcome(curve=curve, branches=branches, fits=fits, stages=stages,
                       prediction=fit.predicted(fits, stages, bs.base_batch_size,
                                                reference["steps_to_target"]),
-                      target=target, base_batch=bs.base_batch_size, rule=rule)
+                      target=target, base_batch=bs.base_batch_size, rule=rule,
+                      peak_lrs={b: setup.peak_lr(b)
+                                for b in (bs.base_batch_size, *bs.branch_batch_sizes)})
     outcome.check_rows = [{"schedule": "constant", "seed": seed, "reference": True,
                            **reference, "device_s": curve[-1]["train_time_s"]
                            + curve[-1]["eval_time_s"]}]

@@ -28,6 +28,9 @@ class Outcome:
     rule: str
     check_rows: list[dict] = field(default_factory=list)
     """The reference run's row (always), then the check's runs (when a schedule was found)."""
+    peak_lrs: dict[int, float] = field(default_factory=dict)
+    """The LR rule's peak learning rate at B0 and at each branch batch: what each stage of the
+    schedule trains at."""
 
 
 def tables(outcome: Outcome, env: dict) -> tuple[pa.Table, pa.Table]:
@@ -62,6 +65,8 @@ def _checkpoint_rows(outcome: Outcome) -> list[dict]:
         "b_crit_bound": f.bound or None, "b_crit_bound_batch": f.bound_batch,
         "b_crit_reason": f.reason or None, "s_min": f.s_min, "e_min": f.e_min,
         "b_simple": f.b_simple, "scheduled_batch_size": scheduled[f.checkpoint_step],
+        "base_batch_lr": outcome.peak_lrs.get(outcome.base_batch),
+        "scheduled_lr": outcome.peak_lrs.get(scheduled[f.checkpoint_step]),
         "branch_device_s": cost.get(f.checkpoint_step, 0.0),
         "cpu_wait_share": max(waits[f.checkpoint_step]) if f.checkpoint_step in waits else None}
         for f in outcome.fits]

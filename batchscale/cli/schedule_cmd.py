@@ -31,7 +31,7 @@ def cmd_batch_schedule(args) -> int:
                    convergence=True, targets=cfg.convergence.resolved_targets())
     out = check_output_dir(args.out, "--out")
     run_id = _run_id(args, out)
-    from batchscale.batch_schedule.section import plot
+    from batchscale.batch_schedule.plot import plot
     from batchscale.batch_schedule.stage import run_stage
     from batchscale.data.prep import prepare
 

@@ -27,8 +27,8 @@ class BatchScheduleConfig(_Strict):
     base_batch_size: BatchSize = 8
     """B0, in examples: the reference run's batch size and the schedule's first batch."""
     branch_factors: Annotated[list[PositiveInt], Field(min_length=2, max_length=8)] = [2, 4, 8, 16]
-    """From every checkpoint, branches train at B0 and at B0 x each factor (each above 1,
-    ascending); with B0 they are the batch sizes of that checkpoint's S(B) fit."""
+    """From every checkpoint, branches train at B0 and at B0 x each factor (2 to 8 factors,
+    each above 1, ascending); with B0 they are the batch sizes of that checkpoint's S(B) fit."""
     checkpoint_steps: Annotated[list[PositiveInt], Field(min_length=1, max_length=16)] = [
         40, 120, 250, 400]
     """Steps of the reference run (at B0) at which branches start, ascending. The reference run

@@ -134,7 +134,7 @@ ENV_FIELDS = [
     pa.field("study_id", pa.string()),
     pa.field("variant", pa.string()),
 ]
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 """2: several targets per trial (runs: a row per trial and target, target_metric and
 target_value), every evaluated metric in curves, curves' train_loss on a fixed training subset
 (the running batch mean moved to train_batch_loss). 3: `study_id` and `variant` in every result
@@ -147,7 +147,8 @@ E_min's standard errors (`analysis.s_min_se`, `analysis.e_min_se`), and the tria
 results come from where it was not trained itself (`runs.trained_as`). 9: the analysis
 rows' spread over seeds (`trials_at_lr`, `reached_at_lr`, `steps_low`/`_high`,
 `time_to_target_s_low`/`_high`) and over a batch's B_simple estimates (`b_simple_low`/`_high`,
-`b_simple_trials`)."""
+`b_simple_trials`). 10: the learning rate of each stage of a batch-size schedule
+(`critical_over_training.base_batch_lr`, `scheduled_lr`)."""
 
 __all__ = ["ANALYSIS", "CRITICAL_OVER_TRAINING", "CURVES", "DATASET", "DECISIONS",
            "TIMED_BEFORE", "ENV_FIELDS", "MANIFEST", "PLAN", "REGRESSIONS",

@@ -30,6 +30,11 @@ CRITICAL_OVER_TRAINING = pa.schema(
         # the device, training and evaluation).
         pa.field("scheduled_batch_size", pa.int64(), nullable=False),
         pa.field("branch_device_s", pa.float64(), nullable=False),
+        # The peak learning rate (the LR rule at the batch, after warm-up) at base_batch_size
+        # and at the scheduled batch: what each stage trains at. Null in rows written before
+        # layout 10.
+        pa.field("base_batch_lr", pa.float64()),
+        pa.field("scheduled_lr", pa.float64()),
         # Share of the runnable time the process spent waiting for a CPU (the worst of the
         # checkpoint's branches; a busy machine:
         # the seconds above are then not the device's); null where the kernel does not say.
