@@ -57,6 +57,19 @@ overrides it). Unlike the load average this is the trial's own experience, over 
 timed steps, so it does not lag. Measured on a 2-CPU VM (resnet18 at 32 px, 2 torch threads, 10
 steps): quiet 0.003 at B=2 and B=64; with one process spinning on core 0, 0.36 and 0.38 while
 the steps ran 2.4x and 3.4x slower."""
+
+
+def shares_apart(value: float, limit: float) -> tuple[str, str]:
+    """`value` and `limit` as percentages with as many decimals as it takes (up to 2) for them
+    to read differently: a wait share just above its limit reads "10.4%" against "10.0%", not
+    "10%" against "10%"."""
+    for digits in range(3):
+        texts = f"{value:.{digits}%}", f"{limit:.{digits}%}"
+        if texts[0] != texts[1]:
+            break
+    return texts
+
+
 GPU_NOT_KNOWN = {"gpu_other_processes": None, "gpu_sm_clock_mhz": None, "gpu_temperature_c": None}
 
 

@@ -306,6 +306,8 @@ REFUSALS = {
 COLUMN_REFUSALS = {
     "no equals sign": (["--column", "steps"], ["write NAME=SOURCE"]),
     "unknown name": (["--column", "epochs=seed"], ["'epochs' is not a column batchscale reads"]),
+    "misspelled name": (["--column", "batchsize=seed"], ["Did you mean 'batch_size'?",
+                                                         "The runs table's: batch_size, and"]),
     "unknown source": (["--column", "steps_to_target=nope"], ["no column 'nope'",
                                                                "seed, steps_to_target"]),
     "mapped twice": (["--column", "seed=a", "--column", "seed=b"], ["mapped twice"]),

@@ -68,6 +68,5 @@ def test_no_b_simple_at_all_says_why_it_can_be_missing():
     by_batch, summary = noise_scale(runs, pd.DataFrame())
     assert by_batch.empty and math.isnan(summary.b_simple_median)
     assert _b_simple_text(summary).startswith(
-        "Not available: no B_simple recorded: the trials measured none (it needs two gradients")
-    assert "a TrainingLoop on one worker has only its own, so run it on two workers" in \
-        summary.reason
+        "Not available: no B_simple recorded with the runs (a table from elsewhere seldom has one")
+    assert "which a TrainingLoop on one worker lacks: run it on two workers" in summary.reason

@@ -60,9 +60,9 @@ def final_b_simple(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     return merged[~twice].reset_index(drop=True)
 
 
-NO_B_SIMPLE = ("no B_simple recorded: the trials measured none (it needs two gradients of "
-               "different batch sizes at a step: a TrainingLoop on one worker has only its own, "
-               "so run it on two workers; a table from elsewhere may not record it)")
+NO_B_SIMPLE = ("no B_simple recorded with the runs (a table from elsewhere seldom has one; "
+               "batchscale's trials measure it from two gradients of different batch sizes at a "
+               "step, which a TrainingLoop on one worker lacks: run it on two workers)")
 
 
 def noise_scale(runs: pd.DataFrame,

@@ -25,6 +25,7 @@ from batchscale.analysis.parallel import worker_choice, worker_counts
 from batchscale.analysis.summary import Recommendation
 from batchscale.analysis.timetotarget import BStar, StepTimeSource, optimal_batch_text
 from batchscale.analysis.usertables import DEFAULT_LR_RULE
+from batchscale.conditions import shares_apart
 from batchscale.fits import ensure_columns, matches, numeric_column
 from batchscale.schemas import RUNS, TUNED_RULE, RunStatus
 
@@ -69,18 +70,22 @@ def recommend(
     timed = (
         table[np.isfinite(numeric_column(table, "time_to_target_s"))] if not table.empty else table
     )
+    with_batch = "it goes with the batch size, which could not be chosen (above)"
     if timed.empty:
         workers, workers_reason = worker_choice(runs)
         reason = _nothing_timed_reason(runs)
-        return Recommendation(None, None, workers, reason, reason, workers_reason,
-                              learning_rate_reason="it goes with the batch size, which could "
-                              "not be chosen (above)")
-    best = timed.sort_values(["time_to_target_s", "batch_size"]).iloc[0]
+        return Recommendation(None, None, workers, reason,
+                              with_batch if lr_rule_given else NO_RULE_GIVEN, workers_reason,
+                              learning_rate_reason=with_batch,
+                              lr_rule_shown=None if lr_rule_given else "not given")
+    # an exact tie in time goes to the fewer steps (the larger batch)
+    best = timed.sort_values(["time_to_target_s", "steps_to_target", "batch_size"]).iloc[0]
     batch = int(best["batch_size"])
     at_batch = timed[timed["batch_size"] == batch].sort_values(["steps_to_target", "lr_rule"])
     rule = str(at_batch.iloc[0]["lr_rule"])
     workers, workers_reason = worker_choice(runs, (rule, batch))
-    batch_reason = fastest_text(best, cell_time(runs, timed, rule, batch, workers))
+    seeds = cell_time(runs, timed, rule, batch, workers)
+    batch_reason = fastest_text(best, seeds)
     model = BStar(*(b_star or {}).get(rule, (math.nan,) * 3))
     if math.isfinite(model.value):
         optimum = optimal_batch_text(model.value, model[1:3], model.cap, model.line,
@@ -89,13 +94,12 @@ def recommend(
     rule_reason = fewest_steps_reason(runs, at_batch, rule, batch, workers)
     shown = None
     if not lr_rule_given and rule == DEFAULT_LR_RULE:
-        shown = "not given"
-        rule_reason = ("the runs table gives no lr_rule: the steps are the fewest per batch "
-                       "size over the learning rates its runs used, and no rule says how to "
-                       "scale the learning rate with the batch")
+        shown, rule_reason = "not given", NO_RULE_GIVEN
     # the chosen cell's timing flag ends its line, after the cells as fast as it
     batch_reason += as_fast_text(as_fast(runs, timed, rule, batch, workers),
                                  timed["lr_rule"].nunique())
+    if seeds is None or seeds.seeds < 2:
+        batch_reason += next_fastest_text(timed, best)
     if isinstance(best.get("timing_flag"), str):
         batch_reason += f" — NOT TRUSTED: {best['timing_flag']}"
     batch_reason += accumulation_text(batch, largest_fitting, workers)
@@ -113,6 +117,25 @@ def recommend(
                           expected_text(runs, table, rule, batch, workers, lr),
                           versus_current(runs, table, rule, batch, current_batch, workers, lr),
                           shown)
+
+
+NO_RULE_GIVEN = ("the runs table gives no lr_rule: the steps are the fewest per batch size over "
+                 "the learning rates its runs used, and no rule says how to scale the learning "
+                 "rate with the batch")
+
+
+def next_fastest_text(timed: pd.DataFrame, best: pd.Series) -> str:
+    """"; one run at this batch, so no spread …: the next fastest, batch 32, took 1.00× this
+    time": where the chosen cell has no seeds to compare by, how close the runner-up came."""
+    others = timed[timed["batch_size"] != best["batch_size"]].sort_values(
+        ["time_to_target_s", "steps_to_target", "batch_size"])
+    if others.empty:
+        return ""
+    runner = others.iloc[0]
+    ratio = float(runner["time_to_target_s"]) / float(best["time_to_target_s"])
+    return (f"; one run at this batch, so no spread over seeds says how far the others are: the "
+            f"next fastest, batch {int(runner['batch_size'])}, took {ratio:.2f}× this time in "
+            f"{float(runner['steps_to_target']):,.0f} steps")
 
 
 def fastest_text(best: pd.Series, seeds: Spread | None) -> str:
@@ -291,11 +314,11 @@ def _starved_note(runs: pd.DataFrame, max_share: float | None) -> str:
     starved = known & (waits >= max_share)
     counts = numeric_column(runs, "workers")[starved]
     which = ", ".join(f"{c}-worker" for c in sorted({int(c) for c in counts if np.isfinite(c)}))
+    worst_text, limit_text = shares_apart(float(waits[known].max()), max_share)
     return (
         f" — NOT TRUSTED: {int(starved.sum())} of {int(known.sum())} convergence trials "
-        f"({which or 'of unknown worker count'}) waited for a CPU up to "
-        f"{waits[known].max():.0%} of their runnable time (over {max_share:.0%}: a busy machine "
-        "slowed them)"
+        f"({which or 'of unknown worker count'}) waited for a CPU up to {worst_text} of their "
+        f"runnable time (at least {limit_text}: a busy machine slowed them)"
     )
 
 
@@ -311,6 +334,6 @@ def _nothing_timed_reason(runs: pd.DataFrame) -> str:
     fewest = reached.sort_values(["steps_to_target", "batch_size"]).iloc[0]
     runs_word = "1 run" if len(reached) == 1 else f"{len(reached)} runs"
     return (f"{runs_word} reached the target (fewest steps: "
-            f"{fewest['steps_to_target']:.0f} at batch {int(fewest['batch_size'])}), but choosing "
+            f"{fewest['steps_to_target']:,.0f} at batch {int(fewest['batch_size'])}), but choosing "
             "a batch size needs the time per step: give a sweep table (`--sweep FILE`) or a "
             "time_to_target_s or train_time_s column with the runs")

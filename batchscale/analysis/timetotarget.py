@@ -25,6 +25,7 @@ import pandas as pd
 
 from batchscale import schemas
 from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE
+from batchscale.conditions import shares_apart
 from batchscale.fits import (
     StepTimeFit,
     as_floats,
@@ -330,9 +331,10 @@ def starved_flag(wait_share: float | None, max_share: float | None) -> str | Non
     runnable time, else None."""
     if wait_share is None or max_share is None or wait_share < max_share:
         return None
+    wait_text, limit_text = shares_apart(wait_share, max_share)
     return (
-        f"the convergence runs' threads waited for a CPU up to {wait_share:.0%} of their"
-        f" runnable time (over {max_share:.0%}: other processes held the CPUs), so their step"
+        f"the convergence runs' threads waited for a CPU up to {wait_text} of their"
+        f" runnable time (at least {limit_text}: other processes held the CPUs), so their step"
         " time is slower than this machine can do"
     )
 

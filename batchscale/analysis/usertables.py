@@ -86,6 +86,8 @@ class UserTable:
     notes: tuple[str, ...] = ()
     source_columns: tuple[str, ...] = ()
     """The file's own column names (before --column renamed them)."""
+    mapped_from: dict[str, str] = field(default_factory=dict)
+    """{ours: theirs} for the columns --column renamed, so messages name the user's column."""
 
     def renamed(self, mapping: dict[str, str]) -> UserTable:
         """The table with the user's columns renamed to ours ({ours: theirs}, from --column)."""
@@ -101,15 +103,19 @@ class UserTable:
             raise BadInput(f"--column maps {', '.join(map(quote, twice))} of {self.label} to "
                            "more than one column; map each of your columns once")
         ours_of = {theirs: ours for ours, theirs in mapped.items()}
-        return replace(self, table=self.table.rename_columns([ours_of.get(c, c) for c in names]))
+        return replace(self, table=self.table.rename_columns([ours_of.get(c, c) for c in names]),
+                       mapped_from={**self.mapped_from, **{o: t for o, t in mapped.items()
+                                                           if o != t}})
 
     def describe(self) -> dict:
         return {"path": str(self.path.resolve()), "sha256": self.sha256,
                 "rows": self.table.num_rows, "columns": list(self.source_columns)}
 
     def refuse(self, column: str, rows: list[int], problem: str, allowed: str) -> BadInput:
-        return BadInput(f"{self.label}: column {quote(column)} {problem} in "
-                        f"{rows_text(rows)}; {allowed}")
+        theirs = self.mapped_from.get(column)
+        name = (f"{quote(theirs)} (read as {quote(column)} by --column {column}={theirs})"
+                if theirs else quote(column))
+        return BadInput(f"{self.label}: column {name} {problem} in {rows_text(rows)}; {allowed}")
 
 
 def rows_text(rows: list[int]) -> str:

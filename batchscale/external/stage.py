@@ -12,6 +12,7 @@ validates the analysis table with the pipeline's suite (the checks package is an
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -129,9 +130,13 @@ def parse_column_mapping(items: list[str] | None) -> dict[str, str]:
         table, _, column = name.rpartition(".")
         allowed = INPUT_SPECS[table].columns if table in INPUT_SPECS else MAPPABLE
         if (table and table not in INPUT_SPECS) or column not in allowed:
+            close = difflib.get_close_matches(column, allowed, n=1)
+            hint = f" Did you mean {quote(close[0])}?" if close else ""
             raise BadInput(f"--column {quote(item)}: {quote(name)} is not a column batchscale "
-                           f"reads; allowed: {', '.join(MAPPABLE)}, each also as runs.NAME or "
-                           "sweep.NAME for one table only")
+                           f"reads.{hint} The runs table's: {RUNS_INPUT.needs()}; optional "
+                           f"{', '.join(RUNS_INPUT.optional)}, target_metric, target_value. "
+                           f"Every name allowed: {', '.join(MAPPABLE)}, each also as runs.NAME "
+                           "or sweep.NAME for one table only")
         if name in mapping:
             raise BadInput(f"--column: {quote(name)} is mapped twice ({quote(mapping[name])} "
                            f"and {quote(source)}); give it once")

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from batchscale import schemas
+from batchscale.conditions import shares_apart
 from batchscale.errors import BadInput
 from batchscale.fits import ensure_columns, numeric_column
 from batchscale.planner.comm import comm_model, parallel_compute_s, with_cells
@@ -135,8 +136,9 @@ def disturbed_note(inputs: PlanInputs) -> str:
     worst = float(np.nanmax(waits)) if np.isfinite(waits).any() else math.nan
     if not worst >= STARVED_SHARE:
         return ""
+    worst_text, limit_text = shares_apart(worst, STARVED_SHARE)
     return (f" — NOT TRUSTED: the data-parallel trials behind the communication figures waited "
-            f"for a CPU up to {worst:.0%} of their runnable time (over {STARVED_SHARE:.0%}: a "
+            f"for a CPU up to {worst_text} of their runnable time (at least {limit_text}: a "
             "busy machine slowed them)")
 
 
