@@ -78,3 +78,12 @@ def test_an_unimportable_workload_names_where_it_was_looked_for(tmp_path, monkey
     assert "cannot import module 'mypkg.models': No module named 'mypkg'" in err
     assert f"current directory ({tmp_path})" in err and "PYTHONPATH (/nowhere)" in err
     assert "Traceback" not in err
+
+
+def test_a_list_flag_states_how_many_values_it_takes(capsys):
+    """The help says what the config refuses: `branch_factors` takes 2 to 8 values."""
+    with pytest.raises(SystemExit):
+        main(["batch-schedule", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "ascending); with B0 they are the batch sizes of that checkpoint's S(B) fit. 2 to 8 " \
+           "values, separated by spaces or commas." in help_text

@@ -259,3 +259,13 @@ def test_waiting_for_idle_cpus_sees_a_spinning_neighbour_and_stops_at_its_bound(
         spin.wait()
     assert not idle and share is not None and share > 0.6
     assert 2.0 <= waited_s <= 2.5 + 1.0  # its bound, give or take one late window
+
+
+@pytest.mark.parametrize(("value", "limit", "texts"), [
+    (0.36, 0.1, ("36%", "10%")),        # far apart: whole percent
+    (0.104, 0.1, ("10.4%", "10.0%")),   # "10% above 10%" would contradict itself
+    (0.1004, 0.1, ("10.04%", "10.00%")),
+    (0.1, 0.1, ("10.00%", "10.00%")),   # at the limit (the flags use >=): said as equal
+])
+def test_a_share_beside_its_limit_reads_apart_from_it(value, limit, texts):
+    assert conditions.shares_apart(value, limit) == texts
