@@ -102,3 +102,17 @@ def test_a_table_from_before_these_runs_reads_as_it_did():
     assert check_summary(pd.DataFrame(schedule_check_rows()))["final"] is None
     assert "Against a constant" not in section.markdown(found, "w")
     assert "(where it starts; no other fixed batch was run beside it)" in section.answer_line(found)
+
+
+def test_a_schedule_not_shown_better_than_its_last_batch_stays_off_the_card():
+    """Fewer steps than the constant B0, but against the constant 64 neither ratio's interval
+    lies below 1: the simpler fixed batch is as good as far as the seeds tell."""
+    check = with_final(steps=(300.0, 480.0), examples=(6_000.0, 11_000.0))
+    found = findings(check)
+    final = check_summary(check)["final"]
+    assert final["steps_to_target"][1] < 1 < final["steps_to_target"][2]
+    assert final["examples_to_target"][1] < 1 < final["examples_to_target"][2]
+    assert not found.wins and section.answer_line(found) is None
+    assert ("neither is shown to need fewer steps than the other (more "
+            "batch_schedule.check_seeds would tell), so the simpler constant 64 is as good an "
+            "answer as far as these seeds show.") in section.markdown(found, "w")

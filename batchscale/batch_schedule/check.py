@@ -90,3 +90,37 @@ def _pairs(by: dict, seeds: list, other: str) -> list[tuple[dict, dict]]:
 def _ratios(pairs: list[tuple[dict, dict]]) -> dict:
     return {key: paired_ratio([a[key] for a, _ in pairs], [b[key] for _, b in pairs])
             for key in RATIO_KEYS}
+
+
+def ranged(values, digits: str = ".3g", said: bool = False) -> str:
+    """"1.2 [1.0, 1.4]"; without an interval, the value and why (or the value alone where the
+    sentence has `said` why once)."""
+    value, low, high = values
+    if not math.isfinite(low):
+        return f"{value:{digits}}" if said else f"{value:{digits}} (one seed: no interval)"
+    return f"{value:{digits}} [{low:{digits}}, {high:{digits}}]"
+
+
+def ends(ratio: tuple) -> tuple[float, float]:
+    """A ratio's (low, high) ends: its interval, or the ratio itself from one seed."""
+    value, low, high = ratio
+    return (low, high) if math.isfinite(low) else (value, value)
+
+
+def shown_better_than_final(final: dict | None) -> bool:
+    """Whether the schedule is shown (whole interval below 1) to need fewer steps or fewer
+    examples than the constant run at its last batch; True where no such runs were paired."""
+    if not final or not final["paired"]:
+        return True
+    return (ends(final["steps_to_target"])[1] < 1
+            or ends(final["examples_to_target"])[1] < 1)
+
+
+def final_dominates(final: dict | None) -> bool:
+    """Whether the constant run at the schedule's last batch is shown to need fewer steps while
+    the schedule is not shown to need fewer examples (by the ratios' intervals; the ratios
+    alone from one seed): the schedule is then no answer to take."""
+    if not final or not final["paired"]:
+        return False
+    steps, examples = ends(final["steps_to_target"]), ends(final["examples_to_target"])
+    return steps[0] > 1 and examples[1] >= 1

@@ -15,7 +15,15 @@ import numpy as np
 import pandas as pd
 
 from batchscale.analysis.figures import Plot
-from batchscale.batch_schedule.check import LEVEL, check_summary, t_interval
+from batchscale.batch_schedule.check import (
+    LEVEL,
+    check_summary,
+    ends,
+    final_dominates,
+    ranged,
+    shown_better_than_final,
+    t_interval,
+)
 from batchscale.batch_schedule.plot import plot
 from batchscale.conditions import shares_apart
 from batchscale.config import AnalysisConfig
@@ -143,10 +151,12 @@ class Findings:
 
     @property
     def wins(self) -> bool:
-        """The check shows the schedule needs fewer steps (the interval's top below 1)."""
+        """The check shows the schedule needs fewer steps than the constant B0 (the interval's
+        top below 1) and, where the constant last batch ran beside it, fewer steps or fewer
+        examples than that simpler answer too."""
         steps = self.summary.get("steps_to_target")
         return (bool(steps) and math.isfinite(steps[2]) and steps[2] < 1
-                and not final_dominates(self.summary.get("final")))
+                and shown_better_than_final(self.summary.get("final")))
 
     def peak_lrs(self) -> dict[int, float]:
         """The learning rate each batch of the schedule trains at (the LR rule's peak), where
@@ -190,15 +200,6 @@ def crit_text(row) -> str:
     if isinstance(row["b_crit_bound"], str) and row["b_crit_bound"]:
         return f"{row['b_crit_bound']} {row['b_crit_bound_batch']:g}"
     return f"none: {row['b_crit_reason']}"
-
-
-def _range(values, digits: str = ".3g", said: bool = False) -> str:
-    """"1.2 [1.0, 1.4]"; without an interval, the value and why (or the value alone where the
-    sentence has `said` why once)."""
-    value, low, high = values
-    if not math.isfinite(low):
-        return f"{value:{digits}}" if said else f"{value:{digits}} (one seed: no interval)"
-    return f"{value:{digits}} [{low:{digits}}, {high:{digits}}]"
 
 
 TABLE_HEADINGS = ["checkpoint step", "examples", "val_loss", "milestone",
@@ -260,7 +261,7 @@ def _tracking_text(t: dict) -> str:
     if t["ratio_mean"] is None:
         return (f"**B_simple against B_crit**: {t['points']} checkpoint(s) with both figures; "
                 "too few to compare.")
-    text = (f"**B_simple against B_crit**: B_simple / B_crit {_range(t['ratio_mean'])} "
+    text = (f"**B_simple against B_crit**: B_simple / B_crit {ranged(t['ratio_mean'])} "
             f"(geometric mean over {t['points']} checkpoints)")
     if t["rank"] is None:
         return text + "; too few checkpoints for a rank correlation."
@@ -303,7 +304,7 @@ def _check_text(f: Findings) -> str:
     one = not math.isfinite(steps[1])  # one paired seed: no interval anywhere, said once
 
     def r(values, digits):
-        return _range(values, digits, said=one)
+        return ranged(values, digits, said=one)
 
     fewer = (1 - steps[0], 1 - steps[2], 1 - steps[1])
     verdict = ("meets" if math.isfinite(fewer[1]) and fewer[1] >= STEP_GOAL else
@@ -355,21 +356,15 @@ def _final_text(final: dict | None) -> str:
     return (f" Against a constant {n} from the first step (the schedule's last batch; "
             f"{reached} of {runs} seeds reached the target{diverged}"
             f"{'; one seed, so no intervals' if said else ''}): the schedule took "
-            f"{_range(steps, '.2f', said)}× its steps and {_range(examples, '.2f', said)}× its "
+            f"{ranged(steps, '.2f', said)}× its steps and {ranged(examples, '.2f', said)}× its "
             f"examples; {_final_verdict(final)}.")
-
-
-def _ends(ratio: tuple) -> tuple[float, float]:
-    """A ratio's (low, high) ends: its interval, or the ratio itself from one seed."""
-    value, low, high = ratio
-    return (low, high) if math.isfinite(low) else (value, value)
 
 
 def _final_verdict(final: dict) -> str:
     """What the ratios against the constant last batch mean for a user choosing between the
     two (a ratio is shown above or below 1 only when its whole interval is)."""
     n = final["batch_size"]
-    steps, examples = _ends(final["steps_to_target"]), _ends(final["examples_to_target"])
+    steps, examples = ends(final["steps_to_target"]), ends(final["examples_to_target"])
     more_seeds = "more batch_schedule.check_seeds would tell"
     if final_dominates(final):
         fewer = ("no fewer examples" if examples[0] >= 1 else
@@ -387,23 +382,13 @@ def _final_verdict(final: dict) -> str:
             "neither is shown to need fewer steps, and the schedule needed fewer examples")
 
 
-def final_dominates(final: dict | None) -> bool:
-    """Whether the constant run at the schedule's last batch is shown to need fewer steps while
-    the schedule is not shown to need fewer examples (by the ratios' intervals; the ratios
-    alone from one seed): the schedule is then no answer to take."""
-    if not final or not final["paired"]:
-        return False
-    steps, examples = _ends(final["steps_to_target"]), _ends(final["examples_to_target"])
-    return steps[0] > 1 and examples[1] >= 1
-
-
 def _fixed_batches_text(f: Findings) -> str:
     """What the schedule was run beside, for the card and the terminal line."""
     final = f.summary["final"]
     if final is None or not final["paired"]:
         return "where it starts; no other fixed batch was run beside it"
-    return (f"where it starts, and {_range(final['steps_to_target'], '.2f')}× the steps and "
-            f"{_range(final['examples_to_target'], '.2f')}× the examples of a constant "
+    return (f"where it starts, and {ranged(final['steps_to_target'], '.2f')}× the steps and "
+            f"{ranged(final['examples_to_target'], '.2f')}× the examples of a constant "
             f"{final['batch_size']}, its last batch")
 
 
@@ -438,8 +423,8 @@ def answer_line(f: Findings) -> str | None:
         return None
     steps, seeds = f.summary["steps_to_target"], f.summary["paired"]
     examples = f.summary["examples_to_target"]
-    return (f"**Batch-size schedule: {f.schedule_text()}** — it took {_range(steps, '.2f')}× "
-            f"the steps and {_range(examples, '.2f')}× the examples of a constant "
+    return (f"**Batch-size schedule: {f.schedule_text()}** — it took {ranged(steps, '.2f')}× "
+            f"the steps and {ranged(examples, '.2f')}× the examples of a constant "
             f"{f.base_batch} ({_fixed_batches_text(f)}) to "
             f"{f.target}, checked from {seeds} seeds ([evidence](#{SECTION_ID})).")
 
@@ -450,8 +435,8 @@ def summary_line(f: Findings) -> str:
     if f.wins:
         steps = f.summary["steps_to_target"]
         examples = f.summary["examples_to_target"]
-        return (f"batch-size schedule: {f.schedule_text()} — {_range(steps, '.2f')}x the "
-                f"steps and {_range(examples, '.2f')}x the examples of a constant "
+        return (f"batch-size schedule: {f.schedule_text()} — {ranged(steps, '.2f')}x the "
+                f"steps and {ranged(examples, '.2f')}x the examples of a constant "
                 f"{f.base_batch} ({_fixed_batches_text(f).replace('×', 'x')}; checked from "
                 f"{f.summary['paired']} seeds)")
     check = _check_text(f).replace("**", "")
