@@ -116,3 +116,10 @@ def test_a_schedule_not_shown_better_than_its_last_batch_stays_off_the_card():
     assert ("neither is shown to need fewer steps than the other (more "
             "batch_schedule.check_seeds would tell), so the simpler constant 64 is as good an "
             "answer as far as these seeds show.") in section.markdown(found, "w")
+
+
+def test_a_verdict_from_one_seed_says_it_has_no_interval_behind_it():
+    check = with_final(steps=(200.0, 205.0), examples=(26_000.0, 26_500.0))
+    found = findings(check[check["seed"] == 0])
+    assert ("examples; from one seed, with no interval to show it: the constant 64 needed fewer "
+            "steps and the schedule fewer examples") in section.markdown(found, "w")

@@ -353,11 +353,12 @@ def _final_text(final: dict | None) -> str:
                 "scheduled run that reached it: no ratio to give.")
     said = final["paired"] < 2
     steps, examples = final["steps_to_target"], final["examples_to_target"]
+    hedge = "from one seed, with no interval to show it: " if said else ""
     return (f" Against a constant {n} from the first step (the schedule's last batch; "
             f"{reached} of {runs} seeds reached the target{diverged}"
             f"{'; one seed, so no intervals' if said else ''}): the schedule took "
             f"{ranged(steps, '.2f', said)}× its steps and {ranged(examples, '.2f', said)}× its "
-            f"examples; {_final_verdict(final)}.")
+            f"examples; {hedge}{_final_verdict(final)}.")
 
 
 def _final_verdict(final: dict) -> str:
