@@ -291,3 +291,19 @@ def test_a_variants_b_star_interval_is_null_where_two_timed_batches_leave_it_ope
                                            "curves": make_curves(runs)})
     assert math.isfinite(rows[0]["b_star"]) and rows[0]["b_star"] > 0
     assert math.isnan(rows[0]["b_star_low"]) and math.isnan(rows[0]["b_star_high"])
+
+
+def test_a_misspelled_workload_in_a_later_variant_is_refused_before_any_variant_runs(
+        tmp_path, monkeypatch, capsys):
+    """A user's `module:attribute` is imported only when a variant runs: every variant's
+    workload is checked first, so the typo in the second does not cost the first's run."""
+    from batchscale.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.yaml").write_text(
+        "name: typo\nconvergence:\n  batch_sizes: [16, 64]\nstudy:\n  axes:\n    model: "
+        "[contract_workloads:good, contract_workloads:goood]\n")
+    assert main(["study", "--config", "study.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "study variant" in err and "goood" in err and "no variant was run" in err
+    assert "Traceback" not in err and not (tmp_path / ".batchscale").exists()

@@ -57,22 +57,18 @@ def run_header(cfg, workload, run_id: str) -> str:
     return f"batchscale run {run_id}: {cfg.name} ({cfg.workload} {data})"
 
 
-def cmd_run(args) -> int:
+def checked_workload(cfg):
+    """(workload, cfg with the workload's own targets), refused now (BadInput) where a stage
+    would fail on it later: a user factory that cannot be imported or returns no nn.Module, a
+    loss or evaluation that fails on two examples, data smaller than the largest batch, a
+    TrainingLoop with the batch-schedule stage."""
     from batchscale.contract_check import check_workload, with_workload_targets
     from batchscale.workloads import get_workload
 
-    cfg = config_from_args(args)
-    run_id = given_run_id(args)
-    if cfg.study.is_study:
-        from batchscale.cli.study_cmd import run_study
-
-        return run_study(cfg, run_id)
-    # A user factory that cannot be imported or returns no nn.Module fails here, not later.
     workload = get_workload(cfg.workload, image_size=cfg.sweep.image_size_px)
     cfg = with_workload_targets(cfg, workload)
-    # Checked as the convergence stage will run it (its loss and evaluation on two examples,
-    # its data against the largest batch): a mistake there is refused now, not after the data
-    # preparation and the whole sweep.
+    # Checked as the convergence stage will run it: a mistake there is refused now, not after
+    # the data preparation and the whole sweep.
     check_workload(workload, batch_sizes=cfg.convergence.batch_sizes,
                    targets=cfg.convergence.resolved_targets(), convergence=True)
     if workload.loop is not None and cfg.batch_schedule.enabled:
@@ -80,6 +76,17 @@ def cmd_run(args) -> int:
 
         # refused before any stage runs, not by the batch-schedule stage mid-pipeline
         raise BadInput(f"{loop_refusal(cfg.workload)}, or set batch_schedule.enabled: false")
+    return workload, cfg
+
+
+def cmd_run(args) -> int:
+    cfg = config_from_args(args)
+    run_id = given_run_id(args)
+    if cfg.study.is_study:
+        from batchscale.cli.study_cmd import run_study
+
+        return run_study(cfg, run_id)
+    workload, cfg = checked_workload(cfg)
     store = connect_store()
     print(run_header(cfg, workload, run_id), file=sys.stderr)
     if workload.loop is None and (note := cfg.convergence.lr_note()):

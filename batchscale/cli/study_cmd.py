@@ -35,6 +35,7 @@ def run_study(cfg, study_id: str) -> int:
 
     variants = expand(cfg)
     check_axes_reach_the_data(cfg, variants)
+    check_every_variant(variants)
     store = connect_store()
     check_study_id(store, cfg, study_id)
     done = published_variants(store, study_id, variants)
@@ -54,6 +55,20 @@ def run_study(cfg, study_id: str) -> int:
     if store.exists(run_manifest_key(store, study_id)):
         return _already_compared(store, study_id)
     return _compare(cfg, study_id, started)
+
+
+def check_every_variant(variants) -> None:
+    """Each variant's workload checked as `batchscale run` checks its own, before the first
+    variant trains: a misspelled workload in the last variant is refused now (exit 2), not
+    after the others have run and been published."""
+    from batchscale.cli.pipeline_cmds import checked_workload
+
+    for variant in variants:
+        try:
+            checked_workload(variant.config)
+        except BadInput as err:
+            raise BadInput(f"study variant {variant.name} {variant.values}: {err}; no variant "
+                           "was run") from None
 
 
 def check_axes_reach_the_data(cfg, variants) -> None:
