@@ -373,7 +373,7 @@ def _unclear_growth(b: np.ndarray, m: np.ndarray, fixed: float, per_sample: floa
             f"{se:,.0f} bytes per sample over {n} batches, within the run-to-run scatter")
 
 
-NO_SWEEP_GIVEN = ("no throughput sweep was given (`batchscale analyze` takes one with --sweep "
+NO_SWEEP_GIVEN = ("no throughput sweep was given (batchscale analyze takes one with --sweep "
                   "FILE; a pipeline run of a TrainingLoop has none)")
 """Why a figure only the sweep measures is missing when the analysis got no sweep table."""
 

@@ -363,6 +363,9 @@ def test_every_trial_diverged_is_named_in_the_recommendation():
     result = analyze_runs(runs_following(lambda b: 100, status="diverged"))
     assert result.summary.recommendation.batch_size is None
     assert "every convergence trial diverged (18 trials)" in result.markdown
+    # no worker count is recommended for trainings that reach nothing
+    assert result.summary.recommendation.workers is None
+    assert "**Workers: not answered** — no trial reached the target (above)." in result.markdown
 
 
 def test_bound_and_edge_case_tables_pass_the_analysis_suite():

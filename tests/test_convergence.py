@@ -428,6 +428,8 @@ def test_converge_runs_the_scaling_runs_its_flags_ask_for_into_one_table(tmp_pat
                      cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "; scaling runs: 2 workers at batch 64" in result.stderr
+    assert f"next: batchscale analyze {tmp_path / 'out' / 'runs.parquet'} gives B_crit" \
+        in result.stderr
     runs = pq.read_table(tmp_path / "out" / "runs.parquet").to_pylist()
     assert sorted((r["batch_size"], r["workers"]) for r in runs) == [(32, 1), (64, 1), (64, 2)]
     assert len({r["run_id"] for r in runs}) == 1
@@ -449,6 +451,10 @@ def test_unreachable_target_exits_non_zero_and_keeps_the_tables(tmp_path, digits
     assert ("no trial reached val_accuracy >= 1: of 1 trials, 1 out of steps (ran max_steps 20:"
             " raise max_steps or lower the target); they ran adamw at peak LRs 0.05") \
         in result.stderr
+    # where to read each trial's stop reason: the files, since no table was printed
+    assert f"(each trial's stop_reason is in {tmp_path / 'out' / 'runs.parquet'}, its curve in " \
+           f"{tmp_path / 'out' / 'curves.parquet'})" in result.stderr
+    assert "next: batchscale analyze" not in result.stderr  # nothing reached: nothing to analyze
     runs = pq.read_table(tmp_path / "out" / "runs.parquet").to_pylist()
     assert [r["status"] for r in runs] == ["not_reached"]
     assert runs[0]["stop_reason"].startswith("ran convergence.max_steps (20 steps)")

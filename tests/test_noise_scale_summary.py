@@ -70,3 +70,18 @@ def test_no_b_simple_at_all_says_why_it_can_be_missing():
     assert _b_simple_text(summary).startswith(
         "Not available: no B_simple recorded with the runs (a table from elsewhere seldom has one")
     assert "which a TrainingLoop on one worker lacks: run it on two workers" in summary.reason
+
+
+def test_diverged_trials_give_no_noise_scale():
+    """A user's runs at a learning rate that blew up by step 7: their last estimates (68 here)
+    are a model blowing up, not the noise scale of a training that reaches the target."""
+    runs = _runs({"a": (16, 68.1), "b": (64, 70.0), "c": (64, 30.0)}).assign(
+        status=["diverged", "diverged", "reached"])
+    curves = pd.DataFrame({"trial_id": ["a", "b"], "batch_size": [16, 64], "step": [6, 7],
+                           "b_simple": [68.1, 70.0]})
+    by_batch, summary = noise_scale(runs, curves)
+    assert summary.trials == 1 and summary.b_simple_median == 30.0
+    assert list(by_batch.index) == [64] and by_batch.loc[64, "trials"] == 1
+    _, none = noise_scale(runs.iloc[:2], curves)
+    assert math.isnan(none.b_simple_median)
+    assert none.reason.startswith("every trial diverged (2): a diverging run's gradients")

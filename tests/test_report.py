@@ -331,7 +331,7 @@ def test_runs_without_a_sweep_say_so_and_plot_the_trials_own_step_times():
     t(B) line B* was read from."""
     runs = make_runs()
     page = html.unescape(report(None, runs, make_curves(runs)))
-    assert ("No throughput sweep was given (`batchscale analyze` takes one with --sweep FILE; "
+    assert ("No throughput sweep was given (batchscale analyze takes one with --sweep FILE; "
             "a pipeline run of a TrainingLoop has none): time to target uses the trials' own "
             "step times.") in page
     assert "Throughput.</strong> Not measured: no throughput sweep was given" in page

@@ -62,6 +62,11 @@ def test_explicit_variants_keep_the_base_value_of_axes_they_leave_out():
 
 @pytest.mark.parametrize("study, message", [
     ({"axes": {"dataset.nope": [1, 2]}}, "'dataset.nope' is not a config key a study can vary"),
+    ({"axes": {"convergence.base_lrr": [0.1, 0.2]}},
+     "'convergence.base_lrr' is not a config key a study can vary (did you mean "
+     "'convergence.base_lr'?)"),
+    ({"axes": {"dataset_fraction": [0.5]}, "variants": [{"dataset_fracton": 0.5}]},
+     "'dataset_fracton' is not an axis (did you mean 'dataset_fraction'?)"),
     ({"axes": {"kubernetes.namespace": ["a", "b"]}}, "is not a config key a study can vary"),
     ({"axes": {"dataset_fraction": [0.5, 1.5]}}, "dataset.train_fraction"),
     ({"axes": {"model": ["digits-mlp", "nonexistent-net"]}}, "unknown workload"),
@@ -205,6 +210,14 @@ def test_the_answer_says_which_axis_moved_b_crit_with_numbers():
     assert "**dataset_fraction**: no detectable change" in text
     assert "26,122 → 301,066 parameters" in text
     assert "Yes, here: B_crit moved with model (model: ×3.81" in text
+
+
+def test_an_axis_no_variant_fitted_names_no_span_it_does_not_have():
+    study = _study_frame().assign(b_crit=math.nan, b_crit_low=math.nan, b_crit_high=math.nan)
+    axes = pd.DataFrame(axis_rows(study, ["dataset_fraction", "model"]))
+    text = answer_markdown(study, axes)
+    assert "**model**: not fitted: no variant has a B_crit interval inside" in text
+    assert "(?)" not in text
 
 
 def test_golmant_answer_needs_both_kinds_of_axis():

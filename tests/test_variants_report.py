@@ -155,6 +155,24 @@ def test_a_single_variant_and_axis_without_a_slope_row_renders():
     assert len(IMAGE.findall(page)) == 1
 
 
+def test_a_plot_of_one_x_on_a_log_axis_is_saved_without_a_warning():
+    """What an axis whose variants give one B_crit draws (`_draw_axis`: a log x, margins):
+    matplotlib widens the equal limits itself, and its warning reached the user's terminal
+    through `batchscale study` and `report`."""
+    import warnings
+
+    from batchscale.analysis.figures import new_axes, png_data_uri
+
+    fig, ax = new_axes("parameters", "B_crit (batch size)", x_base=10, log_y=True)
+    ax.plot([1234.0], [30.0], "-", label="B_crit")
+    ax.errorbar([1234.0], [30.0], yerr=[[5.0], [5.0]], fmt="o", capsize=3)
+    ax.margins(x=0.08)
+    ax.legend(fontsize="small")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert png_data_uri(fig).startswith("data:image/png;base64,")
+
+
 def test_an_axis_with_nothing_to_draw_says_why_instead_of_a_plot():
     rows = [study_row("none", {"label_noise": 0.1}, b_crit_reason="diverged", **NOTHING)]
     page = render(rows, [axis_row("label_noise", "not fitted: no B_crit")],

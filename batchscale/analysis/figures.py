@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -46,7 +47,11 @@ def make_plot(draw: Callable[[], Figure | None], caption: str, missing: str) -> 
 def png_data_uri(fig: Figure) -> str:
     """`fig` as a PNG `data:` URI (no timestamp or software metadata)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
+    with warnings.catch_warnings():
+        # a plot of one batch size: matplotlib widens the equal limits itself, and its warning
+        # would reach the user's terminal through the logging of warnings
+        warnings.filterwarnings("ignore", message="Attempting to set identical low and high")
+        fig.savefig(buffer, format="png", metadata={"Software": None})
     return PNG_DATA_URI_PREFIX + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 

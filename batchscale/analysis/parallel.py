@@ -72,12 +72,21 @@ def noise_scale(runs: pd.DataFrame,
     all trials its median with the interquartile range. A final estimate ≤ 0 is left out and
     counted: B_simple = tr Σ / |G|² cannot be negative, but its unbiased estimate of |G|² can
     when the noise swamps the gradient, and such a value says only that the estimate failed
-    there."""
-    final = final_b_simple(runs, curves)
+    there. A trial that diverged is left out too: its last gradients are those of a model
+    blowing up, not of the training the noise scale predicts."""
+    runs = ensure_columns(runs, schemas.RUNS)
+    diverged = matches(runs, "status", RunStatus.DIVERGED)
+    curves = ensure_columns(curves, schemas.CURVES)
+    gone = curves["trial_id"].isin(set(runs.loc[diverged, "trial_id"]))
+    final = final_b_simple(runs[~diverged], curves[~gone])
     usable = final[final["b_simple"] > 0]
     dropped = int(len(final) - len(usable))
     by_batch = usable.groupby("batch_size")["b_simple"].agg(
         median="median", low="min", high="max", trials="size")
+    if final.empty and diverged.all() and len(runs):
+        return by_batch, NoiseScaleSummary(
+            math.nan, 0, f"every trial diverged ({len(runs)}): a diverging run's gradients say "
+                         "nothing of the noise scale of the training that reaches the target")
     if final.empty:
         return by_batch, NoiseScaleSummary(math.nan, 0, NO_B_SIMPLE)
     if usable.empty:

@@ -73,6 +73,8 @@ def recommend(
     with_batch = "it goes with the batch size, which could not be chosen (above)"
     if timed.empty:
         workers, workers_reason = worker_choice(runs)
+        if not reached_any(runs):  # a worker count that trains nothing to the target is no answer
+            workers, workers_reason = None, "no trial reached the target (above)"
         reason = _nothing_timed_reason(runs)
         return Recommendation(None, None, workers, reason,
                               with_batch if lr_rule_given else NO_RULE_GIVEN, workers_reason,
@@ -320,6 +322,12 @@ def _starved_note(runs: pd.DataFrame, max_share: float | None) -> str:
         f"({which or 'of unknown worker count'}) waited for a CPU up to {worst_text} of their "
         f"runnable time (at least {limit_text}: a busy machine slowed them)"
     )
+
+
+def reached_any(runs: pd.DataFrame) -> bool:
+    runs = ensure_columns(runs, RUNS)
+    return bool((matches(runs, "status", RunStatus.REACHED)
+                 & np.isfinite(numeric_column(runs, "steps_to_target"))).any())
 
 
 def _nothing_timed_reason(runs: pd.DataFrame) -> str:

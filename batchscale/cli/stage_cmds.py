@@ -159,7 +159,10 @@ def cmd_converge(args) -> int:
         wanted = " or ".join(t.label for t in cfg.convergence.resolved_targets())
         raise BatchscaleError(
             f"no trial reached {wanted}: {_why_short(runs.to_pylist(), cfg.convergence)} "
-            "(each trial's stop_reason and curve are in the tables above)")
+            f"(each trial's stop_reason is in {written[1]}, its curve in {written[0]})")
+    print(f"next: batchscale analyze {written[1]} gives B_crit and the batch size, learning "
+          "rate and worker count to use (add --current-batch-size N for the saving against "
+          "today's)", file=sys.stderr)
     return 0
 
 

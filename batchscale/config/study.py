@@ -4,6 +4,7 @@ its variants' configs is `variants.py` (it needs the whole experiment model)."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
@@ -67,7 +68,9 @@ class StudyConfig(_Strict):
         for index, variant in enumerate(self.variants):
             for axis, value in variant.items():
                 if axis not in self.axes:
-                    raise ValueError(f"variants.{index}: {axis!r} is not an axis; axes: "
+                    close = difflib.get_close_matches(axis, list(self.axes), n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    raise ValueError(f"variants.{index}: {axis!r} is not an axis{hint}; axes: "
                                      f"{', '.join(self.axes)}")
                 if value not in self.axes[axis]:
                     raise ValueError(f"variants.{index}: {axis} {value!r} is not one of the "

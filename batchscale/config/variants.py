@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import re
 from dataclasses import dataclass
@@ -83,9 +84,20 @@ def _check_key(cfg, axis: str) -> None:
     else:
         known = True
     if not known or key.split(".")[0] in NOT_AN_AXIS or isinstance(found, dict):
-        raise BadInput(f"study.axes: {axis!r} is not a config key a study can vary; use a key "
-                       "such as dataset.synthetic_noise, workload or convergence.base_lr, or "
-                       "dataset_fraction, label_noise, model")
+        raise BadInput(f"study.axes: {axis!r} is not a config key a study can vary"
+                       f"{_nearest_key(data, key)}; use a key such as dataset.synthetic_noise, "
+                       "workload or convergence.base_lr, or dataset_fraction, label_noise, model")
+
+
+def _nearest_key(data: dict, key: str) -> str:
+    """" (did you mean 'convergence.base_lr'?)" for a misspelled key of a config section."""
+    section, _, rest = key.rpartition(".")
+    try:
+        names = list(_get(data, section)) if section else list(data)
+    except (KeyError, TypeError):
+        return ""
+    close = difflib.get_close_matches(rest, [str(n) for n in names], n=1)
+    return f" (did you mean {(section + '.' if section else '') + close[0]!r}?)" if close else ""
 
 
 def _name(values: dict[str, object]) -> str:

@@ -64,7 +64,8 @@ def _range(study: pd.DataFrame, axis: str, x_name: str) -> str:
 def axis_sentence(row: dict, study: pd.DataFrame) -> str:
     span = _range(study, row["axis"], row["x_name"])
     if row["verdict"].startswith("not fitted"):
-        return f"**{row['axis']}** ({span}): {row['verdict']}."
+        over = f" ({span})" if span != "?" else ""  # no variant fitted: no span to name
+        return f"**{row['axis']}**{over}: {row['verdict']}."
     power = "exponent" if row["x_scale"] == "log" else "slope of ln B_crit per unit"
     numbers = (f"B_crit ×{_n(row['range_factor'])} [{_n(row['range_factor_low'])}, "
                f"{_n(row['range_factor_high'])}] over {span} ({power} {_n(row['slope'])} "
