@@ -178,7 +178,8 @@ def test_the_worker_reason_states_both_times_when_one_worker_wins():
     assert choice.workers == 1
     assert choice.workers_reason == (
         "at batch 64 (linear): 1 worker: 0.0556 s to target; 2 workers: 0.0869 s to target"
-        " — more workers did not reach the target sooner than 1"
+        " (medians of the trials' measured times) — more workers did not reach the target"
+        " sooner than 1"
     )
 
 
@@ -218,7 +219,8 @@ def test_workers_are_compared_where_both_ran_and_a_half_failing_cell_does_not_co
     assert choice.workers == 1
     assert choice.workers_reason == (
         "at batch 256 (sqrt): 1 worker: 0.058 s to target; 2 workers: 0.166 s to target"
-        " — more workers did not reach the target sooner than 1"
+        " (medians of the trials' measured times) — more workers did not reach the target"
+        " sooner than 1"
     )
 
 

@@ -155,10 +155,12 @@ def worker_choice(
         return 1, "no trial reached the target"
     fastest, place, where = _compared(medians, cell)
     best = int(fastest.idxmin())
+    # measured times, not the batch line's steps × step time: the two can differ in the last
+    # digit for the same cell, and the words say which this is
     listing = place + "; ".join(
         f"{_workers(int(n))}: {fastest[n]:.3g} s to target{where.get(n, '')}"
         for n in fastest.index
-    )
+    ) + " (medians of the trials' measured times)"
     if 1 not in fastest.index:
         return best, f"{listing} — {_workers(best)} fastest; 1 worker did not reach the target"
     if best == 1:
