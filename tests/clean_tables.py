@@ -187,12 +187,15 @@ def study_rows() -> list[dict]:
         {**common, "variant": "fraction0.5", "variant_run_id": "run-1-fraction0.5",
          "axis_values": '{"dataset_fraction": 0.5}', "b_crit": 40.0, "b_crit_low": 28.0,
          "b_crit_high": 56.0, "e_min": 1600.0, "b_star": 20.0, "b_star_low": 16.7,
-         "b_star_high": 23.7},
+         "b_star_high": 23.7, "answer_batch_size": 32, "answer_time_to_target_s": 0.05,
+         "answer_time_to_target_s_low": 0.043, "answer_time_to_target_s_high": 0.058},
         {**common, "variant": "fraction1", "variant_run_id": "run-1-fraction1",
          "axis_values": '{"dataset_fraction": 1.0}', "b_crit": nan, "b_crit_low": nan,
          "b_crit_high": nan, "b_crit_bound": "above", "b_crit_bound_batch": 64.0,
          "b_crit_reason": "steps still fall like 1/B", "s_min": nan, "e_min": nan,
-         "b_star": nan, "b_star_low": nan, "b_star_high": nan},
+         "b_star": nan, "b_star_low": nan, "b_star_high": nan, "answer_batch_size": 64,
+         "answer_time_to_target_s": 0.07, "answer_time_to_target_s_low": nan,
+         "answer_time_to_target_s_high": nan},
     ]
 
 

@@ -4,6 +4,7 @@ DuckDB's S3 support is the httpfs extension, which it downloads on first use).""
 
 from __future__ import annotations
 
+import math
 import uuid
 from pathlib import Path
 
@@ -450,3 +451,18 @@ def test_the_summary_says_at_which_level_the_b_crit_intervals_are_read():
         "over-claims)"]
     assert "analysis.b_crit_read_level" in level_lines(AnalysisConfig(b_crit_read_level=0.95),
                                                        adaptive=False)[0]
+
+
+def test_a_study_variants_long_run_id_widens_its_column_instead_of_shifting_the_rows():
+    from types import SimpleNamespace
+
+    from batchscale.lake.history import critical_lines
+
+    when = pd.Timestamp("2026-12-06T19:37:40Z")
+    rows = [{"run_id": run_id, "published_at": when, "lr_rule": "sqrt", "b_crit": 23.0,
+             "b_crit_low": 8.0, "b_crit_high": 74.0, "b_crit_bound": None,
+             "b_crit_bound_batch": math.nan}
+            for run_id in ("20261206T193740Z-9c8d5b", "20261206T193740Z-9c8d5b-myreg_workload")]
+    header, *lines = critical_lines(SimpleNamespace(critical=pd.DataFrame(rows)))[1:]
+    assert len({line.index("sqrt") for line in lines}) == 1  # every row's rule in one column
+    assert header.index("LR rule") == lines[0].index("sqrt")

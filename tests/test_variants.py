@@ -320,3 +320,27 @@ def test_a_misspelled_workload_in_a_later_variant_is_refused_before_any_variant_
     err = capsys.readouterr().err
     assert "study variant" in err and "goood" in err and "no variant was run" in err
     assert "Traceback" not in err and not (tmp_path / ".batchscale").exists()
+
+
+def _timed(study: pd.DataFrame, times: list[tuple[float, float, float]]) -> pd.DataFrame:
+    return study.assign(answer_batch_size=[32, 64, 128],
+                        answer_time_to_target_s=[t for t, _, _ in times],
+                        answer_time_to_target_s_low=[lo for _, lo, _ in times],
+                        answer_time_to_target_s_high=[hi for _, _, hi in times])
+
+
+def test_the_answer_names_the_fastest_variant_only_where_its_seeds_range_is_apart():
+    study = _timed(_study_frame(), [(0.0345, 0.0257, 0.0376), (0.0433, 0.0325, 0.0484),
+                                    (0.09, 0.08, 0.1)])
+    axes = pd.DataFrame(axis_rows(study, ["dataset_fraction", "model"]))
+    text = answer_markdown(study, axes)
+    assert "- 0.25-digits-mlp: batch 32, 0.0345 s [0.0257, 0.0376]" in text
+    assert ("**0.25-digits-mlp** is fastest at its point, but its seeds' range overlaps "
+            "1.0-digits-mlp's: these seeds do not tell them apart (more seeds would).") in text
+    apart = _timed(_study_frame(), [(0.03, 0.028, 0.032), (0.05, 0.045, 0.055),
+                                    (0.09, 0.08, 0.1)])
+    assert ("**0.25-digits-mlp** reaches the target soonest: its seeds' range lies below every "
+            "other variant's.") in answer_markdown(apart, axes)
+    one_seed = apart.assign(answer_time_to_target_s_low=math.nan)
+    assert "a variant has one seed, so no range tells them apart" in answer_markdown(one_seed,
+                                                                                     axes)

@@ -179,8 +179,16 @@ def _number(value: float) -> str:
     return "-" if value is None or not math.isfinite(value) else f"{value:,.0f}"
 
 
-def _run_label(row) -> str:
-    return f"{row.published_at.strftime(TIME_FORMAT)}  {row.run_id:28s}"
+RUN_ID_WIDTH = 28
+"""The run_id column's width: a generated run id's; a study variant's longer id widens it."""
+
+
+def _id_width(run_ids) -> int:
+    return max([RUN_ID_WIDTH, *(len(str(r)) for r in run_ids)])
+
+
+def _run_label(row, width: int = RUN_ID_WIDTH) -> str:
+    return f"{row.published_at.strftime(TIME_FORMAT)}  {row.run_id:{width}s}"
 
 
 def _marks(history: History) -> dict[tuple, str]:
@@ -207,12 +215,13 @@ def throughput_lines(history: History) -> list[str]:
                                  sort=False)
         table = table.reset_index().sort_values(["published_at", "run_id"])
         batches = [c for c in table.columns if c not in RUN_KEYS]
+        width = _id_width(table["run_id"])
         lines += [f"samples/s — {device}, {precision}, {mode} input",
-                  f"  {'published (UTC)':16s}  {'run_id':28s}"
+                  f"  {'published (UTC)':16s}  {'run_id':{width}s}"
                   + "".join(f"{f'B={b}':>12s}" for b in batches)]
         for row in table.itertuples(index=False):
             values = dict(zip(table.columns, row, strict=True))
-            lines.append(f"  {_run_label(row)}" + "".join(
+            lines.append(f"  {_run_label(row, width)}" + "".join(
                 f"{_number(values[b]) + marks.get((row.run_id, *series, b), ' '):>12s}"
                 for b in batches))
         upcoming = next_run_line(history, series, table["run_id"].iloc[-1])
@@ -253,12 +262,13 @@ def next_run_line(history: History, series: tuple, run_id: str) -> str | None:
 def critical_lines(history: History) -> list[str]:
     if history.critical.empty:
         return ["B_crit: no analysis published for these runs"]
+    width = _id_width(history.critical["run_id"])
     lines = ["B_crit (90 % interval)",
-             f"  {'published (UTC)':16s}  {'run_id':28s}  {'LR rule':10s} {'B_crit':>10s}  "
-             "interval"]
+             f"  {'published (UTC)':16s}  {'run_id':{width}s}  {'LR rule':10s} "
+             f"{'B_crit':>10s}  interval"]
     for row in history.critical.itertuples(index=False):
         value, interval = _b_crit_cells(row)
-        lines.append(f"  {_run_label(row)}  {row.lr_rule:10s} {value:>10s}  {interval}")
+        lines.append(f"  {_run_label(row, width)}  {row.lr_rule:10s} {value:>10s}  {interval}")
     return lines
 
 

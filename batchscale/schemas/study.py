@@ -35,6 +35,13 @@ STUDY = pa.schema(
         pa.field("b_star_high", pa.float64()),
         # The model's parameter count (the model-size axis's x when the axis names workloads).
         pa.field("parameters", pa.int64()),
+        # The variant's own answer where it was made for this row's target and LR rule: the
+        # recommended batch and its time to target (steps × step time) with its seeds' range;
+        # null on the other rows and where the variant recommended no batch (layout 10 on).
+        pa.field("answer_batch_size", pa.int64()),
+        pa.field("answer_time_to_target_s", pa.float64()),
+        pa.field("answer_time_to_target_s_low", pa.float64()),
+        pa.field("answer_time_to_target_s_high", pa.float64()),
     ]
 )
 

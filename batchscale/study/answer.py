@@ -144,9 +144,54 @@ def answer_markdown(study: pd.DataFrame, axes: pd.DataFrame) -> str:
     target = f"{first['target_metric']} {first['target_value']:g}, {first['lr_rule']} rule"
     lines = [f"## What moves the critical batch? ({target}, {len(variants)} variants)", ""]
     lines += [f"- {axis_sentence(r, variants)}" for r in rows]
+    lines += ["", *fastest_lines(variants)]
     lines += ["", "**Golmant et al. (2018)**: does B_crit depend more on the model and the "
               "data's complexity than on the dataset's size? " + golmant_answer(rows), "",
               "Intervals are 90 %, from each variant's B_crit interval; they do not include "
               "the error of the additive model itself (an axis whose effect depends on "
               "another's value)."]
     return "\n".join(lines)
+
+
+def fastest_lines(variants: pd.DataFrame) -> list[str]:
+    """Which variant reaches the target soonest, each at the batch its own analysis recommends,
+    with its seeds' range; told apart only where the ranges do not overlap."""
+    if "answer_time_to_target_s" not in variants:
+        return []
+    timed = variants[pd.to_numeric(variants["answer_time_to_target_s"],
+                                   errors="coerce").notna()].sort_values(
+        "answer_time_to_target_s")
+    if timed.empty:
+        return ["**Fastest variant**: none recommended a batch for this target and rule."]
+    lines = ["**Fastest variant** (each at the batch its own analysis recommends; seconds to "
+             "the target on this run's devices, with the range over seeds):"]
+    lines += [f"- {r['variant']}: batch {int(r['answer_batch_size'])}, "
+              f"{_n(r['answer_time_to_target_s'])} s {_seeds_range(r)}"
+              for r in timed.to_dict("records")]
+    if len(timed) < 2:
+        return [*lines, "Only one variant recommended a batch: nothing to compare it with."]
+    best, *others = timed.to_dict("records")
+    top = _ends(best)[1]
+    close = [o["variant"] for o in others if not top < _ends(o)[0]]
+    one_seed = any(not math.isfinite(r["answer_time_to_target_s_low"])
+                   for r in (best, *others))
+    if not close and not one_seed:
+        return [*lines, f"**{best['variant']}** reaches the target soonest: its seeds' range "
+                        "lies below every other variant's."]
+    why = ("a variant has one seed, so no range tells them apart" if one_seed else
+           f"its seeds' range overlaps {', '.join(close)}'s: these seeds do not tell them "
+           "apart (more seeds would)")
+    return [*lines, f"**{best['variant']}** is fastest at its point, but {why}."]
+
+
+def _seeds_range(row: dict) -> str:
+    low, high = row["answer_time_to_target_s_low"], row["answer_time_to_target_s_high"]
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "(one seed: no range)"
+    return f"[{_n(low)}, {_n(high)}]"
+
+
+def _ends(row: dict) -> tuple[float, float]:
+    low, high = row["answer_time_to_target_s_low"], row["answer_time_to_target_s_high"]
+    value = row["answer_time_to_target_s"]
+    return (low, high) if math.isfinite(low) and math.isfinite(high) else (value, value)

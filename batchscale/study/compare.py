@@ -53,6 +53,7 @@ def variant_rows(variant: Variant, run_id: str, frames: dict[str, pd.DataFrame])
         "parameters": parameters(cfg.workload, cfg.sweep.image_size_px),
     }
     groups = split_by_target(without_pruned(frames["runs"])) if "runs" in frames else {}
+    answer = next((r for r in result.rows if r.get("answer")), None)
     rows = []
     for fit in summary.targets:
         b_star = [_finite(fit.optimal_batch), *closed_interval(fit.optimal_batch_interval)]
@@ -66,8 +67,26 @@ def variant_rows(variant: Variant, run_id: str, frames: dict[str, pd.DataFrame])
             "s_min": _finite(fit.s_min),
             "e_min": _finite(fit.e_min), "b_star": b_star[0], "b_star_low": b_star[1],
             "b_star_high": b_star[2],
+            **_answer_columns(answer, fit.metric, fit.value, fit.rule),
         })
     return rows
+
+
+def _answer_columns(answer: dict | None, metric: str, value: float, rule: str) -> dict:
+    """The variant's recommended batch and its time to target with the seeds' range, on the
+    row of the target and rule the answer was made for; null elsewhere."""
+    mine = (answer is not None and answer["lr_rule"] == rule
+            and answer.get("target_metric") in (None, metric)
+            and (answer.get("target_value") is None
+                 or math.isclose(answer["target_value"], value)))
+    if not mine:
+        return {"answer_batch_size": None, "answer_time_to_target_s": math.nan,
+                "answer_time_to_target_s_low": math.nan,
+                "answer_time_to_target_s_high": math.nan}
+    return {"answer_batch_size": int(answer["batch_size"]),
+            "answer_time_to_target_s": _finite(answer["time_to_target_s"]),
+            "answer_time_to_target_s_low": _finite(answer.get("time_to_target_s_low")),
+            "answer_time_to_target_s_high": _finite(answer.get("time_to_target_s_high"))}
 
 
 def _interval_note(groups, fit, range_factor: float) -> str | None:
