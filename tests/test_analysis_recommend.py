@@ -154,8 +154,9 @@ def test_the_worker_reason_states_both_times_and_why_more_workers_won():
     choice = recommend(obvious_table(), two_worker_runs(0.086, 0.055))
     assert choice.workers == 2
     reason = choice.workers_reason
-    assert reason.startswith("at batch 64 (linear): 1 worker: 0.0869 s to target;")
-    assert "2 workers: 0.0556 s to target" in reason
+    assert reason.startswith("at batch 64 (linear): 1 worker: 0.0869 s [0.086, 0.0877] over 3 "
+                             "seeds to target;")
+    assert "2 workers: 0.0556 s [0.055, 0.0561] over 3 seeds to target" in reason
     assert "2 workers reached the target 1.56× sooner than 1, for 2× the workers" in reason
     assert "(78% data-parallel efficiency)" in reason
 
@@ -177,8 +178,9 @@ def test_the_worker_reason_states_both_times_when_one_worker_wins():
     choice = recommend(obvious_table(), two_worker_runs(0.055, 0.086))
     assert choice.workers == 1
     assert choice.workers_reason == (
-        "at batch 64 (linear): 1 worker: 0.0556 s to target; 2 workers: 0.0869 s to target"
-        " (medians of the trials' measured times) — more workers did not reach the target"
+        "at batch 64 (linear): 1 worker: 0.0556 s [0.055, 0.0561] over 3 seeds to target; 2 "
+        "workers: 0.0869 s [0.086, 0.0877] over 3 seeds to target (medians of the trials' "
+        "measured times, with their range over seeds) — more workers did not reach the target"
         " sooner than 1"
     )
 
@@ -192,8 +194,9 @@ def test_the_worker_reason_names_each_cell_when_the_choice_was_not_run_with_both
     )
     choice = recommend(obvious_table(), runs)
     assert choice.workers == 2
-    assert "1 worker: 0.086 s to target (linear, batch 64)" in choice.workers_reason
-    assert "2 workers: 0.055 s to target (linear, batch 256)" in choice.workers_reason
+    assert "1 worker: 0.086 s (one seed) to target (linear, batch 64)" in choice.workers_reason
+    assert "2 workers: 0.055 s (one seed) to target (linear, batch 256)" in \
+        choice.workers_reason
     # a speed-up between different cells is no data-parallel efficiency, and is not called one
     assert "no cell ran with both, so no data-parallel efficiency is given" in \
         choice.workers_reason
@@ -218,8 +221,9 @@ def test_workers_are_compared_where_both_ran_and_a_half_failing_cell_does_not_co
     choice = recommend(obvious_table(), runs)
     assert choice.workers == 1
     assert choice.workers_reason == (
-        "at batch 256 (sqrt): 1 worker: 0.058 s to target; 2 workers: 0.166 s to target"
-        " (medians of the trials' measured times) — more workers did not reach the target"
+        "at batch 256 (sqrt): 1 worker: 0.058 s [0.0508, 0.0653] over 2 seeds to target; 2 "
+        "workers: 0.166 s [0.137, 0.196] over 2 seeds to target (medians of the trials' "
+        "measured times, with their range over seeds) — more workers did not reach the target"
         " sooner than 1"
     )
 

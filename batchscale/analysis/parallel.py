@@ -153,14 +153,16 @@ def worker_choice(
     medians = _median_times(runs)
     if medians.empty:
         return 1, "no trial reached the target"
-    fastest, place, where = _compared(medians, cell)
+    fastest, place, where, cells = _compared(medians, cell)
     best = int(fastest.idxmin())
+    spreads = _seed_ranges(runs)
     # measured times, not the batch line's steps × step time: the two can differ in the last
     # digit for the same cell, and the words say which this is
     listing = place + "; ".join(
-        f"{_workers(int(n))}: {fastest[n]:.3g} s to target{where.get(n, '')}"
+        f"{_workers(int(n))}: {_time_text(fastest[n], spreads.get(cells[n]))} to target"
+        f"{where.get(n, '')}"
         for n in fastest.index
-    ) + " (medians of the trials' measured times)"
+    ) + " (medians of the trials' measured times, with their range over seeds)"
     if 1 not in fastest.index:
         return best, f"{listing} — {_workers(best)} fastest; 1 worker did not reach the target"
     if best == 1:
@@ -216,6 +218,36 @@ def _median_times(runs: pd.DataFrame) -> pd.Series:
     return best[np.isfinite(best)]
 
 
+def _seed_ranges(runs: pd.DataFrame) -> dict[tuple, tuple[float, float, int]]:
+    """Per (lr_rule, batch_size, workers): the lowest and highest time to target over the
+    seeds at the learning rate `_median_times` chose there, and how many seeds reached."""
+    time = numeric_column(runs, "time_to_target_s")
+    reached = matches(runs, "status", RunStatus.REACHED) & np.isfinite(time)
+    frame = pd.DataFrame({"lr_rule": runs["lr_rule"].to_numpy(),
+                          "batch_size": numeric_column(runs, "batch_size"),
+                          "workers": numeric_column(runs, "workers"),
+                          "lr": numeric_column(runs, "lr"),
+                          "time": np.where(reached, time, np.inf)})
+    keys = ["lr_rule", "batch_size", "workers"]
+    ranges = {}
+    for key, cell in frame.groupby(keys, dropna=False):
+        by_lr = cell.groupby("lr", dropna=False)["time"]
+        times = cell[cell["lr"].eq(by_lr.median().idxmin())
+                     | (cell["lr"].isna() & pd.isna(by_lr.median().idxmin()))]["time"]
+        finite = times[np.isfinite(times)]
+        if len(finite):
+            ranges[key] = (float(finite.min()), float(finite.max()), int(len(finite)))
+    return ranges
+
+
+def _time_text(value: float, spread: tuple[float, float, int] | None) -> str:
+    """"0.0821 s [0.078, 0.0862] over 2 seeds" where two or more seeds reached, else the
+    median alone with "(one seed)"."""
+    if spread is None or spread[2] < 2:
+        return f"{value:.3g} s (one seed)"
+    return f"{value:.3g} s [{spread[0]:.3g}, {spread[1]:.3g}] over {spread[2]} seeds"
+
+
 def _paired_cell(medians: pd.Series, cell: tuple[str, int] | None) -> tuple[str, float] | None:
     """Where to compare worker counts like for like: the recommended cell if it ran with one
     worker and more, else the fastest cell that did; None when no cell did."""
@@ -232,18 +264,20 @@ def _paired_cell(medians: pd.Series, cell: tuple[str, int] | None) -> tuple[str,
 
 def _compared(
     medians: pd.Series, cell: tuple[str, int] | None
-) -> tuple[pd.Series, str, dict]:
+) -> tuple[pd.Series, str, dict, dict]:
     """Per worker count the time compared; where all were measured ("at batch 64 (linear): ")
-    or, when no cell ran with one worker and more, where each was (" (linear, batch 64)")."""
+    or, when no cell ran with one worker and more, where each was (" (linear, batch 64)");
+    and per worker count its (lr_rule, batch_size, workers) cell."""
     paired = _paired_cell(medians, cell)
     if paired is not None:
         rule, batch = paired
         times = medians.loc[(rule, batch)]
-        return times, f"at batch {int(batch)} ({rule}): ", {}
+        cells = {n: (rule, batch, n) for n in times.index}
+        return times, f"at batch {int(batch)} ({rule}): ", {}, cells
     best = medians.groupby(level="workers").idxmin()
     times = medians.groupby(level="workers").min()
     where = {n: f" ({key[0]}, batch {int(key[1])})" for n, key in best.items()}
-    return times, "", where
+    return times, "", where, dict(best.items())
 
 
 def _workers(n: int) -> str:
