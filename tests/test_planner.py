@@ -149,6 +149,10 @@ def test_plan_row_known_answer():
     assert eight.device_hours.value == pytest.approx(8 * 1250 * (0.0228 + 0.007035) / 3600)
     assert eight.limit == LIMIT_PAST_B_CRIT
     assert eight.b_crit == Band(256, 200, 300)
+    # said of this row's own batch, with the interval it is past
+    assert ("adding workers stops helping here: past B_crit (the global batch 1024 is above "
+            "B_crit's interval, 200–300, so more workers would grow the batch, not cut the "
+            "steps)") in describe(eight)
     assert eight.unmeasured == (
         "link bandwidth (assumed), latency (assumed), hidden share (assumed)")
 

@@ -323,7 +323,11 @@ def describe(row: PlanRow) -> str:
         f"{b_crit.low:.4g}–{b_crit.high:.4g}) for {hours.value:.3g} device-hours (band "
         f"{hours.low:.3g}–{hours.high:.3g})"
     )
-    if row.limit:
+    if row.limit == LIMIT_PAST_B_CRIT:  # said of this row's own batch, not of a later one
+        text += (f"; adding workers stops helping here: past B_crit (the global batch "
+                 f"{row.global_batch} is above B_crit's interval, {b_crit.low:.4g}–"
+                 f"{b_crit.high:.4g}, so more workers would grow the batch, not cut the steps)")
+    elif row.limit:
         text += f"; adding workers stops helping here: {row.limit}"
     return text + (f"; not measured: {row.unmeasured}" if row.unmeasured else "")
 
