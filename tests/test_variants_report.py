@@ -33,7 +33,8 @@ def study_row(variant: str, values: dict, target=FIRST, **figures) -> dict:
     row = {"variant": variant, "variant_run_id": f"study-7-{variant}",
            "axis_values": json.dumps(values), "target_metric": target[0],
            "target_value": target[1], "lr_rule": "sqrt", "b_crit": 100.0, "b_crit_low": 80.0,
-           "b_crit_high": 130.0, "s_min": 200.0, "e_min": 6400.0, "b_simple": 50.0,
+           "b_crit_high": 130.0, "s_min": 200.0, "s_min_se": 12.0, "e_min": 6400.0,
+           "e_min_se": 410.0, "b_simple": 50.0,
            "saturation_batch": 256, "b_star": 120.0, "b_star_low": 100.0, "b_star_high": 150.0,
            "parameters": PARAMETERS.get(values.get("model"), 1_000),
            "workload": values.get("model", "digits-mlp")}
@@ -105,6 +106,9 @@ def test_the_page_shows_the_answer_every_variant_and_each_b_crit_with_its_flag()
     assert "above 1,024: steps still fall like 1/B" in text
     assert "not estimated: no batch size reached the target" in text
     assert "300 (no interval)" in text
+    assert "200 ± 12" in text and "6,400 ± 410" in text  # S_min, E_min with their errors
+    old = render([{k: v for k, v in r.items() if not k.endswith("_se")} for r in study_rows()])
+    assert "200 (no standard error)" in text_of(old)  # a table from before layout 10
     assert text.index(label_of(FIRST)) < text.index(label_of(SECOND))  # one table per target
 
 

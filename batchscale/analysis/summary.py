@@ -269,6 +269,9 @@ class TargetCriticalBatch:
     optimal_batch_interval: tuple[float, float] = (math.nan, math.nan)
     """B*'s 90 % interval, B_crit's and the step-time line's uncertainty both in it
     (timetotarget.optimal_batch_interval)."""
+    s_min_se: float = math.nan
+    e_min_se: float = math.nan
+    """S_min's and E_min's standard errors from the fit (NaN where not fitted)."""
 
 
 @dataclass(frozen=True)

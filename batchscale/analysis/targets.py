@@ -209,6 +209,7 @@ def target_fits(
                 metric=target[0], value=target[1], label=label_of(target), rule=rule,
                 b_crit=fit.b_crit, b_crit_low=fit.b_crit_low, b_crit_high=fit.b_crit_high,
                 bound=fit.bound, bound_batch=fit.bound_batch, s_min=fit.s_min, e_min=fit.e_min,
+                s_min_se=fit.s_min_se, e_min_se=fit.e_min_se,
                 reached_batches=batches.get(rule, ()), reason=fit.reason,
                 optimal_batch=fit.optimal_batch,
                 optimal_batch_interval=fit.optimal_batch_interval,

@@ -26,6 +26,9 @@ STUDY = pa.schema(
         pa.field("b_crit_interval_note", pa.string()),
         pa.field("s_min", pa.float64()),
         pa.field("e_min", pa.float64()),
+        # Their standard errors from the fit (NaN where not fitted; layout 10 on).
+        pa.field("s_min_se", pa.float64()),
+        pa.field("e_min_se", pa.float64()),
         # The gradient noise scale at the end of the variant's trials (median over trials).
         pa.field("b_simple", pa.float64()),
         pa.field("saturation_batch", pa.int64()),

@@ -64,9 +64,9 @@ def variant_rows(variant: Variant, run_id: str, frames: dict[str, pd.DataFrame])
             "b_crit_bound": fit.bound or None, "b_crit_bound_batch": _finite(fit.bound_batch),
             "b_crit_reason": fit.reason or None,
             "b_crit_interval_note": _interval_note(groups, fit, cfg.analysis.b_crit_range_factor),
-            "s_min": _finite(fit.s_min),
-            "e_min": _finite(fit.e_min), "b_star": b_star[0], "b_star_low": b_star[1],
-            "b_star_high": b_star[2],
+            "s_min": _finite(fit.s_min), "s_min_se": _finite(fit.s_min_se),
+            "e_min": _finite(fit.e_min), "e_min_se": _finite(fit.e_min_se),
+            "b_star": b_star[0], "b_star_low": b_star[1], "b_star_high": b_star[2],
             **_answer_columns(answer, fit.metric, fit.value, fit.rule),
         })
     return rows

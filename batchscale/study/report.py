@@ -33,7 +33,7 @@ MODEL_X = "parameters"
 """The x of an axis whose values are workload names: the model's parameter count."""
 MAX_LABELLED_TICKS = 8
 """An axis with at most this many distinct x values gets a tick labelled at each."""
-FIGURE_HEADINGS = ("S_min (fit, no interval)", "E_min (fit, no interval)",
+FIGURE_HEADINGS = ("S_min ± standard error", "E_min ± standard error",
                    "B_simple (median over trials, no interval)",
                    "saturation batch (no interval)", "B* [90 % interval]")
 ENV_LABELS = (("run_id", "study id"), ("experiment", "experiment"), ("workload", "workloads"),
@@ -73,7 +73,7 @@ def _target_text(row: dict | pd.Series) -> str:
 
 def _variant_cells(row: dict, names: list[str]) -> list[tuple[str, bool]]:
     """(shown text, is text) per column; text cells align left."""
-    figures = [number(_float(row["s_min"])), number(_float(row["e_min"])),
+    figures = [_with_se(row, "s_min"), _with_se(row, "e_min"),
                number(_float(row["b_simple"])), number(_float(row["saturation_batch"])),
                _with_interval(row["b_star"], row["b_star_low"], row["b_star_high"])]
     return [(str(row["variant"]), True),
@@ -100,6 +100,15 @@ def _with_interval(centre: object, low: object, high: object) -> str:
     if math.isfinite(low) and math.isfinite(high):
         return f"{number(centre)} [{number(low)}, {number(high)}]"
     return f"{number(centre)} (no interval)"
+
+
+def _with_se(row: dict, name: str) -> str:
+    """"40 ± 2.1", or the figure and "(no standard error)" in rows written before layout 10."""
+    value, se = _float(row[name]), _float(row.get(f"{name}_se"))
+    if not math.isfinite(value):
+        return number(value)
+    return (f"{number(value)} ± {number(se)}" if math.isfinite(se)
+            else f"{number(value)} (no standard error)")
 
 
 def _float(value: object) -> float:
