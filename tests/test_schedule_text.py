@@ -70,3 +70,18 @@ def test_the_plot_leaves_a_gap_where_no_b_simple_estimate_was_made():
     line = next(ln for ln in fig.axes[0].get_lines() if ln.get_label().startswith("B_simple"))
     ys = np.asarray(line.get_ydata(), dtype=float)
     assert list(np.isnan(ys)) == [False, True, True, False]
+
+
+def test_the_command_takes_the_training_settings_converge_takes():
+    """--lr-rules, --base-lr and --target on the command line, as `converge` takes them; a
+    user need not write a config for them."""
+    from batchscale.cli import build_parser
+    from batchscale.cli.schedule_cmd import schedule_config
+
+    args = build_parser().parse_args([
+        "batch-schedule", "--workload", "digits-mlp", "--lr-rules", "sqrt", "--base-lr", "0.2",
+        "--target", "val_accuracy=0.9", "--out", "x"])
+    cfg = schedule_config(args)
+    assert cfg.convergence.lr_rules == ["sqrt"] and cfg.convergence.base_lr == 0.2
+    assert [(t.metric, t.value) for t in cfg.convergence.resolved_targets()] == [
+        ("val_accuracy", 0.9)]

@@ -97,6 +97,11 @@ analysis.bootstrap_samples) replace that field's value in --config.
 """
 
 
+TARGET_HELP = ("a target, e.g. val_accuracy=0.95 or val_loss=0.3 (also as printed: "
+               "'val_accuracy>=0.95'; repeat the flag for several); replaces the config's "
+               "targets. Metrics: " + ", ".join(METRICS))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="batchscale", description="Why doesn't training get faster with a bigger "
                "batch? Measure throughput, memory and critical batch size, and get a "
@@ -222,9 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "eval_every_steps", "patience_evals",
                                          "scaling_workers", "scaling_batch_sizes"])
     cv.add_argument("--target", action="append", type=target_flag, metavar="METRIC=VALUE",
-                    help="a target, e.g. val_accuracy=0.95 or val_loss=0.3 (also as printed: "
-                    "'val_accuracy>=0.95'; repeat the flag for several); replaces the config's "
-                    "targets. Metrics: " + ", ".join(METRICS))
+                    help=TARGET_HELP)
     cv.add_argument("--dataset", metavar="NAME",
                     help="the config's dataset.name (see `batchscale datasets`), prepared "
                     "unless --dataset-dir is given or the workload brings its own data")
@@ -243,6 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(bsch, "batch_schedule", ["base_batch_size", "branch_factors",
                                               "checkpoint_steps", "milestone_steps",
                                               "max_steps", "check_seeds", "val_rows"])
+    # the training settings a schedule is measured with, as `converge` takes them (the first
+    # of --lr-rules is the one used)
+    add_config_flags(bsch, "convergence", ["lr_rules", "base_lr", "reference_batch_size",
+                                           "warmup_steps", "optimizer"])
+    bsch.add_argument("--target", action="append", type=target_flag, metavar="METRIC=VALUE",
+                      help=TARGET_HELP + " The first target is the one the check trains to.")
     bsch.add_argument("--dataset", metavar="NAME",
                       help="the config's dataset.name (see `batchscale datasets`), prepared "
                       "unless --dataset-dir is given")

@@ -17,9 +17,17 @@ OUTPUTS = ("critical_over_training.parquet", "schedule_check.parquet", "batch_sc
            "critical_over_training.png", "validation.json", "validation.html")
 
 
-def cmd_batch_schedule(args) -> int:
+def schedule_config(args):
+    """The config with the command's flags put in: --dataset, and --target replacing the
+    config's targets (as `converge` takes it)."""
     overrides = {"dataset": {"name": args.dataset}} if args.dataset else {}
-    cfg = config_from_args(args, overrides)
+    if args.target:
+        overrides["convergence"] = {"targets": args.target, "target_val_accuracy": None}
+    return config_from_args(args, overrides, flags=["--target"] if args.target else [])
+
+
+def cmd_batch_schedule(args) -> int:
+    cfg = schedule_config(args)
     from batchscale.batch_schedule.stage import check_config
     from batchscale.contract_check import check_workload, with_workload_targets
     from batchscale.workloads import get_workload
