@@ -357,6 +357,8 @@ def test_edge_cases_say_why_there_is_no_b_crit(runs, words):
     assert PAST_B_CRIT not in result.markdown
     assert not any(name.startswith("b_crit") for name in result.metrics)
     assert all(math.isnan(row["b_crit"]) and row["b_crit_bound"] is None for row in result.rows)
+    # the table says why, so a summary read from the lake can too
+    assert all(words in row["b_crit_reason"] for row in result.rows)
 
 
 def test_every_trial_diverged_is_named_in_the_recommendation():

@@ -275,6 +275,12 @@ def test_run_summary_states_bounds_edge_cases_and_quality():
     text = "\n".join(convergence_lines(analysis, runs))
     assert "B_crit (linear): below 4: no batch size saved steps" in text
     assert "B_crit (sqrt): not estimated (every trial diverged (3 trials at 3 batch sizes)" in text
+    # a fit that failed on its own data says why in the run summary, not "see the report"
+    scattered = [{"lr_rule": "sqrt", "batch_size": b, "steps_to_target": 100.0,
+                  "b_crit": float("nan"), "b_crit_reason": "3 batch sizes scatter ±17 %"}
+                 for b in (4, 16, 64)]
+    text = "\n".join(convergence_lines(make_table("analysis", scattered, env), None))
+    assert "B_crit (sqrt): not estimated (3 batch sizes scatter ±17 %)" in text
     sweep_rows = [{**sweep_row(b, 1000.0 * b), "quality": "ok", "load_avg_1m": 1.8,
                    "usable_cpus": 2} for b in (4, 16, 64)]
     sweep_rows[0] |= {"quality": "unstable", "quality_reason": "cv 0.9 > 0.5",

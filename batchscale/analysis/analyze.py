@@ -337,6 +337,7 @@ def _rows(
             "b_crit_high": float(fit.b_crit_high),
             "b_crit_bound": fit.bound or None,
             "b_crit_bound_batch": float(fit.bound_batch),
+            "b_crit_reason": (fit.reason or None) if not fit.bound else None,
             "fit_slope": float(label.fit_slope) if label is not None else math.nan,
             "measured_slope": float(label.measured_slope) if label is not None else math.nan,
             "step_time_source": cell.step_time_source,

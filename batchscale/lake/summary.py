@@ -200,7 +200,8 @@ def _b_crit_line(fit: dict, rule: str, rows: list[dict], runs: pa.Table | None) 
     if fit["b_crit"] is not None and math.isfinite(fit["b_crit"]):
         return (f"{_fmt(fit['b_crit'], '.1f')} {_interval(fit, rule, rows, runs)} "
                 f"({_fit_terms(fit)}){_coarse_note(rule, runs)}")
-    return f"not estimated ({_no_fit_reason(rule, rows, runs)})"
+    reason = fit.get("b_crit_reason")  # the fit's own words (tables of layout 10 on)
+    return f"not estimated ({reason if reason else _no_fit_reason(rule, rows, runs)})"
 
 
 def _fit_terms(fit: dict) -> str:

@@ -148,7 +148,9 @@ results come from where it was not trained itself (`runs.trained_as`). 9: the an
 rows' spread over seeds (`trials_at_lr`, `reached_at_lr`, `steps_low`/`_high`,
 `time_to_target_s_low`/`_high`) and over a batch's B_simple estimates (`b_simple_low`/`_high`,
 `b_simple_trials`). 10: the learning rate of each stage of a batch-size schedule
-(`critical_over_training.base_batch_lr`, `scheduled_lr`)."""
+(`critical_over_training.base_batch_lr`, `scheduled_lr`); why an analysis row has no B_crit
+(`analysis.b_crit_reason`); the study's S_min and E_min standard errors and each variant's
+answer (`study.s_min_se`, `e_min_se`, `answer_*`)."""
 
 __all__ = ["ANALYSIS", "CRITICAL_OVER_TRAINING", "CURVES", "DATASET", "DECISIONS",
            "TIMED_BEFORE", "ENV_FIELDS", "MANIFEST", "PLAN", "REGRESSIONS",

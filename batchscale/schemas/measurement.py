@@ -222,6 +222,9 @@ ANALYSIS = pa.schema(
         # When the data support no B_crit: "above" or "below" `b_crit_bound_batch`.
         pa.field("b_crit_bound", pa.string()),
         pa.field("b_crit_bound_batch", pa.float64()),
+        # Why no B_crit was estimated, in the report's words (null where it was, or where the
+        # data support a bound; null in rows written before layout 10).
+        pa.field("b_crit_reason", pa.string()),
         # Regime from the fitted curve's local slope; the measured slope beside it.
         pa.field("fit_slope", pa.float64()),
         pa.field("measured_slope", pa.float64()),
