@@ -201,42 +201,41 @@ def _median_times(runs: pd.DataFrame) -> pd.Series:
     median over seeds with a trial that did not reach the target counted as never (+inf, so a
     learning rate that fails on half the seeds does not count), then the best learning rate.
     Cells no learning rate reached are left out."""
+    frame = _time_frame(runs)
+    per_lr = frame.groupby([*TIME_KEYS, "lr"], dropna=False)["time"].median()
+    best = per_lr.groupby(level=TIME_KEYS).min()
+    return best[np.isfinite(best)]
+
+
+TIME_KEYS = ["lr_rule", "batch_size", "workers"]
+
+
+def _time_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each trial's cell, learning rate and time to target (+inf where it did not reach)."""
     time = numeric_column(runs, "time_to_target_s")
     reached = matches(runs, "status", RunStatus.REACHED) & np.isfinite(time)
-    frame = pd.DataFrame(
-        {
-            "lr_rule": runs["lr_rule"].to_numpy(),
-            "batch_size": numeric_column(runs, "batch_size"),
-            "workers": numeric_column(runs, "workers"),
-            "lr": numeric_column(runs, "lr"),
-            "time": np.where(reached, time, np.inf),
-        }
-    )
-    keys = ["lr_rule", "batch_size", "workers"]
-    per_lr = frame.groupby([*keys, "lr"], dropna=False)["time"].median()
-    best = per_lr.groupby(level=keys).min()
-    return best[np.isfinite(best)]
+    return pd.DataFrame({"lr_rule": runs["lr_rule"].to_numpy(),
+                         "batch_size": numeric_column(runs, "batch_size"),
+                         "workers": numeric_column(runs, "workers"),
+                         "lr": numeric_column(runs, "lr"),
+                         "time": np.where(reached, time, np.inf)})
 
 
 def _seed_ranges(runs: pd.DataFrame) -> dict[tuple, tuple[float, float, int]]:
     """Per (lr_rule, batch_size, workers): the lowest and highest time to target over the
-    seeds at the learning rate `_median_times` chose there, and how many seeds reached."""
-    time = numeric_column(runs, "time_to_target_s")
-    reached = matches(runs, "status", RunStatus.REACHED) & np.isfinite(time)
-    frame = pd.DataFrame({"lr_rule": runs["lr_rule"].to_numpy(),
-                          "batch_size": numeric_column(runs, "batch_size"),
-                          "workers": numeric_column(runs, "workers"),
-                          "lr": numeric_column(runs, "lr"),
-                          "time": np.where(reached, time, np.inf)})
-    keys = ["lr_rule", "batch_size", "workers"]
+    seeds that reached it at the learning rate `_median_times` chose there (the lowest
+    median), and how many they were."""
+    chosen: dict[tuple, tuple[float, pd.Series]] = {}
+    for (*cell, _lr), times in _time_frame(runs).groupby([*TIME_KEYS, "lr"],
+                                                        dropna=False)["time"]:
+        median = times.median()
+        if tuple(cell) not in chosen or median < chosen[tuple(cell)][0]:
+            chosen[tuple(cell)] = (median, times)
     ranges = {}
-    for key, cell in frame.groupby(keys, dropna=False):
-        by_lr = cell.groupby("lr", dropna=False)["time"]
-        times = cell[cell["lr"].eq(by_lr.median().idxmin())
-                     | (cell["lr"].isna() & pd.isna(by_lr.median().idxmin()))]["time"]
+    for cell, (_, times) in chosen.items():
         finite = times[np.isfinite(times)]
         if len(finite):
-            ranges[key] = (float(finite.min()), float(finite.max()), int(len(finite)))
+            ranges[cell] = (float(finite.min()), float(finite.max()), int(len(finite)))
     return ranges
 
 

@@ -324,10 +324,15 @@ def _starved_note(runs: pd.DataFrame, max_share: float | None) -> str:
     )
 
 
-def reached_any(runs: pd.DataFrame) -> bool:
+def _reached(runs: pd.DataFrame) -> pd.DataFrame:
+    """The trials that reached the target with a step count."""
     runs = ensure_columns(runs, RUNS)
-    return bool((matches(runs, "status", RunStatus.REACHED)
-                 & np.isfinite(numeric_column(runs, "steps_to_target"))).any())
+    return runs[matches(runs, "status", RunStatus.REACHED)
+                & np.isfinite(numeric_column(runs, "steps_to_target"))]
+
+
+def reached_any(runs: pd.DataFrame) -> bool:
+    return not _reached(runs).empty
 
 
 def _nothing_timed_reason(runs: pd.DataFrame) -> str:
@@ -335,8 +340,7 @@ def _nothing_timed_reason(runs: pd.DataFrame) -> str:
     runs = ensure_columns(runs, RUNS)
     if len(runs) and matches(runs, "status", RunStatus.DIVERGED).all():
         return f"every convergence trial diverged ({len(runs)} trials): nothing reached the target"
-    reached = runs[matches(runs, "status", RunStatus.REACHED)
-                   & np.isfinite(numeric_column(runs, "steps_to_target"))]
+    reached = _reached(runs)
     if reached.empty:
         return "no trial reached the target"
     fewest = reached.sort_values(["steps_to_target", "batch_size"]).iloc[0]

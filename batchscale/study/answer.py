@@ -51,20 +51,20 @@ def _points(study: pd.DataFrame) -> list[AxisPoint]:
 
 
 def _range(study: pd.DataFrame, axis: str, x_name: str) -> str:
-    """The span the factor is over: the fitted variants' values of the axis."""
+    """The span the factor is over: the fitted variants' values of the axis ("" with none)."""
     study = _fitted(study)
     if x_name == "parameters":
         values = sorted(set(study["parameters"].dropna().astype(int)))
-        return f"{values[0]:,} → {values[-1]:,} parameters" if values else "?"
+        return f"{values[0]:,} → {values[-1]:,} parameters" if values else ""
     found = {json.dumps(json.loads(v).get(axis)) for v in study["axis_values"]}
     values = sorted(found, key=lambda text: (type(json.loads(text)).__name__, text))
-    return f"{axis} {json.loads(values[0])} → {json.loads(values[-1])}" if values else "?"
+    return f"{axis} {json.loads(values[0])} → {json.loads(values[-1])}" if values else ""
 
 
 def axis_sentence(row: dict, study: pd.DataFrame) -> str:
     span = _range(study, row["axis"], row["x_name"])
     if row["verdict"].startswith("not fitted"):
-        over = f" ({span})" if span != "?" else ""  # no variant fitted: no span to name
+        over = f" ({span})" if span else ""  # no variant fitted: no span to name
         return f"**{row['axis']}**{over}: {row['verdict']}."
     power = "exponent" if row["x_scale"] == "log" else "slope of ln B_crit per unit"
     numbers = (f"B_crit ×{_n(row['range_factor'])} [{_n(row['range_factor_low'])}, "
