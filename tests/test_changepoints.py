@@ -15,6 +15,7 @@ from batchscale.lake.changepoints import (
     NOISE_MADS,
     OK,
     SUSPECTED,
+    TOO_NOISY,
     Baseline,
     baseline_before,
     change_points,
@@ -132,4 +133,14 @@ def test_a_first_bad_run_that_widens_a_noisy_baseline_cannot_hide_the_second():
     assert found.verdict == CONFIRMED and found.runs_below == 2
     assert found.first_bad == 4 and found.last_good == 3
     assert detect([*normal, 4830.0], history_runs=10).verdict == SUSPECTED
-    assert detect([*normal, 4830.0, 23500.0], history_runs=10).verdict == OK  # a blip
+    # a blip, not confirmed; with it, the baseline could not see a halving
+    assert detect([*normal, 4830.0, 23500.0], history_runs=10).verdict == TOO_NOISY
+
+
+def test_a_baseline_whose_noise_lets_a_halving_pass_is_too_noisy_not_ok():
+    """A history at 30 % scatter allows a drop of more than half its median: a run inside it is
+    too_noisy; a run that did not time (NaN) still lies below it and is suspected."""
+    history = [4_000.0, 16_000.0, 10_000.0, 14_000.0, 6_000.0]
+    assert detect([*history, 9_000.0], HISTORY).verdict == TOO_NOISY
+    assert detect([*history, math.nan], HISTORY).verdict == SUSPECTED
+    assert detect([*[10_000.0] * 5, 9_500.0], HISTORY).verdict == OK

@@ -18,6 +18,7 @@ from batchscale.lake.regression import (
     NO_REGRESSION,
     NOT_JUDGED,
     SUSPECTED,
+    TOO_NOISY,
     RegressionFound,
     check_regressions,
     regressed_cells,
@@ -111,6 +112,29 @@ def test_only_the_last_n_runs_form_the_baseline():
         4: SUSPECTED}
     assert verdicts(sweep_frame("now", {4: 0.8 * MEAN_RATE}), history, runs=15) == {
         4: NO_REGRESSION}
+
+
+def test_a_history_too_noisy_to_see_a_halving_says_so_instead_of_ok():
+    """A user's history on a busy machine (12,406 to 36,523 samples/s): its noise lets a 78 %
+    drop pass, so the check says it could not have seen one, in the table and the summary."""
+    history = pd.concat([sweep_frame(f"h{i}", {128: rate})
+                         for i, rate in enumerate((12_406, 36_523, 24_432, 32_561))])
+    table = check_regressions(sweep_frame("now", {128: 6_321}), history, HISTORY)
+    [row] = table.to_dict("records")
+    assert row["verdict"] == TOO_NOISY and pd.isna(row["runs_below"])
+    assert row["allowed_drop"] > 0.5 * row["history_median"]
+    assert "79% of the median 28,496" in row["reason"]
+    summary = "\n".join(verdict_lines(table))
+    assert "none confirmed" not in summary
+    assert "not judged: 1 cell with a history too noisy to see the throughput halve" in summary
+    assert "too noisy to judge: " in summary and "6,321 samples/s (−77.8%)" in summary
+    report = regressions_markdown(table)
+    assert "No confirmed throughput regression" not in report
+    assert "**Too noisy to judge** (1 cell" in report
+    # The same drop against a history that scatters 2 %: seen.
+    quiet = noisy_history(np.random.default_rng(3), batches=(128,))
+    scaled = sweep_frame("now", {128: 0.22 * MEAN_RATE})
+    assert verdicts(scaled, quiet) == {128: SUSPECTED}
 
 
 def test_running_out_of_memory_where_history_timed_fine_is_suspected_then_confirmed():

@@ -197,7 +197,7 @@ class Scenario:
         for _ in range(MEASURE_ATTEMPTS):
             run_id, path, text = self.run(commit)
             found = verdicts(path)["verdict"]
-            if settled and found.isin(["ok", "insufficient_history"]).all():
+            if settled and found.isin(["ok", "too_noisy", "insufficient_history"]).all():
                 return run_id, path, text
             if not settled and not found.eq("not_judged").all():
                 return run_id, path, text
@@ -230,7 +230,8 @@ def play(scenario: Scenario) -> None:
     # Why: the run was too disturbed to judge, its rows were flagged unstable, or at most one
     # run is below the baseline (suspected, never failing).
     assert any(reason in busy_text for reason in (
-        "Not judged", "Not judged, measured unstably", "Suspected", "No confirmed"))
+        "Not judged", "Not judged, measured unstably", "Suspected", "No confirmed",
+        "Too noisy to judge"))
     assert scenario.gate_passes(busy)
 
     last_good, quiet_again, _ = scenario.quiet_run("good", settled=True)

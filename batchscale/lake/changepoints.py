@@ -17,7 +17,10 @@ The streak's baseline does not include the streak: when the newest run is below 
 median but within limits that hold the run before it, the last CONFIRM_RUNS runs are judged
 against the runs before them (a first bad run in a short, noisy baseline widens its MAD enough
 to hide the second; seen with a real 5x slowdown at a 20 % run-to-run CV).
-L = 0: "ok". L = 1: "suspected" (a blip or the start of a step: reported, never fails).
+L = 0: "ok", unless the baseline allows a drop of more than BLIND_DROP_SHARE of its median:
+then the history scatters too much to see even a halving, and the verdict is "too_noisy" (a run
+below such a baseline is still suspected or confirmed: it fell further than the noise).
+L = 1: "suspected" (a blip or the start of a step: reported, never fails).
 L ≥ 2: "confirmed", a step whose first bad run is the first of those L and whose last good run
 is the last timed run before it. An outlier is suspected, then cleared when the next run is
 back within T. Once the slow runs are the majority of the last `history_runs`, the baseline's
@@ -56,8 +59,12 @@ MIN_HISTORY_RUNS = 3
 """Fewer timed runs than this before a run cannot tell noise from a change."""
 CONFIRM_RUNS = 2
 """Consecutive runs below the baseline that confirm a shift."""
+BLIND_DROP_SHARE = 0.5
+"""A baseline whose noise allows a drop of more than this share of its median could not see
+the throughput halve: a run that is not below it is "too_noisy", not "ok"."""
 
 OK = "ok"
+TOO_NOISY = "too_noisy"
 SUSPECTED = "suspected"
 CONFIRMED = "confirmed"
 INSUFFICIENT_HISTORY = "insufficient_history"
@@ -107,6 +114,15 @@ class Detection:
     """Index of the last timed point before `first_bad` (the baseline's newest run)."""
 
 
+def blind(baseline: Baseline) -> bool:
+    """Whether `baseline`'s allowed drop is so wide that a halved throughput would pass."""
+    return baseline.allowed_drop > BLIND_DROP_SHARE * baseline.median
+
+
+def _not_below(baseline: Baseline) -> Detection:
+    return Detection(TOO_NOISY if blind(baseline) else OK, 0, baseline)
+
+
 def detect(rates: Sequence[float], history_runs: int, **rule) -> Detection:
     """Judge the last of `rates` (oldest first, NaN = not timed) against the points before it.
     `rule` may override noise_mads / min_drop_share (the benchmark's single-run comparison)."""
@@ -124,10 +140,10 @@ def detect(rates: Sequence[float], history_runs: int, **rule) -> Detection:
         start = end - CONFIRM_RUNS + 1
         before = baseline_before(series, start, history_runs, **rule)
         if before.runs < MIN_HISTORY_RUNS or not all(before.below(r) for r in series[start:]):
-            return Detection(OK, 0, first)
+            return _not_below(first)
         below, baseline = CONFIRM_RUNS, before
     else:
-        return Detection(OK, 0, first)
+        return _not_below(first)
     while below < history_runs:
         start = end - below  # would the point before the run below join it?
         wider = baseline_before(series, start, history_runs, **rule)

@@ -38,6 +38,7 @@ from batchscale.lake.changepoints import (
     NOISE_MADS,
     OK,
     SUSPECTED,
+    TOO_NOISY,
     Baseline,
     Detection,
     detect,
@@ -80,7 +81,7 @@ from batchscale.storage import ObjectStore
 
 __all__ = ["CONFIRMED", "ENVIRONMENT_CHANGED", "INSUFFICIENT_HISTORY", "JUDGED",
            "LEGACY_REGRESSION", "MIN_HISTORY_RUNS", "NOISE_MADS", "NOT_JUDGED", "NO_REGRESSION",
-           "SUSPECTED", "RegressionFound", "check_regressions", "disturbed_reason",
+           "SUSPECTED", "TOO_NOISY", "RegressionFound", "check_regressions", "disturbed_reason",
            "environment_changes", "read_history", "regressed_cells", "regressions_markdown",
            "regressions_table", "suspected_cells", "unstable_cells", "verdict_lines"]
 
@@ -120,9 +121,20 @@ def judge_series(series: pd.DataFrame, cell: dict, history_runs: int) -> dict:
         n = found.baseline.runs
         verdict["reason"] = (f"{n} earlier run{'s' if n != 1 else ''} judged well with this "
                              f"fingerprint; {MIN_HISTORY_RUNS} needed")
+    elif found.verdict == TOO_NOISY:
+        verdict["reason"] = too_noisy_reason(found.baseline)
     elif found.verdict == CONFIRMED:
         verdict.update(_attribution(rows, found))
     return verdict
+
+
+def too_noisy_reason(baseline: Baseline) -> str:
+    """Why a history cannot judge: the drop its noise lets pass, against its median."""
+    return (f"its history scatters too much to see a drop: the noise allows a drop of "
+            f"{baseline.allowed_drop:,.0f} samples/s, {baseline.allowed_drop / baseline.median:.0%}"
+            f" of the median {baseline.median:,.0f} over {baseline.runs} runs, so even a halved "
+            "throughput would pass (measure the history on a quiet node: pin CPUs, no "
+            "neighbours)")
 
 
 def _attribution(rows: list[dict], found: Detection) -> dict:

@@ -17,6 +17,7 @@ from batchscale.lake.changepoints import (
     NOISE_MADS,
     OK,
     SUSPECTED,
+    TOO_NOISY,
 )
 from batchscale.lake.comparable import DISTURBED, FINGERPRINT_FIELDS, value_text
 from batchscale.lake.next_run import MIN_STEPS, ROUNDS_ALONE
@@ -172,6 +173,14 @@ def environment_changes(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
+def too_noisy_cells(frame: pd.DataFrame) -> list[str]:
+    """One line per cell whose history scatters too much to see its throughput halve."""
+    rows = _with_verdict_columns(frame)
+    rows = rows[rows["verdict"].eq(TOO_NOISY)].to_dict("records")
+    return [f"{_cell_name(r)}: {_number(r['samples_per_s'])} samples/s "
+            f"({_percent(r['change'])}), {r['reason']}" for r in rows]
+
+
 def unstable_cells(frame: pd.DataFrame) -> list[str]:
     """One line per cell not judged because its own rows were unstable."""
     rows = _with_verdict_columns(frame)
@@ -189,6 +198,7 @@ def _nothing_judged(frame: pd.DataFrame) -> str:
         return f"not judged: {few} of this workload in the lake"
     parts = [f"{_count(int(counts[verdict]), 'cell')} {why}" for verdict, why in (
         (ENVIRONMENT_CHANGED, "with a changed environment"), (NOT_JUDGED, "measured unstably"),
+        (TOO_NOISY, "with a history too noisy to see the throughput halve"),
         (INSUFFICIENT_HISTORY, f"with {few}")) if counts.get(verdict, 0)]
     return f"not judged: {', '.join(parts)}"
 
@@ -251,6 +261,7 @@ def verdict_lines(frame: pd.DataFrame) -> list[str]:
     if suspected:
         lines += [f"  suspected ({SUSPECTED_NOTE}):", *(f"    {line}" for line in suspected)]
     lines += [f"  environment changed: {line}" for line in environment_changes(frame)]
+    lines += [f"  too noisy to judge: {line}" for line in too_noisy_cells(frame)]
     lines += [f"  not judged: {line}" for line in unstable_cells(frame)]
     upcoming = next_run_text(frame)
     return lines + ([f"  next run: {upcoming}"] if upcoming else [])
@@ -294,6 +305,10 @@ def regressions_markdown(frame: pd.DataFrame) -> str:
     if changed:
         lines += ["", f"**Environment changed: new baseline** ({_count(len(changed), 'cell')}; "
                   "not regressions):", "", *(f"- {line}" for line in changed)]
+    blind = too_noisy_cells(frame)
+    if blind:
+        lines += ["", f"**Too noisy to judge** ({_count(len(blind), 'cell')}: no regression "
+                  "could have been seen there):", "", *(f"- {line}" for line in blind)]
     unstable = unstable_cells(frame)
     if unstable:
         lines += ["", f"Not judged, measured unstably ({_count(len(unstable), 'cell')}):", "",

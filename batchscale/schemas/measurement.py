@@ -271,8 +271,9 @@ REGRESSIONS = pa.schema(
         pa.field("verdict", pa.string(), nullable=False),
         # Why a cell got its verdict where the figures do not say it (not_judged: the row's
         # quality reason or "measurement disturbed: ..."; environment_changed: the fingerprint
-        # fields that differ; insufficient_history), and the speed fingerprint it was judged
-        # under ("field=value; ..."; batchscale/lake/comparable.py). Null in older tables.
+        # fields that differ; too_noisy: the drop its history's noise lets pass;
+        # insufficient_history), and the speed fingerprint it was judged under
+        # ("field=value; ..."; batchscale/lake/comparable.py). Null in older tables.
         pa.field("reason", pa.string()),
         pa.field("fingerprint", pa.string()),
         # The change-point test (batchscale/lake/changepoints.py): how many latest runs, this
@@ -295,7 +296,7 @@ REGRESSIONS = pa.schema(
         pa.field("next_run_basis", pa.string()),
     ]
 )
-"""One row per cell of this run's sweep; `verdict` is confirmed, suspected, ok,
+"""One row per cell of this run's sweep; `verdict` is confirmed, suspected, ok, too_noisy,
 insufficient_history, not_judged or environment_changed ("regression" in tables published before
 change points); `change` is current / median − 1 (for environment_changed, against the previous
 environment's baseline), `allowed_drop` the noise threshold in samples/s."""
