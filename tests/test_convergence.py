@@ -15,8 +15,9 @@ import torch
 from plan_tables import ENV
 
 from batchscale.checks import validate_table
+from batchscale.cli.pipeline_cmds import raise_if_unreached
 from batchscale.conditions import run_queue_wait_s
-from batchscale.config import parse_config
+from batchscale.config import load_config, parse_config
 from batchscale.convergence import checkpoint, runner, train
 from batchscale.convergence.distributed import Dist
 from batchscale.convergence.noise import NoiseScale
@@ -24,7 +25,7 @@ from batchscale.convergence.schedule import DataOrder, lr_at, scaled_lr
 from batchscale.convergence.spec import LATER_SETTINGS
 from batchscale.convergence.trialstate import TrialState
 from batchscale.data.prep import prepare
-from batchscale.errors import BadInput
+from batchscale.errors import BadInput, BatchscaleError
 from batchscale.fits import trained_trials
 from batchscale.location import LocalLocation
 from batchscale.schemas import make_table
@@ -461,3 +462,12 @@ def test_unreachable_target_exits_non_zero_and_keeps_the_tables(tmp_path, digits
     assert "not_reached at step 20 (0 of 1 targets" in result.stderr
     assert "s): ran convergence.max_steps (20 steps)" in result.stderr
     assert math.isclose(runs[0]["target_val_accuracy"], 1.0)
+    # `batchscale run` ends the same way once it has published such a run (its last step,
+    # given the run's published runs table): exit 1 with how the trials ended.
+    with pytest.raises(BatchscaleError) as refused:
+        raise_if_unreached(pq.read_table(tmp_path / "out" / "runs.parquet"), load_config(cfg),
+                           "20261206T000000Z-abc123")
+    assert refused.value.exit_code == 1
+    assert str(refused.value).startswith(
+        "run 20261206T000000Z-abc123 is published, but no trial reached val_accuracy >= 1, so "
+        "it answers nothing: of 1 trials, 1 out of steps (ran max_steps 20: raise max_steps")

@@ -105,8 +105,22 @@ def cmd_run(args) -> int:
                               f"--run-id {run_id} to resume.") from None
     from batchscale.lake.summary import print_run_summary
 
-    print_run_summary(store, run_id, STATE_DIR / "runs" / run_id)
+    tables = print_run_summary(store, run_id, STATE_DIR / "runs" / run_id)
+    raise_if_unreached(tables.get("runs"), cfg, run_id)
     return 0
+
+
+def raise_if_unreached(runs, cfg, run_id: str) -> None:
+    """A run whose trials all ended short of the target has no answer: exit 1, as `converge`
+    does, with how they ended and what to change (the run stays published)."""
+    from batchscale.cli.stage_cmds import why_short
+    from batchscale.schemas import RunStatus
+
+    if runs is None or not runs.num_rows or RunStatus.REACHED in runs.column("status").to_pylist():
+        return
+    wanted = " or ".join(t.label for t in cfg.convergence.resolved_targets())
+    raise BatchscaleError(f"run {run_id} is published, but no trial reached {wanted}, so it "
+                          f"answers nothing: {why_short(runs.to_pylist(), cfg.convergence)}")
 
 
 def _raise_if_refused(run_id: str, reason: str) -> None:

@@ -158,7 +158,7 @@ def cmd_converge(args) -> int:
     if RunStatus.REACHED not in runs.column("status").to_pylist():
         wanted = " or ".join(t.label for t in cfg.convergence.resolved_targets())
         raise BatchscaleError(
-            f"no trial reached {wanted}: {_why_short(runs.to_pylist(), cfg.convergence)} "
+            f"no trial reached {wanted}: {why_short(runs.to_pylist(), cfg.convergence)} "
             f"(each trial's stop_reason is in {written[1]}, its curve in {written[0]})")
     print(f"next: batchscale analyze {written[1]} gives B_crit and the batch size, learning "
           "rate and worker count to use (add --current-batch-size N for the saving against "
@@ -208,7 +208,7 @@ def _scaling_text(c) -> str:
             f"{', '.join(map(str, c.scaling_batch_sizes))}")
 
 
-def _why_short(rows: list[dict], c) -> str:
+def why_short(rows: list[dict], c) -> str:
     """How the trials ended short of the target, counted, each with what to change."""
     trials = {row["trial_id"]: row for row in rows}.values()
     kinds = [stop_kind(row.get("stop_reason")) for row in trials]

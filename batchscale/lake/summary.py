@@ -355,8 +355,9 @@ def analyzed(manifest: dict, tables: dict[str, pa.Table]):
                            warmup_steps=manifest.get("warmup_steps"))
 
 
-def print_run_summary(store: ObjectStore, run_id: str, local_dir: Path) -> None:
-    """Print the run's summary and save its published report under `local_dir`."""
+def print_run_summary(store: ObjectStore, run_id: str, local_dir: Path) -> dict[str, pa.Table]:
+    """Print the run's summary and save its published report under `local_dir`; the run's
+    tables, as published."""
     manifest, tables = load_run(store, run_id)
     summary = analyzed(manifest, tables)[1].summary if "runs" in tables else None
     lines = summary_lines(store, run_id, manifest, tables, summary)
@@ -368,6 +369,7 @@ def print_run_summary(store: ObjectStore, run_id: str, local_dir: Path) -> None:
         local_report.write_bytes(store.get_bytes(report_key))
         lines.append(f"report: {local_report} (s3://{store.settings.bucket}/{report_key})")
     print("\n".join(lines))
+    return tables
 
 
 def _adaptive(manifest: dict, tables: dict, runs):
