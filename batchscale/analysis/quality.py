@@ -17,7 +17,13 @@ import pandas as pd
 
 from batchscale import schemas
 from batchscale.analysis.summary import ExcludedRow, MeasurementQuality, TimingFlag
-from batchscale.conditions import cpu_threads_of, gc_note, gc_rows_of, threads_note
+from batchscale.conditions import (
+    CPU_WAIT_SHARE,
+    cpu_threads_of,
+    gc_note,
+    gc_rows_of,
+    threads_note,
+)
 from batchscale.fits import NO_SWEEP_GIVEN, ensure_columns, matches, numeric_column, unstable_rows
 from batchscale.schemas import TrialStatus
 
@@ -48,6 +54,8 @@ def measurement_quality(sweep: pd.DataFrame | None, cells: pd.DataFrame) -> Meas
     cpu_per_wall = numeric_column(timed, "process_cpu_per_wall")
     cpu_per_wall = cpu_per_wall[np.isfinite(cpu_per_wall)]
     wait = numeric_column(timed, "cpu_wait_share")
+    high_load = load > cpus + BUSY_LOAD_EXCESS
+    got_a_cpu = wait < CPU_WAIT_SHARE  # NaN (not recorded) is False: the load decides
     oversubscribed = timed["threads_oversubscribed"].eq(True).to_numpy(dtype=bool, na_value=False)
     rows = timed.to_dict("records")
     return MeasurementQuality(
@@ -57,7 +65,7 @@ def measurement_quality(sweep: pd.DataFrame | None, cells: pd.DataFrame) -> Meas
         excluded=_excluded(timed),
         max_load_avg_1m=float(np.nanmax(load)) if np.isfinite(load).any() else math.nan,
         usable_cpus=int(np.nanmin(cpus)) if np.isfinite(cpus).any() else None,
-        busy_rows=int(np.sum(load > cpus + BUSY_LOAD_EXCESS)),
+        busy_rows=int(np.sum(high_load & ~got_a_cpu)),
         cpu_per_wall_range=(
             (float(cpu_per_wall.min()), float(cpu_per_wall.max()))
             if cpu_per_wall.size
@@ -73,6 +81,7 @@ def measurement_quality(sweep: pd.DataFrame | None, cells: pd.DataFrame) -> Meas
         timing_flags=_timing_flags(cells),
         gc_rows=tuple(gc_rows_of(rows)),
         cpu_threads=cpu_threads_of(rows),
+        loaded_rows_not_waiting=int(np.sum(high_load & got_a_cpu)),
     )
 
 
@@ -146,8 +155,18 @@ def stable_sentence(quality: MeasurementQuality) -> str:
         text += (
             f"; load average up to {quality.max_load_avg_1m:.2g} on {quality.usable_cpus}"
             f" usable CPU{'s' if quality.usable_cpus != 1 else ''}"
-        )
+        ) + _loaded_but_not_waiting(quality)
     return text + "."
+
+
+def _loaded_but_not_waiting(quality: MeasurementQuality) -> str:
+    """Why rows under a load above the CPUs are not counted busy ("" when there are none)."""
+    if not quality.loaded_rows_not_waiting:
+        return ""
+    return (f"; above them in {quality.loaded_rows_not_waiting} of {quality.timed_rows} rows"
+            f" whose threads nonetheless waited for a CPU less than {CPU_WAIT_SHARE:.0%} of"
+            " their runnable time, so those rows count as measured well (the load average"
+            " lags and counts other processes' threads)")
 
 
 def excluded_text(quality: MeasurementQuality) -> str:
@@ -178,6 +197,7 @@ def conditions_text(quality: MeasurementQuality) -> str:
                 f", above the CPUs in {quality.busy_rows} of {quality.timed_rows} rows: more"
                 " threads wanted to run than there were CPUs, so something else was running"
             )
+        text += _loaded_but_not_waiting(quality)
         parts.append(text)
     low, high = quality.cpu_per_wall_range
     if math.isfinite(low):

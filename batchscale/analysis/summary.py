@@ -79,6 +79,9 @@ class MemorySummary:
     largest_fitting_batch: float
     """+inf when no batch ran out of memory, NaN when no batch ran."""
     largest_fitting_reason: str
+    fixed_se_bytes: float = math.nan
+    per_sample_se_bytes: float = math.nan
+    """Standard errors of the two terms (NaN: two batch sizes, no scatter to judge by)."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,9 @@ class NoiseScaleSummary:
     """The interquartile range over the trials: their spread, not an interval of the median."""
     dropped: int = 0
     """Trials whose final estimate was ≤ 0 (left out: the estimate failed there)."""
+    unrecorded: int = 0
+    """Trials (not diverged) whose runs row records no final estimate while others do: the
+    estimate failed there too (the training records none when |G|² ≤ 0)."""
 
 
 @dataclass(frozen=True)
@@ -211,7 +217,9 @@ class MeasurementQuality:
     usable_cpus: int | None
     """CPUs the sweep could use (its affinity mask / cgroup quota); None: not recorded."""
     busy_rows: int
-    """Timed rows whose load average exceeded the usable CPUs (`quality.BUSY_LOAD_EXCESS`)."""
+    """Timed rows whose load average exceeded the usable CPUs (`quality.BUSY_LOAD_EXCESS`)
+    and whose threads did not show they got a CPU (their wait share unrecorded, or at least
+    conditions.CPU_WAIT_SHARE)."""
     cpu_per_wall_range: tuple[float, float]
     """Lowest and highest process CPU seconds per wall second over the timed rows."""
     max_cpu_wait_share: float
@@ -229,6 +237,11 @@ class MeasurementQuality:
     conditions.GC_NOTE_SHARE of their timed spans in Python's garbage collector."""
     cpu_threads: int | None = None
     """The most torch threads a CPU sweep's trials ran on; None on a GPU or not recorded."""
+    loaded_rows_not_waiting: int = 0
+    """Timed rows whose load average exceeded the usable CPUs while their own threads waited
+    for a CPU less than conditions.CPU_WAIT_SHARE of their runnable time: the load average
+    lags and counts other threads, the wait share is the trial's own experience, so these rows
+    are not counted busy."""
 
     @property
     def flagged(self) -> bool:
