@@ -267,6 +267,16 @@ def refused_module(spec: str) -> str | None:
     return None
 
 
+def _missing_dependency(err: ImportError, module_name: str) -> str | None:
+    """The module a found user module failed to import (None when the user's module itself, or
+    a package above it, is what is missing)."""
+    missing = getattr(err, "name", None)
+    parents = module_name.split(".")
+    ours = {".".join(parents[:i]) for i in range(1, len(parents) + 1)}
+    return missing if isinstance(err, ModuleNotFoundError) and missing and missing not in ours \
+        else None
+
+
 def _user_attribute(spec: str) -> object:
     """The object 'package.module:name' names; a standard-library module is refused before it
     is imported."""
@@ -278,6 +288,11 @@ def _user_attribute(spec: str) -> object:
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
+        if (missing := _missing_dependency(err, module_name)):
+            raise BadInput(f"workload {spec!r}: module {module_name!r} was found, but it "
+                           f"imports {missing!r}, which is not installed where batchscale "
+                           f"runs ({sys.executable}): install the package that provides it "
+                           "into that environment (e.g. `.venv/bin/pip install ...`)") from None
         raise BadInput(f"workload {spec!r}: cannot import module {module_name!r}: {err}. "
                        f"It is looked for in the current directory ({os.getcwd()}), then in "
                        f"PYTHONPATH ({os.environ.get('PYTHONPATH') or 'not set'}), then in the "

@@ -122,6 +122,19 @@ def test_bad_user_factory_is_refused(spec, message):
         get_workload(spec)
 
 
+def test_a_found_module_whose_own_import_is_missing_names_what_to_install(tmp_path,
+                                                                         monkeypatch):
+    """The user's module is there: moving it or PYTHONPATH would not help, installing would."""
+    (tmp_path / "needs_a_pkg.py").write_text("import not_installed_pkg_xyz\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(BadInput) as refused:
+        get_workload("needs_a_pkg:build")
+    assert ("module 'needs_a_pkg' was found, but it imports 'not_installed_pkg_xyz', which is "
+            "not installed where batchscale runs") in str(refused.value)
+    assert "PYTHONPATH" not in str(refused.value)
+
+
 def test_cli_lists_the_registry():
     out = subprocess.run([sys.executable, "-m", "batchscale.cli", "workloads"],
                          capture_output=True, text=True, check=True).stdout
