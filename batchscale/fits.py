@@ -89,6 +89,10 @@ class MemoryFit:
     per_sample_clear: bool = True
     """False when the slope is not measurably above zero: `per_sample_bytes` is then no figure
     to print, and `reason` says why."""
+    fixed_se_bytes: float = math.nan
+    per_sample_se_bytes: float = math.nan
+    """Standard errors of the two terms; NaN with two batch sizes (a line through them fits
+    exactly and says nothing of its scatter)."""
 
 
 # --------------------------------------------------------------------------- table helpers
@@ -336,24 +340,41 @@ def fit_memory(
     if np.unique(b).size < 2:
         return MemoryFit(math.nan, math.nan, math.nan, math.nan, "fewer than two measured batches")
     fixed, per_sample, r2 = weighted_line(b, m, np.ones_like(m))
+    errors = dict(zip(("fixed_se_bytes", "per_sample_se_bytes"),
+                      _line_errors(b, m, fixed, per_sample), strict=True))
     if per_sample < MIN_BYTES_PER_SAMPLE:
         return MemoryFit(fixed, per_sample, r2, math.nan, "peak memory does not grow with batch",
-                         per_sample_clear=False)
+                         per_sample_clear=False, **errors)
     unclear = _unclear_growth(b, m, fixed, per_sample)
     if unclear:
-        return MemoryFit(fixed, per_sample, r2, math.nan, unclear, per_sample_clear=False)
+        return MemoryFit(fixed, per_sample, r2, math.nan, unclear, per_sample_clear=False, **errors)
     if budget_bytes is None or not math.isfinite(budget_bytes):
-        return MemoryFit(fixed, per_sample, r2, math.nan, "no memory budget given")
+        return MemoryFit(fixed, per_sample, r2, math.nan, "no memory budget given", **errors)
     if budget_bytes <= fixed:
-        return MemoryFit(fixed, per_sample, r2, 0.0, "the fixed memory alone exceeds the budget")
+        return MemoryFit(fixed, per_sample, r2, 0.0, "the fixed memory alone exceeds the budget",
+                         **errors)
     b_max = float(math.floor((budget_bytes - fixed) / per_sample))
     largest = float(b.max())
     if b_max > MEMORY_EXTRAPOLATION_FACTOR * largest:
         return MemoryFit(fixed, per_sample, r2, math.nan,
                          f"the budget would be reached near batch {b_max:,.0f}, more than "
                          f"{MEMORY_EXTRAPOLATION_FACTOR:g}× the largest batch measured "
-                         f"({largest:,.0f}): too far out to predict; measure larger batches")
-    return MemoryFit(fixed, per_sample, r2, b_max)
+                         f"({largest:,.0f}): too far out to predict; measure larger batches",
+                         **errors)
+    return MemoryFit(fixed, per_sample, r2, b_max, **errors)
+
+
+def _line_errors(b: np.ndarray, m: np.ndarray, fixed: float,
+                 per_sample: float) -> tuple[float, float]:
+    """Standard errors of an unweighted line's intercept and slope; NaN, NaN with fewer than
+    three batch sizes."""
+    n = b.size
+    spread = float(np.sum((b - b.mean()) ** 2))
+    if np.unique(b).size < 3 or spread <= 0:
+        return math.nan, math.nan
+    variance = float(np.sum((m - fixed - per_sample * b) ** 2)) / (n - 2)
+    return (math.sqrt(variance * (1 / n + b.mean() ** 2 / spread)),
+            math.sqrt(variance / spread))
 
 
 def _unclear_growth(b: np.ndarray, m: np.ndarray, fixed: float, per_sample: float) -> str:
@@ -363,9 +384,7 @@ def _unclear_growth(b: np.ndarray, m: np.ndarray, fixed: float, per_sample: floa
     n = b.size
     if np.unique(b).size < 3:
         return ""
-    spread = float(np.sum((b - b.mean()) ** 2))
-    rss = float(np.sum((m - fixed - per_sample * b) ** 2))
-    se = math.sqrt(rss / (n - 2) / spread) if spread > 0 else math.inf
+    se = _line_errors(b, m, fixed, per_sample)[1]
     needed = t_quantile(0.95, n - 2)
     if per_sample >= needed * se:
         return ""

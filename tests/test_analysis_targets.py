@@ -200,6 +200,9 @@ def test_an_interval_end_at_the_fit_range_cut_reads_as_open():
     assert target_interval_text(floored) == "below 8, the smallest batch measured, to 17.8"
     cell = _target_cells(floored)[2][0]
     assert cell.endswith("(below 8, the smallest batch measured, to 17.8)") and "4–" not in cell
+    # S_min and E_min carry their standard errors, or say they have none
+    errors = replace(floored, s_min=93.64, s_min_se=4.1, e_min=7427.0, e_min_se=math.nan)
+    assert [c for c, _ in _target_cells(errors)[3:5]] == ["93.64 ± 4.1", "7,427 (no error)"]
 
 
 def test_run_summary_states_a_cut_interval_end_in_words():

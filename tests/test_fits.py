@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 from test_analyze import sweep_row
 
+from batchscale.analysis.narrative import memory_line_text
+from batchscale.analysis.summary import MemorySummary
 from batchscale.config import AnalysisConfig
 from batchscale.fits import (
     DEFAULT_SATURATION_TOLERANCE,
@@ -79,6 +81,28 @@ def test_fit_memory_predicts_largest_batch_under_budget():
     assert fit.b_max == 100
     assert "budget" in fit_memory(batch, 1000 + 10 * batch).reason
     assert math.isnan(fit_memory(batch, [5, 5, 5, 5], budget_bytes=10).b_max)
+
+
+def test_the_memory_line_carries_its_standard_errors_where_the_batches_leave_any():
+    """Four batches with scatter: both terms get a standard error (numpy's covariance of the
+    same least-squares line gives the same), printed beside them; two batches fix the line
+    exactly, and the text says it has no error estimate."""
+    batch = np.array([16.0, 32.0, 64.0, 128.0])
+    peak = 416 * 2**20 + 31.2 * 1024 * batch + np.array([3e5, -5e5, 4e5, -1e5])
+    fit = fit_memory(batch, peak)
+    _, cov = np.polyfit(batch, peak, 1, cov="unscaled")
+    residual = np.sum((peak - fit.fixed_bytes - fit.per_sample_bytes * batch) ** 2) / 2
+    assert fit.per_sample_se_bytes == pytest.approx(math.sqrt(cov[0, 0] * residual))
+    assert fit.fixed_se_bytes == pytest.approx(math.sqrt(cov[1, 1] * residual))
+    summary = MemorySummary(fit.fixed_bytes, fit.per_sample_bytes, fit.r2, "", math.inf, "",
+                            fit.fixed_se_bytes, fit.per_sample_se_bytes)
+    assert memory_line_text(summary) == ("416 MiB ± 422 KiB + 30.6 KiB ± 5.72 KiB per sample "
+                                         "(± one standard error; R² 0.93)")
+    two = fit_memory(batch[:2], peak[:2])
+    assert math.isnan(two.fixed_se_bytes) and math.isnan(two.per_sample_se_bytes)
+    assert memory_line_text(MemorySummary(two.fixed_bytes, two.per_sample_bytes, two.r2, "",
+                                          math.inf, "")).endswith(
+        "per sample (no error estimate: a line through two batch sizes fits them exactly)")
 
 
 def test_largest_fitting_batch_is_below_the_smallest_oom():

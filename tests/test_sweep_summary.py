@@ -43,3 +43,19 @@ def test_rows_whose_trial_raised_are_named_with_their_error():
     untimed = summary_lines({"timed": False, **quality_summary(rows[1:])})
     assert untimed[0] == "no batch size was timed successfully"
     assert untimed[1].startswith("FAILED: 1 row(s)")
+
+
+def test_the_memory_line_gives_its_standard_errors_or_says_it_has_none():
+    fitted = _timed_summary(memory_fixed_bytes=416 * 2**20, memory_per_sample_bytes=31.2 * 2**10,
+                            memory_fit_r2=0.977, memory_per_sample_clear=True,
+                            predicted_largest_batch=math.nan,
+                            predicted_reason="no memory budget given")
+    with_errors = fitted | {"memory_fixed_se_bytes": 2.1 * 2**20,
+                            "memory_per_sample_se_bytes": 1.1 * 2**10}
+    line = next(x for x in summary_lines(with_errors) if x.startswith("memory:"))
+    assert line.startswith("memory: peak ≈ 416.0 ± 2.1 MiB + 31.2 ± 1.1 KiB × batch (± one "
+                           "standard error; r² 0.977)")
+    two = next(x for x in summary_lines(fitted | {"memory_fixed_se_bytes": math.nan,
+                                                  "memory_per_sample_se_bytes": math.nan})
+               if x.startswith("memory:"))
+    assert "31.2 KiB × batch (two batch sizes: no error estimate; r² 0.977)" in two

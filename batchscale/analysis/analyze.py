@@ -248,6 +248,8 @@ def _memory_summary(sweep: pd.DataFrame) -> MemorySummary:
                 else ""),
         largest_fitting_batch=b_max,
         largest_fitting_reason=b_max_reason,
+        fixed_se_bytes=fit.fixed_se_bytes,
+        per_sample_se_bytes=fit.per_sample_se_bytes,
     )
 
 

@@ -145,7 +145,8 @@ def render_html(
 
 TARGET_COLUMNS = (
     ("label", "target"), ("rule", "LR rule"), ("b_crit", "B_crit (90% interval) or bound"),
-    ("s_min", "S_min"), ("e_min", "E_min"), ("reached_batches", "batch sizes reached"),
+    ("s_min", "S_min (± one standard error)"), ("e_min", "E_min (± one standard error)"),
+    ("reached_batches", "batch sizes reached"),
 )
 """Columns of the "B_crit vs target" table (a bound in words, as everywhere)."""
 
@@ -157,8 +158,16 @@ def _target_cells(fit: TargetCriticalBatch) -> list[tuple[str, bool]]:
     elif not math.isfinite(fit.b_crit) and not fit.bound and fit.reason:
         b_crit += f": {fit.reason}"
     reached = ", ".join(map(str, fit.reached_batches)) or "none"
-    return [(fit.label, True), (fit.rule, True), (b_crit, True), (_fmt(fit.s_min), False),
-            (_fmt(fit.e_min), False), (reached, True)]
+    return [(fit.label, True), (fit.rule, True), (b_crit, True),
+            (_with_se(fit.s_min, fit.s_min_se), False), (_with_se(fit.e_min, fit.e_min_se), False),
+            (reached, True)]
+
+
+def _with_se(value: float, se: float) -> str:
+    """"93.64 ± 4.1", or the value alone, flagged, where no standard error was estimated."""
+    if not math.isfinite(value):
+        return _fmt(value)
+    return f"{_fmt(value)} ± {_fmt(se)}" if math.isfinite(se) else f"{_fmt(value)} (no error)"
 
 
 def _gap_title(summary: AnalysisSummary) -> str:

@@ -71,6 +71,8 @@ def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> di
         "largest_fitting_batch": measured, "largest_fitting_reason": measured_reason,
         "memory_fixed_bytes": fit.fixed_bytes, "memory_per_sample_bytes": fit.per_sample_bytes,
         "memory_fit_r2": fit.r2, "memory_per_sample_clear": fit.per_sample_clear,
+        "memory_fixed_se_bytes": fit.fixed_se_bytes,
+        "memory_per_sample_se_bytes": fit.per_sample_se_bytes,
         "predicted_largest_batch": fit.b_max,
         "predicted_reason": fit.reason,
     }
@@ -142,9 +144,15 @@ def _memory_line(summary: dict) -> str:
     if not summary.get("memory_per_sample_clear", True):
         return (f"memory: peak ≈ {summary['memory_fixed_bytes'] / 2**20:.1f} MiB; "
                 f"{summary['predicted_reason']}: no largest batch predicted")
-    line = (f"memory: peak ≈ {summary['memory_fixed_bytes'] / 2**20:.1f} MiB + "
-            f"{summary['memory_per_sample_bytes'] / 2**10:.1f} KiB × batch "
-            f"(r² {summary['memory_fit_r2']:.3f}); predicted largest batch under the cap: ")
+    fixed_se = summary.get("memory_fixed_se_bytes", math.nan)
+    per_sample_se = summary.get("memory_per_sample_se_bytes", math.nan)
+    errors = (f" ± {fixed_se / 2**20:.2g}", f" ± {per_sample_se / 2**10:.2g}",
+              "± one standard error; ") if _finite(fixed_se) and _finite(per_sample_se) else (
+        "", "", "two batch sizes: no error estimate; ")
+    line = (f"memory: peak ≈ {summary['memory_fixed_bytes'] / 2**20:.1f}{errors[0]} MiB + "
+            f"{summary['memory_per_sample_bytes'] / 2**10:.1f}{errors[1]} KiB × batch "
+            f"({errors[2]}r² {summary['memory_fit_r2']:.3f}); predicted largest batch under the "
+            "cap: ")
     predicted = summary["predicted_largest_batch"]
     if not _finite(predicted):
         return line + f"none ({summary['predicted_reason']})"
