@@ -32,7 +32,20 @@ def test_negative_final_estimates_are_left_out_and_counted():
                                           "trials": 2}
     text = _b_simple_text(summary)
     assert "median 35 over 4 trials (half of them between 27.5 and 483)" in text
-    assert "1 trial(s) ended with an estimate ≤ 0" in text
+    assert text.endswith("; 1 more trial left out: 1 ended with an estimate ≤ 0 (the gradient "
+                         "noise swamped |G|²).")
+
+
+def test_trials_that_recorded_no_estimate_are_counted_with_the_failed_ones():
+    """From a user's GRU: 7 estimates, one ≤ 0 and two trials whose runs rows record none (the
+    training records none where |G|² ≤ 0): all ten trials accounted for."""
+    trials = {f"t{i}": (16 * 2 ** (i % 3), 10.0 + i) for i in range(7)}
+    trials |= {"neg": (16, -2.0), "none1": (16, math.nan), "none2": (32, math.nan)}
+    _, summary = noise_scale(_runs(trials), pd.DataFrame())
+    assert (summary.trials, summary.dropped, summary.unrecorded) == (7, 1, 2)
+    assert ("; 3 more trials left out: 1 ended with an estimate ≤ 0 and 2 recorded none (the "
+            "gradient noise swamped |G|², or the trial ended before its first estimate).") \
+        in _b_simple_text(summary)
 
 
 def test_only_failed_estimates_give_no_figure():
@@ -85,3 +98,28 @@ def test_diverged_trials_give_no_noise_scale():
     _, none = noise_scale(runs.iloc[:2], curves)
     assert math.isnan(none.b_simple_median)
     assert none.reason.startswith("every trial diverged (2): a diverging run's gradients")
+
+
+def test_the_noise_scale_is_judged_against_the_fitted_b_crit():
+    """A user's GRU: B_simple median 18.6 beside B_crit 79.3 [70.1, 90.5]: the report says the
+    predictor is off there, not only the two numbers in separate lines."""
+    from types import SimpleNamespace
+
+    from batchscale.analysis.narrative import _against_b_crit
+    from batchscale.analysis.summary import NoiseScaleSummary
+
+    noise = NoiseScaleSummary(18.6, 7, "")
+    fit = SimpleNamespace(b_crit=79.3, b_crit_low=70.1, b_crit_high=90.5, bound="")
+    assert _against_b_crit(noise, {"sqrt": fit}) == (
+        " It lies outside B_crit's 90% interval (below sqrt: 70.1–90.5, 0.23× the fit): as a "
+        "predictor it is off there by more than the fit's uncertainty, so go by the fitted "
+        "B_crit (McCandlish et al. 2018 give B_simple as a rough guide to it).")
+    near = SimpleNamespace(b_crit=20.0, b_crit_low=15.0, b_crit_high=25.0, bound="")
+    assert _against_b_crit(noise, {"linear": near, "sqrt": fit}) == (
+        " It lies inside B_crit's 90% interval (linear: 15–25): the two agree; and outside it "
+        "(below sqrt: 70.1–90.5, 0.23× the fit): as a predictor it is off there by more than "
+        "the fit's uncertainty, so go by the fitted B_crit (McCandlish et al. 2018 give "
+        "B_simple as a rough guide to it).")
+    bound = SimpleNamespace(b_crit=math.nan, b_crit_low=math.nan, b_crit_high=math.nan,
+                            bound="above")
+    assert _against_b_crit(noise, {"sqrt": bound}) == ""

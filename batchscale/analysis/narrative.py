@@ -89,7 +89,8 @@ def narrative_markdown(summary: AnalysisSummary, *, with_quality: bool = True) -
               for metric, text in target_trend_texts(summary)]
     if summary.gap is not None and (summary.gap.measured or summary.critical_batch):
         lines.append(f"- **Generalization gap.** {gap_text(summary)}")
-    lines.append(f"- **Gradient noise scale.** {_b_simple_text(summary.noise_scale)}")
+    lines.append(f"- **Gradient noise scale.** {_b_simple_text(summary.noise_scale)}"
+                 f"{_against_b_crit(summary.noise_scale, summary.critical_batch)}")
     if summary.pruning:
         lines.append(f"- **Pruned trials.** {summary.pruning}")
     card = summary.recommendation
@@ -300,13 +301,22 @@ def _memory_text(memory: MemorySummary) -> str:
     if math.isfinite(b_max):
         text += f" The largest batch that fits is {int(b_max)}."
     if math.isfinite(memory.fixed_bytes) and math.isfinite(memory.per_sample_bytes):
-        text += (
-            f" Peak memory ≈ {_bytes(memory.fixed_bytes)} + "
-            f"{_bytes(memory.per_sample_bytes)} per sample."
-        )
+        text += f" Peak memory ≈ {memory_line_text(memory)}."
     elif math.isfinite(memory.fixed_bytes):
         text += f" Peak memory ≈ {_bytes(memory.fixed_bytes)}; {memory.reason}."
     return text
+
+
+def memory_line_text(memory: MemorySummary) -> str:
+    """"416 ± 2.1 MiB + 31.2 ± 1.1 KiB per sample (± one standard error; R² 0.98)", or, where
+    two batch sizes fix the line, says that it has no error estimate."""
+    fixed, per_sample = _bytes(memory.fixed_bytes), _bytes(memory.per_sample_bytes)
+    if math.isfinite(memory.fixed_se_bytes) and math.isfinite(memory.per_sample_se_bytes):
+        return (f"{fixed} ± {_bytes(memory.fixed_se_bytes)} + {per_sample} ± "
+                f"{_bytes(memory.per_sample_se_bytes)} per sample (± one standard error; "
+                f"R² {memory.r2:.2f})")
+    return (f"{fixed} + {per_sample} per sample (no error estimate: a line through two batch "
+            "sizes fits them exactly)")
 
 
 def _se(value: float) -> str:
@@ -415,6 +425,36 @@ def interval_words(low: float, high: float, smallest: float, largest: float) -> 
     return f"{_num(low)}–{_num(high)}"
 
 
+def _against_b_crit(noise: NoiseScaleSummary, fits: dict) -> str:
+    """" It lies below B_crit's 90% interval (sqrt: 70.1–90.5), 0.23× its fit: …" for each
+    rule with a bounded interval, so the cheap predictor is not read beside the fit unjudged;
+    "" where there is nothing to compare."""
+    if not math.isfinite(noise.b_simple_median):
+        return ""
+    parts = []
+    for rule, fit in fits.items():
+        low, high = getattr(fit, "b_crit_low", math.nan), getattr(fit, "b_crit_high", math.nan)
+        if getattr(fit, "bound", None) or not (math.isfinite(low) and math.isfinite(high)):
+            continue
+        where = ("inside" if low <= noise.b_simple_median <= high else
+                 "below" if noise.b_simple_median < low else "above")
+        parts.append((rule, where, f"{rule}: {_num(low)}–{_num(high)}",
+                      noise.b_simple_median / fit.b_crit))
+    if not parts:
+        return ""
+    inside = [text for _, where, text, _ in parts if where == "inside"]
+    outside = [f"{where} {text}, {ratio:.2g}× the fit" for _, where, text, ratio in parts
+               if where != "inside"]
+    said = ([f"inside B_crit's 90% interval ({'; '.join(inside)}): the two agree"]
+            if inside else [])
+    if outside:
+        where = "and outside it" if inside else "outside B_crit's 90% interval"
+        said.append(f"{where} ({'; '.join(outside)}): as a "
+                    "predictor it is off there by more than the fit's uncertainty, so go by the "
+                    "fitted B_crit (McCandlish et al. 2018 give B_simple as a rough guide to it)")
+    return f" It lies {'; '.join(said)}."
+
+
 def _b_simple_text(noise: NoiseScaleSummary) -> str:
     if not math.isfinite(noise.b_simple_median):
         return f"Not available: {noise.reason}."
@@ -425,9 +465,14 @@ def _b_simple_text(noise: NoiseScaleSummary) -> str:
     if noise.trials > 1 and math.isfinite(noise.quartile_low):
         text += (f" (half of them between {_num(noise.quartile_low)} and"
                  f" {_num(noise.quartile_high)})")
-    if noise.dropped:
-        text += (f"; {noise.dropped} trial(s) ended with an estimate ≤ 0 (the gradient noise"
-                 " swamped |G|² there) and are left out")
+    failed = [f"{noise.dropped} ended with an estimate ≤ 0" if noise.dropped else "",
+              f"{noise.unrecorded} recorded none" if noise.unrecorded else ""]
+    if any(failed):
+        count = noise.dropped + noise.unrecorded
+        text += (f"; {count} more trial{'s' if count > 1 else ''} left out: "
+                 f"{' and '.join(f for f in failed if f)} (the gradient noise swamped |G|²"
+                 f"{', or the trial ended before its first estimate' if noise.unrecorded else ''}"
+                 ")")
     return text + "."
 
 

@@ -95,7 +95,15 @@ def noise_scale(runs: pd.DataFrame,
                          "noise swamped |G|², so no B_simple can be read", dropped=dropped)
     low, high = np.percentile(usable["b_simple"], [25, 75])
     return by_batch, NoiseScaleSummary(float(usable["b_simple"].median()), int(len(usable)), "",
-                                       float(low), float(high), dropped)
+                                       float(low), float(high), dropped,
+                                       _unrecorded(runs[~diverged], final))
+
+
+def _unrecorded(runs: pd.DataFrame, final: pd.DataFrame) -> int:
+    """Trials whose runs row holds no finite B_simple and that got none from elsewhere."""
+    estimates = numeric_column(runs, "b_simple")
+    trials = runs.loc[~np.isfinite(estimates), "trial_id"]
+    return int(len(set(trials) - set(final["trial_id"])))
 
 
 def data_parallel_efficiency(runs: pd.DataFrame) -> pd.DataFrame:
