@@ -411,9 +411,12 @@ def versus_current(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: in
     elif math.isfinite(rec_s) and math.isfinite(cur_s):
         value = rec.median * rec_s / (cur.median * cur_s)
         parts.append(f"{value:.2f}× the training time ({NO_TIME_SPREAD}){flags}")
+    same = rec_t is not None and rec_t.overlaps(cur_t)
     return (f"at your batch {current_batch} ({cur.text(' steps', gap_said=False)}), the "
             "recommendation needs "
-            + " and ".join(parts))
+            + " and ".join(parts)
+            + (f"; the seeds do not tell the two times apart, so staying at batch "
+               f"{current_batch} is as good as far as they show" if same else ""))
 
 
 def _ratio(new: Spread, old: Spread) -> str:

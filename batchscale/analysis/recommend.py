@@ -105,6 +105,7 @@ def recommend(
     if isinstance(best.get("timing_flag"), str):
         batch_reason += f" — NOT TRUSTED: {best['timing_flag']}"
     batch_reason += accumulation_text(batch, largest_fitting, workers)
+    batch_reason += larger_untried_text(batch, timed, largest_fitting)
     lr, lr_reason = (learning_rate(runs, rule, batch, workers) if learning_rates_given else
                      (None, "the runs table gives no learning rates (no lr column)"))
     current_batch, current_lr = current
@@ -119,6 +120,17 @@ def recommend(
                           expected_text(runs, table, rule, batch, workers, lr),
                           versus_current(runs, table, rule, batch, current_batch, workers, lr),
                           shown)
+
+
+def larger_untried_text(batch: int, timed: pd.DataFrame, largest_fitting: float) -> str:
+    """Where the fastest batch is the largest trained (and one device holds more), say that a
+    larger one may be faster still and how to find out; "" else."""
+    if batch < numeric_column(timed, "batch_size").max() or batch >= largest_fitting:
+        return ""
+    fits = (f" (up to {largest_fitting:,.0f}, the largest one device was measured to hold)"
+            if math.isfinite(largest_fitting) else "")
+    return (f"; {batch} is the largest batch trained, so a larger one may be faster still: add "
+            f"larger sizes to convergence.batch_sizes{fits} to find where the time turns")
 
 
 NO_RULE_GIVEN = ("the runs table gives no lr_rule: the steps are the fewest per batch size over "
