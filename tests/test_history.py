@@ -20,6 +20,7 @@ from batchscale.lake.history import (
     _critical,
     _plot_verdicts,
     critical_lines,
+    history_figure,
     load_history,
     plot_history,
     throughput_lines,
@@ -364,7 +365,8 @@ def step_history() -> History:
 
 def test_history_table_marks_suspected_and_confirmed_runs():
     lines = throughput_lines(step_history())
-    marked = {run: line for run in STEP_RUNS for line in lines if run in line}
+    marked = {run: line for run in STEP_RUNS for line in lines
+              if run in line and "next run" not in line}
     assert marked[STEP_RUNS[3]].rstrip().endswith("6,000?")
     assert marked[STEP_RUNS[4]].rstrip().endswith("6,100!")
     assert marked[STEP_RUNS[5]].rstrip().endswith("9,000")
@@ -373,9 +375,20 @@ def test_history_table_marks_suspected_and_confirmed_runs():
 
 def test_history_table_says_where_the_next_run_should_land():
     """The latest run's next-run range (its regression row) closes the series' table; a run
-    whose rows have none (older tables) adds no line."""
+    whose rows have none says why: an older table, or a run measured too badly to judge."""
     history = step_history()
-    assert not any("next run" in line for line in throughput_lines(history))
+    [older] = [line for line in throughput_lines(history) if "next run" in line]
+    assert older == (f"  next run: no range: the regression check of run {STEP_RUNS[-1]} gave "
+                     "none (a table published before it did)")
+    disturbed = history.verdicts.assign(
+        verdict=np.where(history.verdicts["run_id"].eq(STEP_RUNS[-1]), "not_judged",
+                         history.verdicts["verdict"]),
+        reason="measurement disturbed: other processes kept the CPUs busy")
+    [badly] = [line for line in throughput_lines(
+        History(WORKLOAD, history.throughput, history.critical, disturbed)) if "next run" in line]
+    assert badly == (f"  next run: no range: the latest run, {STEP_RUNS[-1]}, was measured too "
+                     "badly to give one (measurement disturbed: other processes kept the CPUs "
+                     "busy); a range needs a run the check could judge")
     latest = history.verdicts["run_id"].eq(STEP_RUNS[-1])
     verdicts = history.verdicts.assign(next_run_low=np.where(latest, 7000.0, np.nan),
                                        next_run_high=np.where(latest, 11500.0, np.nan))
@@ -408,6 +421,11 @@ def test_history_table_marks_figures_measured_unstably():
     assert marked[STEP_RUNS[3]].rstrip().endswith("6,000?")  # the verdict's mark wins
     assert marked[STEP_RUNS[2]].rstrip().endswith("8,900")
     assert lines[-1].strip().startswith("~ measured unstably")
+    # the plot draws them hollow, as the report's sweep plot does
+    figure = history_figure(history, critical=False)
+    hollow = [line for line in figure.axes[0].lines
+              if line.get_marker() == "o" and line.get_markerfacecolor() == "white"]
+    assert [list(line.get_xdata()) for line in hollow] == [[1, 3]]
 
 
 def test_history_plot_draws_the_band_the_marked_runs_and_the_change_point(tmp_path):
@@ -472,3 +490,28 @@ def test_a_study_variants_long_run_id_widens_its_column_instead_of_shifting_the_
     header, *lines = critical_lines(SimpleNamespace(critical=pd.DataFrame(rows)))[1:]
     assert len({line.index("sqrt") for line in lines}) == 1  # every row's rule in one column
     assert header.index("LR rule") == lines[0].index("sqrt")
+
+
+def test_b_crit_is_listed_with_the_target_each_run_was_analysed_for():
+    """Runs for two targets in one table: each row names its target, and a note says not to
+    compare across them; a plot whose runs have no B_crit says so in its empty panel."""
+    from types import SimpleNamespace
+
+    from batchscale.lake.history import critical_lines
+
+    when = pd.Timestamp("2026-12-06T22:21:00Z")
+    rows = [{"run_id": run_id, "published_at": when, "lr_rule": "sqrt", "b_crit": b_crit,
+             "b_crit_low": b_crit * 0.9, "b_crit_high": b_crit * 1.1, "b_crit_bound": None,
+             "b_crit_bound_batch": math.nan, "target_metric": "val_accuracy",
+             "target_value": target}
+            for run_id, b_crit, target in (("20261206T220928Z-367eba", 79.3, 0.85),
+                                           ("20261206T221456Z-1c0e13", math.nan, 0.995))]
+    lines = critical_lines(SimpleNamespace(critical=pd.DataFrame(rows)))
+    assert "val_accuracy >= 0.85 " in lines[2] and "val_accuracy >= 0.995" in lines[3]
+    assert lines[-1].startswith("  the runs were analysed for different targets")
+    none = step_history()
+    critical = _critical(pd.DataFrame([{**rows[1], "date": "2026-12-06"}]))
+    figure = history_figure(History(WORKLOAD, none.throughput, critical, none.verdicts))
+    texts = [t.get_text() for t in figure.axes[1].texts]
+    assert texts == ["no run here has a B_crit or a bound on it (each run's b_crit_reason in "
+                     "the analysis table says why)"]

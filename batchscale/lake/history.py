@@ -36,12 +36,12 @@ if TYPE_CHECKING:
 SWEEP_COLUMNS = ["run_id", "date", "device_name", "precision", "input_mode", "batch_size",
                  "samples_per_s", "quality"]
 ANALYSIS_COLUMNS = ["run_id", "date", "lr_rule", "b_crit", "b_crit_low", "b_crit_high",
-                    "b_crit_bound", "b_crit_bound_batch"]
-"""The analysis columns history shows; the bound columns are absent from partitions published
-before B_crit could be a bound, and read as no bound there."""
+                    "b_crit_bound", "b_crit_bound_batch", "target_metric", "target_value"]
+"""The analysis columns history shows; the bound and target columns are absent from partitions
+published before B_crit could be a bound or targets were named, and read as none there."""
 VERDICT_COLUMNS = ["run_id", "device_name", "precision", "input_mode", "batch_size", "verdict",
                    "history_median", "allowed_drop", "first_bad_run_id", "next_run_low",
-                   "next_run_high", "next_run_basis"]
+                   "next_run_high", "next_run_basis", "reason"]
 """The regressions columns history shows (first_bad_run_id and the next-run range are null in
 older tables)."""
 VERDICT_MARKS = {"suspected": "?", "confirmed": "!", "regression": "!"}
@@ -165,6 +165,8 @@ def _critical(analysis: pd.DataFrame | None) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     if "b_crit_bound" not in analysis:
         analysis = analysis.assign(b_crit_bound=None, b_crit_bound_batch=math.nan)
+    if "target_metric" not in analysis:
+        analysis = analysis.assign(target_metric=None, target_value=math.nan)
     critical = analysis[columns].drop_duplicates([*RUN_KEYS, "lr_rule"])
     if "batch_size" not in analysis:
         return critical.assign(smallest_batch=math.nan, largest_batch=math.nan)
@@ -224,8 +226,8 @@ def throughput_lines(history: History) -> list[str]:
             lines.append(f"  {_run_label(row, width)}" + "".join(
                 f"{_number(values[b]) + marks.get((row.run_id, *series, b), ' '):>12s}"
                 for b in batches))
-        upcoming = next_run_line(history, series, table["run_id"].iloc[-1])
-        lines += [upcoming] if upcoming else []
+        latest = table["run_id"].iloc[-1]
+        lines.append(next_run_line(history, series, latest) or no_next_run_line(history, latest))
     if set(marks.values()) & set(VERDICT_MARKS.values()):
         lines.append("  ? suspected (one run below its baseline), ! confirmed regression "
                      "(two or more in a row), as the regression check judged each run")
@@ -233,6 +235,23 @@ def throughput_lines(history: History) -> list[str]:
         lines.append(f"  {UNSTABLE_MARK} measured unstably (rounds disagreed, or its trials "
                      "waited for a CPU): not judged, not part of any baseline")
     return lines
+
+
+def no_next_run_line(history: History, run_id: str) -> str:
+    """Why the latest run gives no next-run range: its regression check did not judge it (with
+    the check's reason), or it has no check recorded."""
+    rows = history.verdicts[history.verdicts["run_id"].eq(run_id)]
+    if rows.empty:
+        return (f"  next run: no range: run {run_id} has no regression check recorded (a study "
+                "variant, or a run published before the check gave ranges)")
+    badly = rows[rows["verdict"].eq("not_judged")]
+    if badly.empty:
+        return (f"  next run: no range: the regression check of run {run_id} gave none (a "
+                "table published before it did)")
+    reasons = badly["reason"].dropna() if "reason" in badly else pd.Series(dtype=object)
+    why = f" ({reasons.iloc[0]})" if len(reasons) else ""
+    return (f"  next run: no range: the latest run, {run_id}, was measured too badly to give "
+            f"one{why}; a range needs a run the check could judge")
 
 
 def next_run_line(history: History, series: tuple, run_id: str) -> str | None:
@@ -263,13 +282,32 @@ def critical_lines(history: History) -> list[str]:
     if history.critical.empty:
         return ["B_crit: no analysis published for these runs"]
     width = _id_width(history.critical["run_id"])
-    lines = ["B_crit (90 % interval)",
-             f"  {'published (UTC)':16s}  {'run_id':{width}s}  {'LR rule':10s} "
-             f"{'B_crit':>10s}  interval"]
-    for row in history.critical.itertuples(index=False):
+    targets = [_target_text(row) for row in history.critical.itertuples(index=False)]
+    aim = max(len("target"), *map(len, targets))
+    lines = ["B_crit (90 % interval), for the target each run was analysed for",
+             f"  {'published (UTC)':16s}  {'run_id':{width}s}  {'target':{aim}s}  "
+             f"{'LR rule':10s} {'B_crit':>10s}  interval"]
+    for row, target in zip(history.critical.itertuples(index=False), targets, strict=True):
         value, interval = _b_crit_cells(row)
-        lines.append(f"  {_run_label(row, width)}  {row.lr_rule:10s} {value:>10s}  {interval}")
+        lines.append(f"  {_run_label(row, width)}  {target:{aim}s}  {row.lr_rule:10s} "
+                     f"{value:>10s}  {interval}")
+    if len(set(targets)) > 1:
+        lines.append("  the runs were analysed for different targets: B_crit grows as a target "
+                     "gets harder, so compare B_crit only between runs of one target")
     return lines
+
+
+def _target_text(row) -> str:
+    """"val_accuracy >= 0.85", or "-" for runs published before targets were recorded."""
+    from batchscale.metrics import target_label
+
+    metric, value = getattr(row, "target_metric", None), getattr(row, "target_value", math.nan)
+    if not isinstance(metric, str) or value is None or not math.isfinite(value):
+        return "-"
+    try:
+        return target_label(metric, float(value))
+    except KeyError:  # a metric this version does not know: as recorded
+        return f"{metric} {float(value):g}"
 
 
 def _b_crit_cells(row) -> tuple[str, str]:
@@ -434,13 +472,19 @@ def _draw_throughput(top, history: History, x: dict[str, int]) -> None:
         device, precision, mode, batch = series
         [line] = top.plot(rows["run_id"].map(x), rows["samples_per_s"], "o-",
                           label=f"B={batch}, {mode}, {precision}, {device[:24]}")
+        unstable = rows[rows["unstable"].astype(bool)] if "unstable" in rows else rows.iloc[:0]
+        if len(unstable):  # drawn hollow, as the report's sweep plot draws them
+            top.plot(unstable["run_id"].map(x), unstable["samples_per_s"], "o",
+                     markerfacecolor="white", markeredgecolor=line.get_color(),
+                     linestyle="none")
         _plot_verdicts(top, history, series, x, line.get_color())
     top.set_yscale("log")
     top.set_ylabel("samples / s")
     # Two title lines and the legend beside the axes: one line was cut at the figure's edge,
     # and a legend inside covered the points of a workload with many batch sizes.
     top.set_title(f"{history.workload}: throughput per batch size\n(band: baseline ± allowed "
-                  "drop; squares: suspected, filled: confirmed; dashed: change point)",
+                  "drop; hollow circles: measured unstably, not judged; squares: suspected, "
+                  "filled: confirmed; dashed: change point)",
                   fontsize="small")
     top.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
@@ -455,5 +499,13 @@ def _draw_critical(bottom, history: History, x: dict[str, int]) -> None:
     bottom.set_ylabel("B_crit")
     bottom.set_xlabel("run (published, UTC)")
     bottom.set_title("critical batch size (90 % interval)")
-    if not history.critical.empty:
+    shown = history.critical[history.critical["b_crit"].notna()
+                             | history.critical["b_crit_bound"].isin(list(BOUND_SIGNS))]
+    if shown.empty:
+        bottom.text(0.5, 0.5, "no run here has a B_crit or a bound on it (each run's "
+                    "b_crit_reason in the analysis table says why)" if len(history.critical)
+                    else "no analysis published for these runs", ha="center", va="center",
+                    transform=bottom.transAxes, fontsize="small")
+        bottom.set_yticks([])
+    elif not history.critical.empty:
         bottom.legend(fontsize="small")
