@@ -438,6 +438,15 @@ def test_the_regressions_suite_passes_real_verdicts_and_catches_bad_ones(
     assert set(confirmed["verdict"]) == {CONFIRMED}
     report = validate_table("regressions", regressions_table(confirmed))
     assert report.success, report.failure_message()
+    scattered = pd.concat([quiet_run(f"s{i}", scale=scale)
+                           for i, scale in enumerate((0.4, 1.5, 1.0, 1.3))], ignore_index=True)
+    blind = check_regressions(quiet_run("now", scale=0.3), scattered, HISTORY)
+    assert set(blind["verdict"]) == {TOO_NOISY}
+    report = validate_table("regressions", regressions_table(blind))
+    assert report.success, report.failure_message()
+    unexplained = validate_table("regressions", regressions_table(blind.assign(reason=None)))
+    assert not unexplained.success and "a too_noisy cell states why" in \
+        unexplained.failure_message()
     broken = judged.assign(verdict=["regressed", NOT_JUDGED, CONFIRMED],
                            history_runs=[3, 3, 1])
     report = validate_table("regressions", regressions_table(broken))
