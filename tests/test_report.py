@@ -266,6 +266,27 @@ def test_a_sweep_step_time_from_its_line_is_marked_as_the_line():
     assert sources[16] == sources[64] == "sweep" and sources[32] == "sweep_fit", sources
 
 
+def test_the_results_tables_step_time_and_samples_per_s_carry_the_trials_range():
+    """A convergence step time is the median over its batch's trials: the table gives their
+    lowest and highest beside it (and samples/s from them); a sweep's figure says it has no
+    trials behind it."""
+    from batchscale.report.render import _step_time_cells
+
+    row = {"batch_size": 128, "step_time_s": 0.002, "step_time_source": "convergence"}
+    assert _step_time_cells(row, (0.0016, 0.0025, 4)) == ("0.002 [0.0016, 0.0025]",
+                                                          "64,000 [51,200, 80,000]")
+    assert _step_time_cells(row, (0.002, 0.002, 1)) == ("0.002 (one trial)",
+                                                        "64,000 (one trial)")
+    swept = dict(row, step_time_source="sweep")
+    assert _step_time_cells(swept, None) == ("0.002 (the sweep's figure: no trials' range)",
+                                             "64,000 (the sweep's figure)")
+    page = html.unescape(report(make_sweep(), make_runs(seeds=(0, 1)), None))
+    assert "step time (s) [trials' range]" in page and "samples/s [trials' range]" in page
+    # make_runs' trials step alike: a range of one value, and samples/s from it
+    assert "<td>0.001008 [0.001008, 0.001008]</td>" in page
+    assert "<td>3,968 [3,968, 3,968]</td>" in page
+
+
 def test_missing_plots_do_not_contradict_the_numbers_beside_them():
     """B_simple from the runs but no curves: the plot's place says the curves are what is
     missing, not that B_simple was never recorded."""

@@ -209,6 +209,19 @@ def convergence_step_times(runs: pd.DataFrame) -> dict[float, float]:
     worker where it was run), like the single-process sweep they are compared with. Diverged
     trials count too: their steps took as long as anyone's.
     """
+    return _trial_step_times(runs).groupby("batch_size")["t"].median().to_dict()
+
+
+def convergence_step_time_ranges(runs: pd.DataFrame) -> dict[float, tuple[float, float, int]]:
+    """Per batch size, the lowest and highest seconds per step of the trials behind
+    `convergence_step_times`' median, and how many trials there are."""
+    grouped = _trial_step_times(runs).groupby("batch_size")["t"]
+    return {batch: (float(t.min()), float(t.max()), int(t.size)) for batch, t in grouped}
+
+
+def _trial_step_times(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each trial's seconds per step (columns batch_size, workers, t), the trials with the
+    fewest workers at their batch only."""
     runs = ensure_columns(runs, schemas.RUNS)
     frame = pd.DataFrame(
         {
@@ -217,8 +230,7 @@ def convergence_step_times(runs: pd.DataFrame) -> dict[float, float]:
             "t": numeric_column(runs, "train_time_s") / numeric_column(runs, "steps_run"),
         }
     )
-    frame = _fewest_workers(frame)
-    return frame.groupby("batch_size")["t"].median().to_dict()
+    return _fewest_workers(frame)
 
 
 def convergence_cpu_waits(runs: pd.DataFrame) -> dict[float, float]:

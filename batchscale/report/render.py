@@ -30,6 +30,7 @@ from batchscale.analysis.plots_targets import gap_plots, target_plot
 from batchscale.analysis.quality import headline, quality_box_markdown
 from batchscale.analysis.summary import AnalysisSummary, TargetCriticalBatch
 from batchscale.analysis.targets import same_target, split_by_target
+from batchscale.analysis.timetotarget import StepTimeSource, convergence_step_time_ranges
 from batchscale.batch_schedule.section import ScheduleSection
 from batchscale.fits import ensure_columns
 from batchscale.html import environment, markdown_html, render_page
@@ -43,9 +44,9 @@ TABLE_COLUMNS = (
     ("batch_size", "batch"),
     ("steps_to_target", "steps [trials' range]"),
     ("examples_to_target", "examples"),
-    ("step_time_s", "step time (s)"),
+    ("step_time_s", "step time (s) [trials' range]"),
     ("time_to_target_s", "time to target (s) [seeds' range]"),
-    ("samples_per_s", "samples/s"),
+    ("samples_per_s", "samples/s [trials' range]"),
     ("step_time_source", "step time from"),
     ("sweep_step_time_s", "sweep step time (s)"),
     ("timing_flag", "timing"),
@@ -99,6 +100,7 @@ def render_html(
     table = pd.DataFrame(result.rows, columns=schemas.ANALYSIS.names)
     box = quality_box_markdown(summary.quality)
     gap = gap_table(curves)
+    step_ranges = convergence_step_time_ranges(_chosen_runs(runs, summary))
     return render_page(
         TEMPLATE,
         title=title,
@@ -116,7 +118,7 @@ def render_html(
                                             _chosen_runs(runs, summary)),
         parallel_plot=parallel_plot(_chosen_runs(runs, summary)),
         table_headings=[heading for _, heading in TABLE_COLUMNS],
-        table_rows=[_table_cells(row) for row in result.rows],
+        table_rows=[_table_cells(row, step_ranges) for row in result.rows],
         target=summary.target,
         target_headings=[heading for _, heading in TARGET_COLUMNS],
         target_rows=[_target_cells(fit) for fit in summary.targets],
@@ -203,19 +205,40 @@ def _regressions_html(regressions: RegressionsSection | None) -> Markup | None:
     return content
 
 
-def _table_cells(row: dict) -> list[tuple[str, bool]]:
-    """(shown text, is text) per column of the results table; text cells align left."""
+def _table_cells(row: dict, step_ranges: dict) -> list[tuple[str, bool]]:
+    """(shown text, is text) per column of the results table; text cells align left.
+    `step_ranges`: batch -> (lowest, highest, trials) of the convergence trials' step times."""
+    step, rate = _step_time_cells(row, step_ranges.get(row["batch_size"]))
     cells = dict(row, b_crit=_b_crit_cell(row), timing_flag=_timing_cell(row),
-                 sweep_step_time_s=_sweep_time_cell(row))
+                 sweep_step_time_s=_sweep_time_cell(row), step_time_s=step, samples_per_s=rate)
     for key in ("regime", "step_time_source"):
         if isinstance(cells[key], str):
             cells[key] = cells[key].replace("_", " ")
     shown = {key: _ranged(row, key) for key in RANGED}
+    shown.update(step_time_s=_fmt(step), samples_per_s=_fmt(rate))  # numbers: aligned right
     return [
         (shown[key], False) if key in shown
         else (_fmt(cells[key]), isinstance(cells[key], str) or cells[key] is None)
         for key, _ in TABLE_COLUMNS
     ]
+
+
+def _step_time_cells(row: dict, spread: tuple | None) -> tuple[object, object]:
+    """The step time and samples/s as shown: with the range over the convergence trials
+    behind the median where those trials timed it, else flagged as the sweep's figure (no
+    trials behind it)."""
+    step, batch = row.get("step_time_s"), row["batch_size"]
+    if not isinstance(step, float) or math.isnan(step):
+        return step, row.get("samples_per_s")
+    rate = batch / step
+    if row.get("step_time_source") != StepTimeSource.CONVERGENCE.value or spread is None:
+        return (f"{_fmt(step)} (the sweep's figure: no trials' range)",
+                f"{_fmt(rate)} (the sweep's figure)")
+    low, high, trials = spread
+    if trials < 2:
+        return f"{_fmt(step)} (one trial)", f"{_fmt(rate)} (one trial)"
+    return (f"{_fmt(step)} [{_fmt(low)}, {_fmt(high)}]",
+            f"{_fmt(rate)} [{_fmt(batch / high)}, {_fmt(batch / low)}]")
 
 
 def _ranged(row: dict, key: str) -> str:
