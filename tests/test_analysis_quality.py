@@ -307,6 +307,13 @@ def test_convergence_runs_starved_of_cpu_flag_their_cells_and_the_recommendation
     assert [flag.batch_size for flag in busy.summary.quality.timing_flags] == [16]
     assert "1 batch size whose convergence step times are flagged" in headline(
         busy.summary.quality)
+    # the chosen batch's own times are clean, but a batch it beat was slowed: not trusted
+    chosen = busy.summary.recommendation
+    assert chosen.batch_size != 16
+    assert chosen.batch_reason.endswith(
+        " — NOT TRUSTED: the step times of batch 16, which it was compared with, are flagged "
+        "(see the results table's timing column): a busy machine that slowed them may have "
+        "made this batch the fastest; rerun on a quiet machine")
     # one worker count: the worker line compared no times, so it has nothing to distrust
     assert busy.summary.recommendation.workers_reason == "only 1 worker measured"
     # two: how many trials, and of which worker count (not every trial was slowed)

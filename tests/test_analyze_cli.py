@@ -24,7 +24,7 @@ from batchscale.analysis.usertables import (
     complete_runs,
 )
 from batchscale.checks.suites import load_suite
-from batchscale.config import AnalysisConfig
+from batchscale.config import AnalysisConfig, load_config
 from batchscale.errors import BadInput
 from batchscale.external.stage import RUN_ID_PREFIX, read_user_table
 from batchscale.schemas import OLD_LR_RULES
@@ -117,7 +117,9 @@ def test_the_same_inputs_land_in_the_same_default_directory(tmp_path, capsys, mo
     settings come from --config's analysis section."""
     runs, sweep, _ = originals
     monkeypatch.chdir(tmp_path)
-    save(runs, tmp_path / "runs.parquet")
+    # batchscale's trainer records the optimizer it built (and so ran the config's schedule)
+    trained = runs.to_pandas().assign(optimizer="sgd")
+    save(pa.Table.from_pandas(trained, preserve_index=False), tmp_path / "runs.parquet")
     (tmp_path / "mine.yaml").write_text("name: mine\nanalysis:\n  bootstrap_samples: 7\n")
     code, stdout, stderr = run_analyze(["runs.parquet", "--config", "mine.yaml"], capsys)
     assert code == 0, stderr
@@ -128,6 +130,15 @@ def test_the_same_inputs_land_in_the_same_default_directory(tmp_path, capsys, mo
         "validation.json"]
     summary = json.loads((made / "summary.json").read_text())
     assert summary["analysis_settings"]["bootstrap_samples"] == 7
+    # the config the runs ran with gives the warm-up that goes with the learning rate
+    warmup = load_config(tmp_path / "mine.yaml").convergence.warmup_steps
+    assert (f"reached by a linear warm-up over the first {warmup} steps, as the runs had "
+            "(convergence.warmup_steps)") in stdout
+    assert "note: the learning rate is given without the warm-up" not in stderr
+    code, stdout, stderr = run_analyze(["runs.parquet"], capsys)
+    assert code == 0 and "linear warm-up" not in stdout
+    assert ("note: the learning rate is given without the warm-up the trials ran with (the runs "
+            "table does not record convergence.warmup_steps)") in stderr
 
 
 # ------------------------------------------------------------------------------ other tables

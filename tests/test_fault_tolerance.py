@@ -132,7 +132,7 @@ def test_cli_refuses_to_resume_a_changed_config(tmp_path, digits_dir):
     args = ["converge", "--config", str(config), "--batch-sizes", "64", "--dataset-dir",
             str(digits_dir), "--out", str(tmp_path / "out"), "--run-id", "r1"]
     first = run_cli(args, cwd=tmp_path, env={faults.FAULT_KILL_AT_STEP_ENV: str(KILL_AT_STEP)})
-    assert first.returncode == 1 and "finished trials are kept" in first.stderr
+    assert first.returncode == 1 and "no trial of this launch had finished" in first.stderr
     config.write_text(config.read_text().replace("seeds: [0]", "seeds: [0]\n  momentum: 0.8"))
     second = run_cli(args, cwd=tmp_path)
     assert second.returncode == 2

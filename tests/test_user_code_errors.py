@@ -22,6 +22,7 @@ from batchscale.contract_check import load_split
 from batchscale.convergence import runner, train
 from batchscale.convergence.cell_server import CellServer
 from batchscale.convergence.distributed import Dist
+from batchscale.convergence.outcome import kept_text
 from batchscale.convergence.usererror import UserCodeError
 from batchscale.datasplit import _SeededSteps, failure_of
 from batchscale.location import LocalLocation
@@ -73,7 +74,7 @@ def assert_refused_cleanly(out: Path, result: subprocess.CompletedProcess) -> No
     assert "ChildFailedError" not in result.stderr and "torchrun exited" not in result.stderr
     assert result.stderr.count("batchscale: error:") == 1, result.stderr[-3000:]
     assert no_processes_left(out)
-    assert f"finished trials are kept in {out / 'work' / 'r1' / 'trials'}" in result.stderr
+    assert kept_text(out / "work" / "r1") in result.stderr  # where, or that none had finished
     assert not (out / "runs.parquet").exists()
 
 
@@ -156,7 +157,7 @@ def test_ctrl_c_says_where_the_finished_trials_are_and_how_to_resume(tmp_path):
         proc.kill()
         proc.wait()
     assert proc.returncode == 130, err[-3000:]
-    assert f"finished trials are kept in {out / 'work' / 'r1' / 'trials'}" in err, err
+    assert kept_text(out / "work" / "r1") in err, err
     assert "rerun the same command with --run-id r1" in err
     assert "interrupted; results written so far are kept" in err
     assert "Traceback" not in err
@@ -208,8 +209,8 @@ def test_the_cell_server_raises_a_user_error_instead_of_falling_back(tmp_path, m
                            r"loss\) failed in trial "
                            rf"b{batch}-sqrt-s0-w{workers} .*ValueError: training "
                            r"batches of at most 16 examples, got 32 \(at \S+\.py:\d+\)\. "
-                           r".*; finished trials "
-                           rf"are kept in {re.escape(str(out / 'trials'))}$"):
+                           r".*; no trial of this launch had finished \(those of earlier "
+                           rf"launches are kept under {re.escape(str(tmp_path))}\)$"):
             runner.run_convergence(cfg, [batch], data_dir="unused", out_dir=str(out),
                                    run_id="served", workers=workers, server=server)
         assert server.proc is None
@@ -229,8 +230,9 @@ def test_a_user_error_on_rank_one_alone_is_raised_by_the_cell_server(tmp_path, m
     marked = {**runner.torchrun_env(2), "BATCHSCALE_TEST_MARK": str(tmp_path)}
     with CellServer(marked, 2) as server:
         with pytest.raises(UserCodeError, match=r"failed in trial b32-sqrt-s0-w2 .*rank 1 "
-                           r"cannot read its share of this batch.*; finished trials are kept "
-                           rf"in {re.escape(str(out / 'trials'))}$"):
+                           r"cannot read its share of this batch.*; no trial of this launch "
+                           r"had finished \(those of earlier launches are kept under "
+                           rf"{re.escape(str(tmp_path))}\)$"):
             runner.run_convergence(cfg, [32], data_dir="unused", out_dir=str(out),
                                    run_id="served", workers=2, server=server)
         assert server.proc is None
@@ -255,3 +257,15 @@ def test_a_loss_failing_in_a_trial_on_a_field_stacked_per_list_position_says_why
                        r"examples .* TypeError: not a list.*The field 'x' came out as 2 "
                        r"tensors of 4 values"):
         usererror.loss_failed(trial, TypeError("not a list"), 4, batch)
+
+
+def test_the_kept_trials_are_named_only_where_some_finished(tmp_path):
+    """A launch stopped before any trial finished names no `trials/` folder (it would not
+    exist: a user went looking for one after a Ctrl-C in a scaling run's launch)."""
+    launch = tmp_path / "r1-w2"
+    launch.mkdir()
+    assert kept_text(launch) == ("no trial of this launch had finished (those of earlier "
+                                 f"launches are kept under {tmp_path})")
+    (launch / "trials").mkdir()
+    (launch / "trials" / "b32-sqrt-s0-w2.run.parquet").write_bytes(b"")
+    assert kept_text(launch) == f"finished trials are kept in {launch / 'trials'}"

@@ -104,6 +104,8 @@ def recommend(
         batch_reason += next_fastest_text(timed, best)
     if isinstance(best.get("timing_flag"), str):
         batch_reason += f" — NOT TRUSTED: {best['timing_flag']}"
+    else:
+        batch_reason += rivals_flagged_text(timed, batch)
     batch_reason += accumulation_text(batch, largest_fitting, workers)
     batch_reason += larger_untried_text(batch, timed, largest_fitting)
     lr, lr_reason = (learning_rate(runs, rule, batch, workers) if learning_rates_given else
@@ -120,6 +122,21 @@ def recommend(
                           expected_text(runs, table, rule, batch, workers, lr),
                           versus_current(runs, table, rule, batch, current_batch, workers, lr),
                           shown)
+
+
+def rivals_flagged_text(timed: pd.DataFrame, batch: int) -> str:
+    """" — NOT TRUSTED: …" where the chosen batch's own step times are clean but those of
+    batches it beat are flagged: a busy machine that slowed them may have chosen it."""
+    if "timing_flag" not in timed:
+        return ""
+    others = timed[(numeric_column(timed, "batch_size") != batch)
+                   & timed["timing_flag"].map(lambda flag: isinstance(flag, str))]
+    if others.empty:
+        return ""
+    batches = ", ".join(str(b) for b in sorted({int(b) for b in others["batch_size"]}))
+    return (f" — NOT TRUSTED: the step times of batch {batches}, which it was compared with, "
+            "are flagged (see the results table's timing column): a busy machine that slowed "
+            "them may have made this batch the fastest; rerun on a quiet machine")
 
 
 def larger_untried_text(batch: int, timed: pd.DataFrame, largest_fitting: float) -> str:

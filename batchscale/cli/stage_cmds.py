@@ -288,7 +288,15 @@ def cmd_analyze(args) -> int:
     out = check_output_dir(args.out or str(STATE_DIR / "analyze" / run_id), "--out")
     for note in inputs.notes:
         print(f"note: {note}", file=sys.stderr)
-    analysis = analyze_inputs(inputs, cfg, run_id)
+    # The warm-up is not in the runs table: the config they ran with says it.
+    warmup = cfg.convergence.warmup_steps if args.config else None
+    table = inputs.runs.table
+    if warmup is None and "optimizer" in table.column_names and any(
+            value is not None for value in table.column("optimizer").to_pylist()):
+        print("note: the learning rate is given without the warm-up the trials ran with (the "
+              "runs table does not record convergence.warmup_steps): add --config with the "
+              "config they ran with to have it said", file=sys.stderr)
+    analysis = analyze_inputs(inputs, cfg, run_id, warmup)
     paths = write_outputs(analysis, out)
     print(analysis.markdown)
     print("\n".join(f"{name}: {path}" for name, path in paths.items()))

@@ -29,6 +29,7 @@ from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
+from batchscale.convergence.outcome import kept_text
 from batchscale.convergence.usererror import (
     ERROR_FILE_NAME,
     UserCodeError,
@@ -78,7 +79,7 @@ class CellServer:
         try:
             self.proc.stdin.write(f"{spec_path}\n")
             self.proc.stdin.flush()
-            answer = self._answer(timeout_s, spec_path.parent / "trials")
+            answer = self._answer(timeout_s, spec_path.parent)
         except (BrokenPipeError, OSError, ValueError):
             answer = None
         if answer is not None and answer.get("ok"):
@@ -88,21 +89,20 @@ class CellServer:
         # others then fail on the group or are stopped by torchrun, without that message).
         user_error = read_error_file(error_file)
         if user_error is not None:
-            raise UserCodeError(f"{user_error}; finished trials are kept in "
-                                f"{spec_path.parent / 'trials'}")
+            raise UserCodeError(f"{user_error}; {kept_text(spec_path.parent)}")
         # not the workload's fault: say why, so a cell that keeps falling back is explained
         why = (answer or {}).get("error") or "it ended without an answer"
         print(f"batchscale: the cell server failed on {spec_path.parent.name} ({why}); that "
               "cell trains in a torchrun launch of its own", file=sys.stderr, flush=True)
         return False
 
-    def _answer(self, timeout_s: float, trials: Path) -> dict | None:
+    def _answer(self, timeout_s: float, out_dir: Path) -> dict | None:
         with selectors.DefaultSelector() as selector:
             selector.register(self.proc.stdout, selectors.EVENT_READ)
             if not selector.select(timeout_s):
                 self.close()
                 raise BatchscaleError(f"convergence trials timed out after {timeout_s:.0f} s; "
-                                      f"finished trials are kept in {trials}")
+                                      f"{kept_text(out_dir)}")
         line = self.proc.stdout.readline()
         try:
             return json.loads(line) if line else None

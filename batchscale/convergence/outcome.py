@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from batchscale.metrics import Metric
 from batchscale.schemas import RunStatus, StopKind
@@ -115,6 +116,17 @@ def finite_or_none(value: float | None) -> float | None:
 def trial_files(trial_id: str) -> tuple[str, str]:
     """Names of a trial's (curves, run) tables under the output location."""
     return f"trials/{trial_id}.curves.parquet", f"trials/{trial_id}.run.parquet"
+
+
+def kept_text(out_dir: Path) -> str:
+    """Where a stopped launch's finished trials are: its own `trials/` where it finished any,
+    else that none had (a folder named then would not exist), with where earlier launches of
+    the run keep theirs."""
+    trials = Path(out_dir) / "trials"
+    if any(trials.glob("*.run.parquet")):
+        return f"finished trials are kept in {trials}"
+    return (f"no trial of this launch had finished (those of earlier launches are kept under "
+            f"{Path(out_dir).parent})")
 
 
 def summary_run_rows(summary: dict) -> list[dict]:

@@ -22,6 +22,7 @@ from batchscale.config import ExperimentConfig
 from batchscale.contract_check import check_workload, with_workload_targets
 from batchscale.convergence import checkpoint, train
 from batchscale.convergence.cell_server import CellServer
+from batchscale.convergence.outcome import kept_text
 from batchscale.convergence.schedule import scaled_lr
 from batchscale.convergence.spec import (
     ConvergenceSpec,
@@ -258,7 +259,6 @@ def launch_local(spec: ConvergenceSpec, timeout_s: float, max_restarts: int) -> 
     error_file = out_dir / ERROR_FILE_NAME
     error_file.unlink(missing_ok=True)  # an earlier launch's: this one starts afresh
     log_path = out_dir / TORCHRUN_LOG
-    kept = f"finished trials are kept in {out_dir / 'trials'}"
     # Own process group: a timeout, Ctrl-C or SIGTERM takes the agent and its workers down
     # together, instead of leaving workers orphaned in a collective; and the agent dies when
     # this process does, even by SIGKILL, its ranks after it (batchscale/stopping.py). SIGKILL,
@@ -270,7 +270,7 @@ def launch_local(spec: ConvergenceSpec, timeout_s: float, max_restarts: int) -> 
     echo = _LogEcho(log_path)
     user_error = None
     try:
-        user_error = _watch(proc, timeout_s, error_file, echo, kept)
+        user_error = _watch(proc, timeout_s, error_file, echo, out_dir)
     finally:
         stop_group(proc, first=signal.SIGKILL)
         if user_error is None and not error_file.exists():
@@ -278,14 +278,14 @@ def launch_local(spec: ConvergenceSpec, timeout_s: float, max_restarts: int) -> 
     if user_error is None and error_file.exists():  # written as the group ended
         user_error = read_error_file(error_file)
     if user_error is not None:
-        raise UserCodeError(f"{user_error}; {kept} (torchrun's log: {log_path})")
+        raise UserCodeError(f"{user_error}; {kept_text(out_dir)} (torchrun's log: {log_path})")
     if proc.returncode != 0:
         raise BatchscaleError(f"torchrun exited with status {proc.returncode} (its log is "
-                              f"above and in {log_path}); {kept}")
+                              f"above and in {log_path}); {kept_text(out_dir)}")
 
 
 def _watch(proc: subprocess.Popen, timeout_s: float, error_file: Path, echo: _LogEcho,
-           kept: str) -> UserCodeError | None:
+           out_dir: Path) -> UserCodeError | None:
     """Wait for torchrun to end, passing its log on; the user error a rank reported (the
     group is then left to the caller to stop), else None once torchrun has ended. Output
     read after the error file appeared is not shown: it is that error's traceback-free line
@@ -307,7 +307,7 @@ def _watch(proc: subprocess.Popen, timeout_s: float, error_file: Path, echo: _Lo
             return None
         if time.monotonic() >= deadline:
             raise BatchscaleError(f"convergence trials timed out after {timeout_s:.0f} s; "
-                                  f"{kept}")
+                                  f"{kept_text(out_dir)}")
 
 
 def collect(spec: ConvergenceSpec,
@@ -386,8 +386,8 @@ def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
             if not served:
                 launch_local(spec, timeout_s, c.max_restarts)
         except (KeyboardInterrupt, Terminated):
-            print(f"batchscale: finished trials are kept in {Path(spec.out_dir) / 'trials'} "
-                  f"(unfinished ones in their checkpoints); to resume, rerun the same command "
+            print(f"batchscale: {kept_text(Path(spec.out_dir))} (unfinished ones in their "
+                  f"checkpoints); to resume, rerun the same command "
                   f"with --run-id {run_id}", file=sys.stderr, flush=True)
             raise
     return collect(spec)

@@ -294,8 +294,10 @@ def external_env(run_id: str, config_hash: str) -> dict:
 
 
 def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
-                   run_id: str) -> ExternalAnalysis:
-    """The pipeline's analysis (`analyze`, `render_html`) on the completed tables."""
+                   run_id: str, warmup_steps: int | None = None) -> ExternalAnalysis:
+    """The pipeline's analysis (`analyze`, `render_html`) on the completed tables;
+    `warmup_steps`: the warm-up the runs trained with, where known (the config they ran
+    with), said with the learning rate."""
     from batchscale.analysis.analyze import analyze
     from batchscale.analysis.stage import settings_for
     from batchscale.report.render import render_html
@@ -308,7 +310,8 @@ def analyze_inputs(inputs: ExternalInputs, config: ExperimentConfig,
     settings = settings_for(config.analysis, inputs.searched)
     result = analyze(sweep, runs, None, settings,
                      learning_rates_given=NO_LR_NOTE not in inputs.runs.notes,
-                     lr_rule_given=NO_RULE_NOTE not in inputs.runs.notes)
+                     lr_rule_given=NO_RULE_NOTE not in inputs.runs.notes,
+                     warmup_steps=warmup_steps)
     table = schemas.make_table("analysis", result.rows, env)
     plan, plan_missing = what_if_plan(sweep, runs, result.rows)
     title = f"batchscale analyze: {inputs.runs.path.name} ({run_id})"
