@@ -23,6 +23,7 @@ import reprlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from batchscale import names
 from batchscale.contract import is_contract
@@ -270,11 +271,9 @@ def refused_module(spec: str) -> str | None:
 def _missing_dependency(err: ImportError, module_name: str) -> str | None:
     """The module a found user module failed to import (None when the user's module itself, or
     a package above it, is what is missing)."""
-    missing = getattr(err, "name", None)
-    parents = module_name.split(".")
-    ours = {".".join(parents[:i]) for i in range(1, len(parents) + 1)}
-    return missing if isinstance(err, ModuleNotFoundError) and missing and missing not in ours \
-        else None
+    missing, parts = getattr(err, "name", None), module_name.split(".")
+    ours = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    return missing if isinstance(err, ModuleNotFoundError) and missing not in ours else None
 
 
 def _user_attribute(spec: str) -> object:
@@ -464,9 +463,12 @@ def get_workload(
             name, "classification", input_shape or image, num_classes or 10, factory,
             f"user model factory {name}",
         )
+    module_file = Path(*name.split(".")).with_suffix(".py")  # a module of yours, named alone?
+    own = f"; {module_file} is here: name what in it to use, e.g. '{name}:workload'" if (
+        name.replace(".", "").replace("_", "").isalnum() and module_file.is_file()) else ""
     raise BadInput(
         f"unknown workload {name!r}; allowed: {', '.join(WORKLOAD_NAMES)} "
-        "or a user model as 'package.module:factory'"
+        f"or a user model as 'package.module:factory'{own}"
     )
 
 

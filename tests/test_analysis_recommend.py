@@ -287,3 +287,21 @@ def test_the_fastest_time_carries_its_seeds_measured_spread():
     text = fastest_text(best, Spread(1.12, 1.08, 1.17, 2))
     assert text.startswith("fastest time to target: 0.054 s (72.5 steps")
     assert text.endswith("; its 2 seeds took 1.08–1.17 s)")
+
+
+def test_a_fastest_batch_at_an_end_of_those_trained_says_to_look_past_it():
+    """A user's GRU: batch 128, the largest trained, was fastest and nothing said to try larger;
+    likewise the smallest. Past the largest that fits there is nothing to add."""
+    from batchscale.analysis.recommend import larger_untried_text
+
+    timed = pd.DataFrame({"batch_size": [8, 32, 128, 8, 32, 128]})
+    assert larger_untried_text(128, timed, math.inf) == (
+        "; 128 is the largest batch trained, so a larger one may be faster still: add larger "
+        "sizes to convergence.batch_sizes to find where the time turns")
+    assert larger_untried_text(128, timed, 512.0).endswith(
+        "add larger sizes to convergence.batch_sizes (up to 512, the largest one device was "
+        "measured to hold) to find where the time turns")
+    assert larger_untried_text(128, timed, 128.0) == ""  # the memory wall: accumulation's line
+    assert larger_untried_text(8, timed, math.inf).startswith(
+        "; 8 is the smallest batch trained, so a smaller one may be faster still")
+    assert larger_untried_text(32, timed, math.inf) == ""

@@ -58,6 +58,16 @@ def test_values_that_look_like_numbers_are_not_taken_for_flags(capsys):
     assert "unrecognized arguments: --zzz" in err and "-3" not in err.split("arguments:")[1]
 
 
+def test_a_list_whose_first_value_is_negative_reaches_the_config_check(tmp_path, capsys):
+    """argparse reads "-8,16" as an option ("expected at least one argument"); given to the
+    flag, the config check names the field and what it allows, as for "16,-8"."""
+    for value in ("-8,16", "16,-8"):
+        code = main(["converge", "--batch-sizes", value, "--out", str(tmp_path / "o")])
+        err = capsys.readouterr().err
+        assert code == 2 and "expected at least one argument" not in err
+        assert "convergence.batch_sizes" in err and "greater than 0 (got -8)" in err, err
+
+
 def test_a_closed_stdout_ends_quietly_with_exit_0():
     """`batchscale config reference | head -1`: the reader goes away after one line."""
     proc = subprocess.Popen(BATCHSCALE + ["config", "reference"], stdout=subprocess.PIPE,

@@ -178,20 +178,41 @@ def test_a_data_failure_is_noted_on_the_unchanged_exception():
     assert step == 3 and sent.where == "index 200" and sent.error.startswith("IndexError: ")
 
 
+def one_trial(tmp_path: Path, attribute: str, batch: int, **convergence) -> train.Trial:
+    """The first trial of one batch size of MODULE's `attribute`, in this process (rank 0 of
+    1, on the CPU): a test runs it and reads what it raises."""
+    name = f"{MODULE}:{attribute}"
+    cfg = parse_config({"workload": name, "convergence": {
+        "batch_sizes": [batch], "lr_rules": ["sqrt"], "seeds": [0], "max_steps": 20,
+        **convergence}})
+    spec = runner.build_spec(cfg, [batch], data_dir="unused", out_dir=str(tmp_path),
+                             run_id="one")
+    workload = get_workload(name)
+    return train.Trial(spec, spec.trials[0], train.load_data("unused", workload),
+                       Dist(0, 1, "cpu"), LocalLocation(tmp_path / "ckpt"), workload)
+
+
 def test_a_loader_worker_names_the_item_it_could_not_read(tmp_path, monkeypatch):
     monkeypatch.chdir(TESTS_DIR)
-    name = f"{MODULE}:bad_index"
-    cfg = parse_config({"workload": name, "convergence": {
-        "batch_sizes": [16], "lr_rules": ["sqrt"], "seeds": [0], "max_steps": 20,
-        "targets": [{"metric": "val_accuracy", "value": 1.0}], "train_eval_rows": 50,
-        "loader_workers": 1}})
-    spec = runner.build_spec(cfg, [16], data_dir="unused", out_dir=str(tmp_path), run_id="lw")
-    workload = get_workload(name)
-    trial = train.Trial(spec, spec.trials[0], train.load_data("unused", workload),
-                        Dist(0, 1, "cpu"), LocalLocation(tmp_path / "ckpt"), workload)
+    trial = one_trial(tmp_path, "bad_index", 16, targets=[{"metric": "val_accuracy",
+                                                           "value": 1.0}],
+                      train_eval_rows=50, loader_workers=1)
     with pytest.raises(UserCodeError, match=r"Workload.train_data \(its dataset's __getitem__\) "
                        r"failed on index \d+ in trial b16-sqrt-s0-w1 \(batch size 16, seed 0\) "
                        r"at step 0, reading the step's training examples: IndexError: point"):
+        trial.run()
+
+
+def test_a_loss_that_fails_on_half_the_batch_is_told_why_it_saw_half(tmp_path, monkeypatch):
+    """On one process the noise scale's step runs the loss on each half of the batch: a model
+    that takes 16 examples fails at step 0 on 32 of a batch of 64, and the message says why
+    the loss saw 32 (a user read "micro-batch" at one worker without accumulation as a bug)."""
+    monkeypatch.chdir(TESTS_DIR)
+    trial = one_trial(tmp_path, "small_train_batches", 64)
+    with pytest.raises(UserCodeError, match=r"at step 0, training, on a micro-batch of 32 "
+                       r"examples .*\(half of the batch of 64: on one process the step that "
+                       r"measures the gradient noise scale, every convergence.gns_every_steps "
+                       r"steps, runs the loss on each half\)"):
         trial.run()
 
 

@@ -135,6 +135,14 @@ def test_a_found_module_whose_own_import_is_missing_names_what_to_install(tmp_pa
     assert "PYTHONPATH" not in str(refused.value)
 
 
+def test_a_module_named_without_its_attribute_is_pointed_at_the_form(tmp_path, monkeypatch):
+    (tmp_path / "tinybert.py").write_text("workload = None\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BadInput, match=r"tinybert.py is here: name what in it to use, e.g. "
+                                       r"'tinybert:workload'"):
+        get_workload("tinybert")
+
+
 def test_cli_lists_the_registry():
     out = subprocess.run([sys.executable, "-m", "batchscale.cli", "workloads"],
                          capture_output=True, text=True, check=True).stdout

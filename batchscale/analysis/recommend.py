@@ -102,12 +102,12 @@ def recommend(
                                  timed["lr_rule"].nunique())
     if seeds is None or seeds.seeds < 2:
         batch_reason += next_fastest_text(timed, best)
+    batch_reason += larger_untried_text(batch, timed, largest_fitting)
     if isinstance(best.get("timing_flag"), str):
         batch_reason += f" — NOT TRUSTED: {best['timing_flag']}"
     else:
         batch_reason += rivals_flagged_text(timed, batch)
     batch_reason += accumulation_text(batch, largest_fitting, workers)
-    batch_reason += larger_untried_text(batch, timed, largest_fitting)
     lr, lr_reason = (learning_rate(runs, rule, batch, workers) if learning_rates_given else
                      (None, "the runs table gives no learning rates (no lr column)"))
     current_batch, current_lr = current
@@ -140,9 +140,14 @@ def rivals_flagged_text(timed: pd.DataFrame, batch: int) -> str:
 
 
 def larger_untried_text(batch: int, timed: pd.DataFrame, largest_fitting: float) -> str:
-    """Where the fastest batch is the largest trained (and one device holds more), say that a
-    larger one may be faster still and how to find out; "" else."""
-    if batch < numeric_column(timed, "batch_size").max() or batch >= largest_fitting:
+    """Where the fastest batch is at an end of those trained (the largest one only where one
+    device holds more), say that one past it may be faster still and how to find out; "" else."""
+    batches = numeric_column(timed, "batch_size")
+    if batch <= batches.min() and np.unique(batches).size > 1:
+        return (f"; {batch} is the smallest batch trained, so a smaller one may be faster "
+                "still: add smaller sizes to convergence.batch_sizes to find where the time "
+                "turns")
+    if batch < batches.max() or batch >= largest_fitting:
         return ""
     fits = (f" (up to {largest_fitting:,.0f}, the largest one device was measured to hold)"
             if math.isfinite(largest_fitting) else "")

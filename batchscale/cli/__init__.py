@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import traceback
 
@@ -68,8 +69,10 @@ __all__ = [
 # ------------------------------------------------------------------------------ the parser
 ANALYZE_DESCRIPTION = """\
 Fit, recommend and report on training results you already have, as the pipeline does on its
-own: writes analysis.parquet, summary.json and report.html (and the analysis table's
-validation.json/.html) to --out.
+own: writes analysis.parquet, summary.json, report.html and plan.parquet (the what-if plan of
+worker counts, also in the report; `batchscale plan` reads published runs only) (and the
+analysis table's validation.json/.html) to --out. --config: the config the runs trained with
+(its analysis section, and its warm-up, said with the learning rate).
 
 runs table, one row per training run:
   required  batch_size; steps_to_target or examples_to_target (the other is derived:
@@ -145,9 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default="report.html", help="HTML file to write")
     rep.set_defaults(func=cmd_report)
 
-    comp = sub.add_parser("compile", help="write the pipeline's IR YAML for a KFP cluster")
+    comp = sub.add_parser(
+        "compile", help="write the pipeline's IR YAML for a KFP cluster",
+        description="Write the pipeline's IR YAML for a KFP cluster. Its tasks run the images "
+        "named by BATCHSCALE_IMAGE (CPU) and BATCHSCALE_GPU_IMAGE (the GPU sweep), default "
+        "batchscale's own: a workload of your own must be installed in them (docs/kubeflow.md)."
+        " No credential is written: tasks read S3 keys from a Kubernetes Secret.")
     comp.add_argument("--config", help=CONFIG_HELP)
-    comp.add_argument("--output", default="pipeline.yaml", help="IR YAML file to write")
+    comp.add_argument("--output", default="pipeline.yaml",
+                      help="IR YAML file to write (default: pipeline.yaml)")
     comp.set_defaults(func=cmd_compile)
 
     kfp_conn = argparse.ArgumentParser(add_help=False)
@@ -305,11 +314,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+NEGATIVE_LIST = re.compile(r"^-\d[\d.]*(,|$)")
+"""A list value whose first item is negative ("-8,16"): argparse takes it for an option."""
+
+
+def _negative_lists_attached(argv: list[str]) -> list[str]:
+    """`--batch-sizes -8,16` as `--batch-sizes=-8,16`, so the value reaches the config check,
+    which names the field and what it allows, instead of argparse's "expected one argument"."""
+    out: list[str] = []
+    for token in argv:
+        if (out and out[-1].startswith("--") and "=" not in out[-1]
+                and NEGATIVE_LIST.match(token)):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Whatever it prints on failure passes through names.redact_url, so a
     URL's user:password never reaches the terminal or a log; a bug still shows its traceback
     (redacted too), bad input never does."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_negative_lists_attached(
+        sys.argv[1:] if argv is None else argv))
     try:
         with sigterm_raises():  # SIGTERM (timeout, systemd, a pod deletion) stops like Ctrl-C
             code = args.func(args)

@@ -175,10 +175,23 @@ def loss_failed(trial, err: Exception, rows: int, batch) -> None:
     workload's own code); return otherwise."""
     fail_if_user(
         trial, err, "Workload.loss (the model's forward and the loss)",
-        f"training, on a micro-batch of {rows} examples {describe_batch(batch)}",
+        f"training, on a micro-batch of {rows} examples {describe_batch(batch)}"
+        f"{half_batch_note(trial, rows)}",
         "The model and the loss must accept every batch the data make (the check before "
         f"the trials runs a batch of {CHECK_EXAMPLES} examples only)"
         f"{transposed_list_hint(batch, rows)}")
+
+
+def half_batch_note(trial, rows: int) -> str:
+    """Why the loss saw a part of the batch: on one process, the gradient noise scale's step
+    runs the loss on each half of the batch (convergence.gns_every_steps); "" otherwise."""
+    batch = getattr(trial, "local_batch", None)
+    if (not isinstance(batch, int) or getattr(trial, "accumulation", 1) != 1
+            or getattr(getattr(trial, "d", None), "world_size", 1) != 1 or rows * 2 != batch):
+        return ""
+    return (f" (half of the batch of {batch}: on one process the step that measures the "
+            "gradient noise scale, every convergence.gns_every_steps steps, runs the loss on "
+            "each half)")
 
 
 def evaluation_failed(trial, err: Exception, split: str, doing: str) -> None:
