@@ -181,19 +181,21 @@ def test_a_busy_machine_is_flagged_even_when_rows_agree():
 
 
 def test_a_high_load_whose_rows_got_their_cpus_is_said_but_not_flagged():
-    """The same load with each row's threads waiting for a CPU 3 % of their runnable time (the
-    sweep's own check passed them): the rows count as measured well, so no "cannot be
-    trusted" banner over rows the sweep called ok; the conditions line says both."""
-    sweep = measured_sweep(False).assign(load_avg_1m=3.4, cpu_wait_share=0.03)
+    """The same load on rows whose threads' CPU wait the sweep recorded and judged (it passed
+    them: most of their trials waited under 10 %, at worst 15 %): the rows count as measured
+    well, so no "cannot be trusted" banner over rows the sweep called ok (a user's run said
+    both); the conditions line says both. Without a recorded wait, the load decides."""
+    sweep = measured_sweep(False).assign(load_avg_1m=3.4, cpu_wait_share=0.15)
     result = analyze(sweep, untimed_runs(), None, SETTINGS)
     quality = result.summary.quality
     assert quality.busy_rows == 0 and quality.loaded_rows_not_waiting == 12
     assert not quality.flagged
     assert "cannot be trusted" not in result.markdown
-    assert ("above them in 12 of 12 rows whose threads nonetheless waited for a CPU less than "
-            "10% of their runnable time, so those rows count as measured well") in result.markdown
-    starved = analyze(sweep.assign(cpu_wait_share=0.3), untimed_runs(), None, SETTINGS)
-    assert starved.summary.quality.busy_rows == 12 and starved.summary.quality.flagged
+    assert ("above them in 12 of 12 rows that the sweep's own check of their threads' CPU wait "
+            "passed (unstable only where most of a row's trials waited 10% of their runnable "
+            "time or more), so those rows count as measured well") in result.markdown
+    unknown = analyze(sweep.assign(cpu_wait_share=None), untimed_runs(), None, SETTINGS)
+    assert unknown.summary.quality.busy_rows == 12 and unknown.summary.quality.flagged
 
 
 # --------------------------------------------------------------------------- convergence timing

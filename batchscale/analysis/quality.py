@@ -55,7 +55,9 @@ def measurement_quality(sweep: pd.DataFrame | None, cells: pd.DataFrame) -> Meas
     cpu_per_wall = cpu_per_wall[np.isfinite(cpu_per_wall)]
     wait = numeric_column(timed, "cpu_wait_share")
     high_load = load > cpus + BUSY_LOAD_EXCESS
-    got_a_cpu = wait < CPU_WAIT_SHARE  # NaN (not recorded) is False: the load decides
+    # The sweep judged these rows by their threads' own CPU wait (sweep.max_cpu_wait_share, in
+    # most of their trials): its verdict stands; where no wait was recorded the load decides.
+    got_a_cpu = np.isfinite(wait) & timed["quality"].notna().to_numpy()
     oversubscribed = timed["threads_oversubscribed"].eq(True).to_numpy(dtype=bool, na_value=False)
     rows = timed.to_dict("records")
     return MeasurementQuality(
@@ -164,9 +166,10 @@ def _loaded_but_not_waiting(quality: MeasurementQuality) -> str:
     if not quality.loaded_rows_not_waiting:
         return ""
     return (f"; above them in {quality.loaded_rows_not_waiting} of {quality.timed_rows} rows"
-            f" whose threads nonetheless waited for a CPU less than {CPU_WAIT_SHARE:.0%} of"
-            " their runnable time, so those rows count as measured well (the load average"
-            " lags and counts other processes' threads)")
+            " that the sweep's own check of their threads' CPU wait passed (unstable only where"
+            f" most of a row's trials waited {CPU_WAIT_SHARE:.0%} of their runnable time or"
+            " more), so those rows count as measured well: the load average lags and counts"
+            " other processes' threads")
 
 
 def excluded_text(quality: MeasurementQuality) -> str:

@@ -218,8 +218,7 @@ class MeasurementQuality:
     """CPUs the sweep could use (its affinity mask / cgroup quota); None: not recorded."""
     busy_rows: int
     """Timed rows whose load average exceeded the usable CPUs (`quality.BUSY_LOAD_EXCESS`)
-    and whose threads did not show they got a CPU (their wait share unrecorded, or at least
-    conditions.CPU_WAIT_SHARE)."""
+    and which the sweep could not judge by their threads' CPU wait (not recorded)."""
     cpu_per_wall_range: tuple[float, float]
     """Lowest and highest process CPU seconds per wall second over the timed rows."""
     max_cpu_wait_share: float
@@ -238,10 +237,9 @@ class MeasurementQuality:
     cpu_threads: int | None = None
     """The most torch threads a CPU sweep's trials ran on; None on a GPU or not recorded."""
     loaded_rows_not_waiting: int = 0
-    """Timed rows whose load average exceeded the usable CPUs while their own threads waited
-    for a CPU less than conditions.CPU_WAIT_SHARE of their runnable time: the load average
-    lags and counts other threads, the wait share is the trial's own experience, so these rows
-    are not counted busy."""
+    """Timed rows whose load average exceeded the usable CPUs but which the sweep judged by
+    their own threads' CPU wait and passed: the load average lags and counts other threads,
+    the wait is the trials' own experience, so these rows are not counted busy."""
 
     @property
     def flagged(self) -> bool:
