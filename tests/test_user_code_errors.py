@@ -212,8 +212,14 @@ def test_a_loss_that_fails_on_half_the_batch_is_told_why_it_saw_half(tmp_path, m
     with pytest.raises(UserCodeError, match=r"at step 0, training, on a micro-batch of 32 "
                        r"examples .*\(half of the batch of 64: on one process the step that "
                        r"measures the gradient noise scale, every convergence.gns_every_steps "
-                       r"steps, runs the loss on each half\)"):
+                       r"steps, runs the loss on each half; gns_every_steps: null keeps "
+                       r"batches whole and measures no noise scale\)"):
         trial.run()
+    # the way out: no noise scale, whole batches at every step
+    assert [len(part) for part in trial.micro_batches(0)] == [32, 32]
+    whole = one_trial(tmp_path / "off", "small_train_batches", 64, gns_every_steps=None)
+    assert [len(part) for part in whole.micro_batches(0)] == [64]
+    assert not any(whole.measures_noise(step) for step in range(30))
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -62,7 +62,8 @@ def final_b_simple(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
 
 NO_B_SIMPLE = ("no B_simple recorded with the runs (a table from elsewhere seldom has one; "
                "batchscale's trials measure it from two gradients of different batch sizes at a "
-               "step, which a TrainingLoop on one worker lacks: run it on two workers)")
+               "step, which a TrainingLoop on one worker lacks: run it on two workers; "
+               "convergence.gns_every_steps: null turns the measurement off)")
 
 
 def noise_scale(runs: pd.DataFrame,

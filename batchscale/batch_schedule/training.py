@@ -32,7 +32,7 @@ class Setup:
     base_lr: float
     reference_batch: int
     device: str
-    gns_every_steps: int
+    gns_every_steps: int | None
 
     def peak_lr(self, batch_size: int) -> float:
         return scaled_lr(self.lr_rule, self.base_lr, batch_size, self.reference_batch)
@@ -82,7 +82,8 @@ class Run:
         """One optimizer step on the next `batch_size` examples; the mean loss. Every
         `gns_every_steps`-th step also updates the noise scale from the batch's two halves."""
         idx = self.order.rows_from(self.examples - self.stream_start, batch_size)
-        noise = self.step % self.setup.gns_every_steps == 0 and batch_size >= 2
+        every = self.setup.gns_every_steps
+        noise = every is not None and self.step % every == 0 and batch_size >= 2
         parts = list(idx.tensor_split(2)) if noise else [idx]
         lr = lr_at(self.step, self.setup.peak_lr(batch_size), self.setup.settings.warmup_steps)
         for group in self.opt.param_groups:

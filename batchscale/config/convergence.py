@@ -181,12 +181,14 @@ class ConvergenceConfig(_Strict):
     spent elsewhere); its `stop_reason` says so, with the best value so far."""
     divergence_factor: float = Field(10.0, gt=1.0)
     """A loss above this multiple of the first loss (or non-finite) marks the trial diverged."""
-    gns_every_steps: PositiveInt = 10
+    gns_every_steps: PositiveInt | None = 10
     """Update the gradient-noise-scale estimate every this many steps. A measured step costs
     more (on one process it splits the batch in two; under DDP it all-reduces by hand): about
     300 µs per measured step on the digits MLP, so every step cost ~30 % of samples/s at its
     0.7 ms step and every 10th ~4-11 %, while at a 23 ms step no cost was measurable
-    (benchmarks/bench_convergence.py)."""
+    (benchmarks/bench_convergence.py). null: never measured, so the loss always sees whole
+    batches (a loss that pairs examples within its batch, a model with a fixed batch shape);
+    the analysis then has no B_simple."""
     checkpoint_every_steps: PositiveInt = 200
     """Write an atomic checkpoint every this many steps (resume after a restart)."""
     loader_workers: NonNegativeInt = 0

@@ -43,7 +43,7 @@ class LoopTrial:
     """What `train(trial)` gets: the trial's settings, where to train, and the two calls that
     connect the loop to batchscale (`report`, `should_stop`)."""
 
-    def __init__(self, spec, trial, d, targets: list, noise_every_steps: int,
+    def __init__(self, spec, trial, d, targets: list, noise_every_steps: int | None,
                  on_report: Callable[[dict], str | None]):
         from batchscale.convergence.schedule import LrSchedule
 
@@ -123,7 +123,7 @@ class LoopTrial:
         first backward, on a DDP with no communication hook of its own (DDP takes one). Does
         nothing on one worker: B_simple needs two batch sizes, each rank's and the group's."""
         self._count_gradient(getattr(ddp, "module", ddp))
-        if self.world_size == 1:
+        if self.world_size == 1 or self._noise_every is None:  # gns_every_steps: null
             return
         import torch
 

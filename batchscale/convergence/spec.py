@@ -135,8 +135,8 @@ class TrainingSettings(_StrictModel):
     """A loss above this multiple of the first loss (or non-finite) is diverged."""
     patience_evals: PositiveInt
     """Evaluations without improvement after which a trial stops as not_reached."""
-    gns_every_steps: PositiveInt
-    """Optimizer steps between gradient-noise-scale measurements."""
+    gns_every_steps: PositiveInt | None
+    """Optimizer steps between gradient-noise-scale measurements; None: never measured."""
 
 
     def all_targets(self) -> list[TargetSpec]:

@@ -160,7 +160,8 @@ class Trial:
         return [idx] if parts == 1 else list(idx.tensor_split(parts))
 
     def measures_noise(self, step: int) -> bool:
-        return step % self.settings.gns_every_steps == 0
+        every = self.settings.gns_every_steps
+        return every is not None and step % every == 0
 
     def step_keys(self, start: int):
         """(step, [(place in the global batch, indices), ...]) from step `start` on: what the

@@ -191,7 +191,8 @@ def half_batch_note(trial, rows: int) -> str:
         return ""
     return (f" (half of the batch of {batch}: on one process the step that measures the "
             "gradient noise scale, every convergence.gns_every_steps steps, runs the loss on "
-            "each half)")
+            "each half; gns_every_steps: null keeps batches whole and measures no noise "
+            "scale)")
 
 
 def evaluation_failed(trial, err: Exception, split: str, doing: str) -> None:
