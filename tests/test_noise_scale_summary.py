@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from batchscale.analysis.narrative import _b_simple_text
+from batchscale.analysis.noise_text import b_simple_text
 from batchscale.analysis.parallel import noise_scale
 
 
@@ -30,7 +30,7 @@ def test_negative_final_estimates_are_left_out_and_counted():
                                           "trials": 1}
     assert by_batch.loc[32].to_dict() == {"median": 25.0, "low": 20.0, "high": 30.0,
                                           "trials": 2}
-    text = _b_simple_text(summary)
+    text = b_simple_text(summary)
     assert "median 35 over 4 trials (half of them between 27.5 and 483)" in text
     assert text.endswith("; 1 more trial left out: 1 ended with an estimate ≤ 0 (the gradient "
                          "noise swamped |G|²).")
@@ -45,13 +45,13 @@ def test_trials_that_recorded_no_estimate_are_counted_with_the_failed_ones():
     assert (summary.trials, summary.dropped, summary.unrecorded) == (7, 1, 2)
     assert ("; 3 more trials left out: 1 ended with an estimate ≤ 0 and 2 recorded none (the "
             "gradient noise swamped |G|², or the trial ended before its first estimate).") \
-        in _b_simple_text(summary)
+        in b_simple_text(summary)
 
 
 def test_only_failed_estimates_give_no_figure():
     _, summary = noise_scale(_runs({"a": (16, -3.0), "b": (32, 0.0)}), pd.DataFrame())
     assert math.isnan(summary.b_simple_median) and summary.dropped == 2
-    assert _b_simple_text(summary).startswith("Not available: every trial's final estimate (2)")
+    assert b_simple_text(summary).startswith("Not available: every trial's final estimate (2)")
 
 
 def test_the_rules_shared_reference_trial_counts_once():
@@ -80,7 +80,7 @@ def test_no_b_simple_at_all_says_why_it_can_be_missing():
     runs = pd.DataFrame([{"trial_id": "a", "batch_size": 16, "b_simple": None}])
     by_batch, summary = noise_scale(runs, pd.DataFrame())
     assert by_batch.empty and math.isnan(summary.b_simple_median)
-    assert _b_simple_text(summary).startswith(
+    assert b_simple_text(summary).startswith(
         "Not available: no B_simple recorded with the runs (a table from elsewhere seldom has one")
     assert "which a TrainingLoop on one worker lacks: run it on two workers" in summary.reason
 
@@ -105,21 +105,21 @@ def test_the_noise_scale_is_judged_against_the_fitted_b_crit():
     predictor is off there, not only the two numbers in separate lines."""
     from types import SimpleNamespace
 
-    from batchscale.analysis.narrative import _against_b_crit
+    from batchscale.analysis.noise_text import against_b_crit
     from batchscale.analysis.summary import NoiseScaleSummary
 
     noise = NoiseScaleSummary(18.6, 7, "")
     fit = SimpleNamespace(b_crit=79.3, b_crit_low=70.1, b_crit_high=90.5, bound="")
-    assert _against_b_crit(noise, {"sqrt": fit}) == (
+    assert against_b_crit(noise, {"sqrt": fit}) == (
         " It lies outside B_crit's 90% interval (below sqrt: 70.1–90.5, 0.23× the fit): as a "
         "predictor it is off there by more than the fit's uncertainty, so go by the fitted "
         "B_crit (McCandlish et al. 2018 give B_simple as a rough guide to it).")
     near = SimpleNamespace(b_crit=20.0, b_crit_low=15.0, b_crit_high=25.0, bound="")
-    assert _against_b_crit(noise, {"linear": near, "sqrt": fit}) == (
+    assert against_b_crit(noise, {"linear": near, "sqrt": fit}) == (
         " It lies inside B_crit's 90% interval (linear: 15–25): the two agree; and outside it "
         "(below sqrt: 70.1–90.5, 0.23× the fit): as a predictor it is off there by more than "
         "the fit's uncertainty, so go by the fitted B_crit (McCandlish et al. 2018 give "
         "B_simple as a rough guide to it).")
     bound = SimpleNamespace(b_crit=math.nan, b_crit_low=math.nan, b_crit_high=math.nan,
                             bound="above")
-    assert _against_b_crit(noise, {"sqrt": bound}) == ""
+    assert against_b_crit(noise, {"sqrt": bound}) == ""

@@ -16,7 +16,8 @@ from test_publish import config_json, publish_synthetic_run
 from batchscale.analysis.figures import PNG_DATA_URI_PREFIX
 from batchscale.checks.stage import validate_regressions
 from batchscale.errors import ValidationFailed
-from batchscale.lake.history import HISTORY_CAPTION, History, with_run
+from batchscale.lake.history import History, with_run
+from batchscale.lake.history_chart import HISTORY_CAPTION
 from batchscale.lake.publish import publish_date, report_key
 from batchscale.storage import read_table_file, write_table_atomic
 

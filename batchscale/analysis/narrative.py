@@ -7,6 +7,8 @@ import math
 
 from batchscale.analysis.critical import BOOTSTRAP_CONFIDENCE, read_level_reason
 from batchscale.analysis.gap import GAP_CONFIDENCE
+from batchscale.analysis.noise_text import noise_scale_text
+from batchscale.analysis.prose import bytes_text, number
 from batchscale.analysis.quality import (
     headline,
     markdown_text,
@@ -20,7 +22,6 @@ from batchscale.analysis.summary import (
     CriticalBatchSummary,
     MeasurementQuality,
     MemorySummary,
-    NoiseScaleSummary,
     Recommendation,
     StepTimeSummary,
     TargetCriticalBatch,
@@ -35,7 +36,6 @@ from batchscale.analysis.timetotarget import (
 from batchscale.analysis.usertables import DEFAULT_LR_RULE
 from batchscale.fits import mfu_text
 
-NOT_AVAILABLE = "n/a"
 NO_ANSWER = "not answered"
 """What the answer card says for a part it cannot answer (its reason follows on the line)."""
 NARRATIVE_TITLE = "Why doesn't training get faster with a bigger batch?"
@@ -89,8 +89,8 @@ def narrative_markdown(summary: AnalysisSummary, *, with_quality: bool = True) -
               for metric, text in target_trend_texts(summary)]
     if summary.gap is not None and (summary.gap.measured or summary.critical_batch):
         lines.append(f"- **Generalization gap.** {gap_text(summary)}")
-    lines.append(f"- **Gradient noise scale.** {_b_simple_text(summary.noise_scale)}"
-                 f"{_against_b_crit(summary.noise_scale, summary.critical_batch)}")
+    lines.append("- **Gradient noise scale.** "
+                 + noise_scale_text(summary.noise_scale, summary.critical_batch))
     if summary.pruning:
         lines.append(f"- **Pruned trials.** {summary.pruning}")
     card = summary.recommendation
@@ -119,9 +119,9 @@ def b_crit_text(b_crit: float, bound: str | None, bound_batch: float) -> str:
     """B_crit as every output states it: "≈ 64", "above 1,024: steps still fall like 1/B",
     "below 4: no batch size saved steps", or "not estimated"."""
     if bound in BOUND_WORDS and math.isfinite(bound_batch):
-        return f"{bound} {_num(bound_batch)}: {BOUND_WORDS[bound]}"
+        return f"{bound} {number(bound_batch)}: {BOUND_WORDS[bound]}"
     if math.isfinite(b_crit):
-        return f"≈ {_num(b_crit)}"
+        return f"≈ {number(b_crit)}"
     return "not estimated"
 
 
@@ -183,22 +183,6 @@ def _lr(value: float | None) -> str | None:
     return None if value is None else f"{value:.4g}"
 
 
-def _num(value: float | int | None) -> str:
-    """A number for prose: n/a for missing, ∞ for unbounded, thousands separated."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return NOT_AVAILABLE
-    if value == math.inf:
-        return "∞"
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
-
-
-def _bytes(value: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(value) >= size:
-            return f"{value / size:.3g} {unit}"
-    return f"{value:.3g} B"
-
-
 def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
 
@@ -213,7 +197,7 @@ def _rerun_text(interval: tuple[float, float]) -> str:
     low, high = interval
     if not (math.isfinite(low) and math.isfinite(high)):
         return "(no rerun interval recorded) "
-    return f"(its rounds give {_num(low)}–{_num(high)}, 90 %; another sweep may land outside) "
+    return f"(its rounds give {number(low)}–{number(high)}, 90 %; another sweep may land outside) "
 
 
 def _throughput_text(throughput: ThroughputSummary, step: StepTimeSummary,
@@ -222,7 +206,7 @@ def _throughput_text(throughput: ThroughputSummary, step: StepTimeSummary,
         return f"Not measured: {throughput.saturation_reason}."
     best, saturation = throughput.best_batch, throughput.saturation_batch
     text = (
-        f"The best samples/s is {_num(throughput.best_samples_per_s)} "
+        f"The best samples/s is {number(throughput.best_samples_per_s)} "
         f"{_rerun_text(throughput.best_rerun_interval)}at batch {best} "
         f"({throughput.timing_input_mode} input"
     )
@@ -303,17 +287,17 @@ def _memory_text(memory: MemorySummary) -> str:
     if math.isfinite(memory.fixed_bytes) and math.isfinite(memory.per_sample_bytes):
         text += f" Peak memory ≈ {memory_line_text(memory)}."
     elif math.isfinite(memory.fixed_bytes):
-        text += f" Peak memory ≈ {_bytes(memory.fixed_bytes)}; {memory.reason}."
+        text += f" Peak memory ≈ {bytes_text(memory.fixed_bytes)}; {memory.reason}."
     return text
 
 
 def memory_line_text(memory: MemorySummary) -> str:
     """"416 ± 2.1 MiB + 31.2 ± 1.1 KiB per sample (± one standard error; R² 0.98)", or, where
     two batch sizes fix the line, says that it has no error estimate."""
-    fixed, per_sample = _bytes(memory.fixed_bytes), _bytes(memory.per_sample_bytes)
+    fixed, per_sample = bytes_text(memory.fixed_bytes), bytes_text(memory.per_sample_bytes)
     if math.isfinite(memory.fixed_se_bytes) and math.isfinite(memory.per_sample_se_bytes):
-        return (f"{fixed} ± {_bytes(memory.fixed_se_bytes)} + {per_sample} ± "
-                f"{_bytes(memory.per_sample_se_bytes)} per sample (± one standard error; "
+        return (f"{fixed} ± {bytes_text(memory.fixed_se_bytes)} + {per_sample} ± "
+                f"{bytes_text(memory.per_sample_se_bytes)} per sample (± one standard error; "
                 f"R² {memory.r2:.2f})")
     return (f"{fixed} + {per_sample} per sample (no error estimate: a line through two batch "
             "sizes fits them exactly)")
@@ -321,7 +305,7 @@ def memory_line_text(memory: MemorySummary) -> str:
 
 def _se(value: float) -> str:
     """" ± 4.1", or "" where the standard error is not known."""
-    return f" ± {_num(value)}" if math.isfinite(value) else ""
+    return f" ± {number(value)}" if math.isfinite(value) else ""
 
 
 def _critical_text(fit: CriticalBatchSummary, cap: float, line: str = "",
@@ -331,9 +315,9 @@ def _critical_text(fit: CriticalBatchSummary, cap: float, line: str = "",
     if fit.reason or not math.isfinite(fit.b_crit):
         return f"B_crit not estimated: {fit.reason or 'no fit'}."
     text = (
-        f"S_min ≈ {_num(fit.s_min)}{_se(fit.s_min_se)} steps and E_min ≈ {_num(fit.e_min)}"
+        f"S_min ≈ {number(fit.s_min)}{_se(fit.s_min_se)} steps and E_min ≈ {number(fit.e_min)}"
         f"{_se(fit.e_min_se)} examples{' (± one standard error)' if _se(fit.s_min_se) else ''},"
-        f" so B_crit = E_min/S_min ≈ {_num(fit.b_crit)}"
+        f" so B_crit = E_min/S_min ≈ {number(fit.b_crit)}"
     )
     if math.isnan(fit.b_crit_low):
         text += f" (no interval: {fit.interval_note})."
@@ -346,7 +330,7 @@ def _critical_text(fit: CriticalBatchSummary, cap: float, line: str = "",
     b_star = fit.optimal_batch
     with_line = line[0].upper() + line[1:] if line else "With t(B)"
     if math.isfinite(b_star) and b_star >= cap:
-        text += (f" {with_line}, time to target keeps falling up to batch {_num(cap)} "
+        text += (f" {with_line}, time to target keeps falling up to batch {number(cap)} "
                  "(B* capped).")
     elif math.isfinite(b_star):
         why = open_reason(fit.b_crit_low, fit.b_crit_high)
@@ -404,7 +388,7 @@ def target_interval_text(fit: TargetCriticalBatch) -> str:
     """A target's B_crit interval in words, against the batches that reached that target (an
     end beyond them is the fit's range cut, not an estimate: it reads as open)."""
     if not fit.reached_batches:
-        return f"{_num(fit.b_crit_low)}–{_num(fit.b_crit_high)}"
+        return f"{number(fit.b_crit_low)}–{number(fit.b_crit_high)}"
     return interval_words(fit.b_crit_low, fit.b_crit_high, min(fit.reached_batches),
                           max(fit.reached_batches))
 
@@ -413,67 +397,16 @@ def interval_words(low: float, high: float, smallest: float, largest: float) -> 
     """An interval against the measured batches [smallest, largest]: an end at or beyond one of
     them says "below"/"above" that batch instead of printing the fit range's cut."""
     if low >= largest:
-        return f"entirely above {_num(largest)}, the largest batch measured"
+        return f"entirely above {number(largest)}, the largest batch measured"
     if high <= smallest:
-        return f"entirely below {_num(smallest)}, the smallest batch measured"
+        return f"entirely below {number(smallest)}, the smallest batch measured"
     if low <= smallest and high >= largest:
-        return f"spanning the whole measured range {_num(smallest)}–{_num(largest)}"
+        return f"spanning the whole measured range {number(smallest)}–{number(largest)}"
     if high >= largest:
-        return f"{_num(low)} to above {_num(largest)}, the largest batch measured"
+        return f"{number(low)} to above {number(largest)}, the largest batch measured"
     if low <= smallest:
-        return f"below {_num(smallest)}, the smallest batch measured, to {_num(high)}"
-    return f"{_num(low)}–{_num(high)}"
-
-
-def _against_b_crit(noise: NoiseScaleSummary, fits: dict) -> str:
-    """" It lies below B_crit's 90% interval (sqrt: 70.1–90.5), 0.23× its fit: …" for each
-    rule with a bounded interval, so the cheap predictor is not read beside the fit unjudged;
-    "" where there is nothing to compare."""
-    if not math.isfinite(noise.b_simple_median):
-        return ""
-    parts = []
-    for rule, fit in fits.items():
-        low, high = getattr(fit, "b_crit_low", math.nan), getattr(fit, "b_crit_high", math.nan)
-        if getattr(fit, "bound", None) or not (math.isfinite(low) and math.isfinite(high)):
-            continue
-        where = ("inside" if low <= noise.b_simple_median <= high else
-                 "below" if noise.b_simple_median < low else "above")
-        parts.append((rule, where, f"{rule}: {_num(low)}–{_num(high)}",
-                      noise.b_simple_median / fit.b_crit))
-    if not parts:
-        return ""
-    inside = [text for _, where, text, _ in parts if where == "inside"]
-    outside = [f"{where} {text}, {ratio:.2g}× the fit" for _, where, text, ratio in parts
-               if where != "inside"]
-    said = ([f"inside B_crit's 90% interval ({'; '.join(inside)}): the two agree"]
-            if inside else [])
-    if outside:
-        where = "and outside it" if inside else "outside B_crit's 90% interval"
-        said.append(f"{where} ({'; '.join(outside)}): as a "
-                    "predictor it is off there by more than the fit's uncertainty, so go by the "
-                    "fitted B_crit (McCandlish et al. 2018 give B_simple as a rough guide to it)")
-    return f" It lies {'; '.join(said)}."
-
-
-def _b_simple_text(noise: NoiseScaleSummary) -> str:
-    if not math.isfinite(noise.b_simple_median):
-        return f"Not available: {noise.reason}."
-    text = (
-        "The gradient noise scale (McCandlish et al. 2018), a cheap predictor of B_crit, has"
-        f" median {_num(noise.b_simple_median)} over {noise.trials} trials"
-    )
-    if noise.trials > 1 and math.isfinite(noise.quartile_low):
-        text += (f" (half of them between {_num(noise.quartile_low)} and"
-                 f" {_num(noise.quartile_high)})")
-    failed = [f"{noise.dropped} ended with an estimate ≤ 0" if noise.dropped else "",
-              f"{noise.unrecorded} recorded none" if noise.unrecorded else ""]
-    if any(failed):
-        count = noise.dropped + noise.unrecorded
-        text += (f"; {count} more trial{'s' if count > 1 else ''} left out: "
-                 f"{' and '.join(f for f in failed if f)} (the gradient noise swamped |G|²"
-                 f"{', or the trial ended before its first estimate' if noise.unrecorded else ''}"
-                 ")")
-    return text + "."
+        return f"below {number(smallest)}, the smallest batch measured, to {number(high)}"
+    return f"{number(low)}–{number(high)}"
 
 
 # --------------------------------------------------------------------------- several targets

@@ -13,13 +13,8 @@ from batchscale.names import check_name, check_run_id, check_workload
 
 
 def cmd_history(args) -> int:
-    from batchscale.lake.history import (
-        critical_lines,
-        default_plot_path,
-        load_history,
-        plot_history,
-        throughput_lines,
-    )
+    from batchscale.lake.history import critical_lines, load_history, throughput_lines
+    from batchscale.lake.history_chart import default_plot_path, plot_history
 
     if args.last is not None and args.last < 1:
         raise BadInput(f"--last: must be a positive number of runs, got {args.last}")

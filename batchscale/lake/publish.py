@@ -30,7 +30,7 @@ import pandas as pd
 from batchscale.analysis.stage import primary_target
 from batchscale.config.stage_inputs import Config, stage_config
 from batchscale.errors import BadInput, ObjectExists
-from batchscale.lake.history import history_plot
+from batchscale.lake.history_chart import history_plot
 from batchscale.lake.regression import (
     RegressionFound,
     check_regressions,

@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 
 from batchscale.analysis.figures import Plot, make_plot, new_axes
-from batchscale.analysis.narrative import _num as number
 from batchscale.analysis.narrative import b_crit_text
 from batchscale.analysis.plots_targets import BOUND_ARROW_FACTOR
+from batchscale.analysis.prose import number
 from batchscale.analysis.targets import label_of
 from batchscale.config.study import axis_key
 from batchscale.html import markdown_html, render_page
