@@ -188,7 +188,7 @@ def test_a_high_load_whose_rows_got_their_cpus_is_said_but_not_flagged():
     sweep = measured_sweep(False).assign(load_avg_1m=3.4, cpu_wait_share=0.15)
     result = analyze(sweep, untimed_runs(), None, SETTINGS)
     quality = result.summary.quality
-    assert quality.busy_rows == 0 and quality.loaded_rows_not_waiting == 12
+    assert quality.busy_rows == 0 and quality.loaded_rows_judged_by_wait == 12
     assert not quality.flagged
     assert "cannot be trusted" not in result.markdown
     assert ("above them in 12 of 12 rows that the sweep's own check of their threads' CPU wait "

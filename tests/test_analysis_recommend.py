@@ -292,16 +292,16 @@ def test_the_fastest_time_carries_its_seeds_measured_spread():
 def test_a_fastest_batch_at_an_end_of_those_trained_says_to_look_past_it():
     """A user's GRU: batch 128, the largest trained, was fastest and nothing said to try larger;
     likewise the smallest. Past the largest that fits there is nothing to add."""
-    from batchscale.analysis.recommend import larger_untried_text
+    from batchscale.analysis.recommend import edge_of_grid_text
 
     timed = pd.DataFrame({"batch_size": [8, 32, 128, 8, 32, 128]})
-    assert larger_untried_text(128, timed, math.inf) == (
+    assert edge_of_grid_text(128, timed, math.inf) == (
         "; 128 is the largest batch trained, so a larger one may be faster still: add larger "
         "sizes to convergence.batch_sizes to find where the time turns")
-    assert larger_untried_text(128, timed, 512.0).endswith(
+    assert edge_of_grid_text(128, timed, 512.0).endswith(
         "add larger sizes to convergence.batch_sizes (up to 512, the largest one device was "
         "measured to hold) to find where the time turns")
-    assert larger_untried_text(128, timed, 128.0) == ""  # the memory wall: accumulation's line
-    assert larger_untried_text(8, timed, math.inf).startswith(
+    assert edge_of_grid_text(128, timed, 128.0) == ""  # the memory wall: accumulation's line
+    assert edge_of_grid_text(8, timed, math.inf).startswith(
         "; 8 is the smallest batch trained, so a smaller one may be faster still")
-    assert larger_untried_text(32, timed, math.inf) == ""
+    assert edge_of_grid_text(32, timed, math.inf) == ""

@@ -272,7 +272,8 @@ def test_the_results_tables_step_time_and_samples_per_s_carry_the_trials_range()
     trials behind it."""
     from batchscale.report.render import _step_time_cells
 
-    row = {"batch_size": 128, "step_time_s": 0.002, "step_time_source": "convergence"}
+    row = {"batch_size": 128, "step_time_s": 0.002, "samples_per_s": 64_000.0,
+           "step_time_source": "convergence"}
     assert _step_time_cells(row, (0.0016, 0.0025, 4)) == ("0.002 [0.0016, 0.0025]",
                                                           "64,000 [51,200, 80,000]")
     assert _step_time_cells(row, (0.002, 0.002, 1)) == ("0.002 (one trial)",

@@ -57,7 +57,7 @@ def measurement_quality(sweep: pd.DataFrame | None, cells: pd.DataFrame) -> Meas
     high_load = load > cpus + BUSY_LOAD_EXCESS
     # The sweep judged these rows by their threads' own CPU wait (sweep.max_cpu_wait_share, in
     # most of their trials): its verdict stands; where no wait was recorded the load decides.
-    got_a_cpu = np.isfinite(wait) & timed["quality"].notna().to_numpy()
+    judged_by_wait = np.isfinite(wait) & timed["quality"].notna().to_numpy()
     oversubscribed = timed["threads_oversubscribed"].eq(True).to_numpy(dtype=bool, na_value=False)
     rows = timed.to_dict("records")
     return MeasurementQuality(
@@ -67,7 +67,7 @@ def measurement_quality(sweep: pd.DataFrame | None, cells: pd.DataFrame) -> Meas
         excluded=_excluded(timed),
         max_load_avg_1m=float(np.nanmax(load)) if np.isfinite(load).any() else math.nan,
         usable_cpus=int(np.nanmin(cpus)) if np.isfinite(cpus).any() else None,
-        busy_rows=int(np.sum(high_load & ~got_a_cpu)),
+        busy_rows=int(np.sum(high_load & ~judged_by_wait)),
         cpu_per_wall_range=(
             (float(cpu_per_wall.min()), float(cpu_per_wall.max()))
             if cpu_per_wall.size
@@ -83,7 +83,7 @@ def measurement_quality(sweep: pd.DataFrame | None, cells: pd.DataFrame) -> Meas
         timing_flags=_timing_flags(cells),
         gc_rows=tuple(gc_rows_of(rows)),
         cpu_threads=cpu_threads_of(rows),
-        loaded_rows_not_waiting=int(np.sum(high_load & got_a_cpu)),
+        loaded_rows_judged_by_wait=int(np.sum(high_load & judged_by_wait)),
     )
 
 
@@ -157,15 +157,15 @@ def stable_sentence(quality: MeasurementQuality) -> str:
         text += (
             f"; load average up to {quality.max_load_avg_1m:.2g} on {quality.usable_cpus}"
             f" usable CPU{'s' if quality.usable_cpus != 1 else ''}"
-        ) + _loaded_but_not_waiting(quality)
+        ) + _loaded_but_judged(quality)
     return text + "."
 
 
-def _loaded_but_not_waiting(quality: MeasurementQuality) -> str:
+def _loaded_but_judged(quality: MeasurementQuality) -> str:
     """Why rows under a load above the CPUs are not counted busy ("" when there are none)."""
-    if not quality.loaded_rows_not_waiting:
+    if not quality.loaded_rows_judged_by_wait:
         return ""
-    return (f"; above them in {quality.loaded_rows_not_waiting} of {quality.timed_rows} rows"
+    return (f"; above them in {quality.loaded_rows_judged_by_wait} of {quality.timed_rows} rows"
             " that the sweep's own check of their threads' CPU wait passed (unstable only where"
             f" most of a row's trials waited {CPU_WAIT_SHARE:.0%} of their runnable time or"
             " more), so those rows count as measured well: the load average lags and counts"
@@ -200,7 +200,7 @@ def conditions_text(quality: MeasurementQuality) -> str:
                 f", above the CPUs in {quality.busy_rows} of {quality.timed_rows} rows: more"
                 " threads wanted to run than there were CPUs, so something else was running"
             )
-        text += _loaded_but_not_waiting(quality)
+        text += _loaded_but_judged(quality)
         parts.append(text)
     low, high = quality.cpu_per_wall_range
     if math.isfinite(low):

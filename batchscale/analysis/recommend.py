@@ -102,7 +102,7 @@ def recommend(
                                  timed["lr_rule"].nunique())
     if seeds is None or seeds.seeds < 2:
         batch_reason += next_fastest_text(timed, best)
-    batch_reason += larger_untried_text(batch, timed, largest_fitting)
+    batch_reason += edge_of_grid_text(batch, timed, largest_fitting)
     if isinstance(best.get("timing_flag"), str):
         batch_reason += f" — NOT TRUSTED: {best['timing_flag']}"
     else:
@@ -139,7 +139,7 @@ def rivals_flagged_text(timed: pd.DataFrame, batch: int) -> str:
             "them may have made this batch the fastest; rerun on a quiet machine")
 
 
-def larger_untried_text(batch: int, timed: pd.DataFrame, largest_fitting: float) -> str:
+def edge_of_grid_text(batch: int, timed: pd.DataFrame, largest_fitting: float) -> str:
     """Where the fastest batch is at an end of those trained (the largest one only where one
     device holds more), say that one past it may be faster still and how to find out; "" else."""
     batches = numeric_column(timed, "batch_size")

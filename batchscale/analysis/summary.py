@@ -236,7 +236,7 @@ class MeasurementQuality:
     conditions.GC_NOTE_SHARE of their timed spans in Python's garbage collector."""
     cpu_threads: int | None = None
     """The most torch threads a CPU sweep's trials ran on; None on a GPU or not recorded."""
-    loaded_rows_not_waiting: int = 0
+    loaded_rows_judged_by_wait: int = 0
     """Timed rows whose load average exceeded the usable CPUs but which the sweep judged by
     their own threads' CPU wait and passed: the load average lags and counts other threads,
     the wait is the trials' own experience, so these rows are not counted busy."""

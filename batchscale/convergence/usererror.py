@@ -185,9 +185,9 @@ def loss_failed(trial, err: Exception, rows: int, batch) -> None:
 def half_batch_note(trial, rows: int) -> str:
     """Why the loss saw a part of the batch: on one process, the gradient noise scale's step
     runs the loss on each half of the batch (convergence.gns_every_steps); "" otherwise."""
-    batch = getattr(trial, "local_batch", None)
-    if (not isinstance(batch, int) or getattr(trial, "accumulation", 1) != 1
-            or getattr(getattr(trial, "d", None), "world_size", 1) != 1 or rows * 2 != batch):
+    batch = trial.local_batch
+    if not (trial.d.world_size == 1 and trial.accumulation == 1 and rows < batch
+            and trial.measures_noise(trial.state.step)):
         return ""
     return (f" (half of the batch of {batch}: on one process the step that measures the "
             "gradient noise scale, every convergence.gns_every_steps steps, runs the loss on "

@@ -210,7 +210,7 @@ def _table_cells(row: dict, step_ranges: dict) -> list[tuple[str, bool]]:
     `step_ranges`: batch -> (lowest, highest, trials) of the convergence trials' step times."""
     step, rate = _step_time_cells(row, step_ranges.get(row["batch_size"]))
     cells = dict(row, b_crit=_b_crit_cell(row), timing_flag=_timing_cell(row),
-                 sweep_step_time_s=_sweep_time_cell(row), step_time_s=step, samples_per_s=rate)
+                 sweep_step_time_s=_sweep_time_cell(row))
     for key in ("regime", "step_time_source"):
         if isinstance(cells[key], str):
             cells[key] = cells[key].replace("_", " ")
@@ -227,10 +227,9 @@ def _step_time_cells(row: dict, spread: tuple | None) -> tuple[object, object]:
     """The step time and samples/s as shown: with the range over the convergence trials
     behind the median where those trials timed it, else flagged as the sweep's figure (no
     trials behind it)."""
-    step, batch = row.get("step_time_s"), row["batch_size"]
+    step, rate, batch = row.get("step_time_s"), row.get("samples_per_s"), row["batch_size"]
     if not isinstance(step, float) or math.isnan(step):
-        return step, row.get("samples_per_s")
-    rate = batch / step
+        return step, rate
     if row.get("step_time_source") != StepTimeSource.CONVERGENCE.value or spread is None:
         return (f"{_fmt(step)} (the sweep's figure: no trials' range)",
                 f"{_fmt(rate)} (the sweep's figure)")
