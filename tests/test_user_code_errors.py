@@ -277,7 +277,8 @@ def test_a_loss_failing_in_a_trial_on_a_field_stacked_per_list_position_says_why
 
     trial = SimpleNamespace(t=SimpleNamespace(trial_id="b4-sqrt-s0-w1", batch_size=4, seed=0),
                             contract=SimpleNamespace(name="mine"),
-                            state=SimpleNamespace(step=7))
+                            state=SimpleNamespace(step=7), local_batch=4, accumulation=1,
+                            d=SimpleNamespace(world_size=1), measures_noise=lambda step: False)
     column = torch.zeros(4)
     batch = {"x": [column, column], "y": column}
     with pytest.raises(UserCodeError, match=r"at step 7, training, on a micro-batch of 4 "
