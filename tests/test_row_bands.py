@@ -163,22 +163,28 @@ def test_a_seed_that_did_not_reach_keeps_the_time_band_around_the_rows_own_figur
                            "which the median counts as never reaching"), text
 
 
-def test_with_two_worker_counts_the_steps_pool_them_and_the_time_is_the_cards():
+def test_with_two_worker_counts_the_row_is_the_fewest_workers_cell_the_card_also_gives():
     """Batch 32 also ran on 2 workers (seeds 0 and 1: 95 and 105 steps, their wall times half
-    as long). The steps' range covers the 5 trials its median is over; the time band is the
-    card's, from the 1-worker seeds the table's step time is of."""
-    from batchscale.analysis.expected import cell_time
+    as long). The row is of the 3 one-worker trials, as its step time is: pooled, its median
+    (100) and range would be of no one cell, and the card's expected steps for the cell (the
+    one-worker seeds) would disagree with the table beside it. The 2-worker trials still
+    answer the worker question."""
+    from batchscale.analysis.expected import cell_time, steps_spread
 
     runs = pd.concat([_runs(), pd.DataFrame([
         run_row(32, "linear", 0.1, seed, steps, workers=2, time=time)
         for seed, steps, time in [(0, 95, 0.05), (1, 105, 0.06)]])])
     result = analyze(make_sweep(), runs, None, AnalysisConfig(bootstrap_samples=20))
     row = _rows(result)[("linear", 32)]
-    assert (row["trials_at_lr"], row["reached_at_lr"]) == (5, 5)
-    assert (row["steps_low"], row["steps_high"]) == (90.0, 120.0)
-    card = cell_time(runs, pd.DataFrame(result.rows), "linear", 32, lr=0.1)
-    assert card.on_table and card.seeds == 3
-    assert (row["time_to_target_s_low"], row["time_to_target_s_high"]) == (card.low, card.high)
+    assert (row["trials_at_lr"], row["reached_at_lr"]) == (3, 3)
+    card = steps_spread(runs, "linear", 32, lr=0.1)
+    assert (row["steps_low"], row["steps_high"]) == (card.low, card.high) == (90.0, 120.0)
+    assert row["steps_to_target"] == card.median
+    time = cell_time(runs, pd.DataFrame(result.rows), "linear", 32, lr=0.1)
+    assert time.on_table and time.seeds == 3
+    assert (row["time_to_target_s_low"], row["time_to_target_s_high"]) == (time.low, time.high)
+    two = steps_spread(runs, "linear", 32, workers=2, lr=0.1)
+    assert (two.low, two.high) == (95.0, 105.0)
 
 
 def test_the_time_bands_low_end_reaches_back_over_the_evaluation_gap_as_the_steps_does():

@@ -21,7 +21,7 @@ import pandas as pd
 from batchscale import schemas
 from batchscale.analysis.critical import steps_to_result
 from batchscale.analysis.critical_summary import critical_by_rule
-from batchscale.analysis.expected import row_bands
+from batchscale.analysis.expected import at_fewest_workers, row_bands
 from batchscale.analysis.gap import gap_summary
 from batchscale.analysis.narrative import render_markdown
 from batchscale.analysis.parallel import noise_scale
@@ -126,17 +126,21 @@ def analyze(
     every_trial = schemas.current_lr_rules(ensure_columns(runs, schemas.RUNS))
     all_runs = without_pruned(every_trial)
     curves = ensure_columns(curves, schemas.CURVES)
-    groups = split_by_target(all_runs)
+    fewest = at_fewest_workers(all_runs)
+    groups = split_by_target(fewest)
     tables = target_tables(groups)
     choice = choose_target(tables, primary_target)
-    runs = groups[choice.target] if choice.target is not None else all_runs
+    runs = groups[choice.target] if choice.target is not None else fewest
+    # The worker-count line, the card's cells and B_simple read every worker count's trials.
+    every_count = (split_by_target(all_runs).get(choice.target, all_runs)
+                   if choice.target is not None else all_runs)
     throughput = _throughput_summary(sweep, settings.saturation_tolerance)
     memory = _memory_summary(sweep)
     table, step_fit, source = _cell_table(sweep, runs, settings)
     cap = optimal_batch_cap(sweep, table, memory.largest_fitting_batch)
     b_star_fit, b_star_line = _b_star_line(sweep, throughput, step_fit)
     critical, labels = critical_by_rule(runs, table, settings, b_star_fit, cap)
-    b_simple, noise = noise_scale(runs, curves)
+    b_simple, noise = noise_scale(every_count, curves)
     b_star = {rule: BStar(fit.optimal_batch, *fit.optimal_batch_interval, cap, b_star_line,
                           open_reason(fit.b_crit_low, fit.b_crit_high))
               for rule, fit in critical.items()}
@@ -153,7 +157,7 @@ def analyze(
         optimal_batch_step_time=(b_star_fit.alpha_s, b_star_fit.beta_s),
         critical_batch=critical,
         noise_scale=noise,
-        recommendation=recommend(table, runs, b_star, settings.max_cpu_wait_share,
+        recommendation=recommend(table, every_count, b_star, settings.max_cpu_wait_share,
                                  learning_rates_given,
                                  (settings.current_batch_size, settings.current_lr),
                                  memory.largest_fitting_batch, lr_rule_given, warmup_steps),

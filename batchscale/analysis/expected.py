@@ -117,6 +117,20 @@ def cell_runs(runs: pd.DataFrame, rule: str, batch: int,
     return cell[counts == chosen]
 
 
+def at_fewest_workers(runs: pd.DataFrame) -> pd.DataFrame:
+    """The trials with the fewest workers run at their batch size: those the results table's
+    steps to target, the critical-batch fit and the step times are of. Trials at a batch run
+    again with more workers (the scaling runs) answer the worker-count question only; pooled
+    as more seeds they would make a table row that no one cell of the card matches."""
+    runs = ensure_columns(runs, RUNS)
+    if runs.empty:
+        return runs
+    counts = pd.Series(_worker_counts(runs), index=runs.index)
+    batches = pd.Series(numeric_column(runs, "batch_size"), index=runs.index)
+    fewest = counts.groupby(batches).transform("min")
+    return runs[((counts == fewest) | fewest.isna()).to_numpy(dtype=bool)]
+
+
 def _worker_counts(frame: pd.DataFrame) -> np.ndarray:
     counts = numeric_column(frame, "workers")
     return np.where(np.isfinite(counts), counts, 1.0)
@@ -244,8 +258,8 @@ def _table_time(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int,
 @dataclass(frozen=True)
 class RowBands:
     """The results table's bands for one (rule, batch) row: the trials at the row's learning
-    rate (every worker count, as the row's median pools them), how many reached the target,
-    their steps to target, and the card's time to target for the cell (`cell_time`: the
+    rate (at the fewest workers run at the batch, as the row's median is), how many reached
+    the target, their steps to target, and the card's time to target for the cell (`cell_time`: the
     measured times of the seeds at the worker count the table's step time is of, placed
     around the row's time)."""
 

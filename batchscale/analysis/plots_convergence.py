@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from batchscale.analysis.expected import at_fewest_workers
 from batchscale.analysis.figures import geometric_grid, new_axes
 from batchscale.analysis.summary import AnalysisSummary
 
@@ -34,15 +35,14 @@ def _rule_cells(table: pd.DataFrame) -> Iterator[tuple[int, str, pd.DataFrame]]:
 
 
 def _seed_points(runs: pd.DataFrame | None, rule: str, column: str) -> pd.DataFrame:
-    """(batch_size, value) of each reached single-worker trial of `rule`: the evidence behind
-    each median."""
+    """(batch_size, value) of each reached trial of `rule` with the fewest workers run at its
+    batch: the evidence behind each median."""
     if runs is None or runs.empty or column not in runs.columns:
         return pd.DataFrame({"batch_size": [], column: []})
+    runs = at_fewest_workers(runs)
     value = pd.to_numeric(runs[column], errors="coerce")
-    workers = (pd.to_numeric(runs["workers"], errors="coerce").fillna(1)
-               if "workers" in runs.columns else 1)
     status = runs["status"] if "status" in runs.columns else "reached"
-    keep = (runs["lr_rule"] == rule) & (status == "reached") & (workers == 1)
+    keep = (runs["lr_rule"] == rule) & (status == "reached")
     keep &= np.isfinite(value.to_numpy(dtype=float))
     return pd.DataFrame({"batch_size": runs.loc[keep, "batch_size"].astype(float),
                          column: value[keep].astype(float)})
