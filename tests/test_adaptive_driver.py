@@ -110,7 +110,7 @@ def test_an_adaptive_search_killed_midway_resumes_and_reuses_finished_cells(tmp_
     analyzed = run_cli(["analyze", str(out / "runs.parquet"), "--out", str(tmp_path / "an")],
                        cwd=tmp_path, timeout_s=300)
     assert analyzed.returncode == 0, analyzed.stderr[-3000:]
-    assert "## Adaptive search" in analyzed.stdout
+    assert "Adaptive search\n---" in analyzed.stdout
     assert "a grid of 6 batch sizes × 3 seeds" in analyzed.stdout
     assert "<h2>Adaptive search</h2>" in (tmp_path / "an" / "report.html").read_text()
 

@@ -24,6 +24,7 @@ from batchscale.analysis.usertables import (
     complete_runs,
 )
 from batchscale.checks.suites import load_suite
+from batchscale.cli.common import terminal_text
 from batchscale.config import AnalysisConfig, load_config
 from batchscale.errors import BadInput
 from batchscale.external.stage import RUN_ID_PREFIX, read_user_table
@@ -102,7 +103,7 @@ def test_batchscale_tables_give_the_pipelines_analysis(tmp_path, capsys, origina
     summary = json.loads((out / "summary.json").read_text())
     assert summary["run_id"] == run_id and summary["notes"] == []  # nothing assumed
     assert summary["analysis_settings"]["bootstrap_samples"] == BOOTSTRAP
-    assert summary["markdown"] in stdout  # the printed lines are the stage's narrative
+    assert terminal_text(summary["markdown"]) in stdout  # the stage's narrative, for a terminal
     assert "validate analysis: passed" in stdout and f"report: {out / 'report.html'}" in stdout
     assert "<html" in (out / "report.html").read_text()[:200].lower()
     # the sweep's own threads (2, on a CPU) reach the quality notes, not this analysis's
@@ -404,7 +405,7 @@ def test_a_table_without_lr_rule_is_answered_with_the_rule_not_given(tmp_path, c
     code, out, err = run_analyze([str(tmp_path / "pub.csv"), "--out", str(tmp_path / "a")],
                                  capsys)
     assert code == 0, err
-    assert "**LR rule: not given** — the runs table gives no lr_rule" in out
+    assert "LR rule: not given — the runs table gives no lr_rule" in out
     assert "(no LR rule given: the fewest steps over the runs' learning rates)" in out
     assert "grid LR rule" not in out and "LR rule: grid" not in out
 
@@ -431,7 +432,7 @@ def test_runs_an_adaptive_search_chose_are_read_at_its_level(tmp_path, capsys):
     summary = json.loads((tmp_path / "s" / "summary.json").read_text())
     assert summary["analysis_settings"]["b_crit_read_level"] == 0.98
     # The search's own section, its cost against the grid its decisions record.
-    assert "## Adaptive search" in stdout and "a grid of 7 batch sizes × 3 seeds" in stdout
+    assert "Adaptive search\n---" in stdout and "a grid of 7 batch sizes × 3 seeds" in stdout
     assert any("a grid of 7 batch sizes × 3 seeds" in s for s in summary["adaptive_search"])
     assert "<h2>Adaptive search</h2>" in (tmp_path / "s" / "report.html").read_text()
 
@@ -491,3 +492,11 @@ def test_tables_that_do_not_say_where_they_were_measured_are_labelled_external()
     assert measured_env(pa.table({"steps_to_target": [1, 2]})) == {}
     large = pa.table({"workload": pa.array(["w", "w"], pa.large_string())})
     assert measured_env(large) == {"workload": "w"}  # as pandas may write strings
+
+
+def test_the_terminal_gets_the_answer_without_markdown_marks():
+    """`analyze` prints the narrative for a terminal: a heading underlined, bold and code marks
+    dropped, the words and list items kept."""
+    text = terminal_text("## Why\n\n- **Batch size: 64** — fastest (`analysis.x`), 2 ** 3 kept")
+    assert text.splitlines() == ["Why", "---", "", "- Batch size: 64 — fastest (analysis.x), "
+                                 "2 ** 3 kept"]

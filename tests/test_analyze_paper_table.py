@@ -43,7 +43,7 @@ def test_without_times_the_lr_rule_line_gives_its_own_reason(tmp_path, capsys):
     rec = recommendation(tmp_path)
     assert rec["batch_size"] is None and rec["lr_rule"] is None
     assert rec["lr_rule_reason"].startswith("the runs table gives no lr_rule")
-    assert "**LR rule: not given** — the runs table gives no lr_rule" in captured.out
+    assert "LR rule: not given — the runs table gives no lr_rule" in captured.out
     # 3000 × (1 + 400/4096) × 1.04, thousands separated as elsewhere
     assert "(fewest steps: 3,425 at batch 4096)" in rec["batch_reason"]
 

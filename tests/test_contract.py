@@ -274,7 +274,7 @@ def test_the_plain_pytorch_example_gives_b_crit_and_a_recommendation(tmp_path):
     text = analysis.stdout
     assert "for val_accuracy >= 0.9" in text
     assert "B_crit = E_min/S_min ≈" in text or "B_crit not estimated" in text
-    assert "**Batch size:" in text
+    assert "Batch size:" in text and "**" not in text
 
 
 def test_the_hugging_face_example_trains_a_gpt2_to_its_own_loss_target(tmp_path):
@@ -295,7 +295,7 @@ def test_the_hugging_face_example_trains_a_gpt2_to_its_own_loss_target(tmp_path)
     assert (curves["val_perplexity"] - curves["val_loss"].map(math.exp)).abs().max() < 1e-6
     analysis = run_cli(["analyze", "conv/runs.parquet", "--out", "analysis"], cwd=work)
     assert analysis.returncode == 0, analysis.stderr
-    assert "for val_loss <= 3" in analysis.stdout and "**Batch size:" in analysis.stdout
+    assert "for val_loss <= 3" in analysis.stdout and "Batch size:" in analysis.stdout
 
 
 def test_a_killed_contract_trial_resumes_to_the_identical_curve(tmp_path, monkeypatch):

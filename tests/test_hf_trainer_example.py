@@ -48,7 +48,7 @@ def test_a_hugging_face_trainer_runs_as_a_users_loop(tmp_path):
                        cwd=work)
     assert analysis.returncode == 0, analysis.stderr
     assert "no throughput sweep was given" in analysis.stdout
-    assert "**Batch size:" in analysis.stdout
+    assert "Batch size:" in analysis.stdout
 
 
 def test_the_trainers_ddp_gives_the_gradient_noise_scale_on_two_workers(tmp_path):

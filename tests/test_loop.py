@@ -275,7 +275,7 @@ def test_the_adaptive_search_runs_a_users_own_loop_and_analyze_reports_it(tmp_pa
     analysis = run_cli(["analyze", str(tmp_path / "out" / "runs.parquet"), "--out",
                         str(tmp_path / "analysis")], cwd=work)
     assert analysis.returncode == 0, analysis.stderr
-    assert "## Adaptive search" in analysis.stdout
+    assert "Adaptive search\n---" in analysis.stdout
     assert "a grid of 6 batch sizes × 3 seeds" in analysis.stdout
 
 

@@ -1,10 +1,12 @@
 """What several `batchscale` commands share: the local state directory, run ids, the object
-store connection and the help text of the flags they have in common."""
+store connection, the help text of the flags they have in common, and Markdown made readable on
+a terminal."""
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -48,3 +50,17 @@ def connect_store():
     store = ObjectStore(S3Settings.from_env())
     store.check()
     return store
+
+
+def terminal_text(markdown: str) -> str:
+    """Markdown as a terminal shows it well: headings underlined, bold and code marks dropped
+    (the words stay; the HTML report keeps the formatting)."""
+    lines = []
+    for line in markdown.splitlines():
+        heading = re.match(r"#+\s+(.*)", line)
+        if heading:
+            title = heading.group(1)
+            lines += [title, "-" * len(title)]
+            continue
+        lines.append(re.sub(r"\*\*(.+?)\*\*", r"\1", line).replace("`", ""))
+    return "\n".join(lines)

@@ -8,7 +8,7 @@ import math
 import sys
 from pathlib import Path
 
-from batchscale.cli.common import STATE_DIR, given_run_id
+from batchscale.cli.common import STATE_DIR, given_run_id, terminal_text
 from batchscale.cliflags import (
     check_output_dir,
     check_output_file,
@@ -298,7 +298,7 @@ def cmd_analyze(args) -> int:
               "config they ran with to have it said", file=sys.stderr)
     analysis = analyze_inputs(inputs, cfg, run_id, warmup)
     paths = write_outputs(analysis, out)
-    print(analysis.markdown)
+    print(terminal_text(analysis.markdown))
     print("\n".join(f"{name}: {path}" for name, path in paths.items()))
     # The pipeline's validate step on the analysis table: same suite, same pages, exit 3.
     check_tables([("analysis", "analysis", analysis.table, {})],
