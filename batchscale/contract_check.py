@@ -277,6 +277,17 @@ def _per_position(value: object, rows: int) -> bool:
                     for v in value))
 
 
+def scalar_loss(loss):
+    """`loss` where it is one number, as the training step's backward needs; else a TypeError
+    naming what Workload.loss returned (a loss fine on the check's few examples can still
+    return one value per example on a bigger batch)."""
+    numel = getattr(loss, "numel", None)
+    if numel is None or numel() != 1:
+        raise TypeError(f"Workload.loss returned {_shown(loss)} on this batch; expected a "
+                        "scalar (the mean loss of the batch)")
+    return loss
+
+
 def _shown(value: object) -> str:
     """A returned value for a message: its type, its shape and dtype where it has them (what a
     truncated repr of a tensor hides), and its repr cut short."""

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,6 +21,7 @@ from batchscale.batch_schedule import section as schedule_section
 from batchscale.batch_schedule.measure import Stage
 from batchscale.config import ExperimentConfig
 from batchscale.errors import BadInput
+from helpers import run_cli
 
 BATCHES = [8, 16, 32, 64, 128]
 CONFIG = {
@@ -258,6 +260,25 @@ def test_a_diverging_reference_run_stops_with_a_message_and_no_traceback(prepare
     assert "Traceback" not in stderr
 
 
+@pytest.mark.parametrize(("workload", "said"), [
+    ("bad_index", "Workload.train_data (its dataset's __getitem__) failed on index "),
+    ("per_example_loss", "Workload.loss returned Tensor of shape [4]"),
+])
+def test_the_workloads_own_code_failing_mid_run_is_bad_input_in_one_line(tmp_path, workload,
+                                                                         said):
+    """An item past the check's two examples that cannot be read, a loss that gives one value
+    per example on a real batch: exit 2 with the member, the run (seed, step) and the user's
+    line where the error was raised in their code, and no traceback."""
+    path = tmp_path / "bs.yaml"
+    path.write_text(yaml.safe_dump({**CONFIG, "workload": f"user_code_error_workloads:{workload}"}))
+    result = run_cli(["batch-schedule", "--config", str(path), "--out", str(tmp_path / "out")],
+                     cwd=Path(__file__).parent, timeout_s=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert said in result.stderr and "in the batch schedule's run from seed 0 at step" in \
+        result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and result.stderr.count("error:") == 1
+
+
 def test_a_dataset_smaller_than_the_largest_branch_batch_is_refused(prepared, tmp_path):
     _, data = prepared
     code, stderr = _run_cli(tmp_path, data, batch_schedule={**CONFIG["batch_schedule"],
@@ -420,6 +441,7 @@ def test_the_command_trains_a_users_workload_to_its_own_target(tmp_path, capsys)
                  "contract_workloads:loss_only", "--out", str(tmp_path / "out")])
     assert code == 0
     assert "reference run: batch 4, linear rule, to val_loss 0.3" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "data").exists()  # its own data: the config's not prepared
     # The stage itself (a study's variant, the pipeline) resolves it the same way.
     cfg = ExperimentConfig.model_validate({**CONFIG, "workload": "contract_workloads:loss_only",
                                            "convergence": {"lr_rules": ["linear"],

@@ -93,6 +93,18 @@ def test_an_item_the_dataset_cannot_give_is_named_with_its_index(tmp_path):
     assert f"{MODULE}.py" in log and "IndexError: point 101" in log
 
 
+def test_a_loss_that_returns_one_value_per_example_past_the_check_is_named(tmp_path):
+    """The check before the trials saw a scalar on two examples; on a batch of 8 (halved by the
+    noise-scale step) the loss gives 4 values: the message says what it returned, not torch's
+    "grad can be implicitly created only for scalar outputs" from the backward pass."""
+    out, result = converge(tmp_path, "per_example_loss", "8")
+    assert_refused_cleanly(out, result)
+    assert ("Workload.loss (the model's forward and the loss) failed in trial" in result.stderr
+            and "Workload.loss returned Tensor of shape [4]" in result.stderr
+            and "expected a scalar (the mean loss of the batch)" in result.stderr), \
+        result.stderr[-3000:]
+
+
 def test_a_model_that_rejects_the_evaluation_batch_size_is_named(tmp_path):
     out, result = converge(tmp_path, "big_eval")
     assert_refused_cleanly(out, result)

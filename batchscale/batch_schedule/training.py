@@ -13,8 +13,12 @@ from functools import partial
 import torch
 
 from batchscale.conditions import run_queue_wait_s
+from batchscale.contract_check import CHECK_EXAMPLES, scalar_loss
 from batchscale.convergence.noise import NoiseScale, grad_list, sq_norm
 from batchscale.convergence.schedule import DataOrder, build_optimizer, lr_at, scaled_lr
+from batchscale.convergence.usererror import UserCodeError, data_hint, is_user_error
+from batchscale.datasplit import error_text, failure_of
+from batchscale.errors import error_site
 from batchscale.location import LocalLocation
 from batchscale.metrics import METRICS
 from batchscale.precision import autocast
@@ -42,7 +46,7 @@ class Run:
     """A model and optimizer trained step by step at whatever batch size each step asks."""
 
     def __init__(self, setup: Setup, seed: int):
-        self.setup = setup
+        self.setup, self.seed = setup, seed
         torch.manual_seed(seed)
         self.model = setup.train.contract.model().to(setup.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -74,13 +78,27 @@ class Run:
         """Read the data from here on from a fresh stream (and reseed dropout): every branch of
         a checkpoint sees the same new examples in the same order, whatever its batch size."""
         torch.manual_seed(seed)
+        self.seed = seed
         self.order = DataOrder(len(self.setup.train), seed)
         self.stream_start = self.examples
         self.mark_conditions()
 
     def train_step(self, batch_size: int) -> float:
         """One optimizer step on the next `batch_size` examples; the mean loss. Every
-        `gns_every_steps`-th step also updates the noise scale from the batch's two halves."""
+        `gns_every_steps`-th step also updates the noise scale from the batch's two halves.
+        The workload's own code failing is bad input (UserCodeError), said in one line."""
+        try:
+            return self._train_step(batch_size)
+        except Exception as err:
+            self._fail_if_users(
+                err, "Workload.loss (the model's forward and the loss)",
+                f"training at batch size {batch_size}",
+                "The model and the loss must accept every batch the data make (the check "
+                f"before the runs uses a batch of {CHECK_EXAMPLES} examples only), and the "
+                "loss must be one differentiable number", self.setup.train)
+            raise
+
+    def _train_step(self, batch_size: int) -> float:
         idx = self.order.rows_from(self.examples - self.stream_start, batch_size)
         every = self.setup.gns_every_steps
         noise = every is not None and self.step % every == 0 and batch_size >= 2
@@ -94,7 +112,8 @@ class Run:
         for i, part in enumerate(parts):
             weight = len(part) / batch_size
             with self.autocast():
-                loss = self.loss(self.model, self.setup.train.batch(part, self.setup.device))
+                batch = self.setup.train.batch(part, self.setup.device)
+                loss = scalar_loss(self.loss(self.model, batch))
             (loss * weight).backward()
             total += float(loss.detach()) * weight
             if noise and i == 0:
@@ -114,9 +133,38 @@ class Run:
         """The validation metrics on the fixed subset, keys as in the curves table
         (val_loss, val_accuracy, ...)."""
         began = time.perf_counter()
-        values = self.setup.val.evaluate(self.model, self.setup.device, self.autocast)
+        try:
+            values = self.setup.val.evaluate(self.model, self.setup.device, self.autocast)
+        except Exception as err:
+            contract = self.setup.val.contract
+            size = contract.eval_batch_size
+            self._fail_if_users(
+                err, ("Workload.evaluate" if contract.evaluate is not None
+                      else "Workload.loss (the model's forward and the loss, in evaluation)"),
+                f"evaluating in batches of up to Workload.eval_batch_size={size}",
+                f"The model must accept batches of up to eval_batch_size ({size}) examples in "
+                "eval mode without gradients: lower Workload.eval_batch_size if it cannot",
+                self.setup.val)
+            raise
         self.eval_time_s += time.perf_counter() - began
         return {f"val_{name}": float(value) for name, value in values.items()}
+
+    def _fail_if_users(self, err: Exception, member: str, doing: str, hint: str,
+                       data) -> None:
+        """Raise UserCodeError naming the member, the run (seed, step), what it was doing and
+        the error where `err` is the workload's own failure; return otherwise (the caller
+        re-raises a crash, an out-of-memory or batchscale's own error as it was)."""
+        if not is_user_error(err):
+            return
+        failure, on = failure_of(err), ""
+        if failure is not None:
+            member, hint, on = failure.member, data_hint(data, failure), f" on {failure.where}"
+        found = UserCodeError(
+            f"workload {self.setup.train.contract.name!r}: {member} failed{on} in the batch "
+            f"schedule's run from seed {self.seed} at step {self.step}, {doing}: "
+            f"{error_text(err)}{error_site(err)}. {hint}")
+        found.original = err
+        raise found from None
 
     # -- state ------------------------------------------------------------------------------
     def save(self, directory: str, name: str, extra: dict) -> None:

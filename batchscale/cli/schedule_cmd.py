@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from batchscale.cli.common import given_run_id
+from batchscale.cli.common import given_run_id, terminal_text
 from batchscale.cliflags import check_output_dir, config_from_args
 
 OUTPUTS = ("critical_over_training.parquet", "schedule_check.parquet", "batch_schedule.md",
@@ -44,7 +44,7 @@ def cmd_batch_schedule(args) -> int:
     from batchscale.data.prep import prepare
 
     data_dir = args.dataset_dir or str(out / "data")
-    if not args.dataset_dir:
+    if not args.dataset_dir and not workload.has_own_data:
         prepare(cfg.dataset, Path(data_dir))
     print(f"batchscale batch-schedule {run_id}: {cfg.workload} (rerun with --out {out} to "
           "resume)", file=sys.stderr)
@@ -57,7 +57,7 @@ def cmd_batch_schedule(args) -> int:
     figure = plot(findings, outcome.curve)
     if figure.image_uri:
         paths[3].write_bytes(base64.b64decode(figure.image_uri.split(",", 1)[1]))
-    print(paths[2].read_text())
+    print(terminal_text(paths[2].read_text()))
     print("wrote " + ", ".join(map(str, paths)))
     return 0
 

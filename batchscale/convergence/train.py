@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from batchscale.contract import to_device
+from batchscale.contract_check import scalar_loss
 from batchscale.convergence import halving, trialenv, trialstate, usererror
 from batchscale.convergence.distributed import Dist, all_reduce, barrier, init_distributed
 from batchscale.convergence.faults import drill_step, maybe_inject_fault
@@ -213,7 +214,7 @@ class Trial:
             with self._sync_context(i == len(parts) - 1, ddp_noise):
                 with self.step_precision():  # the forward and loss only; backward outside
                     try:
-                        loss = self.loss(self.model, batch)
+                        loss = scalar_loss(self.loss(self.model, batch))
                     except Exception as err:
                         usererror.loss_failed(self, err, len(part), batch)
                         raise

@@ -26,9 +26,9 @@ from batchscale.contract_check import CHECK_EXAMPLES, describe_batch, transposed
 from batchscale.datasplit import DataFailure, error_text, failure_of
 from batchscale.errors import BadInput, BatchscaleError, error_site
 
-__all__ = ["UserCodeError", "data_error", "error_text", "evaluation_failed", "fail_if_user",
-           "is_user_error", "loss_failed", "read_error_file", "restarted_after_user_error",
-           "user_error", "user_error_in_log", "write_error_file"]
+__all__ = ["UserCodeError", "data_error", "data_hint", "error_text", "evaluation_failed",
+           "fail_if_user", "is_user_error", "loss_failed", "read_error_file",
+           "restarted_after_user_error", "user_error", "user_error_in_log", "write_error_file"]
 
 ERROR_FILE_ENV = "BATCHSCALE_USER_ERROR_FILE"
 """Where a rank writes a user error for its launcher (unset: nowhere, e.g. a TrainJob)."""
@@ -144,15 +144,20 @@ def data_error(trial, failure: DataFailure, error: str, doing: str,
                split: str) -> UserCodeError:
     """A user error of the data (an item, collate) of `split` ("train", "val")."""
     data = trial.train if split == "train" else trial.val
+    return user_error(trial, failure.member, error, doing, data_hint(data, failure),
+                      failure.where)
+
+
+def data_hint(data, failure: DataFailure) -> str:
+    """What the workload's data (a datasplit.DatasetSplit) must do that `failure` shows it did
+    not."""
     if failure.member == data.collate_member:
-        hint = ("Workload.collate must make a batch of any list of the dataset's items "
+        return ("Workload.collate must make a batch of any list of the dataset's items "
                 f"(the check before the trials collates the first {CHECK_EXAMPLES} only)")
-    else:
-        n = len(data.dataset)
-        hint = (f"The dataset must give an item for every index from 0 to {n - 1} (its "
-                f"__len__ is {n}); the check before the trials reads the first "
-                f"{CHECK_EXAMPLES} only")
-    return user_error(trial, failure.member, error, doing, hint, failure.where)
+    n = len(data.dataset)
+    return (f"The dataset must give an item for every index from 0 to {n - 1} (its "
+            f"__len__ is {n}); the check before the trials reads the first "
+            f"{CHECK_EXAMPLES} only")
 
 
 def fail_if_user(trial, err: Exception, member: str, doing: str, hint: str,
