@@ -27,6 +27,17 @@ EXIT_SIGTERM = 143
 """Exit status after SIGTERM (128 + 15, as a shell reports a process the signal ended)."""
 EXIT_SIGINT = 130
 """Exit status after Ctrl-C (128 + 2)."""
+RESUME_RUN_ID_ENV = "BATCHSCALE_RESUME_RUN_ID"
+"""The --run-id that resumes the command the user typed, where it is not the pipeline run's
+own (a study's variant runs under `<study>-<variant>`; its stage's stop message names the
+study's); set by the command for the stages it starts, which inherit its environment."""
+
+
+def resume_run_id(run_id: str) -> str:
+    """The --run-id a stop message tells the user to rerun with: the command's, else `run_id`."""
+    return os.environ.get(RESUME_RUN_ID_ENV) or run_id
+
+
 STOP_GRACE_S = 5.0
 """How long a process group gets to stop after SIGTERM before SIGKILL."""
 _PR_SET_PDEATHSIG = 1

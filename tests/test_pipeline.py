@@ -309,6 +309,10 @@ def test_a_study_killed_in_convergence_keeps_its_rows_and_publishes_nothing_of_t
     assert killed["kept"], "the killed variant kept no finished trial"
     first, last = variants.values()
     assert killed["run_id"] == last
+    # The stop message resumes the study, not a new study named after its variant's run id.
+    assert f"rerun the same command with --run-id {STUDY_ID}" in killed["output"], \
+        killed["output"][-3000:]
+    assert f"--run-id {last}" not in killed["output"]
     # The first variant was published before the kill; nothing of the second, nor the study.
     keys = killed["objects"]
     assert any(f"run_id={first}/" in k for k in keys)

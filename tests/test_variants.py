@@ -342,5 +342,18 @@ def test_the_answer_names_the_fastest_variant_only_where_its_seeds_range_is_apar
     assert ("**0.25-digits-mlp** reaches the target soonest: its seeds' range lies below every "
             "other variant's.") in answer_markdown(apart, axes)
     one_seed = apart.assign(answer_time_to_target_s_low=math.nan)
-    assert "a variant has one seed, so no range tells them apart" in answer_markdown(one_seed,
-                                                                                     axes)
+    assert "a variant has one seed, so no range over seeds tells them apart" in \
+        answer_markdown(one_seed, axes)
+    # One seed whose range is only the gap between its evaluations: a range, not a spread.
+    gap_only = apart.assign(answer_seeds=[1, 2, 2])
+    text = answer_markdown(gap_only, axes)
+    assert "0.03 s [0.028, 0.032] (one seed: only the gap between its evaluations)" in text
+    assert "a variant has one seed" in text and "reaches the target soonest" not in text
+    # A variant's time flagged untrusted: said beside it, and no variant is called faster.
+    flagged = apart.assign(answer_seeds=2, answer_timing_flag=[
+        None, "the convergence runs took 3.7 ms per step, 3.3× the sweep's 1.1 ms", None])
+    text = answer_markdown(flagged, axes)
+    assert ("1.0-digits-mlp: batch 64, 0.05 s [0.045, 0.055] — NOT TRUSTED: the convergence "
+            "runs took 3.7 ms per step") in text
+    assert ("the time of 1.0-digits-mlp is NOT TRUSTED (above): no variant is shown faster"
+            in text) and "reaches the target soonest" not in text

@@ -7,6 +7,7 @@ tables and checkpoints), and every variant's tables are in the lake before the c
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -14,6 +15,7 @@ import time
 from batchscale.cli.common import STATE_DIR, connect_store, given_run_id
 from batchscale.cliflags import config_from_args
 from batchscale.errors import BadInput, BatchscaleError
+from batchscale.stopping import RESUME_RUN_ID_ENV
 
 
 def cmd_study(args) -> int:
@@ -44,6 +46,7 @@ def run_study(cfg, study_id: str) -> int:
           f"{', '.join(sorted(cfg.study.axes))} ({sum(done.values())} already published)",
           file=sys.stderr)
     started = time.monotonic()
+    os.environ[RESUME_RUN_ID_ENV] = study_id  # a stage's stop message: resume the study
     for index, variant in enumerate(variants, start=1):
         run_id = variant_run_id(study_id, variant.name)
         head = f"[{index}/{len(variants)}] {variant.name} {variant.values}"

@@ -43,7 +43,7 @@ from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import Location, is_s3_uri, open_location
 from batchscale.names import check_run_id
 from batchscale.schemas import TUNED_RULE
-from batchscale.stopping import Terminated, die_with_parent, stop_group
+from batchscale.stopping import Terminated, die_with_parent, resume_run_id, stop_group
 from batchscale.storage import write_bytes_atomic
 from batchscale.workloads import get_workload
 
@@ -388,7 +388,7 @@ def run_convergence(cfg: ExperimentConfig, batch_sizes: list[int], *, data_dir: 
         except (KeyboardInterrupt, Terminated):
             print(f"batchscale: {kept_text(Path(spec.out_dir))} (unfinished ones in their "
                   f"checkpoints); to resume, rerun the same command "
-                  f"with --run-id {run_id}", file=sys.stderr, flush=True)
+                  f"with --run-id {resume_run_id(run_id)}", file=sys.stderr, flush=True)
             raise
     return collect(spec)
 

@@ -134,7 +134,7 @@ ENV_FIELDS = [
     pa.field("study_id", pa.string()),
     pa.field("variant", pa.string()),
 ]
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 """2: several targets per trial (runs: a row per trial and target, target_metric and
 target_value), every evaluated metric in curves, curves' train_loss on a fixed training subset
 (the running batch mean moved to train_batch_loss). 3: `study_id` and `variant` in every result
@@ -150,7 +150,8 @@ rows' spread over seeds (`trials_at_lr`, `reached_at_lr`, `steps_low`/`_high`,
 `b_simple_trials`). 10: the learning rate of each stage of a batch-size schedule
 (`critical_over_training.base_batch_lr`, `scheduled_lr`); why an analysis row has no B_crit
 (`analysis.b_crit_reason`); the study's S_min and E_min standard errors and each variant's
-answer (`study.s_min_se`, `e_min_se`, `answer_*`)."""
+answer (`study.s_min_se`, `e_min_se`, `answer_*`). 11: how many seeds a variant's answer
+is over and why its time cannot be trusted (`study.answer_seeds`, `answer_timing_flag`)."""
 
 __all__ = ["ANALYSIS", "CRITICAL_OVER_TRAINING", "CURVES", "DATASET", "DECISIONS",
            "TIMED_BEFORE", "ENV_FIELDS", "MANIFEST", "PLAN", "REGRESSIONS",

@@ -45,6 +45,11 @@ STUDY = pa.schema(
         pa.field("answer_time_to_target_s", pa.float64()),
         pa.field("answer_time_to_target_s_low", pa.float64()),
         pa.field("answer_time_to_target_s_high", pa.float64()),
+        # How many seeds reached the target at the recommended cell (one: its range is only
+        # the gap between evaluations), and why its time cannot be trusted (the analysis row's
+        # timing_flag; null where nothing flags it). Layout 11 on.
+        pa.field("answer_seeds", pa.int64()),
+        pa.field("answer_timing_flag", pa.string()),
     ]
 )
 

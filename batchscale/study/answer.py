@@ -155,7 +155,8 @@ def answer_markdown(study: pd.DataFrame, axes: pd.DataFrame) -> str:
 
 def fastest_lines(variants: pd.DataFrame) -> list[str]:
     """Which variant reaches the target soonest, each at the batch its own analysis recommends,
-    with its seeds' range; told apart only where the ranges do not overlap."""
+    with its seeds' range; told apart only where the ranges do not overlap, every variant has
+    more than one seed and no variant's time is flagged untrusted."""
     if "answer_time_to_target_s" not in variants:
         return []
     timed = variants[pd.to_numeric(variants["answer_time_to_target_s"],
@@ -166,28 +167,52 @@ def fastest_lines(variants: pd.DataFrame) -> list[str]:
     lines = ["**Fastest variant** (each at the batch its own analysis recommends; seconds to "
              "the target on this run's devices, with the range over seeds):"]
     lines += [f"- {r['variant']}: batch {int(r['answer_batch_size'])}, "
-              f"{_n(r['answer_time_to_target_s'])} s {_seeds_range(r)}"
+              f"{_n(r['answer_time_to_target_s'])} s {_seeds_range(r)}{_flag_text(r)}"
               for r in timed.to_dict("records")]
     if len(timed) < 2:
         return [*lines, "Only one variant recommended a batch: nothing to compare it with."]
     best, *others = timed.to_dict("records")
     top = _ends(best)[1]
     close = [o["variant"] for o in others if not top < _ends(o)[0]]
-    one_seed = any(not math.isfinite(r["answer_time_to_target_s_low"])
-                   for r in (best, *others))
-    if not close and not one_seed:
+    flagged = [r["variant"] for r in (best, *others) if _flag(r)]
+    if flagged:
+        return [*lines, f"**{best['variant']}** is fastest at its point, but the time of "
+                        f"{', '.join(flagged)} is NOT TRUSTED (above): no variant is shown "
+                        "faster on these timings."]
+    if not close and not any(_one_seed(r) for r in (best, *others)):
         return [*lines, f"**{best['variant']}** reaches the target soonest: its seeds' range "
                         "lies below every other variant's."]
-    why = ("a variant has one seed, so no range tells them apart" if one_seed else
+    why = ("a variant has one seed, so no range over seeds tells them apart"
+           if any(_one_seed(r) for r in (best, *others)) else
            f"its seeds' range overlaps {', '.join(close)}'s: these seeds do not tell them "
            "apart (more seeds would)")
     return [*lines, f"**{best['variant']}** is fastest at its point, but {why}."]
+
+
+def _one_seed(row: dict) -> bool:
+    """Whether the variant's answer is over one seed (rows before layout 11 record no count:
+    then a missing range says it)."""
+    seeds = pd.to_numeric(pd.Series([row.get("answer_seeds")]), errors="coerce").iloc[0]
+    if math.isfinite(seeds):
+        return seeds < 2
+    return not math.isfinite(row["answer_time_to_target_s_low"])
+
+
+def _flag(row: dict) -> str:
+    flag = row.get("answer_timing_flag")
+    return flag if isinstance(flag, str) and flag else ""
+
+
+def _flag_text(row: dict) -> str:
+    return f" — NOT TRUSTED: {_flag(row)}" if _flag(row) else ""
 
 
 def _seeds_range(row: dict) -> str:
     low, high = row["answer_time_to_target_s_low"], row["answer_time_to_target_s_high"]
     if not (math.isfinite(low) and math.isfinite(high)):
         return "(one seed: no range)"
+    if _one_seed(row):
+        return f"[{_n(low)}, {_n(high)}] (one seed: only the gap between its evaluations)"
     return f"[{_n(low)}, {_n(high)}]"
 
 

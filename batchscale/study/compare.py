@@ -73,8 +73,9 @@ def variant_rows(variant: Variant, run_id: str, frames: dict[str, pd.DataFrame])
 
 
 def _answer_columns(answer: dict | None, metric: str, value: float, rule: str) -> dict:
-    """The variant's recommended batch and its time to target with the seeds' range, on the
-    row of the target and rule the answer was made for; null elsewhere."""
+    """The variant's recommended batch and its time to target with the seeds' range, how many
+    seeds it is over and why its time cannot be trusted, on the row of the target and rule the
+    answer was made for; null elsewhere."""
     mine = (answer is not None and answer["lr_rule"] == rule
             and answer.get("target_metric") in (None, metric)
             and (answer.get("target_value") is None
@@ -82,11 +83,15 @@ def _answer_columns(answer: dict | None, metric: str, value: float, rule: str) -
     if not mine:
         return {"answer_batch_size": None, "answer_time_to_target_s": math.nan,
                 "answer_time_to_target_s_low": math.nan,
-                "answer_time_to_target_s_high": math.nan}
+                "answer_time_to_target_s_high": math.nan, "answer_seeds": None,
+                "answer_timing_flag": None}
+    seeds = answer.get("reached_at_lr")
     return {"answer_batch_size": int(answer["batch_size"]),
             "answer_time_to_target_s": _finite(answer["time_to_target_s"]),
             "answer_time_to_target_s_low": _finite(answer.get("time_to_target_s_low")),
-            "answer_time_to_target_s_high": _finite(answer.get("time_to_target_s_high"))}
+            "answer_time_to_target_s_high": _finite(answer.get("time_to_target_s_high")),
+            "answer_seeds": int(seeds) if seeds is not None and seeds > 0 else None,
+            "answer_timing_flag": answer.get("timing_flag") or None}
 
 
 def _interval_note(groups, fit, range_factor: float) -> str | None:
