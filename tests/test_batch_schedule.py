@@ -337,8 +337,18 @@ def test_the_terminal_summary_line_says_what_the_check_found():
     worse_line = schedule_section.summary_line(worse)
     assert "does not establish the goal of 25% fewer steps" in worse_line
     # 900 and 901 steps lie outside the prediction the branches made: said, not left to guess.
-    assert "did not hold: the scheduled runs' steps lie outside it" in worse_line
+    assert "did not hold: the scheduled runs' steps (900, 901) all lie outside it" in worse_line
     assert "did not hold" not in schedule_section.summary_line(found)
+    # Two runs far apart, both above the prediction [301, 399]: the interval of their mean
+    # reaches into it, the runs do not; one run inside it and the prediction held.
+    def scheduled_at(steps: list[float]) -> str:
+        changed = check.copy()
+        changed.loc[changed["schedule"] == "scheduled", "steps_to_target"] = steps
+        return schedule_section.summary_line(schedule_section.Findings.from_tables(crit,
+                                                                                   changed))
+
+    assert "steps (420, 900) all lie outside it" in scheduled_at([420.0, 900.0])
+    assert "did not hold" not in scheduled_at([380.0, 900.0])
     # One seed: no interval anywhere, said once rather than after every figure.
     one = schedule_section.Findings.from_tables(crit, check[check["seed"] == 0])
     text = schedule_section.markdown(one, "w")

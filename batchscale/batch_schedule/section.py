@@ -394,19 +394,24 @@ def _fixed_batches_text(f: Findings) -> str:
 
 
 def _missed_prediction(f: Findings) -> str:
-    """" The prediction … did not hold …" where the check's scheduled steps lie wholly outside
-    the prediction's interval; "" where they overlap or either is missing."""
-    p, measured = f.prediction, f.summary["scheduled_steps"]
-    if p is None or not all(math.isfinite(v) for v in (p["predicted_steps_low"],
-                                                        p["predicted_steps_high"], measured[0])):
+    """" The prediction … did not hold …" where every scheduled run of the check that reached
+    the target took steps outside the prediction's interval (the runs themselves: an interval
+    for their mean grows wide with few seeds and would hide runs that all missed); "" where
+    one lies inside, or either is missing."""
+    p = f.prediction
+    rows = f.check[(f.check["schedule"] == "scheduled") & f.check["reached"].astype(bool)]
+    steps = [float(v) for v in pd.to_numeric(rows["steps_to_target"], errors="coerce")
+             if math.isfinite(v)]
+    if p is None or not steps or not all(
+            math.isfinite(v) for v in (p["predicted_steps_low"], p["predicted_steps_high"])):
         return ""
-    low, high = ((measured[1], measured[2]) if math.isfinite(measured[1])
-                 else (measured[0], measured[0]))
-    if p["predicted_steps_low"] <= high and low <= p["predicted_steps_high"]:
+    if any(p["predicted_steps_low"] <= v <= p["predicted_steps_high"] for v in steps):
         return ""
+    runs = ", ".join(f"{v:,.0f}" for v in sorted(steps))
     return (f" The prediction ({p['predicted_steps']:,.0f} steps [{p['predicted_steps_low']:,.0f}"
-            f", {p['predicted_steps_high']:,.0f}]) did not hold: the scheduled runs' steps lie "
-            "outside it, so the check, not the prediction, says what the schedule does.")
+            f", {p['predicted_steps_high']:,.0f}]) did not hold: the scheduled runs' steps "
+            f"({runs}) all lie outside it, so the check, not the prediction, says what the "
+            "schedule does.")
 
 
 def _cost_text(f: Findings) -> str:
