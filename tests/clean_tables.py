@@ -239,7 +239,8 @@ def schedule_check_rows() -> list[dict]:
                      "train_time_s_to_target": 9.5, "batch_sizes": "8>16>32", "steps_run": 375,
                      "final_val_loss": 1.95, "final_metric": 1.95, "predicted_steps": 356.0,
                      "predicted_steps_low": 301.0, "predicted_steps_high": 399.0,
-                     "predicted_examples": 9122.0, "device_s": 14.0})
+                     "predicted_examples": 9122.0, "predicted_examples_low": 8100.0,
+                     "predicted_examples_high": 9700.0, "device_s": 14.0})
         rows.append({**common, "schedule": "constant", "seed": seed, "reference": seed == 0,
                      "steps_to_target": 810.0 - seed, "examples_to_target": 6480.0,
                      "train_time_s_to_target": 10.1, "batch_sizes": "8", "stages": "",

@@ -16,8 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from batchscale.batch_schedule import fit, measure
+from batchscale.batch_schedule import findings, fit, measure
 from batchscale.batch_schedule import section as schedule_section
+from batchscale.batch_schedule.check import check_summary
 from batchscale.batch_schedule.measure import Stage
 from batchscale.config import ExperimentConfig
 from batchscale.errors import BadInput
@@ -113,7 +114,7 @@ def test_the_check_pairs_seeds_and_gives_ratios_with_intervals():
             rows.append({"schedule": name, "seed": seed, "reached": True, "diverged": False,
                          "steps_to_target": steps, "examples_to_target": steps * 8,
                          "train_time_s_to_target": steps * 0.01, "final_val_loss": 2.0})
-    summary = schedule_section.check_summary(pd.DataFrame(rows))
+    summary = check_summary(pd.DataFrame(rows))
     value, low, high = summary["steps_to_target"]
     assert summary["paired"] == 3 and low < value < high < 1
     assert value == pytest.approx(np.exp(np.mean(np.log([0.6, 0.6, 52 / 95]))))
@@ -229,7 +230,7 @@ def test_a_rank_correlation_of_few_checkpoints_gets_its_chance_not_a_false_inter
     """Three checkpoints in the same order: rho 1, but a random order does that 1 time in 6;
     no bootstrap interval (its resamples would only repeat 1.0)."""
     crit = pd.DataFrame({"b_crit": [10.0, 20.0, 40.0], "b_simple": [10 / 3, 20 / 3, 40 / 3]})
-    found = schedule_section.tracking(crit)
+    found = findings.tracking(crit)
     rho, low, high, p_value = found["rank"]
     assert rho == 1.0 and math.isnan(low) and math.isnan(high)
     assert p_value == pytest.approx(1 / 6)

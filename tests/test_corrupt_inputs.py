@@ -217,7 +217,8 @@ NAN_MEANS_NOT_MEASURED = {
                                "s_min", "e_min", "b_simple"},
     "schedule_check": {"steps_to_target", "examples_to_target", "train_time_s_to_target",
                        "predicted_steps", "predicted_steps_low", "predicted_steps_high",
-                       "predicted_examples", "reference_steps"},
+                       "predicted_examples", "predicted_examples_low",
+                       "predicted_examples_high", "reference_steps"},
 }
 ROWS_TO_CORRUPT = {"curves": [0, 1, 2, 4, 5, 7]}  # not a trial's last row (diverged may be NaN)
 EXTREMES = ("inf", "-inf", "nan", "huge", "negative")

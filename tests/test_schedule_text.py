@@ -85,3 +85,22 @@ def test_the_command_takes_the_training_settings_converge_takes():
     assert cfg.convergence.lr_rules == ["sqrt"] and cfg.convergence.base_lr == 0.2
     assert [(t.metric, t.value) for t in cfg.convergence.resolved_targets()] == [
         ("val_accuracy", 0.9)]
+
+
+def test_an_interval_cut_where_the_fit_stops_and_a_stage_on_a_bound_are_said():
+    """A checkpoint whose interval's top reaches the fit's limit reads "≥" in the table with
+    a note saying why; the stage chosen at a checkpoint that gave only a bound is named as
+    what puts the prediction at its range's top; the examples carry their range."""
+    from batchscale.analysis.critical import TOP_CUT
+
+    crit = critical_over_training_rows()
+    crit[0]["b_crit_interval_note"] = (f"{TOP_CUT} 128, 2× the largest batch measured: B_crit "
+                                       "may lie higher")
+    text = section.markdown(findings(crit=crit), "w")
+    assert "| 13 [5.3, ≥ 25.5] |" in text
+    assert "An interval end marked ≥ (≤) is cut where the fit stops" in text
+    assert "9,122 examples [8,100, 9,700] against" in text
+    assert ("A stage rests on a bound, not a number, at step 300 (B_crit above 64): the "
+            "estimate takes B_crit at the bound") in text
+    plain = section.markdown(findings(), "w")
+    assert "≥" not in plain and "is cut where the fit stops" not in plain

@@ -345,6 +345,10 @@ def _rule_batches(runs: pd.DataFrame, rule: str) -> tuple[pd.DataFrame, np.ndarr
     return rule_runs, batch, steps
 
 
+BOTTOM_CUT, TOP_CUT = "its bottom is cut at", "its top is cut at"
+"""How `interval_note` begins the note of an interval end cut at the range the fit allows."""
+
+
 def cut_sides(runs: pd.DataFrame, rule: str, interval: tuple[float, float], *,
               range_factor: float = DEFAULT_RANGE_FACTOR) -> tuple[bool, bool]:
     """(bottom cut, top cut): whether the interval reaches the limit the fit allows below the
@@ -383,7 +387,7 @@ def interval_note(
                      "across batch sizes alone, with no seeds to resample")
     if bottom_cut:
         notes.append(
-            f"its bottom is cut at {floor:,.3g}, 1/{range_factor:g} of the smallest batch"
+            f"{BOTTOM_CUT} {floor:,.3g}, 1/{range_factor:g} of the smallest batch"
             " measured: B_crit may lie lower"
         )
     elif low < smallest:
@@ -393,7 +397,7 @@ def interval_note(
         )
     if top_cut:
         notes.append(
-            f"its top is cut at {ceiling:,.0f}, {range_factor:g}× the largest batch measured:"
+            f"{TOP_CUT} {ceiling:,.0f}, {range_factor:g}× the largest batch measured:"
             " B_crit may lie higher"
         )
     elif high > largest:

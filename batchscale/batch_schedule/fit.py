@@ -10,7 +10,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from batchscale.analysis.critical import bootstrap_critical_batch, fit_critical_batch
+from batchscale.analysis.critical import (
+    bootstrap_critical_batch,
+    fit_critical_batch,
+    interval_note,
+)
 from batchscale.batch_schedule.measure import Stage
 from batchscale.schemas import RunStatus
 
@@ -35,6 +39,9 @@ class CheckpointFit:
     b_simple: float
     """The gradient noise scale of the reference run at the checkpoint (its EMA)."""
     batches_reached: int
+    interval_note: str = ""
+    """Where the interval leaves the branch batches (cut at the range the fit allows, or
+    extrapolated) and what it rests on (`analysis.critical.interval_note`); "" without one."""
 
     def as_row(self) -> dict:
         return asdict(self)
@@ -58,6 +65,8 @@ def fit_checkpoint(step: int, rows: list[dict], curve_row: dict, rule: str, samp
                          "status": [RunStatus.REACHED if r["reached"] else RunStatus.NOT_REACHED
                                     for r in rows]})
     low, high = bootstrap_critical_batch(runs, rule, samples, range_factor=range_factor)
+    note = (interval_note(runs, rule, (low, high), range_factor=range_factor)
+            if math.isfinite(fit.b_crit) else "")
     b_simple = curve_row.get("b_simple")
     return CheckpointFit(
         checkpoint_step=step, examples=int(curve_row["examples"]),
@@ -65,7 +74,7 @@ def fit_checkpoint(step: int, rows: list[dict], curve_row: dict, rule: str, samp
         b_crit=fit.b_crit, b_crit_low=low, b_crit_high=high, bound=fit.bound,
         bound_batch=fit.bound_batch, reason=fit.reason, s_min=fit.s_min, e_min=fit.e_min,
         b_simple=math.nan if b_simple is None else float(b_simple),
-        batches_reached=int(np.isfinite(steps).sum()))
+        batches_reached=int(np.isfinite(steps).sum()), interval_note=note)
 
 
 MILESTONE_DROP_Z = 1.2816

@@ -11,7 +11,7 @@ from batchscale.analysis.figures import Plot, make_plot
 from batchscale.batch_schedule.check import LEVEL
 
 if TYPE_CHECKING:
-    from batchscale.batch_schedule.section import Findings
+    from batchscale.batch_schedule.findings import Findings
 
 
 def plot(f: Findings, curve: list[dict] | None = None) -> Plot:

@@ -131,7 +131,8 @@ def run_stage(config: str | Config, run_id: str, dataset_path: str, crit_path: s
     """The measurement as a pipeline stage (and the command's core): measure (or resume) under
     `work_dir`, write the two tables and the summary, validate both tables (their pages in
     `validation_dir`; ValidationFailed, exit 3, when one fails). Returns (findings, outcome)."""
-    from batchscale.batch_schedule.section import Findings, markdown
+    from batchscale.batch_schedule.findings import Findings
+    from batchscale.batch_schedule.section import markdown
     from batchscale.batch_schedule.tables import tables
     from batchscale.checks.stage import check_tables
     from batchscale.config.stage_inputs import stage_config

@@ -63,7 +63,8 @@ def _checkpoint_rows(outcome: Outcome) -> list[dict]:
         "lr_rule": outcome.rule, "batches_reached": f.batches_reached, "b_crit": f.b_crit,
         "b_crit_low": f.b_crit_low, "b_crit_high": f.b_crit_high,
         "b_crit_bound": f.bound or None, "b_crit_bound_batch": f.bound_batch,
-        "b_crit_reason": f.reason or None, "s_min": f.s_min, "e_min": f.e_min,
+        "b_crit_reason": f.reason or None, "b_crit_interval_note": f.interval_note or None,
+        "s_min": f.s_min, "e_min": f.e_min,
         "b_simple": f.b_simple, "scheduled_batch_size": scheduled[f.checkpoint_step],
         "base_batch_lr": outcome.peak_lrs.get(outcome.base_batch),
         "scheduled_lr": outcome.peak_lrs.get(scheduled[f.checkpoint_step]),
@@ -94,5 +95,6 @@ def _check_rows(outcome: Outcome) -> list[dict]:
             "final_metric": row["final_metric"], "device_s": row["device_s"],
             "cpu_wait_share": row.get("cpu_wait_share"),
             **{f"predicted_{k}": (p[k] if scheduled and predicted else math.nan)
-               for k in ("steps", "steps_low", "steps_high", "examples")}})
+               for k in ("steps", "steps_low", "steps_high", "examples", "examples_low",
+                         "examples_high")}})
     return rows

@@ -322,7 +322,8 @@ def level_lines(settings: AnalysisConfig, adaptive: bool) -> list[str]:
 
 def schedule_lines(tables: dict[str, pa.Table], max_cpu_wait_share: float | None) -> list[str]:
     """The batch-size schedule's line, for a run that measured one."""
-    from batchscale.batch_schedule.section import Findings, summary_line
+    from batchscale.batch_schedule.findings import Findings
+    from batchscale.batch_schedule.section import summary_line
 
     if not {"critical_over_training", "schedule_check"} <= set(tables):
         return []

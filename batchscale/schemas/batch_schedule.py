@@ -22,6 +22,10 @@ CRITICAL_OVER_TRAINING = pa.schema(
         pa.field("lr_rule", pa.string(), nullable=False),
         pa.field("batches_reached", pa.int64(), nullable=False),
         *CRITICAL_BATCH_FIELDS,
+        # Where B_crit's interval leaves the branch batches (an end cut at the range the fit
+        # allows: B_crit may lie beyond it; or extrapolated) and what it rests on; null where
+        # there is no interval or nothing to say, and in rows written before layout 11.
+        pa.field("b_crit_interval_note", pa.string()),
         pa.field("s_min", pa.float64()),
         pa.field("e_min", pa.float64()),
         # The reference run's gradient noise scale at the checkpoint (its EMA); NaN: none yet.
@@ -78,6 +82,9 @@ SCHEDULE_CHECK = pa.schema(
         pa.field("predicted_steps_high", pa.float64()),
         pa.field("predicted_examples", pa.float64()),
         pa.field("reference_steps", pa.float64()),
+        # The predicted examples' range, as the steps' (null before layout 11).
+        pa.field("predicted_examples_low", pa.float64()),
+        pa.field("predicted_examples_high", pa.float64()),
         # Seconds of the device the run used, training and evaluation (the reference run's
         # row: the whole reference run).
         pa.field("device_s", pa.float64(), nullable=False),
