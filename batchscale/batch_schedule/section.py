@@ -193,7 +193,7 @@ def _check_text(f: Findings) -> str:
 
     fewer = (1 - steps[0], 1 - steps[2], 1 - steps[1])
     verdict = ("meets" if math.isfinite(fewer[1]) and fewer[1] >= STEP_GOAL else
-               "does not establish")
+               "one seed cannot establish" if one else "does not establish")
     saving = r(fewer, ".0%") + " fewer"
     if math.isfinite(fewer[1]) and fewer[1] < 0:  # the interval reaches more steps
         saving = (f"{fewer[0]:.0%} fewer, between {-fewer[1]:.0%} more and "
