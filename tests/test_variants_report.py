@@ -203,3 +203,18 @@ def test_an_interval_cut_at_the_measured_batches_says_it_is_not_in_the_slope_fit
     page = text_of(render(rows))
     assert ("180 [140, 240] (not in the slope fit: its top is cut at 2,048, 2× the largest "
             "batch measured)") in page
+
+
+def test_a_b_star_interval_at_its_cap_reads_as_a_bound_as_on_the_variants_card():
+    """B*'s top at the largest batch it may take is a bound: "≥ 150, capped", not "150"; rows
+    written before the cap was recorded (no b_star_cap) show the interval as it is."""
+    from batchscale.study.report import b_star_cell
+
+    capped = study_row("v", {"dataset_fraction": 1.0}, b_star_cap=150.0)
+    assert b_star_cell(capped) == "120 [100, ≥ 150, capped]"
+    assert b_star_cell(study_row("v", {"dataset_fraction": 1.0}, b_star_cap=512.0)) == \
+        "120 [100, 150]"
+    assert b_star_cell(study_row("v", {"dataset_fraction": 1.0})) == "120 [100, 150]"
+    rows = study_rows()
+    rows[0]["b_star_cap"] = 150.0
+    assert "120 [100, ≥ 150, capped]" in text_of(render(rows))

@@ -36,6 +36,10 @@ STUDY = pa.schema(
         pa.field("b_star", pa.float64()),
         pa.field("b_star_low", pa.float64()),
         pa.field("b_star_high", pa.float64()),
+        # The largest batch B* may take (the analysis's optimal_batch_cap: the largest that
+        # fits, or past the measured batches): an end at it is a bound, "≥ cap, capped". NaN:
+        # no cap known; null in rows written before layout 11.
+        pa.field("b_star_cap", pa.float64()),
         # The model's parameter count (the model-size axis's x when the axis names workloads).
         pa.field("parameters", pa.int64()),
         # The variant's own answer where it was made for this row's target and LR rule: the

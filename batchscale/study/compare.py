@@ -67,6 +67,7 @@ def variant_rows(variant: Variant, run_id: str, frames: dict[str, pd.DataFrame])
             "s_min": _finite(fit.s_min), "s_min_se": _finite(fit.s_min_se),
             "e_min": _finite(fit.e_min), "e_min_se": _finite(fit.e_min_se),
             "b_star": b_star[0], "b_star_low": b_star[1], "b_star_high": b_star[2],
+            "b_star_cap": _finite(summary.optimal_batch_cap),
             **_answer_columns(answer, fit.metric, fit.value, fit.rule),
         })
     return rows

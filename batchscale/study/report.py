@@ -75,7 +75,7 @@ def _variant_cells(row: dict, names: list[str]) -> list[tuple[str, bool]]:
     """(shown text, is text) per column; text cells align left."""
     figures = [_with_se(row, "s_min"), _with_se(row, "e_min"),
                number(_float(row["b_simple"])), number(_float(row["saturation_batch"])),
-               _with_interval(row["b_star"], row["b_star_low"], row["b_star_high"])]
+               b_star_cell(row)]
     return [(str(row["variant"]), True),
             *[(_value_text(row["values"].get(name, "")), True) for name in names],
             (b_crit_cell(row), True), *[(text, False) for text in figures]]
@@ -91,6 +91,16 @@ def b_crit_cell(row: dict) -> str:
         return f"{text} (not in the slope fit: {note})" if note else text
     reason = _text(row.get("b_crit_reason"))
     return f"not estimated: {reason}" if reason else "not estimated"
+
+
+def b_star_cell(row: dict) -> str:
+    """B* with its interval, an end at the cap it may not pass said as a bound ("≥ 128,
+    capped"), as the variant's own card says it."""
+    cap, high = _float(row.get("b_star_cap")), _float(row["b_star_high"])
+    text = _with_interval(row["b_star"], row["b_star_low"], row["b_star_high"])
+    if math.isfinite(cap) and math.isfinite(high) and high >= cap and text.endswith("]"):
+        return f"{text[:text.rindex(', ')]}, ≥ {number(cap)}, capped]"
+    return text
 
 
 def _with_interval(centre: object, low: object, high: object) -> str:
