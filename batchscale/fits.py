@@ -41,6 +41,8 @@ MEMORY_EXTRAPOLATION_FACTOR = 8.0
 """The memory line predicts the largest batch under a budget up to this factor past the largest
 batch measured; further out its slope's error and whatever else grows with the batch (a
 kernel's workspace, the allocator's rounding) make the number a guess."""
+MEMORY_INTERVAL_Z = 1.645
+"""Standard errors each way for the predicted largest batch's range (two-sided 90 %)."""
 CURVE_COLUMNS = (
     "step_time_median_s",
     "step_time_p10_s",
@@ -362,6 +364,23 @@ def fit_memory(
                          f"({largest:,.0f}): too far out to predict; measure larger batches",
                          **errors)
     return MemoryFit(fixed, per_sample, r2, b_max, **errors)
+
+
+def b_max_interval(fit: MemoryFit, budget_bytes: float,
+                   z: float = MEMORY_INTERVAL_Z) -> tuple[float, float]:
+    """The range of the largest batch under `budget_bytes` that the line's terms allow, each
+    at `z` of its own standard errors (both ends together: wider than the joint interval, as
+    the terms' covariance is not kept); NaN, NaN without standard errors or a prediction."""
+    if not (math.isfinite(fit.b_max) and math.isfinite(fit.fixed_se_bytes)
+            and math.isfinite(fit.per_sample_se_bytes)):
+        return math.nan, math.nan
+    steepest = fit.per_sample_bytes + z * fit.per_sample_se_bytes
+    flattest = fit.per_sample_bytes - z * fit.per_sample_se_bytes
+    low = max(0.0, math.floor((budget_bytes - fit.fixed_bytes - z * fit.fixed_se_bytes)
+                              / steepest))
+    high = (math.floor((budget_bytes - fit.fixed_bytes + z * fit.fixed_se_bytes) / flattest)
+            if flattest > 0 else math.inf)
+    return float(low), float(high)
 
 
 def _line_errors(b: np.ndarray, m: np.ndarray, fixed: float,

@@ -38,6 +38,26 @@ def resume_run_id(run_id: str) -> str:
     return os.environ.get(RESUME_RUN_ID_ENV) or run_id
 
 
+@contextlib.contextmanager
+def resumable(run_id: str) -> Iterator[None]:
+    """While the body runs, the stages it starts (they inherit the environment) name `run_id`
+    in their stop messages; stopped by Ctrl-C or SIGTERM, it says how to resume: a stage's own
+    message may never reach the terminal (a pipeline task's log is shown when it ends)."""
+    before = os.environ.get(RESUME_RUN_ID_ENV)
+    os.environ[RESUME_RUN_ID_ENV] = run_id
+    try:
+        yield
+    except (KeyboardInterrupt, Terminated):
+        print(f"batchscale: to resume, rerun the same command with --run-id {run_id}",
+              file=sys.stderr, flush=True)
+        raise
+    finally:
+        if before is None:
+            os.environ.pop(RESUME_RUN_ID_ENV, None)
+        else:
+            os.environ[RESUME_RUN_ID_ENV] = before
+
+
 STOP_GRACE_S = 5.0
 """How long a process group gets to stop after SIGTERM before SIGKILL."""
 _PR_SET_PDEATHSIG = 1

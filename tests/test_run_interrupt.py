@@ -7,6 +7,7 @@ real SeaweedFS, real torchrun); the signal is sent as a terminal would, to the p
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 
@@ -39,5 +40,7 @@ def test_ctrl_c_mid_convergence_ends_every_task_without_a_traceback(tmp_path, ob
     assert proc.returncode == 130, output[-3000:]
     assert "KeyboardInterrupt" not in output and "Traceback" not in output, output[-5000:]
     assert "batchscale: interrupted; results written so far are kept" in output
+    run_id = re.search(r"batchscale run ([^\s:]+)", output).group(1)
+    assert f"to resume, rerun the same command with --run-id {run_id}" in output
     wait_for(lambda: not alive(started), STOP_BOUND_S, "the run's processes to stop")
     assert any(trials.glob("*/**/trials/*.run.parquet"))  # the finished trial is kept

@@ -59,3 +59,31 @@ def test_the_memory_line_gives_its_standard_errors_or_says_it_has_none():
                                                   "memory_per_sample_se_bytes": math.nan})
                if x.startswith("memory:"))
     assert "31.2 KiB × batch (two batch sizes: no error estimate; r² 0.977)" in two
+
+
+def test_the_predicted_largest_batch_has_a_range_and_yields_to_a_measured_wall():
+    """The trial's sweep: peak 412.8 ± 0.16 MiB + 4.4 ± 0.15 KiB × batch under a 480 MiB cap
+    predicts about 15,000 — but batch 3,584 ran out of memory under that cap: said, and the
+    measured wall stands."""
+    from batchscale.fits import MemoryFit, b_max_interval
+
+    fit = MemoryFit(412.8 * 2**20, 4.4 * 2**10, 0.99, 15_640.0, fixed_se_bytes=0.16 * 2**20,
+                    per_sample_se_bytes=0.15 * 2**10)
+    low, high = b_max_interval(fit, 480 * 2**20)
+    assert low < 15_640 < high and high / low < 1.2
+    base = _timed_summary(memory_fixed_bytes=fit.fixed_bytes,
+                          memory_per_sample_bytes=fit.per_sample_bytes, memory_fit_r2=0.99,
+                          memory_fixed_se_bytes=fit.fixed_se_bytes,
+                          memory_per_sample_se_bytes=fit.per_sample_se_bytes,
+                          predicted_largest_batch=15_640.0, predicted_reason="",
+                          predicted_largest_batch_low=low, predicted_largest_batch_high=high)
+    line = next(x for x in summary_lines(base | {"smallest_oom_batch": 3584.0})
+                if x.startswith("memory:"))
+    assert f"under the cap: 15640 [{low:.0f}, {high:.0f}] (90 %, from the terms' standard " \
+           "errors)" in line
+    assert "contradicted: batch 3584 ran out of memory under the same cap" in line
+    quiet = next(x for x in summary_lines(base | {"smallest_oom_batch": math.nan})
+                 if x.startswith("memory:"))
+    assert "contradicted" not in quiet
+    two_sizes = MemoryFit(fit.fixed_bytes, fit.per_sample_bytes, 1.0, 15_640.0)
+    assert all(math.isnan(end) for end in b_max_interval(two_sizes, 480 * 2**20))

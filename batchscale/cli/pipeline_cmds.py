@@ -12,6 +12,7 @@ from batchscale.cli.common import STATE_DIR, connect_store, given_run_id
 from batchscale.cliflags import check_output_file, config_from_args
 from batchscale.config import load_config
 from batchscale.errors import BadInput, BatchscaleError, task_refusal
+from batchscale.stopping import resumable
 
 WORKFLOW_SIZE_WARNING_BYTES = 1_000_000
 """A compiled pipeline above this may not fit the workflow object a cluster stores (a study's
@@ -94,7 +95,8 @@ def cmd_run(args) -> int:
     from batchscale.pipelines.local import run_local
 
     try:
-        run_local(cfg, run_id, STATE_DIR.resolve())
+        with resumable(run_id):
+            run_local(cfg, run_id, STATE_DIR.resolve())
     except RuntimeError as err:
         if cfg.publish.fail_on_regression:
             _raise_if_regressed(store, run_id)

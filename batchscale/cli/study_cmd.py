@@ -7,7 +7,6 @@ tables and checkpoints), and every variant's tables are in the lake before the c
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
@@ -15,7 +14,7 @@ import time
 from batchscale.cli.common import STATE_DIR, connect_store, given_run_id
 from batchscale.cliflags import config_from_args
 from batchscale.errors import BadInput, BatchscaleError
-from batchscale.stopping import RESUME_RUN_ID_ENV
+from batchscale.stopping import resumable
 
 
 def cmd_study(args) -> int:
@@ -46,18 +45,19 @@ def run_study(cfg, study_id: str) -> int:
           f"{', '.join(sorted(cfg.study.axes))} ({sum(done.values())} already published)",
           file=sys.stderr)
     started = time.monotonic()
-    os.environ[RESUME_RUN_ID_ENV] = study_id  # a stage's stop message: resume the study
-    for index, variant in enumerate(variants, start=1):
-        run_id = variant_run_id(study_id, variant.name)
-        head = f"[{index}/{len(variants)}] {variant.name} {variant.values}"
-        if done[variant.name]:
-            print(f"{head}: published as {run_id}, skipped", file=sys.stderr)
-            continue
-        print(f"{head}: run {run_id} ({_elapsed(started)} into the study)", file=sys.stderr)
-        _run_variant(store, variant.config, run_id, study_id)
-    if store.exists(run_manifest_key(store, study_id)):
-        return _already_compared(store, study_id)
-    return _compare(cfg, study_id, started)
+    with resumable(study_id):  # a stop resumes the study, not a study named after a variant
+        for index, variant in enumerate(variants, start=1):
+            run_id = variant_run_id(study_id, variant.name)
+            head = f"[{index}/{len(variants)}] {variant.name} {variant.values}"
+            if done[variant.name]:
+                print(f"{head}: published as {run_id}, skipped", file=sys.stderr)
+                continue
+            print(f"{head}: run {run_id} ({_elapsed(started)} into the study)",
+                  file=sys.stderr)
+            _run_variant(store, variant.config, run_id, study_id)
+        if store.exists(run_manifest_key(store, study_id)):
+            return _already_compared(store, study_id)
+        return _compare(cfg, study_id, started)
 
 
 def check_every_variant(variants) -> None:

@@ -38,6 +38,7 @@ def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> di
 
     from batchscale.fits import (
         DEFAULT_SATURATION_TOLERANCE,
+        b_max_interval,
         find_saturation,
         fit_memory,
         largest_fitting_batch,
@@ -56,9 +57,11 @@ def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> di
     best = curve.loc[curve["samples_per_s"].idxmax()]
     # Memory does not depend on how busy the CPU was: unstable rows count for the model.
     memory = throughput_curve(table, mode, include_unstable=True)
-    fit = fit_memory(memory["batch_size"], memory["peak_memory_bytes"],
-                     table["memory_cap_bytes"].max())
+    budget = table["memory_cap_bytes"].max()
+    fit = fit_memory(memory["batch_size"], memory["peak_memory_bytes"], budget)
+    predicted_low, predicted_high = b_max_interval(fit, budget)
     measured, measured_reason = largest_fitting_batch(table)
+    oom = pd.to_numeric(table.loc[table["status"] == TrialStatus.OOM, "batch_size"])
     saturation, saturation_reason = find_saturation(table, saturation_tolerance, mode)
     return {
         "timed": True, "input_mode": mode, **quality,
@@ -74,7 +77,10 @@ def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> di
         "memory_fixed_se_bytes": fit.fixed_se_bytes,
         "memory_per_sample_se_bytes": fit.per_sample_se_bytes,
         "predicted_largest_batch": fit.b_max,
+        "predicted_largest_batch_low": predicted_low,
+        "predicted_largest_batch_high": predicted_high,
         "predicted_reason": fit.reason,
+        "smallest_oom_batch": float(oom.min()) if len(oom) else math.nan,
     }
 
 
@@ -156,7 +162,15 @@ def _memory_line(summary: dict) -> str:
     predicted = summary["predicted_largest_batch"]
     if not _finite(predicted):
         return line + f"none ({summary['predicted_reason']})"
-    return (line + f"{predicted:.0f} {summary['predicted_reason']}").rstrip()
+    low = summary.get("predicted_largest_batch_low", math.nan)
+    high = summary.get("predicted_largest_batch_high", math.nan)
+    span = (f" [{low:.0f}, {high:.0f}] (90 %, from the terms' standard errors)"
+            if _finite(low) and _finite(high) else " (no range: no standard errors)")
+    oom = summary.get("smallest_oom_batch", math.nan)
+    against = (f"; contradicted: batch {oom:.0f} ran out of memory under the same cap, so peak "
+               "memory grows faster than the line near the cap and the measured wall below "
+               "stands" if _finite(oom) and oom <= predicted else "")
+    return (line + f"{predicted:.0f}{span} {summary['predicted_reason']}").rstrip() + against
 
 
 def _measured_wall_line(summary: dict) -> str:

@@ -393,9 +393,10 @@ def _training_rows(run: _Sweep) -> int:
 
 
 def search_line(result: SearchResult) -> str:
-    return (f"largest batch that fits: {result.largest_fitting} (smallest failing: "
-            f"{result.smallest_failing}); {result.trials} trials of at most "
-            f"{result.trial_budget}; stopped: {result.stopped_by}")
+    failing = (f"smallest failing: {result.smallest_failing}"
+               if result.smallest_failing is not None else "none failed")
+    return (f"largest batch that fits: {result.largest_fitting} ({failing}); {result.trials} "
+            f"trials of at most {result.trial_budget}; stopped: {result.stopped_by}")
 
 
 def run_stage(config: str | Config, run_id: str, dataset_dir: str | None,
