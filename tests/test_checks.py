@@ -475,3 +475,20 @@ def test_great_expectations_import_defers_what_the_suites_do_not_use():
     one may have imported them already."""
     subprocess.run([sys.executable, "-c", DEFERRED_CHECK], cwd=Path(__file__).parent,
                    check=True, timeout=300)
+
+
+def test_a_sweep_row_whose_samples_per_s_disagrees_with_its_step_time_is_refused():
+    """A trial's planted row: samples_per_s and its interval ×10 at one batch, the step time
+    left as it was. Each figure is in range alone; together they cannot both be true, and the
+    analysis would have called that batch the best and the saturation batch."""
+    from batchscale.schemas import make_table
+    from clean_tables import sweep_rows
+
+    rows = sweep_rows()
+    assert validate_table("sweep", make_table("sweep", rows, ENV)).success
+    rows[1] = {**rows[1], "samples_per_s": rows[1]["samples_per_s"] * 10}
+    failed = validate_table("sweep", make_table("sweep", rows, ENV))
+    assert not failed.success
+    message = failed.failure_message()
+    assert "samples_per_s is batch_size / step_time_median_s" in message
+    assert "synthetic batch 16: samples_per_s 1000, batch / median step 100" in message

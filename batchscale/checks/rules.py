@@ -270,6 +270,38 @@ def unstable_share(
     )]
 
 
+def samples_per_s_matches_step_time(
+    table: pa.Table, df: pd.DataFrame, parameters: dict, context: dict,
+    max_relative_error: float = 1e-3,
+) -> list[dict]:
+    """A timed row's samples/s is its batch over its median step time, as the sweep writes it:
+    a row whose throughput disagrees with its own step time cannot be true, whichever figure
+    is wrong, and would make a saturation batch and sentences the table contradicts."""
+    rows = table.select(["input_mode", "batch_size", "status", "step_time_median_s",
+                         "samples_per_s"]).to_pylist()
+    bad = []
+    for i, r in enumerate(rows):
+        step, rate = r["step_time_median_s"], r["samples_per_s"]
+        if r["status"] != TrialStatus.OK or not all(
+                isinstance(v, float) and np.isfinite(v) and v > 0 for v in (step, rate)):
+            continue
+        if abs(rate * step / r["batch_size"] - 1.0) > max_relative_error:
+            bad.append((i, r, r["batch_size"] / step))
+    return [result(
+        "expect_samples_per_s_to_match_step_time", "samples_per_s", not bad, SOURCE_PYTHON,
+        description="a timed row's samples_per_s is batch_size / step_time_median_s (within "
+        f"{max_relative_error:.1%}): a row whose throughput disagrees with its own step time "
+        "cannot be true",
+        kwargs={"max_relative_error": max_relative_error},
+        element_count=len(rows), unexpected_count=len(bad),
+        unexpected_values=[f"{r['input_mode']} batch {r['batch_size']}: samples_per_s "
+                           f"{r['samples_per_s']:.6g}, batch / median step {expected:.6g}"
+                           for _, r, expected in bad[:MAX_SHOWN]],
+        unexpected_rows=[{"row": i, "input_mode": r["input_mode"],
+                          "batch_size": r["batch_size"]} for i, r, _ in bad[:MAX_SHOWN]],
+    )]
+
+
 PYTHON_CHECKS: dict[str, Callable[..., list[dict]]] = {
     "class_balance": class_balance,
     "histogram_class_balance": histogram_class_balance,
@@ -277,4 +309,5 @@ PYTHON_CHECKS: dict[str, Callable[..., list[dict]]] = {
     "steps_to_target_matches_curves": steps_to_target_matches_curves,
     "reached_trials_have_finite_losses": reached_trials_have_finite_losses,
     "unstable_share": unstable_share,
+    "samples_per_s_matches_step_time": samples_per_s_matches_step_time,
 }
