@@ -255,6 +255,31 @@ def find_saturation(sweep: pd.DataFrame, tolerance: float = DEFAULT_SATURATION_T
     return first, f"smallest batch within {tolerance:.0%} of the best samples/s"
 
 
+def saturation_range(sweep: pd.DataFrame, tolerance: float = DEFAULT_SATURATION_TOLERANCE,
+                     input_mode: str = "synthetic") -> str:
+    """Where the rows' rerun intervals would put the saturation batch, when they do not pin it:
+    "the rows' rerun ranges put it anywhere from 512 to 2,048" (the earliest batch whose range
+    reaches the line (1 − tolerance) × best, the first whose whole range lies above it), or
+    "" where the intervals agree with the point (or rows carry none)."""
+    curve = throughput_curve(sweep, input_mode)
+    saturation, _ = find_saturation(sweep, tolerance, input_mode)
+    if saturation is None or curve.empty:
+        return ""
+    line = (1.0 - tolerance) * curve["samples_per_s"].max()
+    low, high = curve["samples_per_s_low"], curve["samples_per_s_high"]
+    if not (np.isfinite(low).all() and np.isfinite(high).all()):
+        return ""
+    batches = curve["batch_size"].astype(int)
+    earliest = int(batches[high >= line].min())
+    surely = batches[low >= line]
+    latest = int(surely.min()) if len(surely) else None
+    if earliest == saturation and latest == saturation:
+        return ""
+    upper = (f"{latest:,}" if latest is not None
+             else f"past {int(batches.max()):,}, the largest measured")
+    return f"the rows' rerun ranges put it anywhere from {earliest:,} to {upper}"
+
+
 def timing_mode(sweep: pd.DataFrame) -> str | None:
     """The input mode whose step times describe the device (synthetic when it was timed with at
     least one stable row); None when no stable row was timed."""

@@ -225,3 +225,23 @@ def test_the_largest_batch_is_not_predicted_far_past_the_measured_ones():
     assert "more than 8× the largest batch measured (512)" in fit.reason
     near = fit_memory(batch, 400 * 2**20 + 1_000 * batch, 400 * 2**20 + 1_000 * 2_000)
     assert near.b_max in (1_999, 2_000)  # floor of a ratio that round-off can put below
+
+
+def test_the_saturation_batch_says_where_the_rows_rerun_ranges_could_put_it():
+    """The trial's sweep: best 371,892 samples/s, the 10 % line near 334,700; batch 1024's
+    range 314,853–369,345 straddles it, 512's stays below: the point is 1024, the rows allow
+    1024 or 2048 (the first whose whole range clears the line). Narrow ranges: nothing said."""
+    from batchscale.fits import saturation_range
+
+    figures = {256: (200_000, 0.03), 512: (300_000, 0.03), 1024: (340_000, 0.08),
+               2048: (371_892, 0.02)}
+    rows = [{**sweep_row(b, b / s), "samples_per_s_low": s * (1 - w),
+             "samples_per_s_high": s * (1 + w)} for b, (s, w) in figures.items()]
+    sweep = pd.DataFrame(rows)
+    assert saturation_batch(sweep) == 1024
+    assert saturation_range(sweep) == "the rows' rerun ranges put it anywhere from 1,024 to 2,048"
+    narrow = sweep.assign(samples_per_s_low=sweep["samples_per_s"] * 0.995,
+                          samples_per_s_high=sweep["samples_per_s"] * 1.005)
+    assert saturation_range(narrow) == ""
+    no_ranges = sweep.assign(samples_per_s_low=math.nan)
+    assert saturation_range(no_ranges) == ""

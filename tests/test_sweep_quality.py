@@ -325,7 +325,8 @@ def test_two_rounds_give_one_row_per_cell_visited_in_alternating_order(tmp_path)
         assert r["gpu_other_processes"] is r["gpu_sm_clock_mhz"] is None
     text = "\n".join(summary_lines(summarize(rows)))
     assert "measurement quality: all 2 timed rows ok\nrounds: 2 per row, 0 row(s) " \
-           "re-measured; stable rows: rounds agree within" in text
+           "re-measured; stable rows: rounds agree (their closest majority, after a " \
+           "re-measurement) within" in text
     assert "conditions: load average up to" in text
 
 

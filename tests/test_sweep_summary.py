@@ -87,3 +87,14 @@ def test_the_predicted_largest_batch_has_a_range_and_yields_to_a_measured_wall()
     assert "contradicted" not in quiet
     two_sizes = MemoryFit(fit.fixed_bytes, fit.per_sample_bytes, 1.0, 15_640.0)
     assert all(math.isnan(end) for end in b_max_interval(two_sizes, 480 * 2**20))
+
+
+def test_a_row_line_says_when_its_spread_is_over_the_closest_majority_of_its_trials():
+    """After a re-measurement the spread is over the closest 2 of 3 trials: said, so a row
+    whose first trial was 45 % off does not read as all its trials agreeing within 0.5 %."""
+    from batchscale.sweep.sweep import _spread_over
+
+    assert _spread_over(2) == "over 2 trial(s)"
+    assert _spread_over(3) == "(closest 2 of 3 trials)"
+    assert _spread_over(4) == "(closest 3 of 4 trials)"
+    assert _spread_over(1) == "over 1 trial(s)"

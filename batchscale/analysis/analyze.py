@@ -64,6 +64,7 @@ from batchscale.fits import (
     input_pipeline_share,
     largest_fitting_batch,
     numeric_column,
+    saturation_range,
     throughput_curve,
     timing_mode,
 )
@@ -205,6 +206,7 @@ def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSumm
     best_batch = int(best["batch_size"])
     smallest = int(curve["batch_size"].min())
     saturation, reason = find_saturation(sweep, tolerance, mode)
+    uncertain = saturation_range(sweep, tolerance, mode)
     shares = input_pipeline_share(sweep).set_index("batch_size")
     at_best = (shares.loc[float(best_batch)] if float(best_batch) in shares.index
                else pd.Series({"share": math.nan, "share_low": math.nan,
@@ -224,6 +226,7 @@ def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSumm
         input_pipeline_share_range=(float(at_best["share_low"]), float(at_best["share_high"])),
         best_rerun_interval=(float(best["samples_per_s_low"]),
                              float(best["samples_per_s_high"])),
+        saturation_range=uncertain,
     )
 
 

@@ -221,10 +221,12 @@ def _throughput_text(throughput: ThroughputSummary, step: StepTimeSummary,
             " bigger batch does not raise samples/s, each step just takes longer."
         )
     else:
+        uncertain = (f" ({throughput.saturation_range})" if throughput.saturation_range
+                     else "")
         text += (
-            f" From batch {saturation} on, throughput is within "
-            f"{throughput.saturation_tolerance:.0%} of the best: a bigger batch mostly makes"
-            " each step longer."
+            f" Batch {saturation} is the smallest within "
+            f"{throughput.saturation_tolerance:.0%} of the best{uncertain}: past it a bigger "
+            "batch mostly makes each step longer."
         )
     if math.isfinite(step.alpha_s):
         text += f" Step time {step_line_text(step)}."

@@ -45,6 +45,9 @@ class ThroughputSummary:
     """The best row's 90 % rerun interval of samples/s (sweep/rounds.py); NaN: none recorded."""
     failed_batches: tuple[int, ...] = ()
     """Batch sizes whose sweep row raised an error (fits.failed_batches)."""
+    saturation_range: str = ""
+    """Where the rows' rerun intervals would put the saturation batch when they do not pin it
+    (fits.saturation_range); "" where they agree with it."""
 
     @property
     def input_share_bounds(self) -> tuple[float, float]:

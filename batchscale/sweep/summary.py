@@ -42,6 +42,7 @@ def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> di
         find_saturation,
         fit_memory,
         largest_fitting_batch,
+        saturation_range,
         throughput_curve,
         timing_mode,
     )
@@ -63,10 +64,11 @@ def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> di
     measured, measured_reason = largest_fitting_batch(table)
     oom = pd.to_numeric(table.loc[table["status"] == TrialStatus.OOM, "batch_size"])
     saturation, saturation_reason = find_saturation(table, saturation_tolerance, mode)
+    uncertain = saturation_range(table, saturation_tolerance, mode)
     return {
         "timed": True, "input_mode": mode, **quality,
         "saturation_batch": saturation, "saturation_reason": saturation_reason,
-        "saturation_tolerance": saturation_tolerance,
+        "saturation_tolerance": saturation_tolerance, "saturation_range": uncertain,
         "best_samples_per_s": float(best["samples_per_s"]),
         "best_samples_per_s_low": float(best["samples_per_s_low"]),
         "best_samples_per_s_high": float(best["samples_per_s_high"]),
@@ -93,7 +95,8 @@ def summary_lines(summary: dict) -> list[str]:
     mfu = summary["best_mfu"]
     saturation = (f"the device saturates at batch ≈ {summary['saturation_batch']} (smallest "
                   f"batch within {summary['saturation_tolerance']:.0%} of the best, "
-                  f"{summary['input_mode']} input)" if summary["saturation_batch"] is not None
+                  f"{summary['input_mode']} input{_also(summary.get('saturation_range'))})"
+                  if summary["saturation_batch"] is not None
                   else f"no saturation batch: {summary['saturation_reason']}")
     return [
         f"best: {summary['best_samples_per_s']:,.1f} samples/s {_rerun_text(summary)} at batch "
@@ -173,6 +176,10 @@ def _memory_line(summary: dict) -> str:
     return (line + f"{predicted:.0f}{span} {summary['predicted_reason']}").rstrip() + against
 
 
+def _also(text: str | None) -> str:
+    return f"; {text}" if text else ""
+
+
 def _measured_wall_line(summary: dict) -> str:
     measured, reason = summary["largest_fitting_batch"], summary["largest_fitting_reason"]
     if measured == math.inf:
@@ -241,7 +248,8 @@ def quality_lines(summary: dict) -> list[str]:
     rounds = "/".join(str(r) for r in summary["rounds"]) or "?"
     spread, cv = summary["largest_round_spread"], summary["largest_cv"]
     stable = ("no stable rows" if spread is None and cv is None else
-              f"stable rows: rounds agree within "
+              f"stable rows: rounds agree (their closest majority, after a re-measurement) "
+              "within "
               f"{'n/a' if spread is None else f'{spread:.1%}'}, CV at most "
               f"{'n/a' if cv is None else f'{cv:.2f}'}"
               f"{' outside garbage-collection steps' if summary.get('cv_outside_gc') else ''}")

@@ -286,8 +286,16 @@ def progress_line(done: int, planned: int | None, label: str, row: dict) -> str:
                else f"UNSTABLE: {row['quality_reason']}")
     return (f"{head}  {row['samples_per_s']:10.1f} samples/s {rerun_text(row)}  median step "
             f"{row['step_time_median_s'] * 1e3:9.3f} ms  cv {row['step_time_cv']:.3f}  "
-            f"spread {spread_text} over {row['rounds'] + row['retries']} trial(s)  "
+            f"spread {spread_text} {_spread_over(row['rounds'] + row['retries'])}  "
             f"peak {memory / 2**20 if memory else float('nan'):8.1f} MiB  {quality}")
+
+
+def _spread_over(trials: int) -> str:
+    """Which trials the spread is over: all of them, or after a re-measurement their closest
+    majority (sweep/rounds.py: one disturbed trial is outvoted; the rerun interval keeps it)."""
+    closest = trials // 2 + 1
+    return (f"over {trials} trial(s)" if trials <= 2 or closest == trials
+            else f"(closest {closest} of {trials} trials)")
 
 
 def rerun_text(row: dict) -> str:
