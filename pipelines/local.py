@@ -14,6 +14,9 @@ from batchscale.config import ExperimentConfig
 from batchscale.errors import REFUSAL_MARK
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_TIMESTAMP = re.compile(r"\d\d:\d\d:\d\d\.\d+ - ")
+"""How kfp.local's own log records begin (its logger's format)."""
+_OUTPUTS = re.compile(r" - INFO - Task '[^']*' outputs:\s*$")
 
 
 class TaskLogFilter(io.TextIOBase):
@@ -26,6 +29,7 @@ class TaskLogFilter(io.TextIOBase):
         self.console, self.log_file = console, log_file
         self.buffer = ""
         self.in_json = False
+        self.in_outputs = False
         self.color = _is_terminal(console) and not os.environ.get("NO_COLOR")
 
     def writable(self) -> bool:
@@ -46,6 +50,15 @@ class TaskLogFilter(io.TextIOBase):
             return False
         if self.in_json:
             self.in_json = line.rstrip() != "    }"
+            return False
+        plain = _ANSI.sub("", line)
+        # A task's outputs (its artifacts' names, URIs and metadata, several lines each) and
+        # the "Streamed logs:" heading are kfp.local's bookkeeping: the log file has them.
+        if self.in_outputs and (_TIMESTAMP.match(plain) or plain.startswith("---")):
+            self.in_outputs = False
+        if _OUTPUTS.search(plain):
+            self.in_outputs = True
+        if self.in_outputs or plain.rstrip().endswith("Streamed logs:"):
             return False
         # A task's refusal record is for `batchscale run` (errors.task_refusal), in the log only.
         return bool(line.strip()) and "[KFP Executor" not in line and REFUSAL_MARK not in line

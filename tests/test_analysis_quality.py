@@ -213,7 +213,8 @@ def test_time_to_target_uses_the_convergence_runs_step_time():
         assert row["time_to_target_s"] == pytest.approx(row["steps_to_target"] * row["step_time_s"])
         assert row["timing_flag"] is None
     assert not result.summary.quality.flagged
-    assert "measured in the convergence runs" in result.summary.recommendation.batch_reason
+    reason = result.summary.recommendation.batch_reason
+    assert "from the runs' own training time over their steps" in reason
 
 
 def test_a_cell_whose_step_times_disagree_is_flagged():

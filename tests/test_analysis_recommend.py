@@ -305,3 +305,14 @@ def test_a_fastest_batch_at_an_end_of_those_trained_says_to_look_past_it():
     assert edge_of_grid_text(8, timed, math.inf).startswith(
         "; 8 is the smallest batch trained, so a smaller one may be faster still")
     assert edge_of_grid_text(32, timed, math.inf) == ""
+    # A published table: fastest at 1024, the largest, but B* ≈ 495 [420, 585] lies below it.
+    from batchscale.analysis.timetotarget import BStar
+
+    wide = pd.DataFrame({"batch_size": [16, 64, 256, 1024]})
+    text = edge_of_grid_text(1024, wide, math.inf, BStar(495.0, 420.0, 585.0))
+    assert ("so a larger one may be faster still, though the model optimum's interval [420, "
+            "585] lies wholly below it: the measured times and the step-time model disagree "
+            "here") in text
+    assert "disagree" not in edge_of_grid_text(1024, wide, math.inf, BStar(900.0, 700.0, 1500.0))
+    assert "lies wholly above it" in edge_of_grid_text(16, wide, math.inf,
+                                                       BStar(60.0, 40.0, 90.0))

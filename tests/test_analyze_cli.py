@@ -500,3 +500,18 @@ def test_the_terminal_gets_the_answer_without_markdown_marks():
     text = terminal_text("## Why\n\n- **Batch size: 64** — fastest (`analysis.x`), 2 ** 3 kept")
     assert text.splitlines() == ["Why", "---", "", "- Batch size: 64 — fastest (analysis.x), "
                                  "2 ** 3 kept"]
+
+
+@pytest.mark.parametrize(("command", "written"), [("report", "report.html"),
+                                                  ("plan", "plan.parquet")])
+def test_an_analyze_run_id_is_refused_by_the_lake_commands_naming_where_its_outputs_are(
+        tmp_path, monkeypatch, capsys, command, written):
+    """`analyze` never publishes: `report`/`plan --run-id external-…` say where its report and
+    plan are instead of starting a local store to look for them in the lake."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BATCHSCALE_S3_ENDPOINT", raising=False)
+    code = cli.main([command, "--run-id", "external-10a341a1e66a"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "is `batchscale analyze`'s" in err and f"analyze/external-10a341a1e66a/{written}" in err
+    assert "store:" not in err and not (tmp_path / ".batchscale").exists()

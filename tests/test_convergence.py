@@ -429,8 +429,15 @@ def test_converge_runs_the_scaling_runs_its_flags_ask_for_into_one_table(tmp_pat
                      cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "; scaling runs: 2 workers at batch 64" in result.stderr
-    assert f"next: batchscale analyze {tmp_path / 'out' / 'runs.parquet'} gives B_crit" \
-        in result.stderr
+    out = tmp_path / "out"
+    assert (f"next: batchscale analyze {out / 'runs.parquet'} --config {out / 'config.yaml'} "
+            "gives B_crit") in result.stderr
+    # The config it ran with, flags included, reads back as the same config.
+    from batchscale.config import load_config
+
+    ran_with = load_config(out / "config.yaml")
+    assert ran_with.convergence.batch_sizes == [32, 64]
+    assert ran_with.convergence.scaling_workers == [2]
     runs = pq.read_table(tmp_path / "out" / "runs.parquet").to_pylist()
     assert sorted((r["batch_size"], r["workers"]) for r in runs) == [(32, 1), (64, 1), (64, 2)]
     assert len({r["run_id"] for r in runs}) == 1

@@ -148,6 +148,10 @@ def test_b_crit_is_listed_with_the_target_each_run_was_analysed_for():
                                            ("20261206T221456Z-1c0e13", math.nan, 0.995))]
     lines = critical_lines(SimpleNamespace(critical=pd.DataFrame(rows)))
     assert "val_accuracy >= 0.85 " in lines[2] and "val_accuracy >= 0.995" in lines[3]
+    assert lines[3].rstrip().endswith("not estimated")  # no reason recorded: still said
+    rows[1]["b_crit_reason"] = "only 2 of 4 batch sizes reached the target"
+    lines = critical_lines(SimpleNamespace(critical=pd.DataFrame(rows)))
+    assert "not estimated: only 2 of 4 batch sizes reached the target" in lines[3]
     assert lines[-1].startswith("  the runs were analysed for different targets")
     none = step_history()
     critical = _critical(pd.DataFrame([{**rows[1], "date": "2026-12-06"}]))

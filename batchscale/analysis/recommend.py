@@ -32,8 +32,8 @@ from batchscale.schemas import RUNS, TUNED_RULE, RunStatus
 MEASURED_IN = {
     # The step time of a batch is pooled over its trials of every LR rule (a step's work does
     # not depend on the learning rate), so the product can fall outside the seeds' own times.
-    StepTimeSource.CONVERGENCE: "measured in the convergence runs, the median over the batch's "
-                                "trials of every LR rule",
+    StepTimeSource.CONVERGENCE: "from the runs' own training time over their steps, the median "
+                                "over the batch's trials of every LR rule",
     StepTimeSource.SWEEP: "from the sweep",
     StepTimeSource.SWEEP_FIT: "from the sweep's line t(B)",
 }
@@ -102,7 +102,7 @@ def recommend(
                                  timed["lr_rule"].nunique())
     if seeds is None or seeds.seeds < 2:
         batch_reason += next_fastest_text(timed, best)
-    batch_reason += edge_of_grid_text(batch, timed, largest_fitting)
+    batch_reason += edge_of_grid_text(batch, timed, largest_fitting, model)
     if isinstance(best.get("timing_flag"), str):
         batch_reason += f" — NOT TRUSTED: {best['timing_flag']}"
     else:
@@ -139,20 +139,39 @@ def rivals_flagged_text(timed: pd.DataFrame, batch: int) -> str:
             "them may have made this batch the fastest; rerun on a quiet machine")
 
 
-def edge_of_grid_text(batch: int, timed: pd.DataFrame, largest_fitting: float) -> str:
+def edge_of_grid_text(batch: int, timed: pd.DataFrame, largest_fitting: float,
+                      model: BStar | None = None) -> str:
     """Where the fastest batch is at an end of those trained (the largest one only where one
-    device holds more), say that one past it may be faster still and how to find out; "" else."""
+    device holds more), say that one past it may be faster still and how to find out; "" else.
+    Where the model optimum's interval lies wholly on the other side of that end, the two
+    disagree, and the text says so rather than leaning either way."""
     batches = numeric_column(timed, "batch_size")
+    model = model or BStar(math.nan, math.nan, math.nan)
     if batch <= batches.min() and np.unique(batches).size > 1:
         return (f"; {batch} is the smallest batch trained, so a smaller one may be faster "
-                "still: add smaller sizes to convergence.batch_sizes to find where the time "
-                "turns")
+                f"still{_model_against(model, batch, above=True)}: add smaller sizes to "
+                "convergence.batch_sizes to find where the time turns")
     if batch < batches.max() or batch >= largest_fitting:
         return ""
     fits = (f" (up to {largest_fitting:,.0f}, the largest one device was measured to hold)"
             if math.isfinite(largest_fitting) else "")
-    return (f"; {batch} is the largest batch trained, so a larger one may be faster still: add "
-            f"larger sizes to convergence.batch_sizes{fits} to find where the time turns")
+    return (f"; {batch} is the largest batch trained, so a larger one may be faster "
+            f"still{_model_against(model, batch, above=False)}: add larger sizes to "
+            f"convergence.batch_sizes{fits} to find where the time turns")
+
+
+def _model_against(model: BStar, batch: int, above: bool) -> str:
+    """", though the model optimum … lies wholly below it …" where B*'s interval excludes the
+    measured end from the side the measurement points away from; "" otherwise."""
+    low, high = model.low, model.high
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return ""
+    if (above and low > batch) or (not above and high < batch):
+        side = "above" if above else "below"
+        return (f", though the model optimum's interval [{low:,.0f}, {high:,.0f}] lies wholly "
+                f"{side} it: the measured times and the step-time model disagree here, and "
+                "only measuring past it settles which holds")
+    return ""
 
 
 NO_RULE_GIVEN = ("the runs table gives no lr_rule: the steps are the fewest per batch size over "

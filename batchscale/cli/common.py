@@ -11,6 +11,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from batchscale.errors import BadInput
 from batchscale.names import check_run_id
 
 STATE_DIR = Path(".batchscale")
@@ -64,3 +65,16 @@ def terminal_text(markdown: str) -> str:
             continue
         lines.append(re.sub(r"\*\*(.+?)\*\*", r"\1", line).replace("`", ""))
     return "\n".join(lines)
+
+
+def refuse_analyze_run_id(run_id: str, written: str) -> None:
+    """`batchscale analyze` writes `written` (and its other outputs) to its --out folder, never
+    to the lake: its run ids are refused before a store is started to look for them."""
+    from batchscale.external.stage import RUN_ID_PREFIX
+
+    if run_id.startswith(RUN_ID_PREFIX):
+        raise BadInput(f"run id {run_id!r} is `batchscale analyze`'s (ids starting "
+                       f"{RUN_ID_PREFIX!r}): analyze writes to its --out folder, not the lake, "
+                       f"so what you ask for is {written} there (by default .batchscale/"
+                       f"analyze/{run_id}/{written}); this command reads runs and studies "
+                       "published by `run` and `study`")

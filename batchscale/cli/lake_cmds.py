@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from batchscale.cli.common import STATE_DIR, connect_store
+from batchscale.cli.common import STATE_DIR, connect_store, refuse_analyze_run_id
 from batchscale.cliflags import check_output_file
 from batchscale.errors import BadInput
 from batchscale.names import check_name, check_run_id, check_workload
@@ -52,6 +52,7 @@ def cmd_report(args) -> int:
 
     run_id = check_run_id(args.run_id)
     check_output_file(args.out, "--out")
+    refuse_analyze_run_id(run_id, "report.html")
     store = connect_store()
     if is_study(store, run_id):
         print(rebuild_study_report(store, run_id, Path(args.out)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from batchscale.cli.common import connect_store
+from batchscale.cli.common import connect_store, refuse_analyze_run_id
 from batchscale.cliflags import check_output_file
 from batchscale.errors import BadInput
 from batchscale.names import check_run_id
@@ -104,6 +104,7 @@ def cmd_plan(args) -> int:
     from batchscale.storage import write_table_atomic
 
     run_id = check_run_id(args.run_id)
+    refuse_analyze_run_id(run_id, "plan.parquet")
     _checked_link(args)
     if args.out:
         check_output_file(args.out, "--out")

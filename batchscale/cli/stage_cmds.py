@@ -160,10 +160,29 @@ def cmd_converge(args) -> int:
         raise BatchscaleError(
             f"no trial reached {wanted}: {why_short(runs.to_pylist(), cfg.convergence)} "
             f"(each trial's stop_reason is in {written[1]}, its curve in {written[0]})")
-    print(f"next: batchscale analyze {written[1]} gives B_crit and the batch size, learning "
-          "rate and worker count to use (add --current-batch-size N for the saving against "
-          "today's)", file=sys.stderr)
+    ran_with = _write_config(cfg, out)
+    print(f"next: batchscale analyze {written[1]} --config {ran_with} gives B_crit and the "
+          "batch size, learning rate and worker count to use (add --sweep FILE with a "
+          "`batchscale sweep` table for the step-time model and memory, --current-batch-size N "
+          "for the saving against today's)", file=sys.stderr)
     return 0
+
+
+def _write_config(cfg, out: Path) -> Path:
+    """config.yaml in `out`: the config the trials ran with (what differs from the defaults,
+    flags included), which `analyze --config` reads for what the runs table does not record
+    (the warm-up said with the learning rate, the analysis settings)."""
+    import json
+
+    import yaml
+
+    from batchscale.storage import write_bytes_atomic
+
+    path = out / "config.yaml"
+    text = yaml.safe_dump(json.loads(cfg.to_compact_json()), sort_keys=False)
+    write_bytes_atomic(path, ("# the config `batchscale converge` ran with (defaults left "
+                              "out)\n" + text).encode())
+    return path
 
 
 def _failed_note(rows: list[dict], shown: int = 3) -> str:
@@ -295,7 +314,8 @@ def cmd_analyze(args) -> int:
             value is not None for value in table.column("optimizer").to_pylist()):
         print("note: the learning rate is given without the warm-up the trials ran with (the "
               "runs table does not record convergence.warmup_steps): add --config with the "
-              "config they ran with to have it said", file=sys.stderr)
+              "config they ran with to have it said (`batchscale converge` writes it as "
+              "config.yaml beside runs.parquet)", file=sys.stderr)
     analysis = analyze_inputs(inputs, cfg, run_id, warmup)
     paths = write_outputs(analysis, out)
     print(terminal_text(analysis.markdown))

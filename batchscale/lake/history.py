@@ -28,7 +28,8 @@ from batchscale.storage import ObjectStore
 SWEEP_COLUMNS = ["run_id", "date", "device_name", "precision", "input_mode", "batch_size",
                  "samples_per_s", "quality"]
 ANALYSIS_COLUMNS = ["run_id", "date", "lr_rule", "b_crit", "b_crit_low", "b_crit_high",
-                    "b_crit_bound", "b_crit_bound_batch", "target_metric", "target_value"]
+                    "b_crit_bound", "b_crit_bound_batch", "target_metric", "target_value",
+                    "b_crit_reason"]
 """The analysis columns history shows; the bound and target columns are absent from partitions
 published before B_crit could be a bound or targets were named, and read as none there."""
 VERDICT_COLUMNS = ["run_id", "device_name", "precision", "input_mode", "batch_size", "verdict",
@@ -149,6 +150,8 @@ def _critical(analysis: pd.DataFrame | None) -> pd.DataFrame:
         analysis = analysis.assign(b_crit_bound=None, b_crit_bound_batch=math.nan)
     if "target_metric" not in analysis:
         analysis = analysis.assign(target_metric=None, target_value=math.nan)
+    if "b_crit_reason" not in analysis:
+        analysis = analysis.assign(b_crit_reason=None)
     critical = analysis[columns].drop_duplicates([*RUN_KEYS, "lr_rule"])
     if "batch_size" not in analysis:
         return critical.assign(smallest_batch=math.nan, largest_batch=math.nan)
@@ -301,8 +304,12 @@ def _b_crit_cells(row) -> tuple[str, str]:
         sign = BOUND_SIGNS[row.b_crit_bound]
         return (f"{sign} {_number(row.b_crit_bound_batch)}",
                 b_crit_text(math.nan, row.b_crit_bound, row.b_crit_bound_batch))
+    if not math.isfinite(row.b_crit):
+        reason = getattr(row, "b_crit_reason", None)
+        return "-", (f"not estimated: {reason}" if isinstance(reason, str) and reason
+                     else "not estimated")
     if not math.isfinite(row.b_crit_low):
-        return _number(row.b_crit), "-"
+        return _number(row.b_crit), "no interval"
     interval = f"[{_number(row.b_crit_low)}, {_number(row.b_crit_high)}]"
     smallest, largest = (getattr(row, name, math.nan) for name in ("smallest_batch",
                                                                    "largest_batch"))
