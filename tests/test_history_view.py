@@ -159,3 +159,23 @@ def test_b_crit_is_listed_with_the_target_each_run_was_analysed_for():
     texts = [t.get_text() for t in figure.axes[1].texts]
     assert texts == ["no run here has a B_crit or a bound on it (each run's b_crit_reason in "
                      "the analysis table says why)"]
+
+
+def test_each_runs_throughput_carries_its_rerun_interval_as_a_bar_where_it_has_one():
+    """Rows with a 90 % rerun interval get an error bar at their run; older rows without one
+    (published before intervals) get none, and the text table is unchanged."""
+    from matplotlib.collections import LineCollection
+
+    history = step_history()
+    rates = history.throughput["samples_per_s"]
+    with_ranges = history.throughput.assign(
+        samples_per_s_low=(rates * 0.9).where(rates.index >= 2),
+        samples_per_s_high=(rates * 1.05).where(rates.index >= 2))
+    figure = history_figure(History(WORKLOAD, with_ranges, history.critical,
+                                    history.verdicts))
+    [bars] = [c for c in figure.axes[0].collections if isinstance(c, LineCollection)]
+    segments = bars.get_segments()
+    assert [float(s[0][0]) for s in segments] == [2.0, 3.0, 4.0, 5.0]
+    assert [(float(s[0][1]), float(s[1][1])) for s in segments][0] == (8900 * 0.9, 8900 * 1.05)
+    plain = history_figure(step_history())
+    assert not [c for c in plain.axes[0].collections if isinstance(c, LineCollection)]

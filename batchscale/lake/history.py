@@ -26,7 +26,7 @@ from batchscale.schemas import Quality, TrialStatus
 from batchscale.storage import ObjectStore
 
 SWEEP_COLUMNS = ["run_id", "date", "device_name", "precision", "input_mode", "batch_size",
-                 "samples_per_s", "quality"]
+                 "samples_per_s", "quality", "samples_per_s_low", "samples_per_s_high"]
 ANALYSIS_COLUMNS = ["run_id", "date", "lr_rule", "b_crit", "b_crit_low", "b_crit_high",
                     "b_crit_bound", "b_crit_bound_batch", "target_metric", "target_value",
                     "b_crit_reason"]
@@ -138,8 +138,13 @@ def _throughput(sweep: pd.DataFrame) -> pd.DataFrame:
     keys = [*RUN_KEYS, *SERIES_KEYS, "batch_size"]
     quality = sweep["quality"] if "quality" in sweep else pd.Series(None, index=sweep.index)
     sweep = sweep.assign(unstable=quality.eq(Quality.UNSTABLE))
-    return sweep.groupby(keys, sort=False).agg(samples_per_s=("samples_per_s", "median"),
-                                               unstable=("unstable", "any")).reset_index()
+    for end in ("samples_per_s_low", "samples_per_s_high"):  # absent before rerun intervals
+        if end not in sweep:
+            sweep = sweep.assign(**{end: math.nan})
+    return sweep.groupby(keys, sort=False).agg(
+        samples_per_s=("samples_per_s", "median"), unstable=("unstable", "any"),
+        samples_per_s_low=("samples_per_s_low", "median"),
+        samples_per_s_high=("samples_per_s_high", "median")).reset_index()
 
 
 def _critical(analysis: pd.DataFrame | None) -> pd.DataFrame:

@@ -160,6 +160,7 @@ def _draw_throughput(top, history: History, x: dict[str, int]) -> None:
         device, precision, mode, batch = series
         [line] = top.plot(rows["run_id"].map(x), rows["samples_per_s"], "o-",
                           label=f"B={batch}, {mode}, {precision}, {device[:24]}")
+        _rerun_bars(top, rows, x, line.get_color())
         unstable = rows[rows["unstable"].astype(bool)] if "unstable" in rows else rows.iloc[:0]
         if len(unstable):  # drawn hollow, as the report's sweep plot draws them
             top.plot(unstable["run_id"].map(x), unstable["samples_per_s"], "o",
@@ -170,11 +171,27 @@ def _draw_throughput(top, history: History, x: dict[str, int]) -> None:
     top.set_ylabel("samples / s")
     # Two title lines and the legend beside the axes: one line was cut at the figure's edge,
     # and a legend inside covered the points of a workload with many batch sizes.
-    top.set_title(f"{history.workload}: throughput per batch size\n(band: baseline ± allowed "
-                  "drop; hollow circles: measured unstably, not judged; squares: suspected, "
-                  "filled: confirmed; dashed: change point)",
-                  fontsize="small")
+    top.set_title(f"{history.workload}: throughput per batch size (bars: 90 % rerun "
+                  "interval)\n(band: baseline ± allowed drop; hollow circles: measured "
+                  "unstably, not judged; squares: suspected, filled: confirmed; dashed: change "
+                  "point)", fontsize="small", wrap=True)
     top.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def _rerun_bars(axis, rows: pd.DataFrame, x: dict[str, int], color: str) -> None:
+    """Each run's 90 % rerun interval of samples/s as a bar (runs published before rows
+    carried one have none)."""
+    if "samples_per_s_low" not in rows or "samples_per_s_high" not in rows:
+        return
+    low = pd.to_numeric(rows["samples_per_s_low"], errors="coerce")
+    high = pd.to_numeric(rows["samples_per_s_high"], errors="coerce")
+    has = low.notna() & high.notna()
+    if not has.any():
+        return
+    rate = rows.loc[has, "samples_per_s"]
+    axis.errorbar(rows.loc[has, "run_id"].map(x), rate,
+                  yerr=[(rate - low[has]).clip(lower=0), (high[has] - rate).clip(lower=0)],
+                  fmt="none", ecolor=color, capsize=2, alpha=0.6)
 
 
 def _draw_critical(bottom, history: History, x: dict[str, int]) -> None:
