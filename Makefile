@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 local-run: venv
-	$(VENV)/bin/batchscale run $(if $(CONFIG),--config $(CONFIG))
+	$(VENV)/bin/batchscale run $(if $(CONFIG),--config $(CONFIG)) $(RUN_FLAGS)
 
 # Two phases: the tests that measure time or assert a tight time bound (marked `serial`) run alone;
 # the rest run on TEST_WORKERS processes, one test file per process at a time (module

@@ -58,7 +58,9 @@ class TaskLogFilter(io.TextIOBase):
             self.in_outputs = False
         if _OUTPUTS.search(plain):
             self.in_outputs = True
-        if self.in_outputs or plain.rstrip().endswith("Streamed logs:"):
+        # "[]": the second line of great-expectations' "Loading 'datasources' ->" log record,
+        # whose first line is executor chatter (dropped below)
+        if self.in_outputs or plain.rstrip().endswith("Streamed logs:") or plain.strip() == "[]":
             return False
         # A task's refusal record is for `batchscale run` (errors.task_refusal), in the log only.
         return bool(line.strip()) and "[KFP Executor" not in line and REFUSAL_MARK not in line

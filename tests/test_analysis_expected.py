@@ -58,6 +58,17 @@ def test_the_saving_against_today_takes_its_band_from_both_ranges():
                     "needs 0.30× [0.25, 0.34] the steps and 0.36× [0.30, 0.41] the training time")
 
 
+def test_the_saving_says_when_the_runs_at_your_batch_trained_at_another_learning_rate():
+    """A user training batch 16 at 0.1: the linear rule's trials there ran at 0.05, so the
+    saving is against the rule's rate, and the line says so; at their own rate, nothing."""
+    text = versus_current(RUNS, obvious_table(), "linear", 64, 16, current_lr=0.1)
+    assert text.startswith("at your batch 16 (400 steps [380, 440] over 3 seeds, trained at "
+                           "learning rate 0.05 by the linear rule, not your 0.1: the saving "
+                           "is against the rule's rate at your batch), the recommendation")
+    same = versus_current(RUNS, obvious_table(), "linear", 64, 16, current_lr=0.05)
+    assert "trained at learning rate" not in same
+
+
 @pytest.mark.parametrize(("current", "expected"), [
     (None, "give the batch size you train with today"),
     (64, "you already train at batch 64: keep it"),

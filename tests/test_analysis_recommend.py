@@ -221,7 +221,9 @@ def test_workers_are_compared_where_both_ran_and_a_half_failing_cell_does_not_co
     choice = recommend(obvious_table(), runs)
     assert choice.workers == 1
     assert choice.workers_reason == (
-        "at batch 256 (sqrt): 1 worker: 0.058 s [0.0508, 0.0653] over 2 seeds to target; 2 "
+        "at batch 256 (sqrt), the cell run with one worker and more (the recommended batch 64 "
+        "(linear) ran with one only): 1 worker: 0.058 s [0.0508, 0.0653] over 2 seeds to "
+        "target; 2 "
         "workers: 0.166 s [0.137, 0.196] over 2 seeds to target (medians of the trials' "
         "measured times, with their range over seeds) — more workers did not reach the target"
         " sooner than 1"

@@ -498,3 +498,13 @@ def test_the_sweeps_old_warmup_key_is_read_as_untimed_steps_with_a_note(capsys):
     assert "sweep.warmup_steps is now sweep.untimed_steps" in capsys.readouterr().err
     with pytest.raises(BadInput, match="both set; warmup_steps is the old name of untimed_steps"):
         parse_config({"sweep": {"warmup_steps": 3, "untimed_steps": 2}}, "both.yaml")
+
+
+def test_a_misspelt_workload_name_is_refused_with_the_name_it_is_closest_to():
+    import pydantic
+
+    from batchscale.config import ExperimentConfig
+
+    with pytest.raises(pydantic.ValidationError, match=r"unknown workload 'digits-mpl' \(did "
+                       r"you mean 'digits-mlp'\?\)"):
+        ExperimentConfig.model_validate({"workload": "digits-mpl"})

@@ -88,8 +88,11 @@ def test_history_cli_prints_tables_and_writes_a_png(lake, tmp_path):
 def test_history_cli_names_the_workloads_it_has_when_asked_for_another(lake, tmp_path):
     result = run_cli(["history", "--workload", "resnet-none"], cwd=tmp_path,
                      env=store_env(lake))
-    assert result.returncode == 1
+    assert result.returncode == 2  # a name that is not there: bad input
     assert "no published run of workload 'resnet-none'" in result.stderr
+    typo = run_cli(["history", "--workload", WORKLOAD[:-1] + "x"], cwd=tmp_path,
+                   env=store_env(lake))
+    assert f"(did you mean {WORKLOAD!r}?)" in typo.stderr
     assert f"workloads there: {WORKLOAD}" in result.stderr
     bad = run_cli(["history", "--workload", WORKLOAD, "--last", "0"], cwd=tmp_path,
                   env=store_env(lake))
@@ -113,7 +116,9 @@ def test_report_cli_rebuilds_the_report_from_the_lake(lake, tmp_path):
     assert "rebuilt from the lake" in result.stdout
     missing = run_cli(["report", "--run-id", "20990101T000000Z-none"], cwd=tmp_path,
                       env=store_env(lake))
-    assert missing.returncode == 2 and "no object" in missing.stderr
+    assert missing.returncode == 2, missing.stderr
+    assert ("no published run '20990101T000000Z-none' in the lake" in missing.stderr
+            and "batchscale history --workload NAME` lists the published runs" in missing.stderr)
 
 
 def test_lake_reads_with_pyarrow_dataset(lake):

@@ -66,6 +66,16 @@ def test_a_stated_link_is_used_without_data_parallel_runs(lake, capsys):
     assert "Fastest within the budget of 1 device-hours" in text
 
 
+def test_a_deadline_no_plan_meets_prints_the_nearest_and_exits_1(lake, capsys):
+    """The table and the nearest plan are still printed; the status says no plan fits, so a
+    script does not act on it."""
+    code = main(["plan", "--run-id", "one-worker-run", "--link-gbps", "100", "--latency-us",
+                 "5", "--deadline", "1e-9"])
+    text = capsys.readouterr().out
+    assert code == 1, text
+    assert "No plan fits the deadline" in text
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--run-id", "no-such-run"], "no published run 'no-such-run' in the lake"),
     (["--run-id", "sweep-only-run"], "has no runs or analysis table"),

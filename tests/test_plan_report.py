@@ -36,6 +36,8 @@ def test_a_rebuilt_report_has_the_what_if_section(object_store, tmp_path):
     assert "Pareto front (fastest first)" in page
     # the configured worker counts (1, 2: the trials') measured; 4 and 8 added, extrapolated
     assert "Worker counts 4, 8 were not run" in page
+    # Which answer to act on when the plan's model and the card's measured times differ.
+    assert "For the batch to train at on the devices this run used, act on the card" in page
     # the sweep's OOM at 256: b = 256 runs as 2 micro-batches of 128
     assert "accumulate gradients (b 256 = 2×128)" in page
     assert "What if: time to target vs device-hours" in page

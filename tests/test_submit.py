@@ -238,7 +238,10 @@ def test_schedules_list_pause_resume_delete(kfp_api, workdir):
 
     for action, method, suffix, mode in (("pause", "POST", ":disable", "DISABLE"),
                                          ("resume", "POST", ":enable", "ENABLE")):
-        changed = kfp_cli(["schedules", action, job_id, "--host", kfp_api.url], workdir)
+        # pause as docs/kubeflow.md writes it (the id after --host), resume the other way
+        order = ([action, "--host", kfp_api.url, job_id] if action == "pause"
+                 else [action, job_id, "--host", kfp_api.url])
+        changed = kfp_cli(["schedules", *order], workdir)
         assert changed.returncode == 0, changed.stderr
         assert kfp_api.sent(method, f"{API}/recurringruns/{job_id}{suffix}")
         assert kfp_api.recurring_runs[job_id]["mode"] == mode

@@ -40,7 +40,7 @@ def test_a_tasks_outputs_and_the_streamed_logs_heading_stay_in_the_log_file_only
     and their start and end; the log file keeps everything."""
     chunk = ("02:04:25.129 - INFO - Executing task 'validate-sweep'\n"
              "02:04:25.129 - INFO - Streamed logs:\n"
-             "\n"
+             "    []\n"
              "    validate sweep: passed (90/90 expectations)\n"
              "02:04:28.496 - INFO - Task 'validate-sweep' finished with status SUCCESS\n"
              "02:04:28.497 - INFO - Task 'throughput-sweep' outputs:\n"
@@ -56,5 +56,5 @@ def test_a_tasks_outputs_and_the_streamed_logs_heading_stay_in_the_log_file_only
     assert "Executing task 'validate-sweep'" in shown and "Executing task 'converge'" in shown
     assert "validate sweep: passed" in shown and "finished with status SUCCESS" in shown
     assert "outputs:" not in shown and "Dataset(" not in shown and "uri=" not in shown
-    assert "Streamed logs" not in shown
+    assert "Streamed logs" not in shown and "[]" not in shown
     assert log.getvalue() == chunk

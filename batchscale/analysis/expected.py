@@ -388,9 +388,10 @@ def _workers_said(runs: pd.DataFrame, rule: str, batch: int, rows: pd.DataFrame)
 
 def versus_current(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: int,
                    current_batch: int | None, workers: int | None = None,
-                   lr: float | None = None) -> str:
+                   lr: float | None = None, current_lr: float | None = None) -> str:
     """The expected saving against `current_batch` (same LR rule and worker count), or why it
-    cannot be given; `lr`: the recommended learning rate, where given."""
+    cannot be given; `lr`: the recommended learning rate, where given. The runs at your batch
+    trained at the rule's learning rate there: where that is not `current_lr`, said."""
     if current_batch is None:
         return ("give the batch size you train with today (analysis.current_batch_size, "
                 "--current-batch-size) to see the saving against it")
@@ -426,11 +427,29 @@ def versus_current(runs: pd.DataFrame, table: pd.DataFrame, rule: str, batch: in
         value = rec.median * rec_s / (cur.median * cur_s)
         parts.append(f"{value:.2f}× the training time ({NO_TIME_SPREAD}){flags}")
     same = rec_t is not None and rec_t.overlaps(cur_t)
-    return (f"at your batch {current_batch} ({cur.text(' steps', gap_said=False)}), the "
+    return (f"at your batch {current_batch} ({cur.text(' steps', gap_said=False)}"
+            f"{_their_lr(runs, rule, current_batch, workers, current_lr)}), the "
             "recommendation needs "
             + " and ".join(parts)
             + (f"; the seeds do not tell the two times apart, so staying at batch "
                f"{current_batch} is as good as far as they show" if same else ""))
+
+
+def _their_lr(runs: pd.DataFrame, rule: str, batch: int, workers: int | None,
+              current_lr: float | None) -> str:
+    """", trained at learning rate 0.025 by the sqrt rule, not your 0.05": what the runs at
+    your batch were compared at, where it is not your learning rate; "" where it is, or where
+    no learning rate of yours was given."""
+    if current_lr is None:
+        return ""
+    rates = sorted({float(v) for v in numeric_column(_reached(runs, rule, batch, workers,
+                                                               None).reached, "lr")
+                    if np.isfinite(v)})
+    if not rates or all(math.isclose(r, current_lr, rel_tol=1e-6) for r in rates):
+        return ""
+    shown = " and ".join(f"{r:.4g}" for r in rates)
+    return (f", trained at learning rate {shown} by the {rule} rule, not your "
+            f"{current_lr:.4g}: the saving is against the rule's rate at your batch")
 
 
 def _ratio(new: Spread, old: Spread) -> str:

@@ -281,7 +281,10 @@ def _compared(
         rule, batch = paired
         times = medians.loc[(rule, batch)]
         cells = {n: (rule, batch, n) for n in times.index}
-        return times, f"at batch {int(batch)} ({rule}): ", {}, cells
+        elsewhere = (f", the cell run with one worker and more (the recommended batch "
+                     f"{int(cell[1])} ({cell[0]}) ran with one only)"
+                     if cell is not None and tuple(cell) != (rule, batch) else "")
+        return times, f"at batch {int(batch)} ({rule}){elsewhere}: ", {}, cells
     best = medians.groupby(level="workers").idxmin()
     times = medians.groupby(level="workers").min()
     where = {n: f" ({key[0]}, batch {int(key[1])})" for n, key in best.items()}

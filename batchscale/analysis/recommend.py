@@ -120,7 +120,8 @@ def recommend(
                           + (edge_text(runs, rule, batch, workers) if rule != TUNED_RULE
                              else ""),
                           expected_text(runs, table, rule, batch, workers, lr),
-                          versus_current(runs, table, rule, batch, current_batch, workers, lr),
+                          versus_current(runs, table, rule, batch, current_batch, workers, lr,
+                                         current_lr),
                           shown)
 
 

@@ -188,13 +188,19 @@ def build_parser() -> argparse.ArgumentParser:
                        "one (paused first, deleted once the new one exists); without it, an "
                        "existing one is refused")
     sched.set_defaults(func=cmd_schedule)
-    scheds = sub.add_parser("schedules", parents=[kfp_conn],
-                            help="list, pause, resume or delete recurring runs")
-    scheds.add_argument("action", choices=["list", "pause", "resume", "delete"],
-                        help="what to do")
-    scheds.add_argument("recurring_run_id", nargs="?",
-                        help="the recurring run to change (not for list)")
-    scheds.set_defaults(func=cmd_schedules)
+    scheds = sub.add_parser("schedules", help="list, pause, resume or delete recurring runs")
+    # One sub-command per action, so the id may come before or after --host (with the action
+    # and an optional id as two positionals, argparse binds both before the first flag and
+    # refuses an id given after it).
+    actions = scheds.add_subparsers(dest="action", metavar="ACTION", required=True,
+                                    help="what to do")
+    for action, what in (("list", "list the recurring runs"), ("pause", "pause one"),
+                         ("resume", "resume one"), ("delete", "delete one")):
+        one = actions.add_parser(action, parents=[kfp_conn], help=what)
+        if action != "list":
+            one.add_argument("recurring_run_id", nargs="?",
+                             help="the recurring run (`batchscale schedules list` shows ids)")
+        one.set_defaults(func=cmd_schedules, recurring_run_id=None)
 
     store = sub.add_parser("store", help="manage the local SeaweedFS object store")
     store.add_argument("action", choices=["up", "down", "status", "env"],

@@ -128,4 +128,6 @@ def cmd_plan(args) -> int:
         write_table_atomic(args.out, make_table("plan", table_rows(plan), run_env(tables)))
         lines.append(f"plan table: {args.out}")
     print("\n".join(lines))
-    return 0
+    # A deadline or budget no plan meets is an answer, printed above, but not a plan to act
+    # on: a script sees it in the exit status.
+    return 1 if objective is not None and plan.chosen is None else 0

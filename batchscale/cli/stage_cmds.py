@@ -161,10 +161,11 @@ def cmd_converge(args) -> int:
             f"no trial reached {wanted}: {why_short(runs.to_pylist(), cfg.convergence)} "
             f"(each trial's stop_reason is in {written[1]}, its curve in {written[0]})")
     ran_with = _write_config(cfg, out)
+    sweep = ("" if workload.loop is not None else  # a TrainingLoop has no throughput sweep
+             "--sweep FILE with a `batchscale sweep` table for the step-time model and memory, ")
     print(f"next: batchscale analyze {written[1]} --config {ran_with} gives B_crit and the "
-          "batch size, learning rate and worker count to use (add --sweep FILE with a "
-          "`batchscale sweep` table for the step-time model and memory, --current-batch-size N "
-          "for the saving against today's)", file=sys.stderr)
+          f"batch size, learning rate and worker count to use (add {sweep}--current-batch-size "
+          "N for the saving against today's)", file=sys.stderr)
     return 0
 
 

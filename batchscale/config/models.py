@@ -9,6 +9,7 @@ the fields' docstrings, which are also the generated config reference and the CL
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from typing import Annotated, Literal
@@ -354,9 +355,11 @@ class ExperimentIdentity(_Strict):
     @classmethod
     def _known_workload(cls, name: str) -> str:
         if not is_known_workload_name(name):
+            close = difflib.get_close_matches(name, WORKLOAD_NAMES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(
-                f"unknown workload {quote_value(name)}; allowed: {', '.join(WORKLOAD_NAMES)} "
-                "or 'package.module:factory'"
+                f"unknown workload {quote_value(name)}{hint}; allowed: "
+                f"{', '.join(WORKLOAD_NAMES)} or 'package.module:factory'"
             )
         refused = refused_module(name) if name not in WORKLOAD_NAMES else None
         if refused:  # every command, `compile` included, which imports nothing of it

@@ -13,6 +13,7 @@ run), so a step and a blip look different at once (the plot: history_chart.py).
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 
-from batchscale.errors import BatchscaleError
+from batchscale.errors import BadInput, BatchscaleError
 from batchscale.lake.next_run import ROUNDS_ALONE
 from batchscale.schemas import Quality, TrialStatus
 from batchscale.storage import ObjectStore
@@ -99,9 +100,12 @@ def _history_without_throughput(store: ObjectStore, workload: str, device: str |
 
     analysis = read_lake_table(store, "analysis", filter=ds.field("workload") == workload)
     if analysis is None:
-        raise BatchscaleError(f"no published run of workload {workload!r} in "
-                              f"s3://{store.settings.bucket}/{store.key()}; "
-                              f"workloads there: {', '.join(lake_workloads(store)) or 'none'}")
+        there = lake_workloads(store)
+        close = difflib.get_close_matches(workload, there, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise BadInput(f"no published run of workload {workload!r} in "
+                       f"s3://{store.settings.bucket}/{store.key()}{hint}; "
+                       f"workloads there: {', '.join(there) or 'none'}")
     if precision:
         raise BatchscaleError(f"--precision: the runs of {workload!r} published no timed "
                               "sweep row (a TrainingLoop's runs have none), so none records a "

@@ -24,15 +24,9 @@ def plan_inputs_of_run(store: ObjectStore, run_id: str, lr_rule: str | None = No
                        ) -> tuple[PlanInputs, dict[str, pd.DataFrame]]:
     """The planner's inputs from a published run, and its tables as pandas; BadInput for a run
     not in the lake, or one without the tables a plan needs."""
-    from batchscale.lake.publish import run_manifest_key
     from batchscale.lake.summary import load_run
 
-    key = run_manifest_key(store, run_id)
-    if not store.exists(key):
-        raise BadInput(f"no published run {run_id!r} in the lake (no manifest at "
-                       f"s3://{store.settings.bucket}/{key}); `batchscale history --workload "
-                       "NAME` lists the published runs")
-    _, tables = load_run(store, run_id)
+    _, tables = load_run(store, run_id)  # BadInput naming a run not in the lake
     missing = [name for name in NEEDED_TABLES if name not in tables]
     if missing:
         raise BadInput(f"run {run_id} has no {' or '.join(missing)} table in the lake: a plan "

@@ -42,6 +42,10 @@ def read_manifest(store: ObjectStore, run_id: str) -> dict:
     from batchscale.lake.publish import run_manifest_key
 
     key = run_manifest_key(store, run_id)
+    if not store.exists(key):
+        raise BadInput(f"no published run {run_id!r} in the lake (no manifest at "
+                       f"s3://{store.settings.bucket}/{key}); `batchscale history --workload "
+                       "NAME` lists the published runs")
     try:
         manifest = json.loads(store.get_bytes(key))
     except ValueError as err:  # not JSON, or not UTF-8

@@ -104,7 +104,13 @@ def what_if_markdown(plan: Plan | None, missing: str = "") -> str:
         f"Worker counts {', '.join(map(str, extrapolated)) or 'none'} were not run: their "
         "step time is the model's extrapolation (one device's measured step plus the fitted "
         "or stated all-reduce), and is only as good as that model; a cluster run at those "
-        "counts would check it.", "", *_reach_words(plan), *_accumulation_words(plan),
+        "counts would check it.", "",
+        "The plan's times are the model's (S(B) through B_crit's interval, times the modelled "
+        "step), the recommendation card's are the trials' own measured times: at one worker "
+        "the two can name different batches where their ranges overlap. For the batch to "
+        "train at on the devices this run used, act on the card; the plan answers how the "
+        "time and the device-hours move with more workers.", "",
+        *_reach_words(plan), *_accumulation_words(plan),
         "Pareto front (fastest first):", "", front or "- (no feasible row)",
     ])
 

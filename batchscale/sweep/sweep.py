@@ -346,7 +346,8 @@ def sweep(cfg: SweepConfig, workload_name: str, env: dict, out_path: str | Path,
     run = _Sweep(cfg, workload, device, env, Path(out_path), dataset_dir, log,
                  cfg.threads or torch.get_num_threads(), cap, peak,
                  len(modes) * len(cfg.batch_sizes) * cfg.rounds if grid else None, modes)
-    log(f"sweep {workload.name} on {device} ({cfg.precision}, {run.threads} threads); peak "
+    threads = f"{run.threads} thread{'s' if run.threads != 1 else ''}"
+    log(f"sweep {workload.name} on {device} ({cfg.precision}, {threads}); peak "
         f"{peak / 1e9:.1f} GFLOP/s ({peak_source}); memory cap "
         f"{'none' if cap is None else f'{cap / 2**30:.2f} GiB'}; {cfg.rounds} round(s) per "
         f"row of at most {trial_share(cfg).time_budget_s:g} s each, up to {cfg.max_retries} "
