@@ -80,6 +80,15 @@ def test_a_plan_from_disturbed_data_parallel_trials_is_not_trusted():
     text = _plan_text(busy)
     recommendation = next(line for line in text.splitlines() if line.startswith("recommendation"))
     assert "NOT TRUSTED" in recommendation and "up to 35%" in recommendation, text
+    # A link stated in full takes nothing from those trials: their CPU waits flag nothing.
+    from batchscale.planner.inputs import read_plan_inputs
+    from batchscale.planner.model import CommModel
+    from batchscale.planner.table import make_plan
+
+    frames = pt.frames()
+    inputs = read_plan_inputs(frames["sweep"], busy, frames["analysis"], None)
+    stated = make_plan(inputs, CommModel.from_link(100, 5), [1, 2, 4])
+    assert "NOT TRUSTED" not in stated.recommendation
 
 
 def test_recorded_gradient_bytes_plan_a_workload_whose_model_cannot_be_built(tmp_path,

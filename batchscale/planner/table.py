@@ -23,6 +23,7 @@ from batchscale.fits import ensure_columns, numeric_column
 from batchscale.planner.comm import comm_model, parallel_compute_s, with_cells
 from batchscale.planner.inputs import STARVED_SHARE, PlanInputs
 from batchscale.planner.model import (
+    ASSUMED,
     CommModel,
     Objective,
     PlanRow,
@@ -76,7 +77,12 @@ def make_plan(inputs: PlanInputs, comm: CommModel, workers: Sequence[int],
         sentence += f" — {reach_note(inputs)}"
     measured = sorted({1, *(int(n) for n in inputs.data_parallel["workers"])}) \
         if not inputs.data_parallel.empty else [1]
-    return Plan(rows, front, chosen, sentence + disturbed_note(inputs), inputs, comm, measured)
+    # A link stated in full (--link-gbps, --latency-us) takes nothing from the data-parallel
+    # trials, so how busy the machine was while they ran says nothing of it.
+    stated = all(v == ASSUMED for v in (comm.source.bandwidth, comm.source.latency,
+                                        comm.source.hidden_share))
+    note = "" if stated else disturbed_note(inputs)
+    return Plan(rows, front, chosen, sentence + note, inputs, comm, measured)
 
 
 def past_reach(row: PlanRow, inputs: PlanInputs) -> bool:
