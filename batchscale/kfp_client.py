@@ -83,7 +83,19 @@ def kfp_errors(host: str) -> Iterator[None]:
         raise KfpError(redact_url(f"KFP API at {host} answered {err.status} {err.reason}: "
                                   f"{_server_message(err.body)}")) from None
     except urllib3.exceptions.HTTPError as err:
-        raise KfpError(redact_url(f"cannot reach the KFP API at {host}: {err}")) from None
+        raise KfpError(redact_url(f"cannot reach the KFP API at {host}: {network_reason(err)}; "
+                                  "check --host and that the API answers there")) from None
+
+
+def network_reason(err: BaseException) -> str:
+    """What went wrong underneath urllib3's retry and pool wrapping, in the system's words
+    ("Connection refused", "Name or service not known"), else urllib3's own message."""
+    cause = getattr(err, "reason", None) or err
+    for inner in (cause, cause.__cause__, cause.__context__):
+        if isinstance(inner, OSError) and inner.strerror:
+            return inner.strerror
+    text = str(cause)
+    return text.split("Failed to establish a new connection: ")[-1]
 
 
 def check_host(host: str) -> str:

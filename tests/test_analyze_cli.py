@@ -138,6 +138,11 @@ def test_the_same_inputs_land_in_the_same_default_directory(tmp_path, capsys, mo
     assert "note: the learning rate is given without the warm-up" not in stderr
     code, stdout, stderr = run_analyze(["runs.parquet"], capsys)
     assert code == 0 and "linear warm-up" not in stdout
+    # summary.json and the report say it too, not only the terminal
+    unknown = "with the warm-up the runs had, which the runs table does not record"
+    assert unknown in stdout
+    (again,) = [p for p in (tmp_path / ".batchscale" / "analyze").iterdir() if p != made]
+    assert unknown in (again / "summary.json").read_text()
     assert ("note: the learning rate is given without the warm-up the trials ran with (the runs "
             "table does not record convergence.warmup_steps)") in stderr
 

@@ -114,8 +114,8 @@ def recommend(
     # The learning rate, expectation and saving all speak of one (rule, batch, workers) cell.
     return Recommendation(batch, rule, workers, batch_reason, rule_reason,
                           workers_reason + _starved_note(runs, max_cpu_wait_share), lr,
-                          lr_reason + warmup_text(lr, warmup_steps if ran_schedule(runs)
-                                                  else None)
+                          lr_reason + (warmup_text(lr, warmup_steps) if ran_schedule(runs)
+                                       else "")
                           + lr_versus_current(lr, current_lr)
                           + (edge_text(runs, rule, batch, workers) if rule != TUNED_RULE
                              else ""),
@@ -263,9 +263,13 @@ def ran_schedule(runs: pd.DataFrame) -> bool:
 
 
 def warmup_text(lr: float | None, warmup_steps: int | None) -> str:
-    """The warm-up that goes with the learning rate, as the runs had it."""
-    if lr is None or warmup_steps is None:
+    """The warm-up that goes with the learning rate, as the runs had it; None: the runs ran
+    batchscale's schedule but the warm-up is not known here (a runs table read alone)."""
+    if lr is None:
         return ""
+    if warmup_steps is None:
+        return (", with the warm-up the runs had, which the runs table does not record "
+                "(convergence.warmup_steps: give the config they ran with)")
     if warmup_steps == 0:
         return ", with no warm-up, as the runs had (convergence.warmup_steps)"
     return (f", reached by a linear warm-up over the first {warmup_steps} steps, as the runs had "
