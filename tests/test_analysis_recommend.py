@@ -74,8 +74,9 @@ def test_recommend_picks_the_obvious_answer():
 
 
 def test_the_learning_rate_comes_with_the_runs_warm_up():
-    """The card's learning rate says how the runs reached it (convergence.warmup_steps); a
-    table from elsewhere (no warm-up given) says nothing of one."""
+    """The card's learning rate says how the runs reached it (convergence.warmup_steps); runs
+    of batchscale's trainer whose warm-up is not given say it is not recorded; a table from
+    elsewhere (no optimizer: not batchscale's schedule) says nothing of one."""
     runs = pd.DataFrame([run_row(64, "linear", 0.1, 0, 120), run_row(64, "linear", 0.1, 1, 124)])
     runs["optimizer"] = "sgd"  # batchscale's trainer ran them (see the last test)
     warmed = recommend(obvious_table(), runs, warmup_steps=20).learning_rate_reason
@@ -83,7 +84,12 @@ def test_the_learning_rate_comes_with_the_runs_warm_up():
                            "had (convergence.warmup_steps)")
     none = recommend(obvious_table(), runs, warmup_steps=0).learning_rate_reason
     assert "with no warm-up" in none
-    assert "warm-up" not in recommend(obvious_table(), runs).learning_rate_reason
+    assert recommend(obvious_table(), runs).learning_rate_reason.endswith(
+        "with the warm-up the runs had, which the runs table does not record "
+        "(convergence.warmup_steps: give the config they ran with)")
+    elsewhere = runs.drop(columns="optimizer")
+    assert "warm-up" not in recommend(obvious_table(), elsewhere, warmup_steps=20
+                                      ).learning_rate_reason
 
 
 def test_the_learning_rate_is_the_one_the_chosen_cell_ran_with():
