@@ -171,3 +171,25 @@ def test_steps_no_slower_than_their_compute_hid_the_whole_all_reduce():
     comm = comm_model(inputs_of(frames))
     assert comm.hidden_share == 1.0
     assert comm.source.hidden_share == MEASURED
+
+
+def test_the_link_says_the_range_each_probe_gives_alone():
+    """One fitted link hides how far the probes disagree: with one trial's probe twice as slow
+    on both messages, the note gives each probe's own latency and bandwidth as a range."""
+    frames = probed_frames()
+    runs = frames["runs"]
+    slow = runs.index[runs["workers"] == 2][0]
+    runs.loc[slow, ["allreduce_small_s", "allreduce_gradient_s"]] *= 2
+    note = comm_model(inputs_of(frames)).note
+    # the slow probe alone: twice the latency, half the bandwidth (both times doubled)
+    assert "latency 50–100 µs, 4–8 Gbit/s)" in note, note
+    assert "(each probe alone, " in note
+
+
+def test_one_probe_gives_no_range():
+    frames = probed_frames()
+    runs = frames["runs"]
+    keep = runs.index[runs["workers"] == 2][0]
+    runs = runs[(runs["workers"] != 2) | (runs.index == keep)]
+    frames["runs"] = runs
+    assert "each probe alone" not in comm_model(inputs_of(frames)).note

@@ -171,7 +171,7 @@ def probed_model(inputs: PlanInputs, latency_us: float | None = None) -> CommMod
     except ValueError as err:
         return _unresolved_link(inputs, given_latency_s, str(err))
     measured = (f"link from {len(probe) // 2} all-reduce probe(s), {_link_words(link)}"
-                f"{_probe_cv(probe)}")
+                f"{_each_probe_range(probe)}{_probe_cv(probe)}")
     cells = inputs.data_parallel
     if cells.empty:
         return CommModel(link.bandwidth_Bps, link.latency_s, 0.0, CommSource(
@@ -199,6 +199,25 @@ def _link_words(link: CommModel) -> str:
     """'latency 41 µs per hop, 2.3 Gbit/s' (gigabits: 1e9 bit)."""
     return (f"latency {link.latency_s * 1e6:.3g} µs per hop, "
             f"{8 * link.bandwidth_Bps / 1e9:.3g} Gbit/s")
+
+
+def _each_probe_range(probe: pd.DataFrame) -> str:
+    """The spread behind the one fitted link: the latency and bandwidth each probe gives alone
+    (its small message and its gradient: rows i and i + half of `probe_points`)."""
+    half = len(probe) // 2
+    points = probe[["workers", "bytes", "seconds"]].to_numpy()
+    links = []
+    for i in range(half):
+        try:
+            links.append(fit_comm_model(points[[i, i + half]]))
+        except ValueError:  # this probe's gradient no slower than its small message: noise
+            continue
+    if len(links) < 2:
+        return ""
+    latency_us = [link.latency_s * 1e6 for link in links]
+    gbps = [8 * link.bandwidth_Bps / 1e9 for link in links]
+    return (f" (each probe alone, {len(links)} of {half}: latency {min(latency_us):.3g}–"
+            f"{max(latency_us):.3g} µs, {min(gbps):.3g}–{max(gbps):.3g} Gbit/s)")
 
 
 def _probe_cv(probe: pd.DataFrame) -> str:
