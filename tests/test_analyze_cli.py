@@ -288,7 +288,12 @@ REFUSALS = {
     "columns missing": ({"runs.csv": "bs,steps\n4,10\n"}, [
         "lacks batch_size; steps_to_target or examples_to_target",
         "Required: batch_size, and steps_to_target or examples_to_target",
-        "Optional: seed, lr_rule, lr, status", "Columns found: bs, steps", "--column"]),
+        "Optional: seed, lr_rule, lr, status", "Columns found: bs, steps",
+        "e.g. --column batch_size=bs --column steps_to_target=steps"]),
+    "columns missing, nothing to guess from": ({"runs.csv": "a,b\n4,10\n"}, [
+        "Columns found: a, b", "e.g. --column steps_to_target=<your column>"]),
+    "columns missing, two candidates": ({"runs.csv": "batch,steps,step_ms\n4,10,1\n"}, [
+        "e.g. --column batch_size=batch"]),
     "text in batch_size": ({"runs.csv": "batch_size,steps_to_target\n4,10\nabc,12\n"},
                            ["column 'batch_size' holds 'abc'", "whole numbers"]),
     "fractional batch": ({"runs.csv": "batch_size,steps_to_target\n4.5,10\n"},
@@ -520,3 +525,17 @@ def test_an_analyze_run_id_is_refused_by_the_lake_commands_naming_where_its_outp
     assert code == 2, err
     assert "is `batchscale analyze`'s" in err and f"analyze/external-10a341a1e66a/{written}" in err
     assert "store:" not in err and not (tmp_path / ".batchscale").exists()
+
+
+def test_a_column_is_guessed_only_where_one_users_column_holds_its_word():
+    """The refusal's example maps the user's own columns where exactly one holds a word of the
+    needed one; never a step time, whose unit a guess cannot know."""
+    from batchscale.analysis.usertables import RUNS_INPUT, SWEEP_INPUT, _likely_sources
+
+    assert _likely_sources(RUNS_INPUT, ["batch", "steps", "step_ms"]) == {"batch_size": "batch"}
+    assert _likely_sources(RUNS_INPUT, ["abs_error", "n_iter"]) == {"steps_to_target": "n_iter"}
+    assert _likely_sources(RUNS_INPUT, ["bs", "samples"]) == {
+        "batch_size": "bs", "examples_to_target": "samples"}
+    assert _likely_sources(SWEEP_INPUT, ["bs", "step_ms"]) == {"batch_size": "bs"}
+    assert _likely_sources(SWEEP_INPUT, ["bs", "throughput"]) == {
+        "batch_size": "bs", "samples_per_s": "throughput"}

@@ -11,6 +11,7 @@ written by pandas) are read as integers; fractional step and example counts are 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -128,18 +129,49 @@ def rows_text(rows: list[int]) -> str:
 
 
 # ------------------------------------------------------------------------------ typed columns
+# Words a user's own name for a needed column tends to hold (short ones must be a whole word:
+# 'bs' but not 'abs_error'). None for the sweep's step time: a guess could not know its unit.
+LIKELY_WORDS = {"batch_size": ("batch", "bs"), "steps_to_target": ("step", "iter"),
+                "examples_to_target": ("example", "sample"),
+                "samples_per_s": ("per_s", "throughput", "sps")}
+
+
 def _check_present(user: UserTable, spec: InputSpec) -> None:
     names = user.table.column_names
     missing = [c for c in spec.required if c not in names]
     if not any(c in names for c in spec.one_of):
         missing.append(" or ".join(spec.one_of))
     if missing:
+        example = " ".join(f"--column {ours}={theirs}" for ours, theirs in
+                           _likely_sources(spec, names).items())
         raise BadInput(
             f"{user.label} lacks {'; '.join(missing)}. Required: {spec.needs()}. Optional: "
             f"{', '.join(spec.optional)} (and any other column of batchscale's {spec.kind} "
             f"table). Columns found: {', '.join(user.source_columns or names) or 'none'}. "
-            f"Name a column of yours with --column NAME=SOURCE, e.g. --column "
-            f"{spec.one_of[0]}=<your column>")
+            f"Name a column of yours with --column NAME=SOURCE, e.g. "
+            f"{example or f'--column {spec.one_of[0]}=<your column>'}")
+
+
+def _likely_sources(spec: InputSpec, names: list[str]) -> dict[str, str]:
+    """A guess at which of the user's columns holds each needed one that is missing: the only
+    unclaimed column holding one of its LIKELY_WORDS (for one_of, the first that has one)."""
+    free = [n for n in names if n not in spec.columns]
+    guesses: dict[str, str] = {}
+    for group in [[c] for c in spec.required] + [list(spec.one_of)]:
+        if any(c in names for c in group):
+            continue
+        for ours in group:
+            found = [n for n in free if n not in guesses.values() and _holds_word(n, ours)]
+            if len(found) == 1:
+                guesses[ours] = found[0]
+                break
+    return guesses
+
+
+def _holds_word(name: str, ours: str) -> bool:
+    lowered = name.lower()
+    words = re.split(r"[^a-z0-9]+", lowered)
+    return any(w in words if len(w) <= 3 else w in lowered for w in LIKELY_WORDS.get(ours, ()))
 
 
 def typed_columns(user: UserTable, spec: InputSpec, notes: list[str]) -> dict[str, list]:
