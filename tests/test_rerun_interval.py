@@ -71,6 +71,43 @@ def test_it_covers_a_simulated_rerun_at_its_level(units):
     assert covered / sims == pytest.approx(RERUN_LEVEL, abs=0.03)
 
 
+def _drifting_coverage(between_sweep_cv: float, drift_sd: float, sims: int = 4000) -> float:
+    """Share of simulated next sweeps inside a row's interval when each sweep carries its own
+    log-normal shift `drift_sd` (shared by its two trials) beside the trials' own 0.01."""
+    rng = random.Random(11)
+    covered = 0
+    for _ in range(sims):
+        sweeps = []
+        for _ in range(2):
+            shift = rng.gauss(0.0, drift_sd)
+            sweeps.append([math.exp(math.log(0.01) + shift + rng.gauss(0.0, 0.01))
+                           for _ in range(2)])
+        row, rerun = sweeps[0], statistics.median(sweeps[1])
+        low, high = rerun_interval([trial(m) for m in row], statistics.median(row),
+                                   between_sweep_cv=between_sweep_cv)
+        covered += low <= rerun <= high
+    return covered / sims
+
+
+def test_drift_between_sweeps_that_the_rounds_cannot_see_is_covered_once_it_is_known():
+    """Trials of one sweep share its shift, so their spread misses it and the rounds alone
+    under-cover the next sweep; with the drift given (sweep.between_sweep_cv) coverage is back
+    at the level or above (the half-widths add in quadrature: the wider choice)."""
+    assert _drifting_coverage(0.0, drift_sd=0.03) < RERUN_LEVEL - 0.1
+    assert _drifting_coverage(0.03, drift_sd=0.03) >= RERUN_LEVEL - 0.01
+
+
+def test_the_drift_gives_agreeing_trials_a_width_and_the_sweep_passes_its_setting_on():
+    c = combine([trial(0.02), trial(0.02)], between_sweep_cv=0.02)
+    assert c.rerun_high_s / c.rerun_low_s == pytest.approx(
+        math.exp(2 * statistics.NormalDist().inv_cdf(0.95) * math.sqrt(2) * 0.02))
+    from batchscale.sweep.cells import SweepCell
+    cell = SweepCell("synthetic", 64, "listed", trials=[trial(0.02), trial(0.02)],
+                     between_sweep_cv=0.02)
+    assert (cell.combined().rerun_low_s, cell.combined().rerun_high_s) == (
+        c.rerun_low_s, c.rerun_high_s)
+
+
 def test_the_row_reports_it_as_samples_per_s_slow_end_low():
     c = combine([trial(0.010), trial(0.012)])
     columns = rerun_columns(32, c)
@@ -101,6 +138,11 @@ def test_the_sweep_summary_quotes_the_best_rows_interval():
     summary |= {"rounds": [3]}
     assert "with 3+ rounds this interval misses the drift between sweeps" in summary_lines(
         summary)[0]
+    summary |= {"between_sweep_cv": 0.02}
+    assert ("this sweep's rounds and a drift between sweeps of 2 % (sweep.between_sweep_cv) "
+            "give 90.0-111.0, 90 %") in summary_lines(summary)[0]
+    assert "3+ rounds" not in summary_lines(summary)[0]
+    summary |= {"between_sweep_cv": None}
     summary |= {"best_samples_per_s_low": math.nan}
     assert "(no rerun interval: too few steps)" in summary_lines(summary)[0]
 

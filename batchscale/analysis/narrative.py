@@ -191,13 +191,15 @@ def _sentence(text: str) -> str:
 
 
 def _rerun_text(interval: tuple[float, float]) -> str:
-    """"(its rounds give L–H, 90 %; another sweep may land outside) " or, without an
-    interval, a flag saying so. Not "a rerun would give": the rounds of one sweep do not see the
-    drift between sweeps, and the next sweep fell outside often (docs/sweep.md)."""
+    """"(its rerun interval L–H, 90 %; another sweep may land outside) " or, without an
+    interval, a flag saying so. Not "a rerun would give": the interval rests on the sweep's
+    rounds and an assumed drift between sweeps (sweep.between_sweep_cv), and on a noisy hour the
+    next sweep fell outside more often than 10 % (docs/sweep.md)."""
     low, high = interval
     if not (math.isfinite(low) and math.isfinite(high)):
         return "(no rerun interval recorded) "
-    return f"(its rounds give {number(low)}–{number(high)}, 90 %; another sweep may land outside) "
+    return (f"(its rerun interval {number(low)}–{number(high)}, 90 %; another sweep may land "
+            "outside) ")
 
 
 def _throughput_text(throughput: ThroughputSummary, step: StepTimeSummary,

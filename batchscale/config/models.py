@@ -235,6 +235,12 @@ class SweepConfig(_Strict):
     """Measurement rounds; each visits the batch sizes in a different order (ascending, then
     descending, ...) so drift and bursts of load hit every batch size alike. A row's figures
     combine its rounds (median)."""
+    between_sweep_cv: float = Field(0.02, ge=0.0, lt=1.0)
+    """How far whole sweeps of the same row drift apart (a coefficient of variation of samples/s
+    between sweeps minutes or hours apart), which one sweep's rounds, seconds apart, cannot
+    show; each row's rerun interval adds it to its rounds' disagreement. 0.02 is the median
+    over 30 rows of quiet one-thread sweeps on our 2-core CPU host (docs/sweep.md); set it from
+    your own repeated sweeps or the lake's next-run interval, 0 for the rounds alone."""
     max_round_spread: float = Field(0.15, gt=0.0)
     """A row whose rounds' median step times differ by more than this share of their median is
     re-measured, then flagged unstable."""

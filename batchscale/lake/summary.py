@@ -98,8 +98,8 @@ def throughput_lines(sweep: pa.Table) -> list[str]:
     A sweep left empty on purpose (a TrainingLoop's) is one line saying why."""
     if not sweep.num_rows:
         return [f"throughput: none: {not_measured_reason(sweep) or 'the sweep has no rows'}"]
-    lines = ["throughput (samples/s with the 90 % interval for a rerun that this sweep's rounds "
-             "give, which another sweep may leave; median step; CV):",
+    lines = ["throughput (samples/s with its 90 % rerun interval, from this sweep's rounds and "
+             "sweep.between_sweep_cv, which another sweep may leave; median step; CV):",
              f"  {'input':9s} {'batch':>6s} {'samples/s':>11s} {'rerun range':>21s} "
              f"{'step ms':>9s} {'cv':>6s}"]
     for r in sorted(sweep.to_pylist(), key=lambda r: (r["input_mode"], r["batch_size"])):

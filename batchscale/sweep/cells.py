@@ -47,6 +47,8 @@ class SweepCell:
     """sweep.overload_cpu_share (inf when the check is off); None: conditions' default."""
     wait_share: float | None = None
     """sweep.max_cpu_wait_share (inf when the check is off); None: conditions' default."""
+    between_sweep_cv: float = 0.0
+    """sweep.between_sweep_cv: the drift between sweeps its rerun interval adds."""
 
     @property
     def timed(self) -> bool:
@@ -83,7 +85,7 @@ class SweepCell:
                                     cpu_wait_share=max(self.overload.cpu_wait_share, wait))
 
     def combined(self) -> Combined | None:
-        return combine(self.trials) if self.timed else None
+        return combine(self.trials, self.between_sweep_cv) if self.timed else None
 
     def quality(self, max_round_spread: float, max_cv: float) -> tuple[str | None, str | None]:
         """(quality, reason) judged on the trials so far; (None, None) when not timed."""

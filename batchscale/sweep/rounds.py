@@ -28,8 +28,10 @@ retries):
   trial are correlated (one trial's steps share its allocator state, caches and the load of that
   moment) and would give a falsely narrow interval. With two trials the t quantile has one degree
   of freedom, so the interval is about ±4.5× the trials' relative difference: wide, because two
-  repeats say little about a third. How often the next sweep lands inside it is measured in
-  `make bench` (bench_sweep, "rerun interval coverage"; docs/sweep.md).
+  repeats say little about a third. Trials seconds apart still miss the drift between sweeps
+  minutes or hours apart, so a known between-sweep CV (sweep.between_sweep_cv) is added. How
+  often the next sweep lands inside it is measured in `make bench` (bench_sweep, "rerun
+  interval coverage"; docs/sweep.md).
 
 `judge` then calls a row unstable when its trials disagree, its steps scatter (judged without
 the steps a full garbage collection ran in: `_scatter_reason`), or most of its
@@ -126,8 +128,9 @@ class Combined:
     """`rerun_interval`'s bounds on the median step time; None when it cannot be computed."""
 
 
-def combine(trials: Sequence[StepTimes]) -> Combined:
-    """The row's figures from its trials (at least one, each with at least one timed step)."""
+def combine(trials: Sequence[StepTimes], between_sweep_cv: float = 0.0) -> Combined:
+    """The row's figures from its trials (at least one, each with at least one timed step);
+    `between_sweep_cv` widens the rerun interval (`rerun_interval`)."""
     if not trials:
         raise ValueError("combine needs at least one timed trial")
     medians = [t.median_s for t in trials]
@@ -135,7 +138,7 @@ def combine(trials: Sequence[StepTimes]) -> Combined:
     waits = [t.cpu_wait_share for t in trials if t.cpu_wait_share is not None]
     collected = [(t.gc_s, t.wall_s) for t in trials if t.gc_s is not None and t.wall_s]
     median_s = statistics.median(medians)
-    rerun = rerun_interval(trials, median_s)
+    rerun = rerun_interval(trials, median_s, between_sweep_cv=between_sweep_cv)
     return Combined(
         median_s=median_s,
         p10_s=statistics.median(t.quantile_s(0.1) for t in trials),
@@ -155,20 +158,28 @@ def combine(trials: Sequence[StepTimes]) -> Combined:
 
 
 def rerun_interval(trials: Sequence[StepTimes], median_s: float,
-                   level: float = RERUN_LEVEL) -> tuple[float, float] | None:
+                   level: float = RERUN_LEVEL,
+                   between_sweep_cv: float = 0.0) -> tuple[float, float] | None:
     """(low, high) around `median_s` for the median step time a rerun of these trials would
-    report: exp(log median ± t·s·sqrt(2/k)), s the standard deviation of the log medians of the
-    k units, t Student's quantile with k - 1 degrees of freedom. The units are the trials; a
-    lone trial is split into its earlier and later half (two units adjacent in time: they
-    share more than two trials do, so that interval is the narrower guess). sqrt(2/k): the row's
-    figure and the rerun's each average k units. None with fewer than two units of two steps,
-    or when the interval would be wider than MAX_RERUN_FACTOR either side."""
+    report: exp(log median ± h), h = sqrt((t·s·sqrt(2/k))² + (z·sqrt(2)·c)²). s is the standard
+    deviation of the log medians of the k units, t Student's quantile with k - 1 degrees of
+    freedom; sqrt(2/k) because the row's figure and the rerun's each average k units. c is
+    `between_sweep_cv`, the drift between sweeps that the units of one sweep cannot show (the
+    row and the rerun each carry their own, hence sqrt(2)), z the normal quantile: it is known
+    from elsewhere (sweep.between_sweep_cv), not estimated here. Adding the two half-widths in
+    quadrature rather than their variances before one t quantile is the wider, safer choice.
+    The units are the trials; a lone trial is split into its earlier and later half (two units
+    adjacent in time: they share more than two trials do, so that interval is the narrower
+    guess). None with fewer than two units of two steps, or when the interval would be wider
+    than MAX_RERUN_FACTOR either side."""
     units = [t.median_s for t in trials] if len(trials) >= 2 else _half_medians(trials[0])
     if len(units) < 2 or min(units) <= 0 or median_s <= 0:
         return None
     logs = [math.log(u) for u in units]
-    half = t_quantile(0.5 + level / 2, len(units) - 1) * statistics.stdev(logs) * math.sqrt(
+    rounds = t_quantile(0.5 + level / 2, len(units) - 1) * statistics.stdev(logs) * math.sqrt(
         2 / len(units))
+    drift = statistics.NormalDist().inv_cdf(0.5 + level / 2) * math.sqrt(2) * between_sweep_cv
+    half = math.hypot(rounds, drift)
     if half > math.log(MAX_RERUN_FACTOR):
         return None
     return median_s * math.exp(-half), median_s * math.exp(half)

@@ -22,16 +22,19 @@ from batchscale.schemas import Quality, TrialStatus
 MANY_ROUNDS = 3
 """From this many rounds on, the rerun interval's t quantile is small enough that the drift
 between sweeps, which rounds in one sweep cannot see, dominates: measured coverage of the next
-sweep fell from 0.88 (2 rounds) to 0.56 (3 rounds), docs/benchmarks.md."""
+sweep fell from 0.88 (2 rounds) to 0.56 (3 rounds), docs/benchmarks.md; said when the interval
+is the rounds' alone (sweep.between_sweep_cv 0)."""
 SHORT_STEP_S = 1e-3
 """Below this median step time the timer, Python's dispatch and the allocator are a large share
 of each step, so whole sweeps disagree more than for longer steps (docs/sweep.md, "Rows of
 sub-millisecond steps"): such rows are named in the summary."""
 
 
-def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> dict:
+def summarize(rows: list[dict], saturation_tolerance: float | None = None,
+              between_sweep_cv: float | None = None) -> dict:
     """Saturation batch (within `saturation_tolerance` of the best samples/s: the config's
-    `analysis.saturation_tolerance`, its default when None), best throughput, measured and
+    `analysis.saturation_tolerance`, its default when None), best throughput with its rerun
+    interval (built with `between_sweep_cv`, sweep.between_sweep_cv; None: not known), measured and
     predicted largest batch under the rows' memory cap (the fits the analysis uses too, so
     the sweep and the report agree), and the measurements' quality (quality_summary)."""
     import pandas as pd
@@ -72,6 +75,7 @@ def summarize(rows: list[dict], saturation_tolerance: float | None = None) -> di
         "best_samples_per_s": float(best["samples_per_s"]),
         "best_samples_per_s_low": float(best["samples_per_s_low"]),
         "best_samples_per_s_high": float(best["samples_per_s_high"]),
+        "between_sweep_cv": between_sweep_cv,
         "best_batch": int(best["batch_size"]), "best_mfu": float(best["mfu"]),
         "largest_fitting_batch": measured, "largest_fitting_reason": measured_reason,
         "memory_fixed_bytes": fit.fixed_bytes, "memory_per_sample_bytes": fit.per_sample_bytes,
@@ -131,9 +135,12 @@ def _rerun_text(summary: dict) -> str:
     low, high = summary.get("best_samples_per_s_low"), summary.get("best_samples_per_s_high")
     if not (_finite(low) and _finite(high)):
         return "(no rerun interval: too few steps)"
-    text = (f"this sweep's rounds give {low:,.1f}-{high:,.1f}, 90 %; another sweep may land "
-            "outside it (docs/sweep.md)")
-    if max(summary.get("rounds") or [0]) >= MANY_ROUNDS:
+    drift = summary.get("between_sweep_cv")
+    basis = ("this sweep's rounds give" if not drift else "this sweep's rounds and a drift "
+             f"between sweeps of {drift * 100:g} % (sweep.between_sweep_cv) give")
+    text = (f"{basis} {low:,.1f}-{high:,.1f}, 90 %; another sweep may land outside it "
+            "(docs/sweep.md)")
+    if not drift and max(summary.get("rounds") or [0]) >= MANY_ROUNDS:
         text += (f"; with {MANY_ROUNDS}+ rounds this interval misses the drift between sweeps and "
                  "covered the next sweep only about half the time in our measurements "
                  "(docs/sweep.md)")

@@ -186,7 +186,8 @@ class _Sweep:
         cell = self.cells.setdefault((input_mode, batch_size),
                                      SweepCell(input_mode, batch_size, phase,
                                           overload_share=_off_as_inf(cfg.overload_cpu_share),
-                                          wait_share=_off_as_inf(cfg.max_cpu_wait_share)))
+                                          wait_share=_off_as_inf(cfg.max_cpu_wait_share),
+                                          between_sweep_cv=cfg.between_sweep_cv))
         cell.add(result, before, label, retry=retry)
         self.trials_run += 1
         row = self.row(cell)
@@ -417,7 +418,8 @@ def run_stage(config: str | Config, run_id: str, dataset_dir: str | None,
     cfg = stage_config(config)
     env = _environment(cfg, run_id)
     rows = sweep(cfg.sweep, cfg.workload, env, out_path, dataset_dir=dataset_dir)
-    for line in summary_lines(summarize(rows, cfg.analysis.saturation_tolerance)):
+    for line in summary_lines(summarize(rows, cfg.analysis.saturation_tolerance,
+                                        cfg.sweep.between_sweep_cv)):
         _stderr(line)
     if rows and not any(row["status"] == TrialStatus.OK for row in rows):
         raise BatchscaleError(f"no batch size of {cfg.workload} was timed: "
