@@ -146,3 +146,32 @@ def test_a_signal_during_a_held_step_takes_effect_when_the_step_ends():
         finished.append("after")
     assert finished == ["step"]
     assert signal.getsignal(signal.SIGTERM) is not None
+
+
+def test_ctrl_c_as_torchrun_starts_still_stops_the_group(tmp_path, monkeypatch):
+    """Ctrl-C arriving right as the torchrun group has been started (the Popen done, its
+    handle not yet kept): the start is held, so the group is stopped on the way out instead of
+    left running unseen."""
+    from batchscale.config import parse_config
+    from batchscale.convergence import runner
+
+    monkeypatch.chdir(TESTS_DIR)  # the workers import contract_workloads from here
+    cfg = parse_config({"workload": "contract_workloads:good", "convergence": {
+        "batch_sizes": [16], "lr_rules": ["sqrt"], "seeds": [0], "max_steps": 100000,
+        "targets": [{"metric": "val_accuracy", "value": 1.0}]}})
+    spec = runner.build_spec(cfg, [16], data_dir="unused", out_dir=str(tmp_path / "out"),
+                             run_id="ctrlc")
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen_then_ctrl_c(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        signal.raise_signal(signal.SIGINT)
+        return started[-1]
+
+    monkeypatch.setattr(runner.subprocess, "Popen", popen_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        runner.launch_local(spec, 300, max_restarts=0)
+    assert len(started) == 1 and started[0].poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(started[0].pid, 0)  # nothing of its group is left

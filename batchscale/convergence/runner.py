@@ -43,7 +43,13 @@ from batchscale.errors import BadInput, BatchscaleError
 from batchscale.location import Location, is_s3_uri, open_location
 from batchscale.names import check_run_id
 from batchscale.schemas import TUNED_RULE
-from batchscale.stopping import Terminated, die_with_parent, resume_run_id, stop_group
+from batchscale.stopping import (
+    Terminated,
+    die_with_parent,
+    resume_run_id,
+    signals_held,
+    stop_group,
+)
 from batchscale.storage import write_bytes_atomic
 from batchscale.workloads import get_workload
 
@@ -264,15 +270,18 @@ def launch_local(spec: ConvergenceSpec, timeout_s: float, max_restarts: int) -> 
     # this process does, even by SIGKILL, its ranks after it (batchscale/stopping.py). SIGKILL,
     # not SIGTERM: trials checkpoint atomically, and the agent answers SIGTERM with a traceback.
     env = {**torchrun_env(workers), ERROR_FILE_ENV: str(error_file)}
-    with open(log_path, "wb") as log:  # the group's stderr; stdout is passed through as before
-        proc = subprocess.Popen(cmd, env=env, stderr=log, start_new_session=True,
-                                preexec_fn=partial(die_with_parent, signal.SIGKILL))
     echo = _LogEcho(log_path)
-    user_error = None
+    user_error, proc = None, None
     try:
+        # Ctrl-C or SIGTERM during the start is held until `proc` is known, so the `finally`
+        # below stops the group instead of leaving it running unseen.
+        with open(log_path, "wb") as log, signals_held():  # the group's stderr
+            proc = subprocess.Popen(cmd, env=env, stderr=log, start_new_session=True,
+                                    preexec_fn=partial(die_with_parent, signal.SIGKILL))
         user_error = _watch(proc, timeout_s, error_file, echo, out_dir)
     finally:
-        stop_group(proc, first=signal.SIGKILL)
+        if proc is not None:
+            stop_group(proc, first=signal.SIGKILL)
         if user_error is None and not error_file.exists():
             echo.show(echo.read(final=True))  # what the group wrote last (its failure, if any)
     if user_error is None and error_file.exists():  # written as the group ended
