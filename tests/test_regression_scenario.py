@@ -197,7 +197,8 @@ class Scenario:
         for _ in range(MEASURE_ATTEMPTS):
             run_id, path, text = self.run(commit)
             found = verdicts(path)["verdict"]
-            if settled and found.isin(["ok", "too_noisy", "insufficient_history"]).all():
+            # A "too_noisy" baseline is not settled: it could not see the heavier model either.
+            if settled and found.isin(["ok", "insufficient_history"]).all():
                 return run_id, path, text
             if not settled and not found.eq("not_judged").all():
                 return run_id, path, text
