@@ -22,8 +22,8 @@ from batchscale.schemas import Quality, TrialStatus
 MANY_ROUNDS = 3
 """From this many rounds on, the rerun interval's t quantile is small enough that the drift
 between sweeps, which rounds in one sweep cannot see, dominates: measured coverage of the next
-sweep fell from 0.88 (2 rounds) to 0.56 (3 rounds), docs/benchmarks.md; said when the interval
-is the rounds' alone (sweep.between_sweep_cv 0)."""
+sweep fell from 0.88 (2 rounds) to 0.56 (3 rounds), docs/benchmarks.md. With sweep.between_sweep_cv
+the summary says instead that such an interval's coverage is not measured."""
 SHORT_STEP_S = 1e-3
 """Below this median step time the timer, Python's dispatch and the allocator are a large share
 of each step, so whole sweeps disagree more than for longer steps (docs/sweep.md, "Rows of
@@ -140,10 +140,12 @@ def _rerun_text(summary: dict) -> str:
              f"between sweeps of {drift * 100:g} % (sweep.between_sweep_cv) give")
     text = (f"{basis} {low:,.1f}-{high:,.1f}, 90 %; another sweep may land outside it "
             "(docs/sweep.md)")
-    if not drift and max(summary.get("rounds") or [0]) >= MANY_ROUNDS:
+    if max(summary.get("rounds") or [0]) >= MANY_ROUNDS:
         text += (f"; with {MANY_ROUNDS}+ rounds this interval misses the drift between sweeps and "
                  "covered the next sweep only about half the time in our measurements "
-                 "(docs/sweep.md)")
+                 "(docs/sweep.md)" if not drift else
+                 f"; with {MANY_ROUNDS}+ rounds it rests mostly on sweep.between_sweep_cv, and "
+                 "how often it then holds the next sweep is not measured (docs/sweep.md)")
     return f"({text})"
 
 
