@@ -267,8 +267,10 @@ def quality_lines(summary: dict) -> list[str]:
     if short := summary.get("short_step_batches"):
         lines.append(f"sub-millisecond steps at batch {', '.join(map(str, short))}: the timer "
                      "and dispatch weigh on each step, so another sweep of these rows may land "
-                     "further away than of slower ones; compare them only through their rerun "
-                     "intervals (docs/sweep.md)")
+                     "further away than of slower ones, and on a noisy host even outside their "
+                     "rerun intervals more often than the 10 % these claim; compare such rows "
+                     "through the lake's next-run interval, or time them longer or on one "
+                     "thread (docs/sweep.md)")
     if hint := threads_note(summary.get("cpu_threads")):
         lines.append(f"threads: {hint}")
     if gc_rows := summary.get("gc_rows"):
