@@ -365,16 +365,17 @@ def gc_note(gc_rows: Collection[tuple[float, str, int]]) -> str:
 
 def threads_note(cpu_threads: int | None) -> str:
     """A CPU trial on several threads runs at the pace of its slowest thread's CPU; on a shared
-    virtual machine whole sweeps then land at one of two speeds, which a row's rerun interval,
-    from one sweep's rounds, cannot see (docs/sweep.md, "Threads, and rows that repeat").
+    virtual machine whole sweeps then land at one of two speeds, tens of per cent apart, which a
+    row's rerun interval (one sweep's rounds and a drift of a few per cent) does not cover
+    (docs/sweep.md, "Threads, and rows that repeat").
     `cpu_threads` as `cpu_threads_of` gives it; "" on one thread or on a GPU (None)."""
     if not cpu_threads or cpu_threads < 2:
         return ""
     return (f"the trials ran on {cpu_threads} CPU threads; on a shared virtual machine "
             "a whole sweep can then run at one of two speeds (whether the other CPUs are "
-            "running), which the rerun intervals, from one sweep's rounds, do not see. "
-            "sweep.threads: 1 (--threads 1) times rows repeatably, on one CPU "
-            "(docs/sweep.md)")
+            "running), which the rerun intervals (this sweep's rounds and "
+            "sweep.between_sweep_cv) do not cover. sweep.threads: 1 (--threads 1) avoids that "
+            "switch, on one CPU; a noisy host still moves whole sweeps (docs/sweep.md)")
 
 
 def gc_rows_of(rows: Collection[dict]) -> list[tuple[float, str, int]]:
