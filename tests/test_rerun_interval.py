@@ -181,5 +181,9 @@ def test_the_summary_names_rows_of_sub_millisecond_steps_and_only_stable_ones():
     assert named == [next(line for line in lines if "batch 16, 64:" in line)]
     assert "outside their rerun intervals more often" in named[0]
     assert "next-run interval" in named[0]
+    assert "on one thread" not in named[0]  # no thread count known: nothing to switch from
+    on_two = quality_lines({**summary, "cpu_threads": 2})
+    assert "or time them longer or on one thread" in next(
+        line for line in on_two if line.startswith("sub-millisecond steps"))
     assert not [line for line in quality_lines(quality_summary([row(256, 2 * SHORT_STEP_S)]))
                 if "sub-millisecond" in line]

@@ -269,8 +269,9 @@ def quality_lines(summary: dict) -> list[str]:
                      "and dispatch weigh on each step, so another sweep of these rows may land "
                      "further away than of slower ones, and on a noisy host even outside their "
                      "rerun intervals more often than the 10 % these claim; compare such rows "
-                     "through the lake's next-run interval, or time them longer or on one "
-                     "thread (docs/sweep.md)")
+                     "through the lake's next-run interval, or time them longer"
+                     f"{' or on one thread' if (summary.get('cpu_threads') or 0) > 1 else ''} "
+                     "(docs/sweep.md)")
     if hint := threads_note(summary.get("cpu_threads")):
         lines.append(f"threads: {hint}")
     if gc_rows := summary.get("gc_rows"):
