@@ -160,6 +160,31 @@ def test_every_trial_diverged_says_so():
     assert math.isnan(critical.b_crit) and "every trial diverged" in critical.reason
 
 
+
+def test_a_fit_that_asks_for_more_batch_sizes_names_those_that_ran_and_were_lost():
+    """Three batch sizes reached with steps too few to pin a fit; three smaller ones ran and
+    diverged or stalled. "More batch sizes would tell" alone would send the user to run more,
+    where the lost ones need a lower learning rate or a longer budget: the reason names them
+    and how their trials ended (a user's run of their own regression model, 2026-12-07)."""
+    reached = [run_row(b, "sqrt", 0.1, s, n) for b, steps in ((64, (140, 220)),
+               (128, (70, 100)), (256, (60, 60))) for s, n in enumerate(steps)]
+    lost = [run_row(b, "sqrt", 0.02, s, 300, status="diverged") for b in (8, 16)
+            for s in (0, 1)]
+    stalled = [{**run_row(32, "sqrt", 0.05, s, 1000, status="not_reached"),
+                "stop_reason": "stalled: no target metric improved in 50 evaluations in a row"}
+               for s in (0, 1)]
+    runs = pd.DataFrame(reached + lost + stalled)
+    critical = analyze(None, runs, None, AnalysisConfig(bootstrap_samples=20)).summary
+    reason = critical.critical_batch["sqrt"].reason
+    assert math.isnan(critical.critical_batch["sqrt"].b_crit)
+    assert "more batch sizes or seeds would tell" in reason
+    assert reason.endswith("; batch sizes 8, 16 and 32 ran but did not reach the target; of the "
+                           "trials that stopped short, 2 stalled (convergence.patience_evals), "
+                           "4 diverged")
+    every_one_reached = pd.DataFrame(reached)
+    alone = analyze(None, every_one_reached, None, AnalysisConfig(bootstrap_samples=20))
+    assert "ran but did not reach" not in alone.summary.critical_batch["sqrt"].reason
+
 # --------------------------------------------------------------------------- its interval
 
 

@@ -6,6 +6,7 @@ reported."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -112,9 +113,31 @@ def _fit(rule_runs: pd.DataFrame, cells: pd.DataFrame, range_factor: float) -> C
     reason = edge_case_reason(rule_runs, cells)
     if reason:
         return CriticalBatchFit(math.nan, math.nan, math.nan, math.nan, reason)
-    return fit_critical_batch(
+    fit = fit_critical_batch(
         cells["batch_size"], cells["steps_to_target"], range_factor=range_factor
     )
+    if fit.reason and not fit.bound:
+        fit = dataclasses.replace(fit, reason=fit.reason + _unreached_note(rule_runs, cells))
+    return fit
+
+
+def _unreached_note(rule_runs: pd.DataFrame, cells: pd.DataFrame) -> str:
+    """The batch sizes that ran but whose median did not reach the target, and how their trials
+    ended: a fit that asks for "more batch sizes" must say when some were run and lost
+    (diverged, stalled), since the remedy is then the learning rate or the budget, not more
+    batches."""
+    steps = numeric_column(cells, "steps_to_target")
+    reached = {int(b) for b, v in zip(cells["batch_size"], steps, strict=True)
+               if math.isfinite(v)}
+    batches = numeric_column(rule_runs, "batch_size")
+    lost = sorted({int(b) for b in batches if b > 0} - reached)
+    if not lost:
+        return ""
+    listed = (", ".join(map(str, lost[:-1])) + " and " + str(lost[-1]) if len(lost) > 1
+              else str(lost[0]))
+    lost_runs = rule_runs[np.isin(batches, lost)]
+    noun = "batch sizes" if len(lost) > 1 else "batch size"
+    return f"; {noun} {listed} ran but did not reach the target{_stopped_short(lost_runs)}"
 
 
 def _summary(
