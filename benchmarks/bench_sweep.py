@@ -251,9 +251,11 @@ def repeat_sweeps(out_dir: Path, count: int,
             cfg = SweepConfig(batch_sizes=REPEAT_PLANS[workload], input_modes=["synthetic"],
                               image_size_px=RESNET_IMAGE_PX, threads=setting)
             label = plan_label(workload, setting)
-            sweeps[label].append(sweep(cfg, workload, _env(workload),
-                                       out_dir / f"r{i}.parquet", log=_quiet))
-        _log(f"   repeated sweep {i + 1}/{count} done")
+            # one file per sweep, kept: the rows' rounds can be replayed offline against
+            # another interval without measuring again
+            table = out_dir / f"{workload}-threads-{setting or 'default'}-r{i}.parquet"
+            sweeps[label].append(sweep(cfg, workload, _env(workload), table, log=_quiet))
+        _log(f"   repeated sweep {i + 1}/{count} done (tables in {out_dir})")
     return sweeps
 
 
