@@ -178,12 +178,12 @@ def test_a_fit_that_asks_for_more_batch_sizes_names_those_that_ran_and_were_lost
     reason = critical.critical_batch["sqrt"].reason
     assert math.isnan(critical.critical_batch["sqrt"].b_crit)
     assert "more batch sizes or seeds would tell" in reason
-    assert reason.endswith("; batch sizes 8, 16 and 32 ran but did not reach the target; of the "
-                           "trials that stopped short, 2 stalled (convergence.patience_evals), "
-                           "4 diverged")
+    assert reason.endswith("; batch sizes 8, 16 and 32 ran but their median did not reach the "
+                           "target; of the trials that stopped short, 2 stalled "
+                           "(convergence.patience_evals), 4 diverged")
     every_one_reached = pd.DataFrame(reached)
     alone = analyze(None, every_one_reached, None, AnalysisConfig(bootstrap_samples=20))
-    assert "ran but did not reach" not in alone.summary.critical_batch["sqrt"].reason
+    assert "ran but their median" not in alone.summary.critical_batch["sqrt"].reason
 
 # --------------------------------------------------------------------------- its interval
 

@@ -137,7 +137,8 @@ def _unreached_note(rule_runs: pd.DataFrame, cells: pd.DataFrame) -> str:
               else str(lost[0]))
     lost_runs = rule_runs[np.isin(batches, lost)]
     noun = "batch sizes" if len(lost) > 1 else "batch size"
-    return f"; {noun} {listed} ran but did not reach the target{_stopped_short(lost_runs)}"
+    return (f"; {noun} {listed} ran but their median did not reach the target"
+            f"{_stopped_short(lost_runs)}")
 
 
 def _summary(
