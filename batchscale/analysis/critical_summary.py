@@ -103,10 +103,9 @@ def _partly_reached(rule_runs: pd.DataFrame, reached: list[int]) -> str:
         return ""
     listed = [f"{int(b)} in {int(row['sum'])} of {int(row['size'])} trials"
               for b, row in partly.iterrows()]
-    listed = ", ".join(listed[:-1]) + " and " + listed[-1] if len(listed) > 1 else listed[0]
-    return (f"; some trials reached it at {listed}, too few to count: S(B) is the median over"
-            " the seeds at a learning rate, so a batch size counts once more than half of its"
-            " seeds at one learning rate reach the target")
+    return (f"; some trials reached it at {_in_words(listed)}, too few to count: S(B) is the"
+            " median over the seeds at a learning rate, so a batch size counts once more than"
+            " half of its seeds at one learning rate reach the target")
 
 
 def _fit(rule_runs: pd.DataFrame, cells: pd.DataFrame, range_factor: float) -> CriticalBatchFit:
@@ -133,11 +132,9 @@ def _unreached_note(rule_runs: pd.DataFrame, cells: pd.DataFrame) -> str:
     lost = sorted({int(b) for b in batches if b > 0} - reached)
     if not lost:
         return ""
-    listed = (", ".join(map(str, lost[:-1])) + " and " + str(lost[-1]) if len(lost) > 1
-              else str(lost[0]))
     lost_runs = rule_runs[np.isin(batches, lost)]
     noun = "batch sizes" if len(lost) > 1 else "batch size"
-    return (f"; {noun} {listed} ran but their median did not reach the target"
+    return (f"; {noun} {_in_words(map(str, lost))} ran but their median did not reach the target"
             f"{_stopped_short(lost_runs)}")
 
 
@@ -207,6 +204,12 @@ def regime_ranges(labels: pd.DataFrame) -> tuple[RegimeRange, ...]:
         else:
             ranges.append(RegimeRange(regime, int(batch), int(batch)))
     return tuple(ranges)
+
+
+def _in_words(items) -> str:
+    """"a", "a and b", "a, b and c"."""
+    items = list(items)
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else items[0]
 
 
 def _count(n: int, noun: str) -> str:
