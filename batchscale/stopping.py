@@ -77,7 +77,7 @@ def sigterm_raises() -> Iterator[None]:
         return
 
     def on_sigterm(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, _ignore)
         raise Terminated
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
@@ -85,6 +85,11 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _ignore(signum, frame) -> None:
+    """A handler that does nothing: unlike SIG_IGN, which the processes started meanwhile
+    would inherit (and then shrug off the SIGTERM that stops them), exec resets it."""
 
 
 @contextlib.contextmanager
@@ -136,6 +141,87 @@ def stop_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S,
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+@contextlib.contextmanager
+def children_stop_with_this_process() -> Iterator[None]:
+    """Within the block, Ctrl-C or SIGTERM also stops every process this one started in its
+    own process group, those started after the signal included, then takes effect as it
+    would have (KeyboardInterrupt; Terminated). For a process whose work runs in children
+    started from a thread pool: kfp.local runs a pipeline's tasks so, and its pool starts
+    every queued task before it lets the exception through, so a stopped run went on with
+    its queued tasks to their end, and SIGTERM to this process alone (`timeout`, a service
+    manager) reached no task at all. Children that shared a terminal's Ctrl-C get
+    STOP_GRACE_S to stop on their own; SIGTERM, then SIGKILL after STOP_GRACE_S. Further
+    Ctrl-C and SIGTERM are ignored meanwhile: the stop is already bounded."""
+    stop_signals = [sig for sig in (signal.SIGINT, signal.SIGTERM)
+                    if signal.getsignal(sig) is not signal.SIG_IGN]
+    if threading.current_thread() is not threading.main_thread() or not stop_signals:
+        yield
+        return
+    done = threading.Event()
+    previous = {sig: signal.getsignal(sig) for sig in stop_signals}
+    stopper = []
+
+    def on_signal(signum, frame):
+        for sig in previous:
+            signal.signal(sig, _ignore)
+        stopper.append(threading.Thread(target=_stop_children, args=(signum, done), daemon=True))
+        stopper[0].start()
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+
+    for sig in previous:
+        signal.signal(sig, on_signal)
+    try:
+        yield
+    finally:
+        done.set()
+        if stopper:  # the children may outlive the block (Popen gives up on them at Ctrl-C)
+            stopper[0].join(timeout=3 * STOP_GRACE_S)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_children(signum: int, done: threading.Event) -> None:
+    """SIGTERM each process below this one in its process group (those there at a Ctrl-C got
+    it too, and are left STOP_GRACE_S to act on it), SIGKILL those still running STOP_GRACE_S
+    after their SIGTERM; until `done` is set and none is left."""
+    me, group = os.getpid(), os.getpgrp()
+    shared = set(_group_descendants(me, group)) if signum == signal.SIGINT else set()
+    start, terminated = time.monotonic(), {}
+    while True:
+        running = [pid for pid in _group_descendants(me, group) if _running(pid)]
+        if done.is_set() and not running:
+            return
+        now = time.monotonic()
+        for pid in running:
+            if pid in terminated:
+                if now - terminated[pid] >= STOP_GRACE_S:
+                    _send(pid, signal.SIGKILL)
+            elif pid not in shared or now - start >= STOP_GRACE_S:
+                _send(pid, signal.SIGTERM)
+                terminated[pid] = now
+        time.sleep(0.02)
+
+
+def _group_descendants(pid: int, group: int) -> list[int]:
+    """The processes below `pid` in process group `group` (not those that started their own:
+    a torchrun agent, the object store), from /proc."""
+    found, frontier = [], [pid]
+    while frontier:
+        below = []
+        for child in (c for parent in frontier for c in child_pids(parent)):
+            with contextlib.suppress(OSError):
+                if os.getpgid(child) == group:
+                    below.append(child)
+        found += below
+        frontier = below
+    return found
+
+
+def _send(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
 
 
 def child_pids(pid: int) -> list[int]:

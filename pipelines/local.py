@@ -12,6 +12,7 @@ from pathlib import Path
 
 from batchscale.config import ExperimentConfig
 from batchscale.errors import REFUSAL_MARK
+from batchscale.stopping import children_stop_with_this_process
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TIMESTAMP = re.compile(r"\d\d:\d\d:\d\d\.\d+ - ")
@@ -96,7 +97,7 @@ def run_local(cfg: ExperimentConfig, run_id: str, state_dir: Path) -> Path:
     # kfp.local warns on every task that our (cluster) base images are not used here: expected.
     warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
     print(f"full log: {log_path}", file=sys.stderr)
-    with open(log_path, "a") as log_file, \
+    with open(log_path, "a") as log_file, children_stop_with_this_process(), \
             contextlib.redirect_stdout(TaskLogFilter(sys.stdout, log_file)):
         pipeline(run_id=run_id)
     return pipeline_root
