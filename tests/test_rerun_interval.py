@@ -10,8 +10,14 @@ import statistics
 
 import pytest
 
-from batchscale.sweep.cells import rerun_columns
-from batchscale.sweep.rounds import MAX_RERUN_FACTOR, RERUN_LEVEL, combine, rerun_interval
+from batchscale.sweep.cells import SweepCell, rerun_columns, sweep_floor
+from batchscale.sweep.rounds import (
+    MAX_RERUN_FACTOR,
+    RERUN_LEVEL,
+    combine,
+    pooled_log_sd,
+    rerun_interval,
+)
 from batchscale.sweep.summary import summary_lines
 from batchscale.sweep.sweep import progress_line
 from batchscale.timing import StepTimes
@@ -101,11 +107,65 @@ def test_the_drift_gives_agreeing_trials_a_width_and_the_sweep_passes_its_settin
     c = combine([trial(0.02), trial(0.02)], between_sweep_cv=0.02)
     assert c.rerun_high_s / c.rerun_low_s == pytest.approx(
         math.exp(2 * statistics.NormalDist().inv_cdf(0.95) * math.sqrt(2) * 0.02))
-    from batchscale.sweep.cells import SweepCell
     cell = SweepCell("synthetic", 64, "listed", trials=[trial(0.02), trial(0.02)],
                      between_sweep_cv=0.02)
     assert (cell.combined().rerun_low_s, cell.combined().rerun_high_s) == (
         c.rerun_low_s, c.rerun_high_s)
+
+
+def test_the_pooled_disagreement_is_the_rows_deviations_over_their_degrees_of_freedom():
+    rows = [[trial(0.010), trial(0.011)], [trial(0.020), trial(0.020), trial(0.023)],
+            [trial(0.5)]]  # a lone trial says nothing about disagreement
+    logs = [[math.log(m) for m in (0.010, 0.011)], [math.log(m) for m in (0.020, 0.020, 0.023)]]
+    squares = sum((x - statistics.fmean(r)) ** 2 for r in logs for x in r)
+    assert pooled_log_sd(rows) == pytest.approx(math.sqrt(squares / 3))
+    assert pooled_log_sd([[trial(0.01)]]) == 0.0
+
+
+def test_trials_that_agree_by_luck_get_the_sweeps_disagreement_and_wider_ones_keep_theirs():
+    floor = pooled_log_sd([[trial(0.010), trial(0.011)], [trial(0.020), trial(0.022)]])
+    lucky = rerun_interval([trial(0.03), trial(0.03)], 0.03, floor_log_sd=floor)
+    shifted = rerun_interval([trial(0.03), trial(0.03 * 1.1)], 0.03, floor_log_sd=0.0)
+    assert lucky[1] / lucky[0] == pytest.approx(shifted[1] / shifted[0], rel=1e-3)
+    wide = [trial(0.010), trial(0.014)]
+    assert rerun_interval(wide, 0.012, floor_log_sd=floor) == rerun_interval(wide, 0.012)
+
+
+def _sweep_coverage(floor: bool, sims: int = 1500) -> tuple[float, float]:
+    """Coverage of the next sweep and the median interval ratio when a sweep's four rows share
+    their trials' noise (log-normal, 0.05) and each row has two trials."""
+    rng = random.Random(5)
+    covered, ratios = 0, []
+    for _ in range(sims):
+        rows = [[math.exp(rng.gauss(0.0, 0.05)) for _ in range(2)] for _ in range(4)]
+        pooled = pooled_log_sd([[trial(m) for m in r] for r in rows]) if floor else 0.0
+        for r in rows:
+            low, high = rerun_interval([trial(m) for m in r], statistics.median(r),
+                                       floor_log_sd=pooled)
+            rerun = statistics.median(math.exp(rng.gauss(0.0, 0.05)) for _ in range(2))
+            covered += low <= rerun <= high
+            ratios.append(high / low)
+    return covered / (4 * sims), statistics.median(ratios)
+
+
+def test_the_floor_only_widens_so_rows_sharing_their_noise_stay_covered_at_the_level():
+    """With one degree of freedom per row the t interval is exact on average but narrow for the
+    rows whose trials agreed by chance; the floor widens exactly those."""
+    alone, floored = _sweep_coverage(False), _sweep_coverage(True)
+    assert alone[0] == pytest.approx(RERUN_LEVEL, abs=0.02)
+    assert floored[0] > alone[0] and floored[0] >= RERUN_LEVEL
+    assert floored[1] > alone[1]
+
+
+def test_the_sweeps_floor_pools_its_input_modes_stable_rows_only():
+    quiet = [SweepCell("synthetic", b, "listed", trials=[trial(0.01), trial(0.011)])
+             for b in (8, 16)]
+    disturbed = SweepCell("synthetic", 32, "listed", trials=[trial(0.01), trial(0.03)])
+    other_mode = SweepCell("real", 8, "listed", trials=[trial(0.01), trial(0.02)])
+    floor = sweep_floor([*quiet, disturbed, other_mode], "synthetic", max_round_spread=0.15,
+                        max_cv=0.5)
+    assert floor == pytest.approx(pooled_log_sd(c.trials for c in quiet))
+    assert disturbed.quality(0.15, 0.5)[0] == "unstable"
 
 
 def test_the_row_reports_it_as_samples_per_s_slow_end_low():

@@ -12,11 +12,12 @@ does not fit), its error text saying what the earlier rounds had timed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from batchscale.conditions import others_load, overloaded, starved
-from batchscale.schemas import TIMED_BEFORE, TrialStatus
-from batchscale.sweep.rounds import Combined, Overload, combine, judge
+from batchscale.schemas import TIMED_BEFORE, Quality, TrialStatus
+from batchscale.sweep.rounds import Combined, Overload, combine, judge, pooled_log_sd
 from batchscale.sweep.trial import TrialResult
 from batchscale.timing import StepTimes
 
@@ -84,8 +85,11 @@ class SweepCell:
                                     starved_trials=self.overload.starved_trials + 1,
                                     cpu_wait_share=max(self.overload.cpu_wait_share, wait))
 
-    def combined(self) -> Combined | None:
-        return combine(self.trials, self.between_sweep_cv) if self.timed else None
+    def combined(self, floor_log_sd: float = 0.0) -> Combined | None:
+        """The row's figures; `floor_log_sd` floors its rerun interval's disagreement
+        (`sweep_floor`)."""
+        return (combine(self.trials, self.between_sweep_cv, floor_log_sd) if self.timed
+                else None)
 
     def quality(self, max_round_spread: float, max_cv: float) -> tuple[str | None, str | None]:
         """(quality, reason) judged on the trials so far; (None, None) when not timed."""
@@ -94,6 +98,18 @@ class SweepCell:
             return None, None
         return judge(combined, max_round_spread=max_round_spread, max_cv=max_cv,
                      overload=self.overload)
+
+
+def sweep_floor(cells: Iterable[SweepCell], input_mode: str, max_round_spread: float,
+                max_cv: float) -> float:
+    """The floor of the rerun interval of `input_mode`'s rows (rounds.pooled_log_sd): the
+    disagreement of every trial of the timed rows of that mode not judged unstable. An unstable
+    row is left out, as the analysis leaves it out: one burst of load there should not widen
+    every row. A re-measured row that became stable keeps all its trials, the outvoted one
+    too: it ran in this sweep, and its own interval keeps it as well."""
+    return pooled_log_sd(c.trials for c in cells
+                         if c.input_mode == input_mode and c.timed
+                         and c.quality(max_round_spread, max_cv)[0] != Quality.UNSTABLE)
 
 
 def worst_conditions(conditions: list[dict]) -> dict:
@@ -126,9 +142,9 @@ def rerun_columns(batch_size: int, timing: Combined) -> dict:
 
 
 def measured_columns(cell: SweepCell, max_round_spread: float, max_cv: float,
-                     peak_flops: float) -> dict:
+                     peak_flops: float, floor_log_sd: float = 0.0) -> dict:
     """The columns of `cell`'s row that come from its trials: status, timing, memory, FLOPs,
-    rounds, quality and the conditions."""
+    rounds, quality and the conditions; `floor_log_sd` as in `SweepCell.combined`."""
     row = {"input_mode": cell.input_mode, "batch_size": cell.batch_size,
            "search_phase": cell.phase, "timed_steps": 0, "rounds": 0, "retries": 0,
            **worst_conditions(cell.conditions)}
@@ -138,7 +154,7 @@ def measured_columns(cell: SweepCell, max_round_spread: float, max_cv: float,
                 "peak_memory_bytes": failure.peak_memory_bytes,
                 "memory_source": failure.memory_source,
                 "train_flops_per_sample": failure.flops_per_sample or cell.flops_per_sample}
-    timing = cell.combined()
+    timing = cell.combined(floor_log_sd)
     quality, reason = cell.quality(max_round_spread, max_cv)
     samples_per_s = cell.batch_size / timing.median_s
     achieved = cell.flops_per_sample * samples_per_s if cell.flops_per_sample else None

@@ -28,7 +28,10 @@ retries):
   trial are correlated (one trial's steps share its allocator state, caches and the load of that
   moment) and would give a falsely narrow interval. With two trials the t quantile has one degree
   of freedom, so the interval is about ±4.5× the trials' relative difference: wide, because two
-  repeats say little about a third. Trials seconds apart still miss the drift between sweeps
+  repeats say little about a third. Two trials can also agree by luck, and one degree of
+  freedom cannot tell luck from a quiet row: so a row's disagreement is floored at that of the
+  sweep's rows of its input mode, pooled (`pooled_log_sd`; they ran on the same host, minutes
+  apart at most). Trials seconds apart still miss the drift between sweeps
   minutes or hours apart, so a known between-sweep CV (sweep.between_sweep_cv) is added. How
   often the next sweep lands inside it is measured in `make bench` (bench_sweep, "rerun
   interval coverage"; docs/sweep.md).
@@ -44,7 +47,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -128,9 +131,10 @@ class Combined:
     """`rerun_interval`'s bounds on the median step time; None when it cannot be computed."""
 
 
-def combine(trials: Sequence[StepTimes], between_sweep_cv: float = 0.0) -> Combined:
+def combine(trials: Sequence[StepTimes], between_sweep_cv: float = 0.0,
+            floor_log_sd: float = 0.0) -> Combined:
     """The row's figures from its trials (at least one, each with at least one timed step);
-    `between_sweep_cv` widens the rerun interval (`rerun_interval`)."""
+    `between_sweep_cv` and `floor_log_sd` widen the rerun interval (`rerun_interval`)."""
     if not trials:
         raise ValueError("combine needs at least one timed trial")
     medians = [t.median_s for t in trials]
@@ -138,7 +142,8 @@ def combine(trials: Sequence[StepTimes], between_sweep_cv: float = 0.0) -> Combi
     waits = [t.cpu_wait_share for t in trials if t.cpu_wait_share is not None]
     collected = [(t.gc_s, t.wall_s) for t in trials if t.gc_s is not None and t.wall_s]
     median_s = statistics.median(medians)
-    rerun = rerun_interval(trials, median_s, between_sweep_cv=between_sweep_cv)
+    rerun = rerun_interval(trials, median_s, between_sweep_cv=between_sweep_cv,
+                           floor_log_sd=floor_log_sd)
     return Combined(
         median_s=median_s,
         p10_s=statistics.median(t.quantile_s(0.1) for t in trials),
@@ -159,10 +164,12 @@ def combine(trials: Sequence[StepTimes], between_sweep_cv: float = 0.0) -> Combi
 
 def rerun_interval(trials: Sequence[StepTimes], median_s: float,
                    level: float = RERUN_LEVEL,
-                   between_sweep_cv: float = 0.0) -> tuple[float, float] | None:
+                   between_sweep_cv: float = 0.0,
+                   floor_log_sd: float = 0.0) -> tuple[float, float] | None:
     """(low, high) around `median_s` for the median step time a rerun of these trials would
     report: exp(log median ± h), h = sqrt((t·s·sqrt(2/k))² + (z·sqrt(2)·c)²). s is the standard
-    deviation of the log medians of the k units, t Student's quantile with k - 1 degrees of
+    deviation of the log medians of the k units, at least `floor_log_sd` (the sweep's pooled
+    figure, `pooled_log_sd`), t Student's quantile with k - 1 degrees of
     freedom; sqrt(2/k) because the row's figure and the rerun's each average k units. c is
     `between_sweep_cv`, the drift between sweeps that the units of one sweep cannot show (the
     row and the rerun each carry their own, hence sqrt(2)), z the normal quantile: it is known
@@ -176,13 +183,27 @@ def rerun_interval(trials: Sequence[StepTimes], median_s: float,
     if len(units) < 2 or min(units) <= 0 or median_s <= 0:
         return None
     logs = [math.log(u) for u in units]
-    rounds = t_quantile(0.5 + level / 2, len(units) - 1) * statistics.stdev(logs) * math.sqrt(
-        2 / len(units))
+    log_sd = max(statistics.stdev(logs), floor_log_sd)
+    rounds = t_quantile(0.5 + level / 2, len(units) - 1) * log_sd * math.sqrt(2 / len(units))
     drift = statistics.NormalDist().inv_cdf(0.5 + level / 2) * math.sqrt(2) * between_sweep_cv
     half = math.hypot(rounds, drift)
     if half > math.log(MAX_RERUN_FACTOR):
         return None
     return median_s * math.exp(-half), median_s * math.exp(half)
+
+
+def pooled_log_sd(rows: Iterable[Sequence[StepTimes]]) -> float:
+    """The standard deviation of a trial's log median about its row's mean, pooled over
+    `rows` (each a row's trials; rows of fewer than two trials say nothing and are skipped):
+    sqrt(sum of squared deviations / sum of (k - 1)). 0.0 when no row has two trials."""
+    squares, freedom = 0.0, 0
+    for trials in rows:
+        logs = [math.log(t.median_s) for t in trials if t.median_s > 0]
+        if len(logs) >= 2:
+            mean = statistics.fmean(logs)
+            squares += sum((x - mean) ** 2 for x in logs)
+            freedom += len(logs) - 1
+    return math.sqrt(squares / freedom) if freedom else 0.0
 
 
 def _half_medians(trial: StepTimes) -> list[float]:

@@ -24,7 +24,7 @@ from batchscale.config import SweepConfig
 from batchscale.errors import BadInput, BatchscaleError
 from batchscale.schemas import Quality, TrialStatus, make_table, not_measured_table
 from batchscale.storage import write_table_atomic
-from batchscale.sweep.cells import SweepCell, measured_columns
+from batchscale.sweep.cells import SweepCell, measured_columns, sweep_floor
 from batchscale.sweep.isolation import run_isolated
 from batchscale.sweep.rounds import trial_min_time_s, trial_share, visit_order
 from batchscale.sweep.search import (
@@ -247,7 +247,10 @@ class _Sweep:
 
     def row(self, cell: SweepCell) -> dict:
         cfg = self.cfg
-        measured = measured_columns(cell, cfg.max_round_spread, cfg.max_cv, self.peak_flops)
+        floor = sweep_floor(self.cells.values(), cell.input_mode, cfg.max_round_spread,
+                            cfg.max_cv)
+        measured = measured_columns(cell, cfg.max_round_spread, cfg.max_cv, self.peak_flops,
+                                    floor)
         tokens = self.workload.tokens_per_sample
         return {
             # the trials' threads, over the environment's (this process's)
