@@ -167,7 +167,12 @@ class _Sweep:
 
     @property
     def rows(self) -> list[dict]:
-        return [self.row(cell) for cell in self.cells.values()]
+        """Every cell's row, in `cells` order; each input mode's floor (`sweep_floor`)
+        computed once, not once per row: it judges every cell of the mode."""
+        cfg, cells = self.cfg, self.cells.values()
+        floors = {mode: sweep_floor(cells, mode, cfg.max_round_spread, cfg.max_cv)
+                  for mode in {c.input_mode for c in cells}}
+        return [self.row(cell, floors[cell.input_mode]) for cell in cells]
 
     def trial(self, input_mode: str, batch_size: int, phase: str, label: str, *,
               retry: bool = False) -> SweepCell:
@@ -190,8 +195,9 @@ class _Sweep:
                                           between_sweep_cv=cfg.between_sweep_cv))
         cell.add(result, before, label, retry=retry)
         self.trials_run += 1
-        row = self.row(cell)
-        write_table_atomic(self.out_path, make_table("sweep", self.rows, self.env))
+        rows = self.rows
+        row = rows[list(self.cells).index((input_mode, batch_size))]
+        write_table_atomic(self.out_path, make_table("sweep", rows, self.env))
         self.log(progress_line(self.trials_run, self.planned_trials, label, row))
         self._warn_gpu_once(row)
         return cell
@@ -245,12 +251,10 @@ class _Sweep:
             self.log(f"sweep: the CPUs are still busy after {waited_s:.0f} s{busy}; "
                      f"re-measuring {unstable} unstable row(s) anyway")
 
-    def row(self, cell: SweepCell) -> dict:
+    def row(self, cell: SweepCell, floor_log_sd: float) -> dict:
         cfg = self.cfg
-        floor = sweep_floor(self.cells.values(), cell.input_mode, cfg.max_round_spread,
-                            cfg.max_cv)
         measured = measured_columns(cell, cfg.max_round_spread, cfg.max_cv, self.peak_flops,
-                                    floor)
+                                    floor_log_sd)
         tokens = self.workload.tokens_per_sample
         return {
             # the trials' threads, over the environment's (this process's)
@@ -306,7 +310,7 @@ def rerun_text(row: dict) -> str:
     """The row's rerun interval, "[low, high]", or why it has none."""
     low, high = row.get("samples_per_s_low"), row.get("samples_per_s_high")
     if low is None or high is None:
-        return "[no rerun interval: too few steps, or trials over 10x apart]"
+        return "[no rerun interval: too few steps, or its or its sweep's trials over 10x apart]"
     return f"[{low:.1f}, {high:.1f}]"
 
 
