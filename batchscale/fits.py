@@ -52,6 +52,8 @@ CURVE_COLUMNS = (
     "samples_per_s_high",
     "peak_memory_bytes",
     "mfu",
+    "rounds",
+    "retries",
 )
 
 
@@ -257,27 +259,56 @@ def find_saturation(sweep: pd.DataFrame, tolerance: float = DEFAULT_SATURATION_T
 
 def saturation_range(sweep: pd.DataFrame, tolerance: float = DEFAULT_SATURATION_TOLERANCE,
                      input_mode: str = "synthetic") -> str:
-    """Where the rows' rerun intervals would put the saturation batch, when they do not pin it:
-    "the rows' rerun ranges put it anywhere from 512 to 2,048" (the earliest batch whose range
-    reaches the line (1 − tolerance) × best, the first whose whole range lies above it), or
-    "" where the intervals agree with the point (or rows carry none)."""
+    """Where the rows' uncertainty would put the saturation batch when it does not pin it
+    ("the sweep's trials put it anywhere from 512 to 2,048": the earliest batch that may reach
+    (1 − tolerance) × best, the first surely above it), or "". Rows of one sweep are compared
+    with its trial-to-trial noise (`trial_pool`); older tables use their rerun intervals."""
     curve = throughput_curve(sweep, input_mode)
     saturation, _ = find_saturation(sweep, tolerance, input_mode)
     if saturation is None or curve.empty:
         return ""
-    line = (1.0 - tolerance) * curve["samples_per_s"].max()
-    low, high = curve["samples_per_s_low"], curve["samples_per_s_high"]
+    best = curve["samples_per_s"].max()
+    ratio = curve["samples_per_s"] / best
+    log_sd, df = trial_pool(sweep)
+    trials = trial_counts(curve)
+    at_best = float(trials[curve["samples_per_s"].idxmax()])
+    half = t_quantile(0.95, max(df, 1)) * log_sd * np.sqrt(1.0 / trials + 1.0 / at_best)
+    if np.isfinite(half).all():
+        low, high, basis = ratio * np.exp(-half), ratio * np.exp(half), "the sweep's trials"
+    else:
+        low, high = curve["samples_per_s_low"] / best, curve["samples_per_s_high"] / best
+        basis = "the rows' rerun ranges"
     if not (np.isfinite(low).all() and np.isfinite(high).all()):
         return ""
     batches = curve["batch_size"].astype(int)
-    earliest = int(batches[high >= line].min())
-    surely = batches[low >= line]
+    earliest = int(batches[high >= 1.0 - tolerance].min())
+    surely = batches[low >= 1.0 - tolerance]
     latest = int(surely.min()) if len(surely) else None
     if earliest == saturation and latest == saturation:
         return ""
     upper = (f"{latest:,}" if latest is not None
              else f"past {int(batches.max()):,}, the largest measured")
-    return f"the rows' rerun ranges put it anywhere from {earliest:,} to {upper}"
+    return f"{basis} put it anywhere from {earliest:,} to {upper}"
+
+
+def trial_counts(curve: pd.DataFrame) -> pd.Series:
+    """Each curve row's trials (rounds + retries; NaN where not recorded)."""
+    return curve["rounds"] + curve["retries"].fillna(0.0)
+
+
+def trial_pool(sweep: pd.DataFrame) -> tuple[float, int]:
+    """(pooled log-sd, degrees of freedom) of the trials about their rows, over the stable
+    timed rows that recorded `trial_log_sd`: sqrt(Σ (k−1)·s² / Σ (k−1)), k a row's trials
+    (rounds + retries): the noise that separates two rows of one sweep. (NaN, 0): none."""
+    sweep = ensure_columns(sweep, schemas.SWEEP)
+    rows = sweep[matches(sweep, "status", TrialStatus.OK) & ~unstable_rows(sweep)]
+    sd = numeric_column(rows, "trial_log_sd")
+    freedom = numeric_column(rows, "rounds") + np.nan_to_num(numeric_column(rows, "retries")) - 1
+    usable = np.isfinite(sd) & np.isfinite(freedom) & (freedom >= 1)
+    df = int(freedom[usable].sum())
+    if df == 0:
+        return math.nan, 0
+    return math.sqrt(float(np.sum(freedom[usable] * sd[usable] ** 2)) / df), df
 
 
 def timing_mode(sweep: pd.DataFrame) -> str | None:
@@ -287,29 +318,6 @@ def timing_mode(sweep: pd.DataFrame) -> str | None:
         if not throughput_curve(sweep, mode).empty:
             return mode
     return None
-
-
-def input_pipeline_share(sweep: pd.DataFrame) -> pd.DataFrame:
-    """Per batch: share of synthetic-input throughput lost with real input (1 − real/synthetic),
-    with `share_low`, `share_high` from the two rows' rerun intervals (the real row's slow end
-    against the synthetic row's fast end, and the reverse: each row's 90 % interval at once, so
-    the range is at least as wide as one ratio's; NaN where a row has none).
-
-    Near 0 the input pipeline keeps up; a large share means the device waits for data. Below 0
-    real input was timed faster, which reading data cannot make a step: the rows then differ by
-    the machine's speed between their trials.
-    """
-    columns = ["samples_per_s", "samples_per_s_low", "samples_per_s_high"]
-    synthetic = throughput_curve(sweep, "synthetic").set_index("batch_size")[columns]
-    real = throughput_curve(sweep, "real").set_index("batch_size")[columns]
-    both = synthetic.join(real, how="inner", suffixes=("_synthetic", "_real"))
-    both = both.dropna(subset=["samples_per_s_synthetic", "samples_per_s_real"])
-    out = pd.DataFrame({"synthetic": both["samples_per_s_synthetic"],
-                        "real": both["samples_per_s_real"]})
-    out["share"] = 1.0 - out["real"] / out["synthetic"]
-    out["share_low"] = 1.0 - both["samples_per_s_high_real"] / both["samples_per_s_low_synthetic"]
-    out["share_high"] = 1.0 - both["samples_per_s_low_real"] / both["samples_per_s_high_synthetic"]
-    return out.reset_index(names="batch_size")
 
 
 # --------------------------------------------------------------------------- step time, memory

@@ -245,3 +245,23 @@ def test_the_saturation_batch_says_where_the_rows_rerun_ranges_could_put_it():
     assert saturation_range(narrow) == ""
     no_ranges = sweep.assign(samples_per_s_low=math.nan)
     assert saturation_range(no_ranges) == ""
+
+
+def test_the_saturation_range_compares_rows_of_one_sweep_by_its_trials():
+    """The same rows with `trial_log_sd` recorded: each row's ratio to the best gets the
+    sweep's trial-to-trial range (t with the pool's 4 degrees of freedom, both rows averaging
+    two trials), whatever their rerun intervals say. Trials 1 % apart (in log sd) leave 1,024
+    (91 % of the best) able to fall below the line; 0.2 % pins it; 10 % reaches back to 512."""
+    from batchscale.fits import saturation_range
+
+    figures = {256: 200_000, 512: 300_000, 1024: 340_000, 2048: 371_892}
+    rows = [{**sweep_row(b, b / s), "samples_per_s_low": s * 0.5, "samples_per_s_high": s * 2,
+             "rounds": 2, "retries": 0} for b, s in figures.items()]
+    sweep = pd.DataFrame(rows)
+    assert saturation_range(sweep.assign(trial_log_sd=0.01)) == \
+        "the sweep's trials put it anywhere from 1,024 to 2,048"
+    assert saturation_range(sweep.assign(trial_log_sd=0.002)) == ""
+    assert saturation_range(sweep.assign(trial_log_sd=0.1)) == \
+        "the sweep's trials put it anywhere from 512 to past 2,048, the largest measured"
+    # without the column: the rerun intervals (here ×2 either way) as before
+    assert saturation_range(sweep).startswith("the rows' rerun ranges put it anywhere from 256")

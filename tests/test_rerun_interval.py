@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from batchscale.sweep.cells import SweepCell, rerun_columns, sweep_floor
+from batchscale.sweep.cells import SweepCell, measured_columns, rerun_columns, sweep_floor
 from batchscale.sweep.rounds import (
     MAX_RERUN_FACTOR,
     RERUN_LEVEL,
@@ -247,3 +247,16 @@ def test_the_summary_names_rows_of_sub_millisecond_steps_and_only_stable_ones():
         line for line in on_two if line.startswith("sub-millisecond steps"))
     assert not [line for line in quality_lines(quality_summary([row(256, 2 * SHORT_STEP_S)]))
                 if "sub-millisecond" in line]
+
+
+def test_a_row_records_its_trials_log_sd_unfloored_for_comparisons_within_its_sweep():
+    """`trial_log_sd` is the trials' own disagreement, every trial counted, whatever floor the
+    rerun interval gets; one trial has none."""
+    combined = combine([trial(1e-3), trial(1.2e-3), trial(0.9e-3)], floor_log_sd=0.5)
+    logs = [math.log(x) for x in (1e-3, 1.2e-3, 0.9e-3)]
+    assert combined.trial_log_sd == pytest.approx(statistics.stdev(logs))
+    assert combine([trial(1e-3)]).trial_log_sd is None
+    cell = SweepCell("real", 8, "listed", trials=[trial(1e-3), trial(1.1e-3)], rounds=2)
+    row = measured_columns(cell, max_round_spread=0.15, max_cv=0.5, peak_flops=1e12,
+                           floor_log_sd=0.3)
+    assert row["trial_log_sd"] == pytest.approx(abs(math.log(1.1)) / math.sqrt(2))

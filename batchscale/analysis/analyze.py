@@ -23,6 +23,7 @@ from batchscale.analysis.critical import steps_to_result
 from batchscale.analysis.critical_summary import critical_by_rule
 from batchscale.analysis.expected import at_fewest_workers, row_bands
 from batchscale.analysis.gap import gap_summary
+from batchscale.analysis.input_share import input_pipeline_share
 from batchscale.analysis.narrative import render_markdown
 from batchscale.analysis.parallel import noise_scale
 from batchscale.analysis.pruning import pruning_text
@@ -61,7 +62,6 @@ from batchscale.fits import (
     find_saturation,
     fit_memory,
     fit_step_time,
-    input_pipeline_share,
     largest_fitting_batch,
     numeric_column,
     saturation_range,
@@ -210,7 +210,7 @@ def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSumm
     shares = input_pipeline_share(sweep).set_index("batch_size")
     at_best = (shares.loc[float(best_batch)] if float(best_batch) in shares.index
                else pd.Series({"share": math.nan, "share_low": math.nan,
-                               "share_high": math.nan}))
+                               "share_high": math.nan, "basis": ""}))
     return ThroughputSummary(
         timing_input_mode=mode,
         failed_batches=tuple(failed_batches(sweep)),
@@ -224,6 +224,7 @@ def _throughput_summary(sweep: pd.DataFrame, tolerance: float) -> ThroughputSumm
         smallest_timed_batch=smallest,
         input_pipeline_share=float(at_best["share"]),
         input_pipeline_share_range=(float(at_best["share_low"]), float(at_best["share_high"])),
+        input_pipeline_share_basis=str(at_best["basis"]),
         best_rerun_interval=(float(best["samples_per_s_low"]),
                              float(best["samples_per_s_high"])),
         saturation_range=uncertain,

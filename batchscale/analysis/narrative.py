@@ -247,8 +247,8 @@ def step_line_text(step: StepTimeSummary) -> str:
 
 
 def _input_text(throughput: ThroughputSummary, cpu_threads: int | None) -> str:
-    """Real input against synthetic at the best batch, with the range the two rows' rerun
-    intervals allow. Real input timed faster is no finding: reading data cannot make a step
+    """Real input against synthetic at the best batch, with its 90 % range and what that
+    range was computed from. Real input timed faster is no finding: reading data cannot make a step
     faster, so the rows were timed at different machine speeds. One thread is suggested only
     to a CPU sweep on several (`cpu_threads`, MeasurementQuality's)."""
     share, best = throughput.input_pipeline_share, throughput.best_batch
@@ -260,12 +260,13 @@ def _input_text(throughput: ThroughputSummary, cpu_threads: int | None) -> str:
     if not known:
         ratio = " (no rerun intervals recorded)"
     elif math.isfinite(least):
-        ratio = f" ({1 - most:.0%}–{1 - least:.0%} from the two rows' rerun intervals)"
+        basis = throughput.input_pipeline_share_basis
+        ratio = f" ({1 - most:.0%}–{1 - least:.0%}, 90 %, from {basis})"
     else:  # the whole range above 100 %: the cause below says so
         ratio = ""
     if share < 0:
-        cause = ("the two rows were timed at different machine speeds, outside both rows' "
-                 "intervals" if known and high < 0 else
+        cause = ("the two rows were timed at different machine speeds, beyond what "
+                 f"{throughput.input_pipeline_share_basis} allow" if known and high < 0 else
                  "the two rows differ by their timing noise")
         advice = (" (a sweep on one thread, sweep.threads: 1, times rows more alike)"
                   if cpu_threads and cpu_threads > 1 else "")

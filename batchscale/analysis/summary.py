@@ -39,8 +39,10 @@ class ThroughputSummary:
     """Share of synthetic-input samples/s lost with real input at `best_batch` (NaN: unknown;
     below 0: real input was timed faster, which reading data cannot make it)."""
     input_pipeline_share_range: tuple[float, float] = (math.nan, math.nan)
-    """That share's range from the two rows' rerun intervals (fits.input_pipeline_share);
-    NaN: a row has none."""
+    """That share's 90 % range (analysis.input_share.input_pipeline_share); NaN: none."""
+    input_pipeline_share_basis: str = ""
+    """What the range was computed from: the sweep's trials, or (older tables) the two rows'
+    rerun intervals."""
     best_rerun_interval: tuple[float, float] = (math.nan, math.nan)
     """The best row's 90 % rerun interval of samples/s (sweep/rounds.py); NaN: none recorded."""
     failed_batches: tuple[int, ...] = ()
@@ -63,8 +65,7 @@ class ThroughputSummary:
     @property
     def input_bottleneck(self) -> bool:
         """Real input loses more than INPUT_BOTTLENECK_SHARE of synthetic throughput at the
-        best batch, over the whole range the two rows' rerun intervals allow (or, without
-        them, at its point)."""
+        best batch, over the whole of its range (or, without one, at its point)."""
         low = self.input_pipeline_share_range[0]
         return (self.input_pipeline_share > INPUT_BOTTLENECK_SHARE
                 and not low <= INPUT_BOTTLENECK_SHARE)

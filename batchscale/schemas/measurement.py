@@ -68,6 +68,11 @@ SWEEP = pa.schema(
         # steps scatter is re-measured, then kept with quality "unstable" and the reason.
         pa.field("rounds", pa.int64()),
         pa.field("round_spread", pa.float64()),
+        # The standard deviation of the log of the row's trials' median step times, every
+        # trial (retries too): how far two measurements of the same row in this sweep
+        # disagree, which comparisons within one sweep pool (analysis/input_share.py);
+        # null with fewer than two trials or in rows written before it was recorded.
+        pa.field("trial_log_sd", pa.float64()),
         pa.field("retries", pa.int64()),
         pa.field("quality", pa.string()),
         pa.field("quality_reason", pa.string()),

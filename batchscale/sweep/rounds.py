@@ -129,6 +129,9 @@ class Combined:
     rerun_low_s: float | None = None
     rerun_high_s: float | None = None
     """`rerun_interval`'s bounds on the median step time; None when it cannot be computed."""
+    trial_log_sd: float | None = None
+    """The standard deviation of the log of the trials' medians (all of them); None with fewer
+    than two trials."""
 
 
 def combine(trials: Sequence[StepTimes], between_sweep_cv: float = 0.0,
@@ -159,6 +162,7 @@ def combine(trials: Sequence[StepTimes], between_sweep_cv: float = 0.0,
         cv_outside_gc=_median_of_finite([t.cv_outside_gc for t in trials]),
         rerun_low_s=rerun[0] if rerun else None,
         rerun_high_s=rerun[1] if rerun else None,
+        trial_log_sd=pooled_log_sd([trials]) if len(trials) >= 2 else None,
     )
 
 
