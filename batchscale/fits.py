@@ -169,7 +169,8 @@ def unstable_rows(sweep: pd.DataFrame) -> np.ndarray:
 def throughput_curve(
     sweep: pd.DataFrame, input_mode: str = "synthetic", *, include_unstable: bool = False
 ) -> pd.DataFrame:
-    """Per batch size of one input mode: step time (median, p10, p90), samples/s, memory, MFU.
+    """Per batch size of one input mode: step time (median, p10, p90), samples/s, memory, MFU,
+    trials.
 
     Only ok rows count (oom and error rows carry no timing), and of those only the ones not
     flagged unstable unless `include_unstable` (the memory model and the plots, which mark
@@ -185,6 +186,7 @@ def throughput_curve(
     curve = numeric.groupby("batch_size", sort=True).median().reset_index()
     derived = curve["batch_size"] / curve["step_time_median_s"]
     curve["samples_per_s"] = curve["samples_per_s"].fillna(derived)
+    curve["trials"] = curve["rounds"] + curve["retries"].fillna(0.0)  # NaN: not recorded
     return curve[np.isfinite(curve["samples_per_s"]) & (curve["samples_per_s"] > 0)]
 
 
@@ -259,20 +261,18 @@ def find_saturation(sweep: pd.DataFrame, tolerance: float = DEFAULT_SATURATION_T
 
 def saturation_range(sweep: pd.DataFrame, tolerance: float = DEFAULT_SATURATION_TOLERANCE,
                      input_mode: str = "synthetic") -> str:
-    """Where the rows' uncertainty would put the saturation batch when it does not pin it
-    ("the sweep's trials put it anywhere from 512 to 2,048": the earliest batch that may reach
-    (1 − tolerance) × best, the first surely above it), or "". Rows of one sweep are compared
-    with its trial-to-trial noise (`trial_pool`); older tables use their rerun intervals."""
+    """Where the rows' uncertainty puts the saturation batch when it does not pin it ("the
+    sweep's trials put it anywhere from 512 to 2,048": the earliest batch that may reach
+    (1 − tolerance) × best, the first surely above it), or "": each row against the best by
+    `pair_half_width`, or in older tables by their rerun intervals."""
     curve = throughput_curve(sweep, input_mode)
     saturation, _ = find_saturation(sweep, tolerance, input_mode)
     if saturation is None or curve.empty:
         return ""
     best = curve["samples_per_s"].max()
     ratio = curve["samples_per_s"] / best
-    log_sd, df = trial_pool(sweep)
-    trials = trial_counts(curve)
-    at_best = float(trials[curve["samples_per_s"].idxmax()])
-    half = t_quantile(0.95, max(df, 1)) * log_sd * np.sqrt(1.0 / trials + 1.0 / at_best)
+    half = pair_half_width(trial_pool(sweep), curve["trials"],
+                           float(curve["trials"][curve["samples_per_s"].idxmax()]))
     if np.isfinite(half).all():
         low, high, basis = ratio * np.exp(-half), ratio * np.exp(half), "the sweep's trials"
     else:
@@ -291,24 +291,24 @@ def saturation_range(sweep: pd.DataFrame, tolerance: float = DEFAULT_SATURATION_
     return f"{basis} put it anywhere from {earliest:,} to {upper}"
 
 
-def trial_counts(curve: pd.DataFrame) -> pd.Series:
-    """Each curve row's trials (rounds + retries; NaN where not recorded)."""
-    return curve["rounds"] + curve["retries"].fillna(0.0)
+def pair_half_width(pool: tuple[float, int], trials_a, trials_b):
+    """90 % half-width (log units) of the ratio of two rows of one sweep averaging k_a, k_b
+    trials: t(df)·s·sqrt(1/k_a + 1/k_b), `pool` = (s, df) from `trial_pool`; NaN without one."""
+    t = t_quantile(0.95, pool[1]) if pool[1] >= 1 else math.nan
+    return t * pool[0] * np.sqrt(1.0 / trials_a + 1.0 / trials_b)
 
 
 def trial_pool(sweep: pd.DataFrame) -> tuple[float, int]:
-    """(pooled log-sd, degrees of freedom) of the trials about their rows, over the stable
-    timed rows that recorded `trial_log_sd`: sqrt(Σ (k−1)·s² / Σ (k−1)), k a row's trials
-    (rounds + retries): the noise that separates two rows of one sweep. (NaN, 0): none."""
+    """(pooled log-sd, df) of the trials about their rows, over the stable timed rows with a
+    `trial_log_sd`: sqrt(Σ (k−1)·s² / Σ (k−1)), k = rounds + retries. (NaN, 0): none."""
     sweep = ensure_columns(sweep, schemas.SWEEP)
     rows = sweep[matches(sweep, "status", TrialStatus.OK) & ~unstable_rows(sweep)]
     sd = numeric_column(rows, "trial_log_sd")
     freedom = numeric_column(rows, "rounds") + np.nan_to_num(numeric_column(rows, "retries")) - 1
     usable = np.isfinite(sd) & np.isfinite(freedom) & (freedom >= 1)
     df = int(freedom[usable].sum())
-    if df == 0:
-        return math.nan, 0
-    return math.sqrt(float(np.sum(freedom[usable] * sd[usable] ** 2)) / df), df
+    return (math.sqrt(float(np.sum(freedom[usable] * sd[usable] ** 2)) / df) if df
+            else math.nan), df
 
 
 def timing_mode(sweep: pd.DataFrame) -> str | None:

@@ -178,6 +178,6 @@ def test_the_trials_range_covers_the_true_share_nine_times_in_ten():
     real_step = (1.0 / (1 - true_share)) * np.median(np.exp(logs[:, 0]), axis=1)
     synthetic_step = np.median(np.exp(logs[:, 1]), axis=1)
     ratio = synthetic_step / real_step
-    low, high = share_range(ratio, pooled, rows, 2, 2)  # one pool per sweep, elementwise
+    low, high = share_range(ratio, (pooled, rows), 2, 2)  # one pool per sweep, elementwise
     coverage = float(np.mean((low <= true_share) & (true_share <= high)))
     assert 0.88 <= coverage <= 0.92, coverage

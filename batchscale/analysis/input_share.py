@@ -14,16 +14,11 @@ span most of [0, 1] on a noisy host even where the rows clearly differ. Tables w
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
-from batchscale.fits import throughput_curve, trial_counts, trial_pool
-from batchscale.tdist import t_quantile
+from batchscale.fits import pair_half_width, throughput_curve, trial_pool
 
-SHARE_LEVEL = 0.9
-"""Two-sided coverage of the share's range."""
 BASIS_TRIALS = "the sweep's trials"
 BASIS_RERUN = "the two rows' rerun intervals"
 """What a share's range was computed from, as the narrative names it."""
@@ -31,7 +26,7 @@ BASIS_RERUN = "the two rows' rerun intervals"
 
 def input_pipeline_share(sweep: pd.DataFrame) -> pd.DataFrame:
     """Per batch: share of synthetic-input throughput lost with real input (1 − real/synthetic),
-    with `share_low`, `share_high` at SHARE_LEVEL and `basis` (BASIS_TRIALS, or BASIS_RERUN for
+    with `share_low`, `share_high` at 90 % and `basis` (BASIS_TRIALS, or BASIS_RERUN for
     older tables: the real row's slow end against the synthetic row's fast end, and the
     reverse); NaN where neither can be had.
 
@@ -40,14 +35,14 @@ def input_pipeline_share(sweep: pd.DataFrame) -> pd.DataFrame:
     the machine's speed between their trials.
     """
     columns = ["samples_per_s", "samples_per_s_low", "samples_per_s_high", "trials"]
-    synthetic = _curve(sweep, "synthetic")[columns]
-    real = _curve(sweep, "real")[columns]
+    synthetic = throughput_curve(sweep, "synthetic").set_index("batch_size")[columns]
+    real = throughput_curve(sweep, "real").set_index("batch_size")[columns]
     both = synthetic.join(real, how="inner", suffixes=("_synthetic", "_real"))
     both = both.dropna(subset=["samples_per_s_synthetic", "samples_per_s_real"])
     ratio = both["samples_per_s_real"] / both["samples_per_s_synthetic"]
     out = pd.DataFrame({"synthetic": both["samples_per_s_synthetic"],
                         "real": both["samples_per_s_real"], "share": 1.0 - ratio})
-    low, high = share_range(ratio.to_numpy(), *trial_pool(sweep),
+    low, high = share_range(ratio.to_numpy(), trial_pool(sweep),
                             both["trials_real"].to_numpy(), both["trials_synthetic"].to_numpy())
     pooled = np.isfinite(low)
     rerun_low = 1.0 - both["samples_per_s_high_real"] / both["samples_per_s_low_synthetic"]
@@ -58,20 +53,9 @@ def input_pipeline_share(sweep: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(names="batch_size")
 
 
-def share_range(ratio: np.ndarray, log_sd: float, df: int, trials_real: np.ndarray,
+def share_range(ratio: np.ndarray, pool: tuple[float, int], trials_real: np.ndarray,
                 trials_synthetic: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(low, high) of the share 1 − ratio at SHARE_LEVEL: log ratio ± t(df)·s·sqrt(1/k_real +
-    1/k_synthetic), each row's figure averaging its k trials; NaN without a pool (df 0)."""
-    if df < 1:
-        nan = np.full(np.shape(ratio), math.nan)
-        return nan, nan
-    half = (t_quantile(0.5 + SHARE_LEVEL / 2, df) * log_sd
-            * np.sqrt(1.0 / np.asarray(trials_real, float)
-                      + 1.0 / np.asarray(trials_synthetic, float)))
+    """(low, high) of the share 1 − ratio at 90 %, from the log ratio ± `fits.pair_half_width`
+    (`pool` from `fits.trial_pool`); NaN without a pool."""
+    half = pair_half_width(pool, trials_real, trials_synthetic)
     return 1.0 - ratio * np.exp(half), 1.0 - ratio * np.exp(-half)
-
-
-def _curve(sweep: pd.DataFrame, mode: str) -> pd.DataFrame:
-    """The mode's throughput curve indexed by batch, with its rows' `trials`."""
-    curve = throughput_curve(sweep, mode)
-    return curve.assign(trials=trial_counts(curve)).set_index("batch_size")

@@ -258,7 +258,7 @@ def _input_text(throughput: ThroughputSummary, cpu_threads: int | None) -> str:
     known = math.isfinite(low) and math.isfinite(high)
     least, most = throughput.input_share_bounds  # never above 100 % of synthetic
     if not known:
-        ratio = " (no rerun intervals recorded)"
+        ratio = " (no range: the rows recorded neither their trials' spread nor rerun intervals)"
     elif math.isfinite(least):
         basis = throughput.input_pipeline_share_basis
         ratio = f" ({1 - most:.0%}–{1 - least:.0%}, 90 %, from {basis})"
