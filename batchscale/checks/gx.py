@@ -104,17 +104,50 @@ def _validation_definition(kind: str) -> Any:
                                                                   suite=suite))
 
 
+FIRST_PASS = {"result_format": "BASIC", "partial_unexpected_count": MAX_SHOWN}
+"""Every expectation's verdict, counts and first offending values, without their row positions:
+about 0.6 of SUMMARY's time on a sweep table (benchmarks/bench_validation.py), and every
+table but a refused one needs nothing more."""
+OFFENDERS = {"result_format": "SUMMARY", "partial_unexpected_count": MAX_SHOWN}
+"""For the expectations a table breaks: also the positions of the offending rows."""
+ONE_BY_ONE_SHARE = 3
+"""Up to one in this many expectations offending, those are run again one by one (45-90 ms each
+on a sweep table, whose whole suite takes about 2 s); more, and the whole suite again costs
+less."""
+
+
 def run_suite(kind: str, df: pd.DataFrame, parameters: dict, row_keys: list[str]) -> list[dict]:
-    """Run the suite; results in suite order, each with up to MAX_SHOWN offending values/rows."""
+    """Run the suite; results in suite order, each with up to MAX_SHOWN offending values/rows.
+    One pass over the whole suite, then, where values offend, another for their rows'
+    positions."""
     definition = _validation_definition(kind)
-    order = {e.id: i for i, e in enumerate(definition.suite.expectations)}
-    outcome = definition.run(
-        batch_parameters={"dataframe": df},
-        expectation_parameters=parameters,
-        result_format={"result_format": "SUMMARY", "partial_unexpected_count": MAX_SHOWN},
-    ).to_json_dict()
-    raw = sorted(outcome["results"], key=lambda r: order.get(r["expectation_config"]["id"], 0))
+    raw = suite_results(definition, df, parameters, FIRST_PASS)
+    offending = [i for i, found in enumerate(raw) if _offends(found)]
+    if len(offending) > len(raw) // ONE_BY_ONE_SHARE:
+        return [_from_gx(r, df, row_keys)
+                for r in suite_results(definition, df, parameters, OFFENDERS)]
+    if offending:
+        batch = definition.data.get_batch(batch_parameters={"dataframe": df})
+        by_id = {e.id: e for e in definition.suite.expectations}
+        for i in offending:
+            expectation = by_id[raw[i]["expectation_config"]["id"]]
+            raw[i] = batch.validate(expectation, result_format=OFFENDERS,
+                                    expectation_parameters=parameters).to_json_dict()
     return [_from_gx(r, df, row_keys) for r in raw]
+
+
+def suite_results(definition: Any, df: pd.DataFrame, parameters: dict,
+                  result_format: dict) -> list[dict]:
+    """GX's raw result of every expectation of `definition`'s suite, in suite order."""
+    order = {e.id: i for i, e in enumerate(definition.suite.expectations)}
+    outcome = definition.run(batch_parameters={"dataframe": df},
+                             expectation_parameters=parameters,
+                             result_format=result_format).to_json_dict()
+    return sorted(outcome["results"], key=lambda r: order.get(r["expectation_config"]["id"], 0))
+
+
+def _offends(raw: dict) -> bool:
+    return not raw["success"] or bool((raw.get("result") or {}).get("unexpected_count"))
 
 
 def _from_gx(raw: dict, df: pd.DataFrame, row_keys: list[str]) -> dict:
