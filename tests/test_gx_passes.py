@@ -63,3 +63,12 @@ def test_many_broken_expectations_name_their_rows_as_one_full_pass_does():
     failed = [r for r in found if not r["success"]]
     assert len(failed) > len(found) // gx.ONE_BY_ONE_SHARE  # the whole suite again
     assert {row["row"] for r in failed for row in r["unexpected_rows"]} == set(range(len(rows)))
+
+
+def test_an_expectation_that_raises_is_reported_as_one_full_pass_reports_it():
+    """A column GX cannot find (validate_table's schema check stops such a table first)."""
+    df, parameters, row_keys = frame_and_parameters("sweep", ROWS["sweep"]())
+    df = df.drop(columns=["samples_per_s"])
+    found = gx.run_suite("sweep", df, parameters, row_keys)
+    assert found == one_full_pass("sweep", df, parameters, row_keys)
+    assert any('"samples_per_s"' in (r["error"] or "") for r in found if not r["success"])
