@@ -106,14 +106,14 @@ def _validation_definition(kind: str) -> Any:
 
 FIRST_PASS = {"result_format": "BASIC", "partial_unexpected_count": MAX_SHOWN}
 """Every expectation's verdict, counts and first offending values, without their row positions:
-about 0.6 of SUMMARY's time on a sweep table (benchmarks/bench_validation.py), and every
-table but a refused one needs nothing more."""
+about 0.6 of SUMMARY's time on a sweep table (benchmarks/bench_validation.py), and a table
+without offending values needs nothing more."""
 OFFENDERS = {"result_format": "SUMMARY", "partial_unexpected_count": MAX_SHOWN}
 """For the expectations a table breaks: also the positions of the offending rows."""
 ONE_BY_ONE_SHARE = 3
 """Up to one in this many expectations offending, those are run again one by one (45-90 ms each
-on a sweep table, whose whole suite takes about 2 s); more, and the whole suite again costs
-less."""
+on a sweep table, whose whole suite takes about 2 s); past that, the whole suite again costs
+about as much or less."""
 
 
 def run_suite(kind: str, df: pd.DataFrame, parameters: dict, row_keys: list[str]) -> list[dict]:
@@ -147,6 +147,8 @@ def suite_results(definition: Any, df: pd.DataFrame, parameters: dict,
 
 
 def _offends(raw: dict) -> bool:
+    """Whether SUMMARY can add to this result: it adds only the offending rows' positions
+    (GX computes them from the same condition that counted them)."""
     return not raw["success"] or bool((raw.get("result") or {}).get("unexpected_count"))
 
 
